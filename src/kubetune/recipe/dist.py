@@ -1,0 +1,23 @@
+"""The `parallel` and `comm` recipe sections: how one recipe spreads over processes and nodes."""
+
+from __future__ import annotations
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ParallelSection(_Strict):
+    """Degrees of parallelism on one DeviceMesh; their product must equal the world size.
+
+    `dp` = -1 means "whatever is left" (world size divided by the other degrees).
+    """
+
+    dp: int = Field(-1, description="Data-parallel (DDP) degree; -1 = world size / (fsdp*tp*pp).")
+    fsdp: int = Field(1, ge=1, description="FSDP2 (fully_shard) degree: parameters, grads and optimizer state sharded.")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (DTensor, attention and MLP projections).")
+    pp: int = Field(1, ge=1, description="Pipeline stages (torch.distributed.pipelining, GPipe).")
+    timeout_s: int = Field(1800, ge=10, description="Collective timeout in seconds for the process group.")
+    backend: str = Field("auto", description="auto | gloo | nccl | hccl (auto follows the device).")

