@@ -12,6 +12,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from kubetune.recipe.comm import CommSection
 from kubetune.recipe.dist import ParallelSection
 from kubetune.recipe.k8s import K8sSection
 
@@ -170,6 +171,7 @@ class Recipe(_Strict):
     train: TrainSection = Field(default_factory=TrainSection)
     eval: EvalSection = Field(default_factory=EvalSection)
     parallel: ParallelSection = Field(default_factory=ParallelSection)
+    comm: CommSection = Field(default_factory=CommSection)
     k8s: K8sSection = Field(default_factory=K8sSection)
     output_dir: str = Field("runs/default", description="Where checkpoints, metrics, adapter and summary go.")
 

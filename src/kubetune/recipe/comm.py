@@ -1,0 +1,227 @@
+"""The `comm` recipe section: collective-communication and threading settings as environment.
+
+One section, rendered per accelerator kind by `comm_env`: NCCL_* only for `nvidia`, HCCL_*
+only for `gaudi`, GLOO_SOCKET_IFNAME and the OpenMP threading/affinity variables for every
+kind (gloo also carries the CPU-side groups on GPU and Gaudi jobs). Unset keys are left to
+the library's own default, except the few per-kind defaults in `comm_env`, each with its
+reason. `docs/comm.md` documents every key.
+
+Pure: no torch, no kubernetes. `kubetune k8s render` puts the result in the pod env; local
+launchers can apply it to `os.environ` before the process group starts.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+AcceleratorKind = Literal["cpu", "gaudi", "nvidia"]
+ACCELERATOR_KINDS: tuple[str, ...] = ("cpu", "gaudi", "nvidia")
+
+_ENV_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+# Names NCCL accepts in NCCL_ALGO / NCCL_PROTO (2.2x); lists may use `,`, `^` (exclude) and
+# per-collective `allreduce:tree;...` forms, so only the words are checked.
+_NCCL_ALGOS = {"ring", "tree", "collnet", "collnetdirect", "collnetchain", "nvls", "nvlstree", "pat"}
+_NCCL_PROTOS = {"ll", "ll128", "simple"}
+_NCCL_FUNCS = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce", "sendrecv"}
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+def _check_nccl_words(value: str | None, allowed: set[str], key: str) -> str | None:
+    if value is None:
+        return value
+    words = [w.strip().lstrip("^").lower() for w in re.split(r"[,;:]", value) if w.strip()]
+    bad = [w for w in words if w not in allowed and w not in _NCCL_FUNCS]
+    if not words or bad:
+        raise ValueError(f"unknown {key} {', '.join(bad) or repr(value)}; choose from {', '.join(sorted(allowed))}")
+    return value
+
+
+class NcclSection(_Strict):
+    """NCCL (NVIDIA) settings; rendered only for accelerator kind `nvidia`."""
+
+    socket_ifname: str | None = Field(
+        None,
+        description="NCCL_SOCKET_IFNAME: interfaces for bootstrap and socket transport (e.g. `eth0`, "
+        "`=eth0`, `^docker,lo`); default: comm.socket_ifname.",
+    )
+    ib_hca: str | None = Field(None, description="NCCL_IB_HCA: InfiniBand/RoCE adapters to use (e.g. `mlx5_0,mlx5_1`).")
+    ib_disable: bool | None = Field(None, description="NCCL_IB_DISABLE: true = never use InfiniBand/RoCE, sockets only.")
+    algo: str | None = Field(None, description="NCCL_ALGO: Ring | Tree | NVLS | PAT | ... (a list; `^` excludes).")
+    proto: str | None = Field(None, description="NCCL_PROTO: LL | LL128 | Simple (a list; `^` excludes).")
+    buffsize: int | None = Field(
+        None, ge=65536, description="NCCL_BUFFSIZE: bytes per channel buffer (NCCL default 4194304)."
+    )
+    nsocks_perthread: int | None = Field(
+        None, ge=1, le=64, description="NCCL_NSOCKS_PERTHREAD: sockets per helper thread (socket transport)."
+    )
+    socket_nthreads: int | None = Field(
+        None, ge=1, le=16, description="NCCL_SOCKET_NTHREADS: helper threads per connection (socket transport)."
+    )
+    debug: Literal["VERSION", "WARN", "INFO", "TRACE"] | None = Field(
+        None, description="NCCL_DEBUG: log level (kubetune default WARN, so errors explain themselves)."
+    )
+    debug_subsys: str | None = Field(None, description="NCCL_DEBUG_SUBSYS: subsystems to log (e.g. `INIT,NET`).")
+
+    @field_validator("algo")
+    @classmethod
+    def _algo(cls, v):
+        return _check_nccl_words(v, _NCCL_ALGOS, "NCCL algorithm")
+
+    @field_validator("proto")
+    @classmethod
+    def _proto(cls, v):
+        return _check_nccl_words(v, _NCCL_PROTOS, "NCCL protocol")
+
+    @model_validator(mode="after")
+    def _socket_budget(self):
+        # NCCL refuses more than 64 sockets per connection (threads x sockets per thread).
+        if self.nsocks_perthread and self.socket_nthreads and self.nsocks_perthread * self.socket_nthreads > 64:
+            raise ValueError("nccl.nsocks_perthread x nccl.socket_nthreads must be at most 64 (NCCL's limit)")
+        return self
+
+
+class HcclSection(_Strict):
+    """HCCL (Intel Gaudi) settings; rendered only for accelerator kind `gaudi`."""
+
+    socket_ifname: str | None = Field(
+        None,
+        description="HCCL_SOCKET_IFNAME: interface prefix for HCCL's side-band TCP traffic; "
+        "default: comm.socket_ifname.",
+    )
+    over_ofi: bool | None = Field(
+        None,
+        description="HCCL_OVER_OFI: true = scale out through host NICs over libfabric (disables HCCL's "
+        "auto-detection); null = auto (Gaudi NICs first).",
+    )
+    gaudi_direct: bool | None = Field(
+        None, description="HCCL_GAUDI_DIRECT: true = host-NIC scale-out with Gaudi Direct RDMA (no host bounce)."
+    )
+    ofi_provider: str | None = Field(
+        None, description="FI_PROVIDER: libfabric provider for HCCL over OFI (`verbs`, `efa`, `tcp`)."
+    )
+
+
+class CommSection(_Strict):
+    """How processes talk to each other and how many threads each one runs."""
+
+    socket_ifname: str | None = Field(
+        None,
+        description="Network interface for every backend's TCP traffic (GLOO_SOCKET_IFNAME and, unless "
+        "set below, NCCL_/HCCL_SOCKET_IFNAME), e.g. `eth0`; null = let each library pick.",
+    )
+    threads_per_process: int | None = Field(
+        None,
+        ge=1,
+        description="OMP_NUM_THREADS (and torch intra-op threads); null = CPUs per process "
+        "(the pod's CPU limit / processes per pod, or the machine's cores / local processes).",
+    )
+    affinity: Literal["auto", "none", "close", "spread"] = Field(
+        "auto",
+        description="OpenMP thread placement: close (OMP_PROC_BIND=close, OMP_PLACES=cores), spread, none "
+        "(OMP_PROC_BIND=false); auto = close on cpu with one process per pod or host, else none.",
+    )
+    gloo_socket_ifname: str | None = Field(
+        None, description="GLOO_SOCKET_IFNAME (gloo: CPU collectives); default: comm.socket_ifname."
+    )
+    nccl: NcclSection = Field(default_factory=NcclSection, description="NCCL settings (nvidia).")
+    hccl: HcclSection = Field(default_factory=HcclSection, description="HCCL settings (gaudi).")
+    extra_env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Any other environment variables, set last (they override the ones above), "
+        "e.g. {NCCL_P2P_LEVEL: NVL}.",
+    )
+
+    @field_validator("extra_env", mode="before")
+    @classmethod
+    def _env_names(cls, v):
+        if isinstance(v, dict):
+            bad = [k for k in v if not isinstance(k, str) or not _ENV_NAME.match(k)]
+            if bad:
+                raise ValueError(f"not environment variable names: {', '.join(map(str, bad))}")
+            # YAML turns `1`, `true` into int/bool; the environment only holds strings.
+            return {k: _env_str(val) for k, val in v.items()}
+        return v
+
+
+def _env_str(value) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(value)
+
+
+def _affinity(comm: CommSection, kind: str, processes_per_host: int) -> dict[str, str]:
+    mode = comm.affinity
+    if mode == "auto":
+        # Binding threads is only safe when one process owns the pod's CPUs: with several
+        # processes, every one would bind its thread 0 to the same first core.
+        mode = "close" if kind == "cpu" and processes_per_host == 1 else "none"
+    if mode == "none":
+        return {"OMP_PROC_BIND": "false"}
+    env = {"OMP_PROC_BIND": mode, "OMP_PLACES": "cores"}
+    if kind == "cpu":
+        # Intel OpenMP (used when libiomp is preloaded) spins 200 ms after each parallel region
+        # by default; 1 ms gives the cores back to the data loader and gloo between ops.
+        env["KMP_BLOCKTIME"] = "1"
+    return env
+
+
+def _nccl(n: NcclSection, default_ifname: str | None) -> dict[str, str]:
+    values = {
+        "NCCL_SOCKET_IFNAME": n.socket_ifname or default_ifname,
+        "NCCL_IB_HCA": n.ib_hca,
+        "NCCL_IB_DISABLE": n.ib_disable,
+        "NCCL_ALGO": n.algo,
+        "NCCL_PROTO": n.proto,
+        "NCCL_BUFFSIZE": n.buffsize,
+        "NCCL_NSOCKS_PERTHREAD": n.nsocks_perthread,
+        "NCCL_SOCKET_NTHREADS": n.socket_nthreads,
+        # WARN by default: a failing collective then says why instead of only timing out.
+        "NCCL_DEBUG": n.debug or "WARN",
+        "NCCL_DEBUG_SUBSYS": n.debug_subsys,
+    }
+    return {k: _env_str(v) for k, v in values.items() if v is not None}
+
+
+def _hccl(h: HcclSection, default_ifname: str | None) -> dict[str, str]:
+    values = {
+        "HCCL_SOCKET_IFNAME": h.socket_ifname or default_ifname,
+        "HCCL_OVER_OFI": h.over_ofi,
+        "HCCL_GAUDI_DIRECT": h.gaudi_direct,
+        "FI_PROVIDER": h.ofi_provider,
+    }
+    return {k: _env_str(v) for k, v in values.items() if v is not None}
+
+
+def comm_env(
+    comm: CommSection,
+    kind: str,
+    cpus_per_process: int | None = None,
+    processes_per_host: int = 1,
+) -> dict[str, str]:
+    """Environment variables for `comm` on accelerator `kind` (cpu | gaudi | nvidia).
+
+    `cpus_per_process` sizes OMP_NUM_THREADS when `comm.threads_per_process` is null; with
+    neither, OMP_NUM_THREADS is left to the launcher. The order is stable (for snapshots).
+    """
+    if kind not in ACCELERATOR_KINDS:
+        raise ValueError(f"unknown accelerator kind {kind!r}; choose from {', '.join(ACCELERATOR_KINDS)}")
+    env: dict[str, str] = {}
+    threads = comm.threads_per_process or (max(1, int(cpus_per_process)) if cpus_per_process else None)
+    if threads:
+        env["OMP_NUM_THREADS"] = str(threads)
+    env.update(_affinity(comm, kind, processes_per_host))
+    gloo_ifname = comm.gloo_socket_ifname or comm.socket_ifname
+    if gloo_ifname:
+        env["GLOO_SOCKET_IFNAME"] = gloo_ifname
+    if kind == "nvidia":
+        env.update(_nccl(comm.nccl, comm.socket_ifname))
+    elif kind == "gaudi":
+        env.update(_hccl(comm.hccl, comm.socket_ifname))
+    env.update(comm.extra_env)
+    return env
