@@ -1,0 +1,351 @@
+"""Find the accelerator cards of this node, behind one interface.
+
+A `Discovery` backend answers three questions, and nothing about gRPC:
+
+- `devices()`: the cards (id, model, accel index, OAM module, NUMA node, HBM),
+- `probe()`: the health of each card right now (the health loop polls it),
+- `allocate_spec(cards)`: device nodes and environment for a container given these cards.
+
+Backends: Gaudi from sysfs (what Intel's DRA driver reads, no HLML needed), NVIDIA through
+NVML (`nvidia-ml-py`, imported only when chosen), and an inventory YAML for demos and tests.
+`make_discovery("sysfs" | "nvml" | "inventory:FILE")` picks one from the CLI flag.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from kubetune.errors import UserError
+
+HEALTHY = "Healthy"
+UNHEALTHY = "Unhealthy"
+
+# PCI device id -> (model, HBM per card in MiB). Reference §5: 0x1020 Gaudi2 (96 GB HBM2e);
+# 0x1030, 0x1060-0x1063 Gaudi3 (128 GB).
+GAUDI_PCI_IDS: dict[int, tuple[str, int]] = {
+    0x1020: ("gaudi2", 96 * 1024),
+    0x1030: ("gaudi3", 128 * 1024),
+    0x1060: ("gaudi3", 128 * 1024),
+    0x1061: ("gaudi3", 128 * 1024),
+    0x1062: ("gaudi3", 128 * 1024),
+    0x1063: ("gaudi3", 128 * 1024),
+}
+
+HABANA_DRIVER_DIR = Path("bus/pci/drivers/habanalabs")
+
+
+@dataclass(frozen=True)
+class Card:
+    """One accelerator card as the plugin advertises it (a whole card, never a slice)."""
+
+    id: str  # the kubelet device id (<= 63 chars): PCI address for Gaudi, UUID for NVIDIA
+    model: str  # gaudi2 | gaudi3 | the NVML product name
+    index: int  # accel<N> / nvidia<N> minor: what HABANA_VISIBLE_DEVICES / device nodes use
+    module_id: int | None = None  # OAM slot (Gaudi); None when unknown
+    numa_node: int | None = None  # None when the platform reports -1 / nothing
+    hbm_mib: int | None = None
+    pci_address: str | None = None
+
+
+@dataclass
+class AllocateSpec:
+    """What a container gets for a set of cards: translated 1:1 into ContainerAllocateResponse."""
+
+    envs: dict[str, str] = field(default_factory=dict)
+    device_nodes: list[str] = field(default_factory=list)  # host path == container path, "rw"
+
+
+class Discovery(Protocol):
+    """The interface every backend implements. The gRPC server only translates these answers."""
+
+    resource: str
+
+    def devices(self) -> list[Card]: ...
+
+    def probe(self) -> dict[str, str]:
+        """Card id -> HEALTHY | UNHEALTHY, now."""
+        ...
+
+    def allocate_spec(self, cards: list[Card]) -> AllocateSpec: ...
+
+    def close(self) -> None: ...
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except OSError:
+        return None
+
+
+def _read_int(path: Path, base: int = 10) -> int | None:
+    text = _read(path)
+    if text is None:
+        return None
+    try:
+        return int(text, base)
+    except ValueError:
+        return None
+
+
+def _gaudi_allocate_spec(cards: list[Card], total_cards: int) -> AllocateSpec:
+    """Device nodes and env the way Habana's plugin hands them out (reference §5)."""
+    ordered = sorted(cards, key=lambda c: c.index)
+    spec = AllocateSpec()
+    for card in ordered:
+        spec.device_nodes += [f"/dev/accel/accel{card.index}", f"/dev/accel/accel_controlD{card.index}"]
+    minors = ",".join(str(c.index) for c in ordered)
+    spec.envs["HABANA_VISIBLE_DEVICES"] = minors
+    spec.envs["HL_VISIBLE_DEVICES"] = minors
+    # The runtime needs the OAM modules only for a subset of the box (Habana's plugin does the same).
+    modules = [c.module_id for c in ordered if c.module_id is not None]
+    if len(ordered) < total_cards and len(modules) == len(ordered):
+        spec.envs["HABANA_VISIBLE_MODULES"] = ",".join(str(m) for m in modules)
+    return spec
+
+
+class SysfsGaudiDiscovery:
+    """Gaudi cards bound to the habanalabs driver, read from sysfs.
+
+    `<sysfs_root>/bus/pci/drivers/habanalabs/<DBDF>/` holds `device` (PCI id), `module_id`,
+    `numa_node` and `accel/accel<N>`. Health: the card is still bound to the driver (its
+    DBDF directory exists) and both device nodes exist under `<dev_root>/accel/`.
+    """
+
+    def __init__(self, resource: str = "habana.ai/gaudi", sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")):
+        self.resource = resource
+        self.sysfs_root = Path(sysfs_root)
+        self.dev_root = Path(dev_root)
+        self._cards: list[Card] | None = None
+
+    @property
+    def driver_dir(self) -> Path:
+        return self.sysfs_root / HABANA_DRIVER_DIR
+
+    def devices(self) -> list[Card]:
+        if self._cards is None:
+            self._cards = self._scan()
+        return list(self._cards)
+
+    def _scan(self) -> list[Card]:
+        if not self.driver_dir.is_dir():
+            raise UserError(
+                f"--discovery sysfs: {self.driver_dir} does not exist; is the habanalabs driver loaded "
+                "(or pass --sysfs-root pointing at a tree that has it)?"
+            )
+        cards = []
+        for entry in sorted(self.driver_dir.iterdir()):
+            if not re.fullmatch(r"[0-9a-fA-F]{4}:[0-9a-fA-F]{2}:[0-9a-fA-F]{2}\.[0-7]", entry.name):
+                continue  # bind, unbind, new_id, module, ...
+            card = self._card(entry)
+            if card is not None:
+                cards.append(card)
+        return sorted(cards, key=lambda c: c.index)
+
+    def _card(self, pci_dir: Path) -> Card | None:
+        pci_id = _read_int(pci_dir / "device", 16)
+        if pci_id not in GAUDI_PCI_IDS:
+            return None  # an unknown or older Habana part: not advertised
+        model, hbm = GAUDI_PCI_IDS[pci_id]
+        accel = sorted((pci_dir / "accel").glob("accel[0-9]*"))
+        if not accel:
+            return None  # bound but no accel node yet (driver still probing)
+        numa = _read_int(pci_dir / "numa_node")
+        return Card(
+            id=pci_dir.name,
+            model=model,
+            index=int(accel[0].name.removeprefix("accel")),
+            module_id=_read_int(pci_dir / "module_id"),
+            numa_node=numa if numa is not None and numa >= 0 else None,
+            hbm_mib=hbm,
+            pci_address=pci_dir.name,
+        )
+
+    def probe(self) -> dict[str, str]:
+        health = {}
+        for card in self.devices():
+            bound = (self.driver_dir / card.id).is_dir()
+            nodes = all((self.dev_root / "accel" / name).exists() for name in (f"accel{card.index}", f"accel_controlD{card.index}"))
+            health[card.id] = HEALTHY if bound and nodes else UNHEALTHY
+        return health
+
+    def allocate_spec(self, cards: list[Card]) -> AllocateSpec:
+        return _gaudi_allocate_spec(cards, len(self.devices()))
+
+    def close(self) -> None:
+        pass
+
+
+class InventoryDiscovery:
+    """Cards listed in a YAML file, for demos and tests.
+
+    ```yaml
+    vendor: habana            # habana | nvidia: which device nodes and env Allocate gives
+    cards:
+      - {id: card0, model: gaudi3, index: 0, module_id: 0, numa_node: 0, hbm_mib: 131072}
+      - {id: card1, model: gaudi3, index: 1, module_id: 1, numa_node: 0, health: Unhealthy}
+    ```
+
+    The file is re-read on every probe, so editing `health:` flips a card at run time.
+    """
+
+    def __init__(self, path: Path, resource: str = "habana.ai/gaudi"):
+        self.path = Path(path)
+        self.resource = resource
+        self._cards, self.vendor = self._load()[:2]
+
+    def _load(self) -> tuple[list[Card], str, dict[str, str]]:
+        import yaml
+
+        try:
+            data = yaml.safe_load(self.path.read_text()) or {}
+        except OSError as e:
+            raise UserError(f"--discovery inventory:{self.path}: cannot read it ({e.strerror})") from None
+        except yaml.YAMLError as e:
+            raise UserError(f"--discovery inventory:{self.path}: not valid YAML ({e})") from None
+        vendor = data.get("vendor", "habana")
+        if vendor not in ("habana", "nvidia"):
+            raise UserError(f"--discovery inventory:{self.path}: `vendor` must be habana or nvidia, not {vendor!r}")
+        cards, health, problems = [], {}, []
+        for i, raw in enumerate(data.get("cards") or []):
+            try:
+                card = Card(
+                    id=str(raw["id"]),
+                    model=str(raw.get("model", "gaudi3")),
+                    index=int(raw.get("index", i)),
+                    module_id=None if raw.get("module_id") is None else int(raw["module_id"]),
+                    numa_node=None if raw.get("numa_node") is None else int(raw["numa_node"]),
+                    hbm_mib=None if raw.get("hbm_mib") is None else int(raw["hbm_mib"]),
+                )
+            except (KeyError, TypeError, ValueError) as e:
+                problems.append(f"--discovery inventory:{self.path}: cards[{i}] is invalid ({e!r}); each card needs `id`")
+                continue
+            if len(card.id) > 63:
+                problems.append(f"--discovery inventory:{self.path}: cards[{i}].id is longer than 63 characters")
+            health[card.id] = HEALTHY if raw.get("health", HEALTHY) == HEALTHY else UNHEALTHY
+            cards.append(card)
+        if not cards and not problems:
+            problems.append(f"--discovery inventory:{self.path}: no `cards` listed")
+        if len({c.id for c in cards}) != len(cards):
+            problems.append(f"--discovery inventory:{self.path}: card ids are not unique")
+        if problems:
+            raise UserError(*problems)
+        return cards, vendor, health
+
+    def devices(self) -> list[Card]:
+        return list(self._cards)
+
+    def probe(self) -> dict[str, str]:
+        try:
+            _, _, health = self._load()
+        except UserError:
+            return {c.id: UNHEALTHY for c in self._cards}  # a half-written file must not crash the loop
+        return {c.id: health.get(c.id, UNHEALTHY) for c in self._cards}
+
+    def allocate_spec(self, cards: list[Card]) -> AllocateSpec:
+        if self.vendor == "nvidia":
+            return _nvidia_allocate_spec(cards)
+        return _gaudi_allocate_spec(cards, len(self._cards))
+
+    def close(self) -> None:
+        pass
+
+
+def _nvidia_allocate_spec(cards: list[Card]) -> AllocateSpec:
+    # As NVIDIA's plugin in its default envvar strategy: the container toolkit adds the nodes.
+    return AllocateSpec(envs={"NVIDIA_VISIBLE_DEVICES": ",".join(c.id for c in sorted(cards, key=lambda c: c.index))})
+
+
+class NvmlDiscovery:
+    """NVIDIA GPUs through NVML (`nvidia-ml-py`); health from NVML critical XID events."""
+
+    # XIDs NVIDIA's plugin ignores by default: application errors, not a broken GPU.
+    IGNORED_XIDS = frozenset({13, 31, 43, 45, 68, 109})
+
+    def __init__(self, resource: str = "nvidia.com/gpu", sysfs_root: Path = Path("/sys")):
+        self.resource = resource
+        self.sysfs_root = Path(sysfs_root)
+        try:
+            import pynvml
+        except ImportError:
+            raise UserError("--discovery nvml: the nvidia-ml-py package is not installed; pip install 'kubetune[cluster]'") from None
+        try:
+            pynvml.nvmlInit()
+        except pynvml.NVMLError as e:
+            raise UserError(f"--discovery nvml: NVML is not usable on this node ({e}); is the NVIDIA driver installed?") from None
+        self._nvml = pynvml
+        self._cards = self._scan()
+        self._unhealthy: set[str] = set()
+        self._events = self._event_set()
+
+    def _scan(self) -> list[Card]:
+        nv = self._nvml
+        cards = []
+        for i in range(nv.nvmlDeviceGetCount()):
+            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            uuid = nv.nvmlDeviceGetUUID(handle)
+            bus_id = nv.nvmlDeviceGetPciInfo(handle).busId
+            bus_id = bus_id.decode() if isinstance(bus_id, bytes) else bus_id
+            pci = bus_id.lower()[-12:]  # NVML pads the domain to 8 digits
+            numa = _read_int(self.sysfs_root / "bus/pci/devices" / pci / "numa_node")
+            name = nv.nvmlDeviceGetName(handle)
+            cards.append(
+                Card(
+                    id=uuid.decode() if isinstance(uuid, bytes) else uuid,
+                    model=name.decode() if isinstance(name, bytes) else name,
+                    index=nv.nvmlDeviceGetMinorNumber(handle),
+                    numa_node=numa if numa is not None and numa >= 0 else None,
+                    hbm_mib=nv.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024),
+                    pci_address=pci,
+                )
+            )
+        return cards
+
+    def _event_set(self):
+        nv = self._nvml
+        events = nv.nvmlEventSetCreate()
+        for card in self._cards:
+            handle = nv.nvmlDeviceGetHandleByUUID(card.id)
+            try:
+                nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, events)
+            except nv.NVMLError:
+                pass  # some GPUs (e.g. MIG-enabled) do not support events: stay Healthy
+        return events
+
+    def devices(self) -> list[Card]:
+        return list(self._cards)
+
+    def probe(self) -> dict[str, str]:
+        nv = self._nvml
+        try:
+            event = nv.nvmlEventSetWait(self._events, 0)  # non-blocking: the health loop polls
+        except nv.NVMLError:
+            event = None  # NVML_ERROR_TIMEOUT: nothing happened
+        if event is not None and event.eventData not in self.IGNORED_XIDS:
+            uuid = nv.nvmlDeviceGetUUID(event.device)
+            self._unhealthy.add(uuid.decode() if isinstance(uuid, bytes) else uuid)
+        return {c.id: UNHEALTHY if c.id in self._unhealthy else HEALTHY for c in self._cards}
+
+    def allocate_spec(self, cards: list[Card]) -> AllocateSpec:
+        return _nvidia_allocate_spec(cards)
+
+    def close(self) -> None:
+        try:
+            self._nvml.nvmlEventSetFree(self._events)
+            self._nvml.nvmlShutdown()
+        except self._nvml.NVMLError:
+            pass
+
+
+def make_discovery(spec: str, resource: str, sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")) -> Discovery:
+    """`sysfs` | `nvml` | `inventory:FILE` -> a backend (the CLI's --discovery)."""
+    if spec == "sysfs":
+        return SysfsGaudiDiscovery(resource, sysfs_root, dev_root)
+    if spec == "nvml":
+        return NvmlDiscovery(resource, sysfs_root)
+    if spec.startswith("inventory:") and len(spec) > len("inventory:"):
+        return InventoryDiscovery(Path(spec.removeprefix("inventory:")), resource)
+    raise UserError(f"--discovery {spec!r}: use sysfs, nvml or inventory:FILE")

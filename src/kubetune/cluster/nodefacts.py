@@ -1,0 +1,41 @@
+"""The contract between the device plugin and the scheduler extender: per-node facts on the Node.
+
+The plugin writes these (when its ServiceAccount may patch its own Node); the extender reads
+them from the Node objects the kube-scheduler sends it. Every value is a string, as
+annotations are. A missing or unparsable value means "unknown" to the extender, which then
+scores that part neutrally instead of failing.
+
+| key | kind | meaning |
+|---|---|---|
+| `kubetune.io/resource` | annotation | the extended resource the facts describe, e.g. `habana.ai/gaudi` |
+| `kubetune.io/cards-total` | annotation | cards the plugin found on the node |
+| `kubetune.io/cards-healthy` | annotation | of those, healthy now |
+| `kubetune.io/cards-free` | annotation | healthy and not held by a running container (kubelet PodResources API); absent when the plugin cannot know |
+| `kubetune.io/hbm-per-card-mib` | annotation | HBM of one card, MiB |
+| `kubetune.io/numa-layout` | annotation | `numa:healthy/total` per NUMA node, e.g. `0:4/4,1:3/4` |
+| `kubetune.io/rdma-latency-us` | annotation | measured RDMA latency to the leaf switch / peers, microseconds (written by whatever measures it, e.g. a perftest DaemonSet; the plugin never overwrites it) |
+| `kubetune.io/facts-updated` | annotation | RFC 3339 time of the last publish |
+| `kubetune.io/network-leaf` | label | the network leaf (ToR switch) of the node, copied from a configurable node label |
+| `kubetune.io/accelerator` | label | card model, e.g. `gaudi3` (usable in nodeSelectors) |
+"""
+
+from __future__ import annotations
+
+RESOURCE = "kubetune.io/resource"
+CARDS_TOTAL = "kubetune.io/cards-total"
+CARDS_HEALTHY = "kubetune.io/cards-healthy"
+CARDS_FREE = "kubetune.io/cards-free"
+HBM_PER_CARD_MIB = "kubetune.io/hbm-per-card-mib"
+NUMA_LAYOUT = "kubetune.io/numa-layout"
+RDMA_LATENCY_US = "kubetune.io/rdma-latency-us"
+FACTS_UPDATED = "kubetune.io/facts-updated"
+
+LEAF_LABEL = "kubetune.io/network-leaf"
+ACCELERATOR_LABEL = "kubetune.io/accelerator"
+
+# Pods of one Kubeflow training job carry this label (reference §1); the extender groups by it.
+KUBEFLOW_JOB_LABEL = "training.kubeflow.org/job-name"
+# Trainer v2 / JobSet pods carry this one instead.
+JOBSET_LABEL = "jobset.sigs.k8s.io/jobset-name"
+
+MANAGED_RESOURCES = ("habana.ai/gaudi", "nvidia.com/gpu")

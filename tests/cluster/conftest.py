@@ -1,0 +1,32 @@
+"""Fixtures for the cluster tests (the fakes themselves live in fakes.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("grpc")
+
+from .fakes import FakeKubelet  # noqa: E402
+
+
+@pytest.fixture
+def plugin_dir(tmp_path) -> Path:
+    # unix socket paths are limited to ~107 bytes; tmp_path is short enough on Linux runners
+    d = tmp_path / "dp"
+    d.mkdir()
+    return d
+
+
+@pytest.fixture
+def kubelet(plugin_dir):
+    k = FakeKubelet(plugin_dir).start()
+    yield k
+    k.stop()
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
