@@ -1,0 +1,115 @@
+"""From wire objects (v1.Pod, v1.Node) to the policy's inputs (Request, NodeFacts, Peers).
+
+This is the only place that knows the annotation keys the device plugin publishes
+(`kubetune.cluster.nodefacts`). Anything missing or malformed becomes None ("unknown").
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Protocol
+
+from kubetune.cluster import nodefacts as keys
+from kubetune.cluster.extender.policy import NodeFacts, Peers, Request
+from kubetune.cluster.extender.protocol import Container, Node, Pod, parse_count, parse_quantity
+
+JOB_LABELS = (keys.KUBEFLOW_JOB_LABEL, keys.JOBSET_LABEL)
+
+
+class PodView(Protocol):
+    """What an optional pod cache answers (see `podcache.PodCache`)."""
+
+    def used_cards(self, node: str, resource: str) -> int | None: ...
+
+    def peers(self, namespace: str, job: str) -> Counter:
+        """Node name -> number of running pods of that job."""
+        ...
+
+    def leaf_of(self, node: str) -> str | None:
+        """Network leaf of any node (peers often sit on nodes that are full, so not candidates)."""
+        ...
+
+
+def _container_cards(c: Container, resource: str) -> int:
+    if c.resources is None:
+        return 0
+    for source in (c.resources.limits, c.resources.requests):  # extended resources: limits == requests
+        if source and resource in source:
+            return parse_count(source[resource]) or 0
+    return 0
+
+
+def pod_cards(pod: Pod, resource: str) -> int:
+    """Effective request, as the scheduler counts it: max(sum of containers, largest init container)."""
+    main = sum(_container_cards(c, resource) for c in pod.spec.containers)
+    init = max((_container_cards(c, resource) for c in pod.spec.init_containers or []), default=0)
+    return max(main, init)
+
+
+def _gang_size(pod: Pod) -> int | None:
+    """Workers in the job: the Kubeflow operator injects PET_NNODES (`N` or elastic `MIN:MAX`)."""
+    for c in pod.spec.containers:
+        for env in c.env or []:
+            if env.name == "PET_NNODES" and env.value:
+                n = parse_count(env.value.split(":")[-1])
+                return n if n and n > 0 else None
+    return None
+
+
+def request_of(pod: Pod, resources: tuple[str, ...]) -> Request:
+    for resource in resources:
+        cards = pod_cards(pod, resource)
+        if cards > 0:
+            labels = pod.metadata.labels or {}
+            job_name = next((labels[k] for k in JOB_LABELS if labels.get(k)), None)
+            job = f"{pod.metadata.namespace or 'default'}/{job_name}" if job_name else None
+            return Request(resource=resource, cards=cards, job=job, gang_size=_gang_size(pod) if job else None)
+    return Request(resource=None, cards=0)
+
+
+def _positive_float(text: str | None) -> float | None:
+    q = parse_quantity(text) if text is not None else None
+    return q if q is not None and q > 0 else None
+
+
+def facts_of(node: Node, resource: str, leaf_labels: tuple[str, ...], pods: PodView | None = None) -> NodeFacts:
+    name = node.metadata.name
+    ann = node.metadata.annotations or {}
+    labels = node.metadata.labels or {}
+    ours = ann.get(keys.RESOURCE) in (None, resource)  # annotations for another resource do not apply
+    total = parse_count((node.status.allocatable or {}).get(resource))
+    if total is None and ours:
+        total = parse_count(ann.get(keys.CARDS_HEALTHY))
+    free = None
+    used = pods.used_cards(name, resource) if pods is not None else None
+    if used is not None and total is not None:
+        free = max(0, total - used)
+    elif ours:
+        free = parse_count(ann.get(keys.CARDS_FREE))
+        if free is not None and total is not None:
+            free = min(free, total)
+    return NodeFacts(
+        name=name,
+        cards_total=total,
+        cards_free=free,
+        hbm_per_card_mib=_positive_float(ann.get(keys.HBM_PER_CARD_MIB)) if ours else None,
+        leaf=next((labels[k] for k in leaf_labels if labels.get(k)), None),
+        rdma_latency_us=_positive_float(ann.get(keys.RDMA_LATENCY_US)),
+    )
+
+
+def peers_of(req: Request, nodes: list[NodeFacts], pods: PodView | None) -> Peers:
+    """Where the job's pods already run (needs the pod cache; stateless mode knows no peers)."""
+    if req.job is None or pods is None:
+        return Peers()
+    namespace, _, job = req.job.partition("/")
+    per_node = pods.peers(namespace, job)
+    leaf_of = {n.name: n.leaf for n in nodes}
+    leaves: Counter = Counter()
+    for node_name, count in per_node.items():
+        leaf = leaf_of.get(node_name)
+        if leaf is None:
+            leaf = pods.leaf_of(node_name)  # a peer on a node that is not a candidate now
+        if leaf is not None:
+            leaves[leaf] += count
+    return Peers(nodes=Counter(per_node), leaves=leaves)
