@@ -1,21 +1,233 @@
 """The `k8s` recipe section: how the same recipe runs as a Kubeflow job.
 
-Only read by `kubetune k8s ...`; local training ignores it.
+Only read by `kubetune k8s ...`; local training ignores it. Resource fields left null take
+the profile's default (`PROFILE_DEFAULTS`); `K8sSection.worker_resources()` gives the
+resolved values. `resource_problems()` lists impossible combinations (zero CPU, /dev/shm
+larger than memory, accelerators on the cpu profile, ...); `kubetune k8s` refuses to render
+them. It is not a model validator because the profile (and so the defaults) is often only
+known once `--profile` is applied, and the loader would echo the whole section back.
+Pure: no kubernetes import, so loading a recipe stays fast.
 """
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+import re
+from decimal import Decimal, InvalidOperation
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+Profile = Literal["cpu", "gaudi", "nvidia"]
+Api = Literal["pytorchjob", "trainjob"]
+
+AMX_LABEL = "feature.node.kubernetes.io/cpu-cpuid.AMXBF16"
+ACCELERATOR_RESOURCE = {"gaudi": "habana.ai/gaudi", "nvidia": "nvidia.com/gpu"}
+
+# Per-profile defaults for null resource fields. cpu: a mid-size Xeon worker; gaudi: a whole
+# 8-card node (every card pair is equivalent, so whole nodes pack best), memory and hugepages
+# as in Intel's Gaudi Kubernetes example; nvidia: one GPU.
+PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
+    "cpu": {"cpu": "8", "memory": "32Gi", "accelerators": 0, "hugepages_2mi": None, "shm_size": "4Gi"},
+    "gaudi": {"cpu": "64", "memory": "400Gi", "accelerators": 8, "hugepages_2mi": "95000Mi", "shm_size": "64Gi"},
+    "nvidia": {"cpu": "8", "memory": "64Gi", "accelerators": 1, "hugepages_2mi": None, "shm_size": "16Gi"},
+}
+
+_SUFFIX = {
+    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
+    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
+    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
+}
+_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|)$")
+_DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+
+
+def parse_quantity(value: str | int | float) -> Decimal:
+    """A Kubernetes quantity (`8`, `500m`, `32Gi`, `1e3`) as a number; ValueError if malformed."""
+    m = _QUANTITY.match(str(value).strip())
+    if not m:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 32Gi)")
+    try:
+        return Decimal(m.group(1)) * Decimal(_SUFFIX[m.group(2)])
+    except InvalidOperation:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 32Gi)") from None
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
-class K8sSection(_Strict):
-    """Cluster job settings (see README, "Cluster guide")."""
+Quantity = str | int | float
 
+
+class ResourcesSection(_Strict):
+    """Per-worker (per pod) resources; requests always equal limits (Guaranteed QoS)."""
+
+    cpu: Quantity | None = Field(None, description="CPU cores per worker pod (e.g. 200, 7500m); null = profile default.")
+    memory: str | None = Field(None, description="Memory per worker pod (e.g. 226Gi); null = profile default.")
+    accelerators: int | None = Field(
+        None, ge=0, description="habana.ai/gaudi or nvidia.com/gpu per pod (must be 0 on cpu); null = profile default."
+    )
+    hugepages_2mi: str | None = Field(
+        None, description="hugepages-2Mi per pod (Gaudi needs them, e.g. 9800Mi); null = profile default."
+    )
+    shm_size: str | None = Field(
+        None, description="/dev/shm size (memory-backed, counts against memory); null = profile default."
+    )
+
+    @field_validator("cpu", "memory", "hugepages_2mi", "shm_size")
+    @classmethod
+    def _quantity(cls, v):
+        if v is not None:
+            parse_quantity(v)
+        return v
+
+
+class StorageSection(_Strict):
+    """The shared volume for data, the model/tokenized cache and checkpoints (mounted at /data)."""
+
+    storage_class: str | None = Field(
+        None, description="StorageClass of the PVC (must offer ReadWriteMany, e.g. nfs-client); null = cluster default."
+    )
+    size: str = Field("100Gi", description="PVC size.")
+    access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = Field(
+        "ReadWriteMany", description="ReadWriteMany for multi-node jobs; ReadWriteOnce only for one pod."
+    )
+    existing_claim: str | None = Field(
+        None, description="Use this existing PVC instead of rendering one (never deleted by kubetune)."
+    )
+
+    @field_validator("size")
+    @classmethod
+    def _size(cls, v):
+        parse_quantity(v)
+        return v
+
+
+class Toleration(_Strict):
+    key: str | None = Field(None, description="Taint key to tolerate (null with operator Exists = every taint).")
+    operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal (match value) or Exists.")
+    value: str | None = Field(None, description="Taint value (operator Equal).")
+    effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = Field(
+        None, description="Taint effect to tolerate (null = all)."
+    )
+
+
+class ElasticSection(_Strict):
+    """PyTorchJob elasticPolicy: workers may come and go between min and max replicas."""
+
+    enabled: bool = Field(False, description="Render elastic Workers (no Master) with an elasticPolicy (pytorchjob).")
+    min_replicas: int | None = Field(None, ge=1, description="Fewest workers to run with; null = k8s.replicas.")
+    max_replicas: int | None = Field(None, ge=1, description="Most workers; null = k8s.replicas.")
+    max_restarts: int = Field(3, ge=0, description="Restarts of the worker group (torchrun --max-restarts).")
+
+
+class K8sSection(_Strict):
+    """Cluster job settings (see docs/cluster-guide.md)."""
+
+    profile: Profile = Field("cpu", description="cpu (Xeon) | gaudi (Intel Gaudi) | nvidia; `--profile` overrides.")
+    api: Api = Field(
+        "pytorchjob", description="pytorchjob (Training Operator v1) | trainjob (Trainer v2); `--api` overrides."
+    )
     namespace: str = Field("kubetune", description="Namespace of every rendered object.")
     name: str | None = Field(None, description="Job name; defaults to a name derived from output_dir.")
     image: str = Field("ghcr.io/kubetune/kubetune:0.1.0", description="Container image that has kubetune installed.")
+    image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
+        "IfNotPresent", description="Image pull policy of every container."
+    )
     replicas: int = Field(2, ge=1, description="Number of worker pods (nodes).")
+    nproc_per_node: int | Literal["auto"] = Field(
+        "auto",
+        description="Training processes per pod; auto = one per accelerator (gaudi/nvidia) or 1 (cpu).",
+    )
+    resources: ResourcesSection = Field(default_factory=ResourcesSection, description="Per-worker resources.")
+    storage: StorageSection = Field(default_factory=StorageSection, description="Shared volume at /data.")
+    node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector labels of the workers.")
+    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of the workers.")
+    amx_label: str | None = Field(
+        AMX_LABEL,
+        description="cpu profile: node label (value `true`) the workers require, so bf16 runs on AMX; null = any node.",
+    )
+    priority_class: str | None = Field(None, description="priorityClassName of the workers.")
+    priority_value: int | None = Field(
+        None, description="Also render PriorityClass `priority_class` with this value (cluster-scoped)."
+    )
+    queue: str | None = Field(None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name); Volcano queue with gang=volcano.")
+    gang: Literal["none", "coscheduling", "volcano"] = Field(
+        "none", description="Gang scheduling: all workers start together or none (PodGroup of minMember = replicas)."
+    )
+    scheduler_name: str | None = Field(
+        None, description="schedulerName; null = volcano for gang=volcano, scheduler-plugins-scheduler for coscheduling."
+    )
+    elastic: ElasticSection = Field(default_factory=ElasticSection, description="Elastic training (pytorchjob).")
+    backoff_limit: int = Field(3, ge=0, description="Pod failures before the job is marked Failed (runPolicy.backoffLimit).")
+    quota: bool = Field(False, description="Render a ResourceQuota sized to this job (workers + data-access pod).")
+    runtime: str = Field(
+        "torch-distributed",
+        description="trainjob: ClusterTrainingRuntime to reference; `--with-runtime` renders kubetune-<profile> instead.",
+    )
+    service_account: str | None = Field(None, description="serviceAccountName of the pods (null = namespace default).")
+    run_as_user: int = Field(1000, ge=1, description="UID of the non-root containers (cpu, nvidia); Gaudi images run as root.")
+
+    @field_validator("namespace", "name")
+    @classmethod
+    def _dns_label(cls, v):
+        if v is not None and (len(v) > 63 or not _DNS_LABEL.match(v)):
+            raise ValueError(f"{v!r} is not a DNS-1123 label (lower-case letters, digits and '-', at most 63)")
+        return v
+
+    def worker_resources(self) -> dict[str, object]:
+        """Resources with the profile's defaults filled in (keys as in ResourcesSection)."""
+        defaults = PROFILE_DEFAULTS[self.profile]
+        given = self.resources.model_dump()
+        return {k: (given[k] if given[k] is not None else defaults[k]) for k in defaults}
+
+    def processes_per_pod(self) -> int:
+        if self.nproc_per_node != "auto":
+            return int(self.nproc_per_node)
+        return int(self.worker_resources()["accelerators"]) or 1
+
+    def elastic_range(self) -> tuple[int, int]:
+        return (self.elastic.min_replicas or self.replicas, self.elastic.max_replicas or self.replicas)
+
+
+def resource_problems(k8s: K8sSection) -> list[str]:
+    """Every impossible resource combination, as `k8s.<key>: why` lines."""
+    res = k8s.worker_resources()
+    cpu, memory = parse_quantity(res["cpu"]), parse_quantity(res["memory"])
+    shm = parse_quantity(res["shm_size"]) if res["shm_size"] else Decimal(0)
+    accel = int(res["accelerators"])
+    problems = []
+    if cpu <= 0:
+        problems.append(f"k8s.resources.cpu must be more than 0 (got {res['cpu']})")
+    if memory <= 0:
+        problems.append(f"k8s.resources.memory must be more than 0 (got {res['memory']})")
+    elif shm >= memory:
+        problems.append(
+            f"k8s.resources.shm_size {res['shm_size']} must be smaller than k8s.resources.memory {res['memory']} "
+            "(memory-backed /dev/shm counts against the memory limit)"
+        )
+    if k8s.profile == "cpu" and accel:
+        problems.append(f"k8s.resources.accelerators={accel} on the cpu profile; use --profile gaudi|nvidia or set it to 0")
+    if k8s.profile != "cpu" and accel < 1:
+        problems.append(f"the {k8s.profile} profile needs k8s.resources.accelerators >= 1")
+    if res["hugepages_2mi"] and parse_quantity(res["hugepages_2mi"]) % (2 * 2**20):
+        problems.append(f"k8s.resources.hugepages_2mi {res['hugepages_2mi']} is not a multiple of 2Mi")
+    if k8s.nproc_per_node != "auto":
+        nproc = int(k8s.nproc_per_node)
+        if nproc < 1:
+            problems.append("k8s.nproc_per_node must be at least 1 or auto")
+        elif accel and nproc > accel:
+            problems.append(f"k8s.nproc_per_node={nproc} exceeds the {accel} accelerators per pod")
+        elif cpu > 0 and nproc > cpu:
+            problems.append(f"k8s.nproc_per_node={nproc} exceeds the {res['cpu']} CPUs per pod")
+    if k8s.elastic.enabled:
+        lo, hi = k8s.elastic_range()
+        if not lo <= k8s.replicas <= hi:
+            problems.append(f"k8s.replicas={k8s.replicas} must lie within elastic min_replicas..max_replicas ({lo}..{hi})")
+        if k8s.api == "trainjob":
+            problems.append("k8s.elastic is a PyTorchJob feature; use --api pytorchjob or k8s.elastic.enabled=false")
+    if k8s.storage.access_mode == "ReadWriteOnce" and k8s.replicas > 1:
+        problems.append("k8s.storage.access_mode=ReadWriteOnce cannot be shared by several worker pods; use ReadWriteMany")
+    if k8s.priority_value is not None and not k8s.priority_class:
+        problems.append("k8s.priority_value needs k8s.priority_class (the PriorityClass name)")
+    return problems

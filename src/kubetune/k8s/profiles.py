@@ -1,0 +1,117 @@
+"""Accelerator profiles: what a worker pod needs on Xeon (cpu), Intel Gaudi or NVIDIA nodes.
+
+Each function returns kubernetes client models for one aspect of the worker pod; `render`
+assembles them. Requests always equal limits, so every profile gets Guaranteed QoS (and,
+with the static CPU manager policy, exclusive cores).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from decimal import ROUND_FLOOR, Decimal
+
+from kubetune.recipe.comm import comm_env
+from kubetune.recipe.k8s import ACCELERATOR_RESOURCE, K8sSection, parse_quantity
+from kubetune.recipe.schema import Recipe
+
+# The training process may use 95% of the pod's memory limit: the rest is headroom for the
+# page cache of the checkpoint writes, allocator fragmentation and short spikes, so the
+# process sees its own budget run out before the kernel's OOM killer ends the pod.
+MEMORY_HEADROOM = Decimal("0.05")
+
+
+@dataclass(frozen=True)
+class Profile:
+    name: str
+    accelerator_resource: str | None
+    host_ipc: bool  # Gaudi: HCCL and the Habana runtime share memory between processes over host IPC
+    capabilities_add: tuple[str, ...]  # Gaudi: SYS_NICE lets the runtime pin and prioritise its threads
+    non_root: bool  # Intel's Gaudi images expect root for /dev/accel; CPU and CUDA do not
+
+
+PROFILES = {
+    "cpu": Profile("cpu", None, host_ipc=False, capabilities_add=(), non_root=True),
+    "gaudi": Profile("gaudi", ACCELERATOR_RESOURCE["gaudi"], host_ipc=True, capabilities_add=("SYS_NICE",), non_root=False),
+    "nvidia": Profile("nvidia", ACCELERATOR_RESOURCE["nvidia"], host_ipc=False, capabilities_add=(), non_root=True),
+}
+
+
+def resource_list(k8s: K8sSection) -> dict[str, str]:
+    """The worker's limits (= requests): cpu, memory, accelerators, hugepages."""
+    res = k8s.worker_resources()
+    limits = {"cpu": str(res["cpu"]), "memory": str(res["memory"])}
+    profile = PROFILES[k8s.profile]
+    if profile.accelerator_resource and res["accelerators"]:
+        limits[profile.accelerator_resource] = str(res["accelerators"])
+    if res["hugepages_2mi"]:
+        limits["hugepages-2Mi"] = str(res["hugepages_2mi"])
+    return limits
+
+
+def worker_resources(k8s: K8sSection):
+    from kubernetes.client import V1ResourceRequirements
+
+    limits = resource_list(k8s)
+    return V1ResourceRequirements(requests=dict(limits), limits=limits)
+
+
+def cpus_per_process(k8s: K8sSection) -> int:
+    """Whole CPUs each training process may use (threads per process follow it)."""
+    cpu = parse_quantity(k8s.worker_resources()["cpu"])
+    return max(1, int((cpu / k8s.processes_per_pod()).to_integral_value(ROUND_FLOOR)))
+
+
+def memory_budget_bytes(k8s: K8sSection) -> int:
+    memory = parse_quantity(k8s.worker_resources()["memory"])
+    return int((memory * (1 - MEMORY_HEADROOM)).to_integral_value(ROUND_FLOOR))
+
+
+def comm_environment(recipe: Recipe) -> dict[str, str]:
+    """The `comm` section rendered for this profile, threads sized to the CPU limit."""
+    k8s = recipe.k8s
+    return comm_env(recipe.comm, k8s.profile, cpus_per_process(k8s), k8s.processes_per_pod())
+
+
+def pod_security(k8s: K8sSection):
+    from kubernetes.client import V1PodSecurityContext, V1SeccompProfile
+
+    if not PROFILES[k8s.profile].non_root:
+        return None
+    uid = k8s.run_as_user
+    # fsGroup makes the shared volume writable for the non-root user on most provisioners.
+    return V1PodSecurityContext(
+        run_as_non_root=True, run_as_user=uid, run_as_group=uid, fs_group=uid,
+        seccomp_profile=V1SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def container_security(k8s: K8sSection):
+    from kubernetes.client import V1Capabilities, V1SecurityContext
+
+    profile = PROFILES[k8s.profile]
+    if profile.non_root:
+        return V1SecurityContext(allow_privilege_escalation=False, capabilities=V1Capabilities(drop=["ALL"]))
+    return V1SecurityContext(capabilities=V1Capabilities(add=list(profile.capabilities_add)))
+
+
+def node_affinity(k8s: K8sSection):
+    """cpu: require AMX-capable nodes (bf16 matmuls on AMX tiles), by the configured label."""
+    from kubernetes.client import (V1Affinity, V1NodeAffinity, V1NodeSelector, V1NodeSelectorRequirement,
+                                   V1NodeSelectorTerm)
+
+    if k8s.profile != "cpu" or not k8s.amx_label:
+        return None
+    term = V1NodeSelectorTerm(match_expressions=[V1NodeSelectorRequirement(key=k8s.amx_label, operator="In", values=["true"])])
+    return V1Affinity(node_affinity=V1NodeAffinity(
+        required_during_scheduling_ignored_during_execution=V1NodeSelector(node_selector_terms=[term])))
+
+
+def tolerations(k8s: K8sSection):
+    """The recipe's tolerations plus the accelerator taint that Gaudi/GPU node pools often carry."""
+    from kubernetes.client import V1Toleration
+
+    out = [V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect) for t in k8s.tolerations]
+    resource = PROFILES[k8s.profile].accelerator_resource
+    if resource and not any(t.key == resource for t in k8s.tolerations):
+        out.append(V1Toleration(key=resource, operator="Exists", effect="NoSchedule"))
+    return out or None
