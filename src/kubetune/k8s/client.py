@@ -1,0 +1,256 @@
+"""The one module that talks to a Kubernetes API server.
+
+`KubeClient` is a small boundary: get / create / patch / delete / list any kind kubetune
+renders or reads, pod logs, and exec (for copying files out of the data-access pod). All
+objects are plain dicts, as rendered. Tests swap this boundary (or point it at an
+in-memory API server); nothing else in kubetune imports the kubernetes client's API layer.
+
+Errors talking to the API become `ClusterError` (a UserError: one line, exit 2): no
+configuration, unreachable server, 401/403, missing CRDs. `get` returns None on 404.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import IO
+
+from kubetune.errors import UserError
+
+
+class ClusterError(UserError):
+    """The cluster cannot be reached, refuses, or lacks what kubetune needs."""
+
+
+class NotFound(ClusterError):
+    pass
+
+
+@dataclass(frozen=True)
+class Kind:
+    api_version: str
+    kind: str
+    plural: str
+    namespaced: bool
+    install_hint: str = ""
+
+    @property
+    def base_path(self) -> str:
+        return f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
+
+
+KINDS = {(k.api_version, k.kind): k for k in (
+    Kind("v1", "Namespace", "namespaces", False),
+    Kind("v1", "ConfigMap", "configmaps", True),
+    Kind("v1", "Secret", "secrets", True),
+    Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+    Kind("v1", "Pod", "pods", True),
+    Kind("v1", "ResourceQuota", "resourcequotas", True),
+    Kind("v1", "Event", "events", True),
+    Kind("v1", "Node", "nodes", False),
+    Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
+    Kind("storage.k8s.io/v1", "StorageClass", "storageclasses", False),
+    Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True, "the Kubeflow training operator (v1.9)"),
+    Kind("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs", True, "Kubeflow Trainer v2"),
+    Kind("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes", False,
+         "Kubeflow Trainer v2"),
+    Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups", True, "the scheduler-plugins coscheduling plugin"),
+    Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups", True, "Volcano"),
+)}
+
+
+def kind_of(api_version: str, kind: str) -> Kind:
+    try:
+        return KINDS[(api_version, kind)]
+    except KeyError:
+        raise ClusterError(f"kubetune does not know the kind {kind} {api_version}") from None
+
+
+def _path(kind: Kind, namespace: str | None, name: str | None = None) -> str:
+    path = kind.base_path
+    if kind.namespaced:
+        path += f"/namespaces/{namespace}"
+    path += f"/{kind.plural}"
+    return f"{path}/{name}" if name else path
+
+
+def load_config():
+    """Configuration from in-cluster service account, $KUBECONFIG or ~/.kube/config."""
+    from kubernetes import client, config
+
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+            config.load_incluster_config()
+            return client.Configuration.get_default_copy()
+        configuration = client.Configuration()
+        config.load_kube_config(client_configuration=configuration)
+        return configuration
+    except config.ConfigException as e:
+        raise ClusterError(
+            f"no Kubernetes configuration ({e}): set KUBECONFIG, create ~/.kube/config, or run inside a cluster"
+        ) from None
+
+
+def connect() -> "KubeClient":
+    """The client the CLI uses (tests replace this function or point KUBECONFIG elsewhere)."""
+    return KubeClient(load_config())
+
+
+def _subset(want, have) -> bool:
+    """True when every field of `want` is present and equal in `have` (server adds defaults)."""
+    if isinstance(want, dict):
+        return isinstance(have, dict) and all(_subset(v, have.get(k)) for k, v in want.items())
+    if isinstance(want, list):
+        return isinstance(have, list) and len(want) == len(have) and all(map(_subset, want, have))
+    return want == have
+
+
+class KubeClient:
+    def __init__(self, configuration=None):
+        from kubernetes import client
+
+        self._api = client.ApiClient(configuration or load_config())
+        self.host = self._api.configuration.host
+
+    # ------------------------------------------------------------------ the one HTTP funnel
+    def _call(self, method: str, path: str, *, body=None, query=None, content_type="application/json",
+              what: str = "", preload: bool = True):
+        from kubernetes.client.exceptions import ApiException
+        from urllib3.exceptions import HTTPError
+
+        headers = {"Accept": "application/json", "Content-Type": content_type}
+        try:
+            return self._api.call_api(
+                path, method, query_params=list((query or {}).items()), header_params=headers, body=body,
+                response_type="object" if preload else None, auth_settings=["BearerToken"],
+                _return_http_data_only=True, _preload_content=preload, _request_timeout=(10, None if not preload else 60),
+            )
+        except ApiException as e:
+            raise self._api_error(e, what or f"{method} {path}") from None
+        except HTTPError as e:
+            raise ClusterError(f"cannot reach the Kubernetes API at {self.host}: {type(e).__name__}: {e}") from None
+
+    def _api_error(self, e, what: str) -> ClusterError:
+        try:
+            message = json.loads(e.body or "{}").get("message") or e.reason
+        except (ValueError, AttributeError):
+            message = e.reason
+        if e.status == 404:
+            return NotFound(f"{what}: not found ({message})")
+        if e.status in (401, 403):
+            return ClusterError(f"{what}: {'forbidden' if e.status == 403 else 'unauthorized'} ({message}); "
+                                "check your kubeconfig user and its RBAC permissions in this namespace")
+        return ClusterError(f"{what}: the API server answered {e.status} {e.reason} ({message})")
+
+    # ------------------------------------------------------------------ objects
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> dict | None:
+        k = kind_of(api_version, kind)
+        try:
+            return self._call("GET", _path(k, namespace, name), what=f"get {kind} {name}")
+        except NotFound:
+            return None
+
+    def create(self, obj: dict) -> dict:
+        k = kind_of(obj["apiVersion"], obj["kind"])
+        ns = obj["metadata"].get("namespace")
+        try:
+            return self._call("POST", _path(k, ns), body=obj, what=f"create {k.kind} {obj['metadata']['name']}")
+        except NotFound as e:
+            hint = f": is {k.install_hint} installed?" if k.install_hint else ""
+            raise ClusterError(f"{e}{hint}") from None
+
+    def patch(self, obj: dict) -> dict:
+        """JSON merge patch of the whole rendered object (no resourceVersion, no replace)."""
+        k = kind_of(obj["apiVersion"], obj["kind"])
+        meta = obj["metadata"]
+        return self._call("PATCH", _path(k, meta.get("namespace"), meta["name"]), body=obj,
+                          content_type="application/merge-patch+json", what=f"update {k.kind} {meta['name']}")
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
+        """Delete (pods of a job go with it: propagation Background); False if it was absent."""
+        k = kind_of(api_version, kind)
+        body = {"apiVersion": "v1", "kind": "DeleteOptions", "propagationPolicy": "Background"}
+        try:
+            self._call("DELETE", _path(k, namespace, name), body=body, what=f"delete {kind} {name}")
+        except NotFound:
+            return False
+        return True
+
+    def list(self, api_version: str, kind: str, namespace: str | None = None,
+             labels: dict[str, str] | None = None) -> list[dict]:
+        k = kind_of(api_version, kind)
+        query = {"labelSelector": ",".join(f"{a}={b}" for a, b in labels.items())} if labels else None
+        try:
+            items = self._call("GET", _path(k, namespace), query=query, what=f"list {k.plural}").get("items") or []
+        except NotFound:
+            return []
+        # Filter here too: selectors are a server-side optimisation, not something to trust blindly.
+        return [o for o in items if _subset(labels or {}, (o.get("metadata") or {}).get("labels") or {})]
+
+    def apply(self, obj: dict, immutable: bool = False) -> str:
+        """Create, or merge-patch when it differs: created | configured | unchanged | kept."""
+        meta = obj["metadata"]
+        live = self.get(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))
+        if live is None:
+            self.create(obj)
+            return "created"
+        if _subset(obj, live):
+            return "unchanged"
+        if immutable:
+            return "kept"
+        self.patch(obj)
+        return "configured"
+
+    # ------------------------------------------------------------------ pods
+    def pod_log(self, pod: str, namespace: str, container: str | None = None, tail_lines: int | None = None,
+                follow: bool = False) -> Iterator[str]:
+        """The container's log, line by line (follows until the container ends with follow=True)."""
+        query: dict = {"follow": "true" if follow else "false"}
+        if container:
+            query["container"] = container
+        if tail_lines:
+            query["tailLines"] = str(tail_lines)
+        response = self._call("GET", _path(KINDS[("v1", "Pod")], namespace, pod) + "/log", query=query,
+                              what=f"logs of pod {pod}", preload=False)
+        pending = b""
+        try:
+            for chunk in response.stream(4096):
+                pending += chunk
+                *lines, pending = pending.split(b"\n")
+                yield from (line.decode("utf-8", "replace") for line in lines)
+            if pending:
+                yield pending.decode("utf-8", "replace")
+        finally:
+            response.release_conn()
+
+    def exec_to(self, pod: str, namespace: str, command: list[str], sink: IO[bytes],
+                container: str | None = None) -> str:
+        """Run `command` in the pod, stdout (binary) into `sink`; returns stderr. Like `kubectl exec`."""
+        from kubernetes import client
+        from kubernetes.client.exceptions import ApiException
+        from kubernetes.stream import stream
+
+        core = client.CoreV1Api(self._api)
+        try:
+            ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, command=command, container=container,
+                        stderr=True, stdin=False, stdout=True, tty=False, binary=True, _preload_content=False)
+        except ApiException as e:
+            raise self._api_error(e, f"exec in pod {pod}") from None
+        except Exception as e:  # websocket handshake errors have no common base class
+            raise ClusterError(f"exec in pod {pod} failed: {type(e).__name__}: {e}") from None
+        stderr = b""
+        try:
+            while ws.is_open():
+                ws.update(timeout=1)
+                if ws.peek_stdout():
+                    sink.write(ws.read_stdout())
+                if ws.peek_stderr():
+                    stderr += ws.read_stderr()
+            code = ws.returncode
+        finally:
+            ws.close()
+        if code:
+            raise ClusterError(f"`{' '.join(command)}` in pod {pod} exited {code}: {stderr.decode(errors='replace').strip()}")
+        return stderr.decode(errors="replace")

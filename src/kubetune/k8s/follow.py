@@ -1,0 +1,273 @@
+"""Submit a rendered job and follow it: status, logs, download, delete.
+
+Every function takes a `KubeClient` (the only API boundary) and returns data or text lines;
+the CLI prints them. Object names come from `render.Names`, so these commands need only the
+job name and namespace, not the recipe.
+"""
+
+from __future__ import annotations
+
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import yaml
+
+from kubetune.errors import UserError
+from kubetune.k8s import progress
+from kubetune.k8s.client import KubeClient
+from kubetune.k8s.render import CONTAINER, DATA_DIR, MANAGED_BY, PART_OF, RECIPE_KEY, Names, Rendered
+
+JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))
+POD_GROUP_KINDS = (("scheduling.x-k8s.io/v1alpha1", "PodGroup"), ("scheduling.volcano.sh/v1beta1", "PodGroup"))
+IMMUTABLE_KINDS = {"Pod", "PersistentVolumeClaim"}  # a changed spec needs delete + create, not a patch
+FINISHED = {"Succeeded", "Complete", "Failed"}
+
+
+# ------------------------------------------------------------------------------ submit
+
+
+def submit(client: KubeClient, rendered: Rendered) -> list[str]:
+    """Create or update every rendered object, in order; one line per object."""
+    lines = []
+    for obj in rendered.objects:
+        where = _ref(obj)
+        if obj["kind"] == "Namespace":
+            lines.append(f"{_ensure_namespace(client, obj)} {where}")
+            continue
+        action = client.apply(obj, immutable=obj["kind"] in IMMUTABLE_KINDS)
+        note = ""
+        if action == "kept":
+            note = f" (a {obj['kind']} cannot change in place; `kubetune k8s delete {rendered.names.job} --purge` recreates it)"
+        lines.append(f"{action} {where}{note}")
+    job = rendered.job
+    state = job_state(client.get(job["apiVersion"], job["kind"], job["metadata"]["name"], rendered.names.namespace))
+    if state in FINISHED:
+        lines.append(f"note: {job['kind']} {rendered.names.job} already finished ({state}); "
+                     f"`kubetune k8s delete {rendered.names.job}` and submit again to rerun (the PVC and its checkpoints stay)")
+    return lines
+
+
+def _ensure_namespace(client: KubeClient, obj: dict) -> str:
+    from kubetune.k8s.client import ClusterError
+
+    try:
+        if client.get("v1", "Namespace", obj["metadata"]["name"]) is not None:
+            return "unchanged"
+    except ClusterError:
+        # Namespace-scoped users often may not read namespaces: assume it is there and let
+        # the next object's error speak if it is not.
+        return "assumed present"
+    client.create(obj)
+    return "created"
+
+
+def _ref(obj: dict) -> str:
+    meta = obj["metadata"]
+    return f"{obj['kind']} {meta['namespace'] + '/' if meta.get('namespace') else ''}{meta['name']}"
+
+
+# ------------------------------------------------------------------------------ reading
+
+
+def find_job(client: KubeClient, name: str, namespace: str) -> dict:
+    for api_version, kind, _ in JOB_KINDS:
+        job = client.get(api_version, kind, name, namespace)
+        if job is not None:
+            return job
+    raise UserError(f"no PyTorchJob or TrainJob named {name} in namespace {namespace} "
+                    "(check the name with `kubectl get pytorchjobs,trainjobs -A`, or pass -n NAMESPACE)")
+
+
+def job_api(job: dict) -> str:
+    return "pytorchjob" if job["kind"] == "PyTorchJob" else "trainjob"
+
+
+def job_state(job: dict | None) -> str | None:
+    """The newest condition that holds (Created, Running, Succeeded, Failed, Complete, ...)."""
+    if not job:
+        return None
+    conditions = [c for c in (job.get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    return conditions[-1]["type"] if conditions else None
+
+
+def has_master(job: dict | None) -> bool:
+    """Elastic PyTorchJobs have Workers only; then worker i is node rank i, not i + 1."""
+    return "Master" in ((job or {}).get("spec") or {}).get("pytorchReplicaSpecs", {"Master": None})
+
+
+def pod_rank(pod: dict, with_master: bool = True) -> int | None:
+    """Node rank from the labels each operator puts on its pods."""
+    labels = pod["metadata"].get("labels") or {}
+    if "training.kubeflow.org/replica-type" in labels:  # Training Operator v1
+        kind = labels["training.kubeflow.org/replica-type"].lower()
+        index = int(labels.get("training.kubeflow.org/replica-index", 0))
+        return 0 if kind == "master" else index + (1 if with_master else 0)
+    for key in ("batch.kubernetes.io/job-completion-index", "jobset.sigs.k8s.io/job-index"):  # Trainer v2
+        if key in labels:
+            return int(labels[key])
+    return None
+
+
+def trainer_pods(client: KubeClient, name: str, namespace: str, job: dict | None = None) -> list[dict]:
+    """The job's training pods, ordered by rank (unknown ranks last, by name)."""
+    pods = client.list("v1", "Pod", namespace, {PART_OF: name, "app.kubernetes.io/component": "trainer"})
+    master = has_master(job)
+    return sorted(pods, key=lambda p: (pod_rank(p, master) is None, pod_rank(p, master) or 0, p["metadata"]["name"]))
+
+
+def _pod_detail(pod: dict) -> str:
+    status = pod.get("status") or {}
+    for cs in status.get("containerStatuses") or []:
+        waiting = (cs.get("state") or {}).get("waiting")
+        if waiting and waiting.get("reason") not in (None, "ContainerCreating"):
+            return waiting["reason"]
+        terminated = (cs.get("state") or {}).get("terminated") or (cs.get("lastState") or {}).get("terminated")
+        if terminated and terminated.get("reason") not in (None, "Completed"):
+            return f"last exit: {terminated['reason']} ({terminated.get('exitCode')})"
+    for cond in status.get("conditions") or []:
+        if cond.get("status") == "False" and cond.get("reason"):
+            return f"{cond['reason']}: {cond.get('message', '')}".strip()
+    return ""
+
+
+def _restarts(pod: dict) -> int:
+    return sum(cs.get("restartCount", 0) for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
+def run_output_dir(client: KubeClient, name: str, namespace: str) -> str:
+    """output_dir as the pods see it, from the recipe ConfigMap (render's default otherwise)."""
+    cm = client.get("v1", "ConfigMap", Names.for_job(name, namespace).recipe, namespace)
+    try:
+        return str(yaml.safe_load(cm["data"][RECIPE_KEY])["output_dir"])
+    except (TypeError, KeyError, yaml.YAMLError):
+        return f"{DATA_DIR}/runs/{name}"
+
+
+def read_progress(client: KubeClient, name: str, namespace: str, job: dict, pods: list[dict]) -> progress.Progress | None:
+    """From the rank-0 log tail; else from metrics.jsonl on the PVC through the data-access pod."""
+    from kubetune.k8s.client import ClusterError
+
+    api = job_api(job)
+    rank0 = next((p for p in pods if pod_rank(p, has_master(job)) == 0), None)
+    if rank0 and (rank0.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed"):
+        try:
+            found = progress.from_log(client.pod_log(rank0["metadata"]["name"], namespace, CONTAINER[api], tail_lines=400))
+            if found:
+                return found
+        except ClusterError:
+            pass
+    try:
+        text = exec_text(client, name, namespace, ["tail", "-n", "5", f"{run_output_dir(client, name, namespace)}/metrics.jsonl"])
+    except ClusterError:
+        return None
+    return progress.from_metrics(text)
+
+
+def exec_text(client: KubeClient, name: str, namespace: str, command: list[str]) -> str:
+    with tempfile.TemporaryFile() as sink:
+        client.exec_to(Names.for_job(name, namespace).data_pod, namespace, command, sink, container="data")
+        sink.seek(0)
+        return sink.read().decode("utf-8", "replace")
+
+
+@dataclass
+class Status:
+    job: dict
+    pods: list[dict]
+    progress: progress.Progress | None = None
+    lines: list[str] = field(default_factory=list)
+
+
+def status(client: KubeClient, name: str, namespace: str) -> Status:
+    job = find_job(client, name, namespace)
+    pods = trainer_pods(client, name, namespace, job)
+    st = Status(job=job, pods=pods, progress=read_progress(client, name, namespace, job, pods))
+    conditions = (job.get("status") or {}).get("conditions") or []
+    st.lines.append(f"{job['kind']} {namespace}/{name}: {job_state(job) or 'Pending (no conditions yet)'}")
+    if conditions:
+        st.lines.append("conditions: " + ", ".join(f"{c['type']}={c.get('status')}" for c in conditions))
+        last = conditions[-1]
+        if last.get("message") and last.get("status") == "True":
+            st.lines.append(f"  {last['type']}: {last['message']}")
+    st.lines.append(f"{'rank':<5} {'pod':<44} {'phase':<10} {'node':<20} {'restarts':<8} detail")
+    for pod in pods:
+        rank = pod_rank(pod, has_master(job))
+        phase = (pod.get("status") or {}).get("phase", "?")
+        node = (pod.get("spec") or {}).get("nodeName") or "-"
+        st.lines.append(f"{'?' if rank is None else rank:<5} {pod['metadata']['name']:<44} {phase:<10} {node:<20} "
+                        f"{_restarts(pod):<8} {_pod_detail(pod)}".rstrip())
+    if not pods:
+        st.lines.append("(no training pods yet: `kubetune k8s doctor " + name + "` explains why)")
+    st.lines.append("progress: " + (progress.describe(st.progress) if st.progress else "no progress reported yet"))
+    return st
+
+
+def logs(client: KubeClient, name: str, namespace: str, rank: int = 0, follow: bool = False,
+         tail_lines: int | None = None) -> Iterator[str]:
+    job = find_job(client, name, namespace)
+    pods = [p for p in trainer_pods(client, name, namespace, job) if pod_rank(p, has_master(job)) == rank]
+    if not pods:
+        raise UserError(f"no pod of rank {rank} for {name} in {namespace} (see `kubetune k8s status {name}`)")
+    return client.pod_log(pods[0]["metadata"]["name"], namespace, CONTAINER[job_api(job)], tail_lines=tail_lines,
+                          follow=follow)
+
+
+# ------------------------------------------------------------------------------ download / delete
+
+
+def download(client: KubeClient, name: str, namespace: str, out_dir: Path) -> Path:
+    """Copy the run's output directory out of the data-access pod (tar over exec, like kubectl cp)."""
+    names = Names.for_job(name, namespace)
+    pod = client.get("v1", "Pod", names.data_pod, namespace)
+    phase = (pod or {}).get("status", {}).get("phase")
+    if phase != "Running":
+        raise UserError(f"the data-access pod {namespace}/{names.data_pod} is {phase or 'missing'}: "
+                        f"`kubetune k8s submit` (re)creates it")
+    remote = PurePosixPath(run_output_dir(client, name, namespace))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    with tempfile.TemporaryFile() as sink:  # on disk, not in memory: runs hold GBs of checkpoints
+        client.exec_to(names.data_pod, namespace, ["tar", "cf", "-", "-C", str(remote.parent), remote.name], sink,
+                       container="data")
+        sink.seek(0)
+        try:
+            with tarfile.open(fileobj=sink, mode="r:") as tar:
+                tar.extractall(out_dir, filter="data")  # refuses absolute paths, `..` and devices
+        except tarfile.TarError as e:
+            raise UserError(f"the archive of {remote} from {names.data_pod} is unreadable: {e}") from None
+    return out_dir / remote.name
+
+
+def _ours(obj: dict | None, name: str) -> bool:
+    labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
+    return labels.get(PART_OF) == name and labels.get(MANAGED_BY) == "kubetune"
+
+
+def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -> list[str]:
+    """Job, its pods, PodGroup, recipe and token; with purge also the data pod, PVC, quota, runtime."""
+    names = Names.for_job(name, namespace)
+    targets = [(av, kind, name, namespace) for av, kind, _ in JOB_KINDS]
+    targets += [(av, kind, name, namespace) for av, kind in POD_GROUP_KINDS]
+    targets += [("v1", "Pod", p["metadata"]["name"], namespace)
+                for p in client.list("v1", "Pod", namespace, {PART_OF: name, "app.kubernetes.io/component": "trainer"})]
+    targets += [("v1", "ConfigMap", names.recipe, namespace), ("v1", "Secret", names.secret, namespace)]
+    if purge:
+        targets += [("v1", "Pod", names.data_pod, namespace), ("v1", "ResourceQuota", names.quota, namespace)]
+        # Only what kubetune created for this job: never a user's existing claim or runtime.
+        pvc = client.get("v1", "PersistentVolumeClaim", names.pvc, namespace)
+        if _ours(pvc, name):
+            targets.append(("v1", "PersistentVolumeClaim", names.pvc, namespace))
+        runtime = client.get("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", names.runtime)
+        if _ours(runtime, name):
+            targets.append(("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", names.runtime, None))
+    lines = []
+    for api_version, kind, obj_name, ns in targets:
+        if client.delete(api_version, kind, obj_name, ns):
+            lines.append(f"deleted {kind} {ns + '/' if ns else ''}{obj_name}")
+    if not purge and lines:
+        lines.append(f"kept the PVC and data-access pod {names.data_pod} (download with `kubetune k8s download {name}`; "
+                     f"remove with --purge)")
+    return lines or [f"nothing named {name} in namespace {namespace}"]
+

@@ -1,0 +1,105 @@
+"""Training progress from what the engine writes (pure parsing, no cluster).
+
+The engine's contract: rank 0 prints, when not on a terminal,
+
+    kubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 eta 1m20s
+
+and appends one JSON object per logged step to `output_dir/metrics.jsonl` with keys step,
+total_steps, epoch, loss, lr, grad_norm, tokens, tokens_per_s, elapsed_s. At the end it
+writes `output_dir/summary.json`.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+
+_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
+LOG_LINE = re.compile(
+    rf"kubetune: step (?P<step>\d+)/(?P<total>\d+) loss (?P<loss>{_NUMBER}) lr (?P<lr>{_NUMBER})"
+    rf" tokens (?P<tokens>\d+) tok/s (?P<tps>{_NUMBER}) eta (?P<eta>\S+)"
+)
+_ETA_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
+_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+
+
+@dataclass(frozen=True)
+class Progress:
+    step: int
+    total_steps: int
+    loss: float | None = None
+    lr: float | None = None
+    tokens: int | None = None
+    tokens_per_s: float | None = None
+    eta_s: float | None = None
+    epoch: float | None = None
+    source: str = ""
+
+    @property
+    def fraction(self) -> float:
+        return self.step / self.total_steps if self.total_steps else 0.0
+
+
+def parse_eta(text: str) -> float | None:
+    """`1h2m3s`, `1m20s`, `45s` -> seconds; None for `?`, `-` or anything else."""
+    parts = _ETA_PART.findall(text)
+    if not parts or "".join(n + u for n, u in parts) != text:
+        return None
+    return sum(float(n) * _UNIT_S[u] for n, u in parts)
+
+
+def format_eta(seconds: float | None) -> str:
+    if seconds is None or math.isnan(seconds):
+        return "?"
+    seconds = int(round(seconds))
+    days, rest = divmod(seconds, 86400)
+    hours, rest = divmod(rest, 3600)
+    minutes, secs = divmod(rest, 60)
+    out = "".join(f"{v}{u}" for v, u in ((days, "d"), (hours, "h"), (minutes, "m")) if v)
+    return out + f"{secs}s" if secs or not out else out
+
+
+def from_log(lines) -> Progress | None:
+    """The last progress line among `lines` (an iterable of log lines)."""
+    last = None
+    for line in lines:
+        m = LOG_LINE.search(line)
+        if m:
+            last = m
+    if last is None:
+        return None
+    return Progress(
+        step=int(last["step"]), total_steps=int(last["total"]), loss=float(last["loss"]), lr=float(last["lr"]),
+        tokens=int(last["tokens"]), tokens_per_s=float(last["tps"]), eta_s=parse_eta(last["eta"]), source="rank-0 log",
+    )
+
+
+def from_metrics(text: str) -> Progress | None:
+    """The last complete record of a metrics.jsonl text (a half-written last line is skipped)."""
+    for line in reversed(text.strip().splitlines()):
+        try:
+            rec = json.loads(line)
+            step, total = int(rec["step"]), int(rec["total_steps"])
+        except (ValueError, KeyError, TypeError):
+            continue
+        elapsed = rec.get("elapsed_s")
+        eta = elapsed / step * (total - step) if elapsed and step else None
+        return Progress(step=step, total_steps=total, loss=rec.get("loss"), lr=rec.get("lr"), tokens=rec.get("tokens"),
+                        tokens_per_s=rec.get("tokens_per_s"), eta_s=eta, epoch=rec.get("epoch"), source="metrics.jsonl")
+    return None
+
+
+def describe(p: Progress) -> str:
+    parts = [f"step {p.step}/{p.total_steps} ({p.fraction:.0%})"]
+    if p.epoch is not None:
+        parts.append(f"epoch {p.epoch:.2f}")
+    if p.loss is not None:
+        parts.append(f"loss {p.loss:.4f}")
+    if p.lr is not None:
+        parts.append(f"lr {p.lr:.2e}")
+    if p.tokens_per_s is not None:
+        parts.append(f"tok/s {p.tokens_per_s:.1f}")
+    parts.append(f"eta {format_eta(p.eta_s) if p.step < p.total_steps else 'done'}")
+    return "  ".join(parts) + f"  (from {p.source})"
