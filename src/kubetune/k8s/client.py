@@ -85,7 +85,9 @@ def load_config():
             config.load_incluster_config()
             return client.Configuration.get_default_copy()
         configuration = client.Configuration()
-        config.load_kube_config(client_configuration=configuration)
+        # Read KUBECONFIG now: the library's default is frozen when kubernetes is first imported.
+        path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        config.load_kube_config(config_file=path, client_configuration=configuration)
         return configuration
     except config.ConfigException as e:
         raise ClusterError(

@@ -60,7 +60,7 @@ def _get(d: dict, dotted: str, default="?"):
 
 # ----------------------------------------------------------------------------- scheduling
 
-_INSUFFICIENT = re.compile(r"Insufficient ([\w./-]+)")
+_INSUFFICIENT = re.compile(r"Insufficient ([\w./-]*\w)")
 _TAINT = re.compile(r"untolerated taint[s]? \{([^}]*)\}")
 
 
@@ -263,7 +263,7 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
     snap.events = client.list("v1", "Event", namespace)
     cm = client.get("v1", "ConfigMap", names.recipe, namespace)
     try:
-        snap.recipe = yaml.safe_load(cm["data"][RECIPE_KEY]) or {}
+        snap.recipe = _with_resolved_resources(yaml.safe_load(cm["data"][RECIPE_KEY]) or {})
     except (TypeError, KeyError, yaml.YAMLError):
         snap.recipe = {}
     claim = _get(snap.recipe, "k8s.storage.existing_claim", None) or names.pvc
@@ -281,6 +281,20 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
         except ClusterError:
             pass
     return snap
+
+
+def _with_resolved_resources(recipe: dict) -> dict:
+    """Fill the profile defaults into k8s.resources, so fixes quote the values the pods got."""
+    from pydantic import ValidationError
+
+    from kubetune.recipe.schema import Recipe
+
+    try:
+        resources = Recipe.model_validate(recipe).k8s.worker_resources()
+    except ValidationError:  # a recipe from another kubetune version: quote it as it is
+        return recipe
+    recipe.setdefault("k8s", {})["resources"] = resources
+    return recipe
 
 
 def report(findings: list[Finding]) -> list[str]:

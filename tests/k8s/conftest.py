@@ -1,0 +1,154 @@
+"""Fixtures for the k8s tests: the CLI run in-process, and an in-memory Kubernetes API.
+
+`kube` serves kmock's KubernetesEmulator over real loopback HTTP on its own event loop in a
+background thread; kubetune reaches it through the real kubernetes client and a kubeconfig
+file in $KUBECONFIG, exactly as it would reach a cluster. kmock's sharp edges (see
+../shared/reference/kubernetes.md section 9) are handled here: resources are declared up
+front, namespaces (not emulated) are scripted, selectors are ignored by kmock (kubetune
+filters labels itself), and pod logs are scripted reactions.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import io
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+SHARED_SCHEMAS = REPO.parent / "shared" / "schemas"  # ../shared/schemas, relative to the repo
+TOKEN = "hf_TESTtoken0123456789abcdefghijklmnopq"  # shaped like a real token (37 chars)
+
+
+@pytest.fixture
+def shared_schemas() -> Path:
+    if not (SHARED_SCHEMAS / "kubeflow.org_pytorchjobs.yaml").is_file():
+        pytest.skip(f"the project's CRD copies are not at {SHARED_SCHEMAS}")
+    return SHARED_SCHEMAS
+
+
+@dataclass
+class CliResult:
+    code: int
+    out: str
+    err: str
+
+
+def run_cli(*args: str) -> CliResult:
+    """`kubetune ARGS` through kubetune.cli.main (its UserError -> exit 2 handling included)."""
+    from kubetune import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    code = 0
+    argv = sys.argv
+    sys.argv = ["kubetune", *args]
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+    return CliResult(code, out.getvalue(), err.getvalue())
+
+
+@pytest.fixture
+def cli():
+    return run_cli
+
+
+# ---------------------------------------------------------------------------- in-memory API
+
+RESOURCES = {
+    "v1/pods": ("Pod", True), "v1/configmaps": ("ConfigMap", True), "v1/secrets": ("Secret", True),
+    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True), "v1/events": ("Event", True),
+    "v1/resourcequotas": ("ResourceQuota", True),
+    "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False),
+    "storage.k8s.io/v1/storageclasses": ("StorageClass", False),
+    "kubeflow.org/v1/pytorchjobs": ("PyTorchJob", True),
+    "trainer.kubeflow.org/v1alpha1/trainjobs": ("TrainJob", True),
+    "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes": ("ClusterTrainingRuntime", False),
+    "scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", True),
+    "scheduling.volcano.sh/v1beta1/podgroups": ("PodGroup", True),
+}
+
+
+@dataclass
+class Kube:
+    emulator: object
+    url: str
+    kubeconfig: Path
+
+    def client(self):
+        from kubernetes import client as kc
+
+        from kubetune.k8s.client import KubeClient
+
+        return KubeClient(kc.Configuration(host=self.url))
+
+    def objects(self, plural: str) -> dict[tuple[str | None, str], dict]:
+        """(namespace, name) -> object, for every live object of `plural` ('v1/pods', ...)."""
+        out = {}
+        for (resource, ns, name), obj in list(self.emulator.objects.items()):
+            if not obj.deleted and f"{resource.group + '/' if resource.group else ''}{resource.version}/{resource.plural}" == plural:
+                out[(ns, name)] = obj.raw
+        return out
+
+    def script_log(self, pod: str, text: str) -> None:
+        import kmock
+
+        self.emulator["get", kmock.resource("v1", "pods"), kmock.name(pod), kmock.subresource("log")] << text.encode()
+
+    def script_namespace(self, name: str) -> None:
+        # kmock does not emulate namespaces: answer the GET the way a cluster that has it would.
+        self.emulator[f"get /api/v1/namespaces/{name}"] << {"apiVersion": "v1", "kind": "Namespace",
+                                                               "metadata": {"name": name}}
+
+
+@pytest.fixture
+def kube(tmp_path, monkeypatch):
+    import kmock
+
+    emulator = kmock.KubernetesEmulator()
+    for plural, (kind, namespaced) in RESOURCES.items():
+        emulator.resources[plural] = kmock.ResourceInfo(kind=kind, namespaced=namespaced)
+    ready, stop = threading.Event(), threading.Event()
+    state: dict = {}
+
+    async def serve():
+        try:
+            async with emulator, kmock.Server(emulator, host="127.0.0.1") as server:
+                state["url"] = str(server.url).rstrip("/")
+                ready.set()
+                while not stop.is_set():
+                    await asyncio.sleep(0.02)
+        except BaseException as e:  # surface start-up failures in the test, not a hang
+            state["error"] = e
+            ready.set()
+
+    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
+    thread.start()
+    assert ready.wait(10), "the in-memory API server did not start"
+    if "error" in state:
+        raise state["error"]
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+        "clusters": [{"name": "kmock", "cluster": {"server": state["url"]}}],
+        "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
+        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "tester", "namespace": "kubetune"}}],
+    }))
+    monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.delenv("HF_TOKEN", raising=False)
+    kube = Kube(emulator, state["url"], kubeconfig)
+    kube.script_namespace("kubetune")
+    yield kube
+    stop.set()
+    thread.join(5)
