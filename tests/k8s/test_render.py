@@ -65,7 +65,12 @@ ALL = [(p, a) for p in PROFILES for a in APIS]
 
 @pytest.mark.parametrize("profile,api", ALL)
 def test_snapshot(profile, api):
-    text = r.to_yaml(rendered(profile, api).objects)
+    objects = rendered(profile, api).objects
+    # The recipe dump grows with every new recipe key (other layers add them): its content is
+    # checked by test_container_runs_kubetune_train_on_the_mounted_recipe, not snapshotted.
+    for cm in by_kind(objects, "ConfigMap"):
+        cm["data"]["recipe.yaml"] = "<the resolved recipe>"
+    text = r.to_yaml(objects)
     path = SNAPSHOTS / f"{profile}-{api}.yaml"
     if os.environ.get("KUBETUNE_UPDATE_SNAPSHOTS"):
         path.parent.mkdir(exist_ok=True)

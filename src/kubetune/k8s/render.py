@@ -236,7 +236,7 @@ def pvc(k8s: K8sSection, names: Names) -> dict:
 
     spec = V1PersistentVolumeClaimSpec(access_modes=[k8s.storage.access_mode],
                                        storage_class_name=k8s.storage.storage_class,
-                                       resources=V1VolumeResourceRequirements(requests={"storage": k8s.storage.size}))
+                                       resources=V1VolumeResourceRequirements(requests={"storage": str(k8s.storage.size)}))
     return _to_dict(V1PersistentVolumeClaim(api_version="v1", kind="PersistentVolumeClaim",
                                             metadata=_meta(names, names.pvc, "data"), spec=spec))
 
@@ -298,7 +298,7 @@ def resource_quota(k8s: K8sSection, names: Names) -> dict:
     hard["pods"] = str(workers + 1)
     if names.owns_pvc:
         hard["persistentvolumeclaims"] = "1"
-        hard["requests.storage"] = k8s.storage.size
+        hard["requests.storage"] = str(k8s.storage.size)
     return _to_dict(V1ResourceQuota(api_version="v1", kind="ResourceQuota",
                                     metadata=_meta(names, names.quota, "quota"), spec=V1ResourceQuotaSpec(hard=hard)))
 

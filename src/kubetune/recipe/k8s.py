@@ -63,14 +63,14 @@ class ResourcesSection(_Strict):
     """Per-worker (per pod) resources; requests always equal limits (Guaranteed QoS)."""
 
     cpu: Quantity | None = Field(None, description="CPU cores per worker pod (e.g. 200, 7500m); null = profile default.")
-    memory: str | None = Field(None, description="Memory per worker pod (e.g. 226Gi); null = profile default.")
+    memory: Quantity | None = Field(None, description="Memory per worker pod (e.g. 226Gi); null = profile default.")
     accelerators: int | None = Field(
         None, ge=0, description="habana.ai/gaudi or nvidia.com/gpu per pod (must be 0 on cpu); null = profile default."
     )
-    hugepages_2mi: str | None = Field(
+    hugepages_2mi: Quantity | None = Field(
         None, description="hugepages-2Mi per pod (Gaudi needs them, e.g. 9800Mi); null = profile default."
     )
-    shm_size: str | None = Field(
+    shm_size: Quantity | None = Field(
         None, description="/dev/shm size (memory-backed, counts against memory); null = profile default."
     )
 
@@ -88,7 +88,7 @@ class StorageSection(_Strict):
     storage_class: str | None = Field(
         None, description="StorageClass of the PVC (must offer ReadWriteMany, e.g. nfs-client); null = cluster default."
     )
-    size: str = Field("100Gi", description="PVC size.")
+    size: Quantity = Field("100Gi", description="PVC size.")
     access_mode: Literal["ReadWriteMany", "ReadWriteOnce"] = Field(
         "ReadWriteMany", description="ReadWriteMany for multi-node jobs; ReadWriteOnce only for one pod."
     )
