@@ -24,6 +24,7 @@ from typing import Callable
 
 import grpc
 
+from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR, KUBELET_SOCKET
 from kubetune.cluster.deviceplugin.allocation import preferred_allocation
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, Card, Discovery
 from kubetune.cluster.deviceplugin.health import HealthEvent, HealthMonitor
@@ -34,8 +35,6 @@ from kubetune.cluster.deviceplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 log = logging.getLogger(__name__)
 
 API_VERSION = "v1beta1"
-DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
-KUBELET_SOCKET = "kubelet.sock"
 
 
 def socket_name_for(resource: str) -> str:

@@ -1,8 +1,9 @@
 """The HTTP side of the scheduler extender: POST /filter and POST /prioritize (FastAPI).
 
-The routes parse (protocol), convert (facts), call the pure policy, and answer. The body is
-validated straight from bytes with pydantic-core (no intermediate dicts): at 5,000 nodes a
-request is megabytes of JSON, and that parse is most of the latency budget.
+The routes parse (protocol), convert (facts), call the pure policy, and answer. At 5,000
+nodes a request is ~20 MB of JSON and its parse is most of the latency budget, so when
+msgspec is installed the body is decoded by `fastwire` (only the keys the policy reads);
+otherwise, and for every body the fast path refuses, by the pydantic models in `protocol`.
 
 Errors: a body that is not ExtenderArgs gets one 400 `{"Error": "..."}` naming the first
 bad field; anything unexpected gets a 500 with the same shape. Either way the scheduler
@@ -22,8 +23,8 @@ from pydantic import ValidationError
 
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.extender import policy
-from kubetune.cluster.extender.facts import PodView, facts_of, peers_of, request_of
-from kubetune.cluster.extender.protocol import ExtenderArgs
+from kubetune.cluster.extender.facts import PodView, facts_from, node_parts, peers_of, request_of
+from kubetune.cluster.extender.protocol import ExtenderArgs, Pod
 
 log = logging.getLogger(__name__)
 
@@ -33,6 +34,23 @@ class ExtenderConfig:
     resources: tuple[str, ...] = keys.MANAGED_RESOURCES
     leaf_labels: tuple[str, ...] = (keys.LEAF_LABEL,)
     weights: policy.Weights = field(default_factory=policy.Weights)
+
+
+@dataclass
+class Call:
+    """One decoded scheduler call: the pod, each node as (name, labels, annotations, allocatable)."""
+
+    pod: Pod
+    nodes: list[tuple[str, dict, dict, dict]] | None  # None: nodeCacheCapable mode
+    node_names: list[str] | None
+
+
+def _fast_decoder(config: ExtenderConfig):
+    try:
+        from kubetune.cluster.extender.fastwire import FastDecoder
+    except ImportError:  # msgspec not installed: the pydantic path alone is correct, only slower
+        return None
+    return FastDecoder(config.resources, config.leaf_labels)
 
 
 def _json(body, status: int = 200) -> Response:
@@ -66,14 +84,23 @@ def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None =
     app.state.config = config
     app.state.pods = pods
 
-    async def parse(request: Request) -> ExtenderArgs:
-        return ExtenderArgs.model_validate_json(await request.body())
+    fast = _fast_decoder(config)
 
-    def inputs(args: ExtenderArgs):
-        req = request_of(args.Pod, config.resources)
-        nodes = args.Nodes.items if args.Nodes is not None else []
+    async def parse(request: Request) -> Call:
+        body = await request.body()
+        if fast is not None:
+            try:
+                return Call(*fast.decode(body))
+            except Exception:
+                pass  # let pydantic accept it or explain what is wrong, in its words
+        args = ExtenderArgs.model_validate_json(body)
+        nodes = [node_parts(n) for n in args.Nodes.items] if args.Nodes is not None else None
+        return Call(args.Pod, nodes, args.NodeNames)
+
+    def inputs(call: Call):
+        req = request_of(call.pod, config.resources)
         resource = req.resource or config.resources[0]
-        facts = [facts_of(n, resource, config.leaf_labels, pods) for n in nodes]
+        facts = [facts_from(*parts, resource, config.leaf_labels, pods) for parts in call.nodes or []]
         return req, facts
 
     def timed(verb: str, handler):
@@ -94,9 +121,9 @@ def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None =
 
         return route
 
-    def do_filter(args: ExtenderArgs) -> Response:
-        if args.Nodes is None:  # nodeCacheCapable mode: no node data to judge, keep every name
-            return _json({"Nodes": None, "NodeNames": args.NodeNames or [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""})
+    def do_filter(args: Call) -> Response:
+        if args.nodes is None:  # nodeCacheCapable mode: no node data to judge, keep every name
+            return _json({"Nodes": None, "NodeNames": args.node_names or [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""})
         req, facts = inputs(args)
         kept, failed, unresolvable = policy.filter_nodes(req, facts)
         # The scheduler reads back only the names of the nodes it gets (extender.go), so
@@ -111,9 +138,9 @@ def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None =
             }
         )
 
-    def do_prioritize(args: ExtenderArgs) -> Response:
-        if args.Nodes is None:
-            return _json([{"Host": name, "Score": int(policy.NEUTRAL)} for name in args.NodeNames or []])
+    def do_prioritize(args: Call) -> Response:
+        if args.nodes is None:
+            return _json([{"Host": name, "Score": int(policy.NEUTRAL)} for name in args.node_names or []])
         req, facts = inputs(args)
         scores = policy.prioritize(req, facts, peers_of(req, facts, pods), config.weights)
         return _json([{"Host": name, "Score": score} for name, score in scores.items()])

@@ -68,34 +68,53 @@ def request_of(pod: Pod, resources: tuple[str, ...]) -> Request:
 
 
 def _positive_float(text: str | None) -> float | None:
-    q = parse_quantity(text) if text is not None else None
-    return q if q is not None and q > 0 else None
+    if text is None:
+        return None
+    try:
+        q = float(text)  # the common case; "96Gi"-style quantities fall through to the parser
+    except ValueError:
+        q = parse_quantity(text)
+    return q if q is not None and 0 < q < float("inf") else None
 
 
-def facts_of(node: Node, resource: str, leaf_labels: tuple[str, ...], pods: PodView | None = None) -> NodeFacts:
-    name = node.metadata.name
-    ann = node.metadata.annotations or {}
-    labels = node.metadata.labels or {}
-    ours = ann.get(keys.RESOURCE) in (None, resource)  # annotations for another resource do not apply
-    total = parse_count((node.status.allocatable or {}).get(resource))
+def facts_from(
+    name: str,
+    labels: dict,
+    annotations: dict,
+    allocatable: dict,
+    resource: str,
+    leaf_labels: tuple[str, ...],
+    pods: PodView | None = None,
+) -> NodeFacts:
+    """NodeFacts from the parts of a v1.Node the policy reads (both decoders end here)."""
+    ours = annotations.get(keys.RESOURCE) in (None, resource)  # annotations for another resource do not apply
+    total = parse_count(allocatable.get(resource))
     if total is None and ours:
-        total = parse_count(ann.get(keys.CARDS_HEALTHY))
+        total = parse_count(annotations.get(keys.CARDS_HEALTHY))
     free = None
     used = pods.used_cards(name, resource) if pods is not None else None
     if used is not None and total is not None:
         free = max(0, total - used)
     elif ours:
-        free = parse_count(ann.get(keys.CARDS_FREE))
+        free = parse_count(annotations.get(keys.CARDS_FREE))
         if free is not None and total is not None:
             free = min(free, total)
-    return NodeFacts(
-        name=name,
-        cards_total=total,
-        cards_free=free,
-        hbm_per_card_mib=_positive_float(ann.get(keys.HBM_PER_CARD_MIB)) if ours else None,
-        leaf=next((labels[k] for k in leaf_labels if labels.get(k)), None),
-        rdma_latency_us=_positive_float(ann.get(keys.RDMA_LATENCY_US)),
+    return NodeFacts(  # positional: this runs once per node per call
+        name,
+        total,
+        free,
+        _positive_float(annotations.get(keys.HBM_PER_CARD_MIB)) if ours else None,
+        next((labels[k] for k in leaf_labels if labels.get(k)), None),
+        _positive_float(annotations.get(keys.RDMA_LATENCY_US)),
     )
+
+
+def node_parts(node: Node) -> tuple[str, dict, dict, dict]:
+    return node.metadata.name, node.metadata.labels or {}, node.metadata.annotations or {}, node.status.allocatable or {}
+
+
+def facts_of(node: Node, resource: str, leaf_labels: tuple[str, ...], pods: PodView | None = None) -> NodeFacts:
+    return facts_from(*node_parts(node), resource, leaf_labels, pods)
 
 
 def peers_of(req: Request, nodes: list[NodeFacts], pods: PodView | None) -> Peers:

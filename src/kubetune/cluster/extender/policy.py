@@ -27,6 +27,7 @@ from __future__ import annotations
 import math
 from collections import Counter
 from dataclasses import dataclass, field, fields
+from typing import NamedTuple
 
 from kubetune.errors import UserError
 
@@ -80,9 +81,8 @@ class Request:
     gang_size: int | None = None  # workers in the job (PET_NNODES), when known
 
 
-@dataclass(frozen=True)
-class NodeFacts:
-    """What the policy knows about one node; None = unknown."""
+class NodeFacts(NamedTuple):
+    """What the policy knows about one node; None = unknown. (A tuple: thousands per request.)"""
 
     name: str
     cards_total: int | None = None  # healthy cards the kubelet can hand out (allocatable)
@@ -175,48 +175,50 @@ class Breakdown:
 
 
 def _clamp(x: float) -> float:
-    return MIN_SCORE if x != x else max(MIN_SCORE, min(MAX_SCORE, x))  # NaN -> 0
+    return 0.0 if x != x else (0.0 if x < 0.0 else (10.0 if x > 10.0 else x))  # NaN -> 0
 
 
-def explain(req: Request, nodes: list[NodeFacts], peers: Peers | None = None, weights: Weights = Weights()) -> dict[str, Breakdown]:
-    """Every component per node, and the combined 0..10 integer the scheduler gets."""
-    peers = peers or Peers()
+def _columns(req: Request, nodes: list[NodeFacts], peers: Peers) -> list[list[float]]:
+    """The four component scores of every node, clamped to 0..10: [fit, hbm, closeness, rdma]."""
     hbms = [n.hbm_per_card_mib for n in nodes if n.hbm_per_card_mib and n.hbm_per_card_mib > 0]
     lats = [n.rdma_latency_us for n in nodes if n.rdma_latency_us and n.rdma_latency_us > 0]
     best_hbm, best_lat = (max(hbms) if hbms else None), (min(lats) if lats else None)
     leaf_free: dict[str, int] = {}
-    if req.job is not None and not peers.count and req.gang_size:
+    if req.job is not None and not peers.count and req.gang_size and req.cards > 0:
         for n in nodes:
-            if n.leaf is not None and n.cards_free is not None:
+            if n.leaf is not None and n.cards_free is not None and n.cards_free > 0:
                 # only whole workers count: a node with 3 free cards holds one 2-card worker
-                usable = (n.cards_free // req.cards) * req.cards if req.cards > 0 else 0
-                leaf_free[n.leaf] = leaf_free.get(n.leaf, 0) + usable
-    parts_of = {
-        n.name: (
-            _clamp(fit_score(req, n)),
-            _clamp(hbm_score(n, best_hbm)),
-            _clamp(closeness_score(req, n, peers, leaf_free)),
-            _clamp(rdma_score(n, best_lat)),
-        )
-        for n in nodes
-    }
+                leaf_free[n.leaf] = leaf_free.get(n.leaf, 0) + (n.cards_free // req.cards) * req.cards
+    return [
+        [_clamp(fit_score(req, n)) for n in nodes],
+        [_clamp(hbm_score(n, best_hbm)) for n in nodes],
+        [_clamp(closeness_score(req, n, peers, leaf_free)) for n in nodes],
+        [_clamp(rdma_score(n, best_lat)) for n in nodes],
+    ]
+
+
+def _combine(columns: list[list[float]], weights: Weights) -> list[int]:
     w = [weights.fit, weights.hbm, weights.closeness, weights.rdma]
     # A component equal on every node cannot change the order; leaving it out of the mean
     # spends the scheduler's coarse 0..10 range on the components that tell nodes apart.
-    columns = list(zip(*parts_of.values())) or [()] * 4
-    informative = [w[i] if len(set(columns[i])) > 1 else 0.0 for i in range(4)]
+    informative = [wi if len(set(col)) > 1 else 0.0 for wi, col in zip(w, columns)]
     if sum(informative) > 0:
         w = informative
     wsum = sum(w)
-    out = {}
-    for name, parts in parts_of.items():
-        combined = sum(wi * p for wi, p in zip(w, parts)) / wsum
-        out[name] = Breakdown(*parts, total=int(_clamp(math.floor(combined + 0.5))))
-    return out
+    w0, w1, w2, w3 = (wi / wsum for wi in w)
+    floor = math.floor
+    return [int(_clamp(floor(w0 * a + w1 * b + w2 * c + w3 * d + 0.5))) for a, b, c, d in zip(*columns)]
+
+
+def explain(req: Request, nodes: list[NodeFacts], peers: Peers | None = None, weights: Weights = Weights()) -> dict[str, Breakdown]:
+    """Every component per node, and the combined 0..10 integer the scheduler gets."""
+    columns = _columns(req, nodes, peers or Peers())
+    totals = _combine(columns, weights)
+    return {n.name: Breakdown(*parts, total=t) for n, t, *parts in zip(nodes, totals, *columns)}
 
 
 def prioritize(req: Request, nodes: list[NodeFacts], peers: Peers | None = None, weights: Weights = Weights()) -> dict[str, int]:
     """Node name -> score 0..10 (see the table in the module docstring)."""
     if req.cards <= 0 or req.resource is None:
         return {n.name: int(NEUTRAL) for n in nodes}
-    return {name: b.total for name, b in explain(req, nodes, peers, weights).items()}
+    return dict(zip((n.name for n in nodes), _combine(_columns(req, nodes, peers or Peers()), weights)))

@@ -116,6 +116,8 @@ def parse_quantity(value: Quantity | None) -> float | None:
 
 def parse_count(value: Quantity | None) -> int | None:
     """A whole-card count (extended resources are integers); None if absent, bad or negative."""
+    if type(value) is str and value.isdigit():  # the common case, ~10x faster than the regex
+        return int(value)
     q = parse_quantity(value)
     if q is None or q < 0:
         return None

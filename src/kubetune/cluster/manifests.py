@@ -1,0 +1,232 @@
+"""Manifests of the cluster components (pure: settings in, list of dicts out).
+
+`kubetune k8s render-components` prints them as one YAML stream:
+
+- device plugin: ServiceAccount, ClusterRole (get/patch nodes, to publish facts),
+  ClusterRoleBinding, DaemonSet (privileged, hostPath of the plugin and pod-resources
+  directories, priorityClassName system-node-critical);
+- scheduler extender: ServiceAccount, ClusterRole (list/watch pods and nodes, for the
+  optional pod cache), ClusterRoleBinding, Deployment, Service;
+- a ConfigMap holding the KubeSchedulerConfiguration whose `extenders` entry points the
+  kube-scheduler at the extender (also printed alone with `--scheduler-config-only`).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from kubetune.cluster import nodefacts as keys
+from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
+from kubetune.errors import UserError
+
+PLUGIN_NAME = "kubetune-device-plugin"
+EXTENDER_NAME = "kubetune-scheduler-extender"
+SCHEDULER_CONFIG_NAME = "kubetune-scheduler-config"
+POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+PART_OF = {"app.kubernetes.io/part-of": "kubetune"}
+
+
+@dataclass(frozen=True)
+class ComponentSettings:
+    namespace: str = "kubetune-system"
+    image: str = "ghcr.io/kubetune/kubetune:0.1.0"
+    resource: str = "habana.ai/gaudi"
+    discovery: str = "sysfs"
+    leaf_label: str | None = None  # node label the plugin copies into kubetune.io/network-leaf
+    extender_port: int = 8888
+    extender_weight: int = 5
+    weights: str = ""  # --weights of the extender; "" = its defaults
+    watch_pods: bool = True
+    metrics_port: int = 9400
+
+    def __post_init__(self):
+        problems = []
+        if not 1 <= self.extender_weight <= 100:
+            problems.append(f"--extender-weight {self.extender_weight}: use 1..100 (the scheduler multiplies the 0..10 score by it)")
+        if not 1 <= self.extender_port <= 65535:
+            problems.append(f"--extender-port {self.extender_port}: not a TCP port")
+        if "/" not in self.resource:
+            problems.append(f"--resource {self.resource!r}: an extended resource looks like vendor.com/name, e.g. habana.ai/gaudi")
+        if self.discovery.startswith("inventory:"):
+            problems.append("--discovery inventory:FILE is for demos on one machine; a DaemonSet uses sysfs or nvml")
+        if problems:
+            raise UserError(*problems)
+
+
+def _labels(name: str, component: str) -> dict:
+    return {"app.kubernetes.io/name": name, "app.kubernetes.io/component": component, **PART_OF}
+
+
+def _meta(name: str, s: ComponentSettings, component: str, namespaced: bool = True) -> dict:
+    meta = {"name": name, "labels": _labels(name, component)}
+    if namespaced:
+        meta["namespace"] = s.namespace
+    return meta
+
+
+def _rbac(name: str, s: ComponentSettings, component: str, rules: list[dict]) -> list[dict]:
+    return [
+        {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, s, component)},
+        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(name, s, component, False), "rules": rules},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRoleBinding",
+            "metadata": _meta(name, s, component, False),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "ClusterRole", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": s.namespace}],
+        },
+    ]
+
+
+def device_plugin(s: ComponentSettings) -> list[dict]:
+    args = [
+        "device-plugin",
+        "--resource", s.resource,
+        "--discovery", s.discovery,
+        "--plugin-dir", str(DEFAULT_PLUGIN_DIR),
+        "--publish-node-facts",
+        "--metrics-port", str(s.metrics_port),
+    ]  # fmt: skip
+    if s.leaf_label:
+        args += ["--leaf-label", s.leaf_label]
+    selector = {"app.kubernetes.io/name": PLUGIN_NAME}
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _meta(PLUGIN_NAME, s, "device-plugin"),
+        "spec": {
+            "selector": {"matchLabels": selector},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": _labels(PLUGIN_NAME, "device-plugin")},
+                "spec": {
+                    "serviceAccountName": PLUGIN_NAME,
+                    "priorityClassName": "system-node-critical",
+                    "tolerations": [
+                        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                        {"key": s.resource, "operator": "Exists", "effect": "NoSchedule"},
+                    ],
+                    "containers": [
+                        {
+                            "name": "device-plugin",
+                            "image": s.image,
+                            "command": ["kubetune"],
+                            "args": args,
+                            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                            "ports": [{"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"}],
+                            "securityContext": {"privileged": True},
+                            "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+                            "volumeMounts": [
+                                {"name": "device-plugins", "mountPath": str(DEFAULT_PLUGIN_DIR)},
+                                {"name": "pod-resources", "mountPath": POD_RESOURCES_DIR, "readOnly": True},
+                            ],
+                        }
+                    ],
+                    "volumes": [
+                        {"name": "device-plugins", "hostPath": {"path": str(DEFAULT_PLUGIN_DIR), "type": "Directory"}},
+                        {"name": "pod-resources", "hostPath": {"path": POD_RESOURCES_DIR, "type": "Directory"}},
+                    ],
+                },
+            },
+        },
+    }
+    rules = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    return _rbac(PLUGIN_NAME, s, "device-plugin", rules) + [daemonset]
+
+
+def extender(s: ComponentSettings) -> list[dict]:
+    args = ["scheduler-extender", "--host", "0.0.0.0", "--port", str(s.extender_port)]
+    if s.weights:
+        args += ["--weights", s.weights]
+    if s.watch_pods:
+        args.append("--watch-pods")
+    selector = {"app.kubernetes.io/name": EXTENDER_NAME}
+    probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
+    deployment = {
+        "apiVersion": "apps/v1",
+        "kind": "Deployment",
+        "metadata": _meta(EXTENDER_NAME, s, "scheduler-extender"),
+        "spec": {
+            "replicas": 1,
+            "selector": {"matchLabels": selector},
+            "template": {
+                "metadata": {"labels": _labels(EXTENDER_NAME, "scheduler-extender")},
+                "spec": {
+                    "serviceAccountName": EXTENDER_NAME,
+                    "priorityClassName": "system-cluster-critical",
+                    "containers": [
+                        {
+                            "name": "extender",
+                            "image": s.image,
+                            "command": ["kubetune"],
+                            "args": args,
+                            "ports": [{"name": "http", "containerPort": s.extender_port, "protocol": "TCP"}],
+                            "readinessProbe": probe,
+                            "livenessProbe": dict(probe, initialDelaySeconds=5),
+                            "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
+                            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
+                        }
+                    ],
+                },
+            },
+        },
+    }
+    service = {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _meta(EXTENDER_NAME, s, "scheduler-extender"),
+        "spec": {"selector": selector, "ports": [{"name": "http", "port": s.extender_port, "targetPort": "http", "protocol": "TCP"}]},
+    }
+    objs = [deployment, service]
+    if s.watch_pods:
+        rules = [{"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}]
+        objs = _rbac(EXTENDER_NAME, s, "scheduler-extender", rules) + objs
+    else:
+        objs = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(EXTENDER_NAME, s, "scheduler-extender")}] + objs
+    return objs
+
+
+def extender_url(s: ComponentSettings) -> str:
+    return f"http://{EXTENDER_NAME}.{s.namespace}.svc:{s.extender_port}"
+
+
+def scheduler_config(s: ComponentSettings) -> dict:
+    """The KubeSchedulerConfiguration with kubetune's `extenders` entry (reference §7)."""
+    return {
+        "apiVersion": "kubescheduler.config.k8s.io/v1",
+        "kind": "KubeSchedulerConfiguration",
+        "extenders": [
+            {
+                "urlPrefix": extender_url(s),
+                "filterVerb": "filter",
+                "prioritizeVerb": "prioritize",
+                "weight": s.extender_weight,
+                "enableHTTPS": False,
+                "httpTimeout": "5s",
+                "nodeCacheCapable": False,
+                "managedResources": [{"name": r, "ignoredByScheduler": False} for r in keys.MANAGED_RESOURCES],
+                "ignorable": True,
+            }
+        ],
+    }
+
+
+def scheduler_config_map(s: ComponentSettings) -> dict:
+    import yaml
+
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _meta(SCHEDULER_CONFIG_NAME, s, "scheduler-config"),
+        "data": {"kube-scheduler-config.yaml": yaml.safe_dump(scheduler_config(s), sort_keys=False)},
+    }
+
+
+def render(s: ComponentSettings) -> list[dict]:
+    return device_plugin(s) + extender(s) + [scheduler_config_map(s)]
+
+
+def to_yaml(objects: list[dict]) -> str:
+    import yaml
+
+    return "---\n".join(yaml.safe_dump(o, sort_keys=False) for o in objects)

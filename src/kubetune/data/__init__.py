@@ -1,0 +1,64 @@
+"""Data: sources -> column mapping -> prompt template -> tokens (cached) -> packed micro-batches."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from kubetune.data.packing import Batch, Batcher
+from kubetune.data.sources import load_rows, map_columns
+from kubetune.data.templates import PromptRenderer
+from kubetune.data.tokenize import TokenizedData, cache_key, load_or_build, tokenize_rows
+from kubetune.errors import DataError
+from kubetune.fsutil import cache_root
+from kubetune.recipe.schema import Recipe
+
+__all__ = ["Batch", "Batcher", "PreparedData", "PromptRenderer", "prepare_data"]
+
+EVAL_SPLIT_SEED = 1234  # fixed, so the held-out rows don't move when train.seed changes
+
+
+@dataclass
+class PreparedData:
+    train: TokenizedData
+    eval: TokenizedData | None
+    eval_rows: list[dict]  # raw eval rows, for generation samples
+    renderer: PromptRenderer
+
+
+def split_rows(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
+    n_eval = max(1, int(round(len(rows) * fraction)))
+    if n_eval >= len(rows):
+        raise DataError(f"data.eval={fraction} holds out all {len(rows)} rows; use a smaller fraction")
+    perm = np.random.default_rng(EVAL_SPLIT_SEED).permutation(len(rows))
+    held = set(perm[:n_eval].tolist())
+    return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
+
+
+def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
+    d = recipe.data
+    rows = map_columns(load_rows(d.train, d.split, "data.train"), d.columns, "data.train")
+    eval_rows: list[dict] = []
+    if isinstance(d.eval, float):
+        rows, eval_rows = split_rows(rows, d.eval)
+    elif isinstance(d.eval, str):
+        eval_rows = map_columns(load_rows(d.eval, "test", "data.eval"), d.columns, "data.eval")
+    if d.max_train_samples:
+        rows = rows[: d.max_train_samples]
+    if d.max_eval_samples:
+        eval_rows = eval_rows[: d.max_eval_samples]
+    renderer = PromptRenderer(d.template, tokenizer, d.system_prompt)
+    cache_dir = Path(d.cache_dir) if d.cache_dir else cache_root() / "data"
+
+    def tokenized(part: list[dict], key: str) -> TokenizedData:
+        k = cache_key(part, tokenizer, d.template, d.system_prompt, d.max_seq_len, d.truncate)
+        return load_or_build(cache_dir, k, lambda: tokenize_rows(part, renderer, tokenizer, d.max_seq_len,
+                                                                   d.truncate, key))
+
+    train = tokenized(rows, "data.train")
+    if int(train.trainable.sum()) == 0:
+        raise DataError("data.train: no row has a non-empty answer to train on; check data.columns.output")
+    ev = tokenized(eval_rows, "data.eval") if eval_rows else None
+    return PreparedData(train=train, eval=ev, eval_rows=eval_rows, renderer=renderer)

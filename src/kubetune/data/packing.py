@@ -1,0 +1,142 @@
+"""Deterministic, resumable, data-parallel batches of packed (or padded) rows.
+
+The order of epoch `e` is a pure function of (seed, e): samples are permuted, then packed
+greedily into rows of at most `max_seq_len` tokens (best fit among a few open rows). Data-
+parallel rank r takes rows r, r+dp, r+2dp, ... (all ranks get the same count), and cuts
+them into micro-batches. A position in the data is therefore just (epoch, first unread
+row): that is all a checkpoint needs to resume mid-epoch exactly, with any world size
+(the position is counted in rows consumed by all ranks together).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from kubetune.data.tokenize import TokenizedData
+
+IGNORE = -100
+OPEN_ROWS = 8  # rows kept open while packing: more = fuller rows, same determinism
+
+
+def pack_rows(lengths: np.ndarray, order: np.ndarray, max_seq_len: int) -> list[list[int]]:
+    """Greedy best-fit packing of samples (in `order`) into rows of <= max_seq_len tokens."""
+    rows: list[list[int]] = []
+    open_rows: list[tuple[int, list[int]]] = []  # (free tokens, sample indices)
+    for i in order:
+        n = int(lengths[i])
+        best = -1
+        for j, (free, _) in enumerate(open_rows):
+            if n <= free and (best < 0 or free < open_rows[best][0]):
+                best = j
+        if best >= 0:
+            free, members = open_rows[best]
+            members.append(int(i))
+            open_rows[best] = (free - n, members)
+            continue
+        if len(open_rows) >= OPEN_ROWS:  # close the fullest row to make room
+            fullest = min(range(len(open_rows)), key=lambda j: open_rows[j][0])
+            rows.append(open_rows.pop(fullest)[1])
+        open_rows.append((max_seq_len - n, [int(i)]))
+    rows.extend(members for _, members in open_rows)
+    return rows
+
+
+@dataclass
+class Batch:
+    input_ids: torch.Tensor  # [B, T] int64
+    position_ids: torch.Tensor  # [B, T] int64, restart at 0 for every sample
+    targets: torch.Tensor  # [B, T] int64, next-token targets, IGNORE off the response
+    cu_seqlens: list[int]  # segment boundaries over the flattened batch
+    real_tokens: int  # tokens that are not padding
+    target_tokens: int
+
+
+class Batcher:
+    """Micro-batches for one data-parallel rank."""
+
+    def __init__(self, data: TokenizedData, *, max_seq_len: int, micro_batch_size: int, packing: bool,
+                 seed: int, pad_id: int, dp_rank: int = 0, dp_size: int = 1, shuffle: bool = True):
+        self.data = data
+        self.max_seq_len = max_seq_len
+        self.micro_batch_size = micro_batch_size
+        self.packing = packing
+        self.seed = seed
+        self.pad_id = pad_id
+        self.dp_rank = dp_rank
+        self.dp_size = dp_size
+        self.shuffle = shuffle
+        self._cache: dict[int, list[list[int]]] = {}
+
+    def epoch_rows(self, epoch: int) -> list[list[int]]:
+        """All rows of an epoch (every rank computes the same list)."""
+        if epoch not in self._cache:
+            n = len(self.data)
+            if self.shuffle:
+                order = np.random.default_rng([self.seed, epoch]).permutation(n)
+            else:
+                order = np.arange(n)
+            if self.packing:
+                rows = pack_rows(self.data.lengths, order, self.max_seq_len)
+            else:
+                rows = [[int(i)] for i in order]
+            self._cache = {epoch: rows}  # keep one epoch: they are cheap to recompute
+        return self._cache[epoch]
+
+    def usable_rows(self, epoch: int, start: int = 0) -> int:
+        """Rows this epoch can still give, from row `start`, in equal shares to every rank."""
+        n = len(self.epoch_rows(epoch))
+        return start + ((n - start) // self.dp_size) * self.dp_size
+
+    def micro_batches_left(self, epoch: int, start: int = 0) -> int:
+        per_rank = (self.usable_rows(epoch, start) - start) // self.dp_size
+        return -(-per_rank // self.micro_batch_size)
+
+    def micro_batch(self, epoch: int, start: int) -> tuple[Batch, int]:
+        """The micro-batch of this rank that begins at global row `start` of the epoch.
+
+        Returns the batch and the global row where the next micro-batch begins. Rank r of
+        dp takes rows start+r, start+r+dp, ...: consumed rows always form a prefix of the
+        epoch, so a checkpoint's `start` is valid for any world size.
+        """
+        rows = self.epoch_rows(epoch)
+        end = min(self.usable_rows(epoch, start), start + self.micro_batch_size * self.dp_size)
+        chunk = [rows[i] for i in range(start + self.dp_rank, end, self.dp_size)]
+        if not chunk:
+            raise IndexError(f"row {start} is past the end of epoch {epoch}")
+        return self.collate(chunk), end
+
+    def collate(self, rows: list[list[int]]) -> Batch:
+        lengths = [sum(int(self.data.lengths[i]) for i in row) for row in rows]
+        t = max(lengths)
+        b = len(rows)
+        ids = np.full((b, t), self.pad_id, dtype=np.int64)
+        pos = np.zeros((b, t), dtype=np.int64)
+        tgt = np.full((b, t), IGNORE, dtype=np.int64)
+        cu = [0]
+        for r, row in enumerate(rows):
+            cur = 0
+            for i in row:
+                s_ids, s_tr = self.data.sample(i)
+                n = len(s_ids)
+                ids[r, cur:cur + n] = s_ids
+                pos[r, cur:cur + n] = np.arange(n)
+                # target at j is token j+1 when token j+1 is trained on (never across samples)
+                nxt = np.where(s_tr[1:], s_ids[1:], IGNORE)
+                tgt[r, cur:cur + n - 1] = nxt
+                cur += n
+                cu.append(r * t + cur)
+            if cur < t:  # padding is its own segment: it attends to itself, never to a sample
+                pos[r, cur:] = np.arange(t - cur)
+                cu.append((r + 1) * t)
+        tgt_t = torch.from_numpy(tgt)
+        return Batch(
+            input_ids=torch.from_numpy(ids),
+            position_ids=torch.from_numpy(pos),
+            targets=tgt_t,
+            cu_seqlens=cu,
+            real_tokens=int(sum(lengths)),
+            target_tokens=int((tgt_t != IGNORE).sum()),
+        )

@@ -1,0 +1,127 @@
+"""Where rows come from: builtin samples, local json/jsonl/csv/parquet files, or the hub.
+
+Output is a list of plain dicts in one of two shapes, whatever the source's columns:
+`{"instruction", "input", "output"}` or `{"messages": [{"role", "content"}, ...]}`.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+import json
+from pathlib import Path
+
+from kubetune.errors import DataError
+from kubetune.recipe.schema import ColumnsSection
+
+LOCAL_FORMATS = {".json": "json", ".jsonl": "json", ".csv": "csv", ".parquet": "parquet"}
+
+
+def builtin_dataset(name: str) -> Path:
+    root = importlib.resources.files("kubetune.data") / "samples"
+    path = Path(str(root / f"{name}.jsonl"))
+    if not path.is_file():
+        known = sorted(p.name[:-6] for p in root.iterdir() if p.name.endswith(".jsonl"))
+        raise DataError(f"data.train: unknown builtin dataset `{name}`; known: {', '.join(known)}")
+    return path
+
+
+def _load_local(path: Path, key: str) -> list[dict]:
+    fmt = LOCAL_FORMATS.get(path.suffix.lower())
+    if fmt is None:
+        raise DataError(f"{key}: unsupported file type {path.suffix or '(none)'} for {path}; "
+                        f"use one of {', '.join(LOCAL_FORMATS)}")
+    if fmt == "json":
+        return _read_json_rows(path, key)
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(fmt, data_files=str(path), split="train")
+    except Exception as e:  # pyarrow raises many types for malformed files
+        raise DataError(f"{key}: cannot read {path} as {fmt} ({str(e).splitlines()[0][:200]})") from None
+    return ds.to_list()
+
+
+def _read_json_rows(path: Path, key: str) -> list[dict]:
+    """JSON Lines, or a JSON array of objects (what `datasets` accepts), read without pyarrow
+    so that a bad line is reported with its number."""
+    text = path.read_text(encoding="utf-8")
+    stripped = text.lstrip()
+    if stripped.startswith("["):
+        try:
+            rows = json.loads(text)
+        except json.JSONDecodeError as e:
+            raise DataError(f"{key}: {path} is not valid JSON (line {e.lineno}: {e.msg})") from None
+    else:
+        rows = []
+        for lineno, line in enumerate(text.splitlines(), 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as e:
+                raise DataError(f"{key}: {path} line {lineno} is not valid JSON ({e.msg})") from None
+    if not all(isinstance(r, dict) for r in rows):
+        raise DataError(f"{key}: {path} must hold JSON objects, one row each")
+    return rows
+
+
+def _load_hub(name: str, split: str, key: str) -> list[dict]:
+    from datasets import load_dataset
+
+    try:
+        ds = load_dataset(name, split=split)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
+        raise DataError(f"{key}: cannot load hub dataset `{name}` split `{split}` ({first}); "
+                        f"offline? give a local json/jsonl/csv/parquet path instead") from None
+    return ds.to_list()
+
+
+def load_rows(spec: str, split: str, key: str) -> list[dict]:
+    """Read raw rows. `key` names the recipe field for error messages."""
+    if spec.startswith("builtin:"):
+        return _load_local(builtin_dataset(spec.split(":", 1)[1]), key)
+    path = Path(spec).expanduser()
+    if path.exists():
+        if path.is_dir():
+            raise DataError(f"{key}: {path} is a directory; point it at a json/jsonl/csv/parquet file")
+        return _load_local(path, key)
+    if path.suffix.lower() in LOCAL_FORMATS or spec.startswith((".", "/", "~")):
+        raise DataError(f"{key}: file not found: {path}")
+    return _load_hub(spec, split, key)
+
+
+def map_columns(rows: list[dict], columns: ColumnsSection, key: str) -> list[dict]:
+    """Rename the recipe's columns to the canonical shape; fail naming the missing column."""
+    if not rows:
+        raise DataError(f"{key}: the dataset is empty; give a file with at least one row")
+    present = set(rows[0])
+    if columns.messages:
+        if columns.messages not in present:
+            raise DataError(_missing(key, "messages", columns.messages, present))
+        out = []
+        for i, r in enumerate(rows):
+            msgs = r.get(columns.messages)
+            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+                raise DataError(f"{key}: row {i}: column `{columns.messages}` must be a list of "
+                                f"{{role, content}} messages")
+            out.append({"messages": [{"role": m.get("role"), "content": m.get("content") or ""} for m in msgs]})
+        return out
+    for field in ("instruction", "output"):
+        col = getattr(columns, field)
+        if col is None or col not in present:
+            raise DataError(_missing(key, field, col, present))
+    in_col = columns.input if columns.input in present else None
+    return [
+        {
+            "instruction": str(r.get(columns.instruction) or ""),
+            "input": str(r.get(in_col) or "") if in_col else "",
+            "output": str(r.get(columns.output) or ""),
+        }
+        for r in rows
+    ]
+
+
+def _missing(key: str, field: str, col: str | None, present: set[str]) -> str:
+    return (f"{key}: column `{col}` (data.columns.{field}) is not in the dataset; its columns are "
+            f"{', '.join(sorted(present))}: set data.columns.{field}=<one of them>")

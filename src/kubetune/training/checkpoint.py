@@ -1,0 +1,118 @@
+"""Checkpoints that survive SIGKILL and resume step-exact, with any world size.
+
+Layout of `output_dir/checkpoints/step-N/`:
+  model_optim/   torch.distributed.checkpoint (DCP): trainable weights + optimizer state,
+                 sharded per rank, re-shardable on load (2 processes -> 1 and back)
+  rng-rank<R>.pt RNG states of each rank (python, numpy, torch, accelerator)
+  meta.json      progress: step, epoch, data row, tokens, schedule, eval-before, world size
+  recipe.yaml    the recipe that produced it
+A checkpoint is written into a temporary sibling and renamed when complete (rank 0 renames
+after every rank has written), so a directory named step-N is always whole; a kill leaves at
+most a `.step-N.tmp-*` directory that the next save removes.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import re
+import shutil
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.distributed as torch_dist
+import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import (
+    StateDictOptions,
+    get_state_dict,
+    set_state_dict,
+)
+
+from kubetune.fsutil import atomic_write_json, atomic_write_text, fsync_dir, fsync_tree
+from kubetune.training.dist import DistEnv, barrier
+
+STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    root = Path(run_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / "meta.json").is_file()]
+    return [p for _, p in sorted(found)]
+
+
+def latest_checkpoint(run_dir: Path) -> Path | None:
+    ckpts = list_checkpoints(run_dir)
+    return ckpts[-1] if ckpts else None
+
+
+def _rng_state() -> dict:
+    state = {"python": random.getstate(), "numpy": np.random.get_state(), "torch": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def _set_rng_state(state: dict) -> None:
+    random.setstate(state["python"])
+    np.random.set_state(state["numpy"])
+    torch.set_rng_state(state["torch"])
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+def _options() -> StateDictOptions:
+    # Only trainable tensors: a LoRA checkpoint is megabytes, not the whole base model.
+    return StateDictOptions(ignore_frozen_params=True)
+
+
+def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, meta: dict, recipe_yaml: str,
+                    env: DistEnv, keep_last: int) -> Path:
+    root = Path(run_dir) / "checkpoints"
+    final = root / f"step-{step}"
+    tmp = root / f".step-{step}.tmp"
+    if env.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        for stale in root.glob(".step-*.tmp*"):
+            shutil.rmtree(stale, ignore_errors=True)
+        tmp.mkdir()
+    barrier(env)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())
+    dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "model_optim"))
+    torch.save(_rng_state(), tmp / f"rng-rank{env.rank}.pt")
+    barrier(env)
+    if env.is_main:
+        atomic_write_json(tmp / "meta.json", {**meta, "step": step, "world_size": env.world_size,
+                                               "scheduler": scheduler.state_dict()})
+        atomic_write_text(tmp / "recipe.yaml", recipe_yaml)
+        fsync_tree(tmp)
+        if final.exists():
+            shutil.rmtree(final)
+        tmp.rename(final)
+        fsync_dir(root)
+        for old in list_checkpoints(run_dir)[:-keep_last]:
+            shutil.rmtree(old, ignore_errors=True)
+    barrier(env)
+    return final
+
+
+def load_checkpoint(path: Path, model, optimizer, scheduler, env: DistEnv) -> dict:
+    """Load weights, optimizer, scheduler and RNG; return meta. Works across world sizes."""
+    path = Path(path)
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())
+    state = {"model": model_sd, "optim": optim_sd}
+    dcp.load(state, checkpoint_id=str(path / "model_optim"))
+    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
+                   options=_options())
+    meta = json.loads((path / "meta.json").read_text())
+    scheduler.load_state_dict(meta["scheduler"])
+    rng_file = path / f"rng-rank{env.rank}.pt"
+    if rng_file.is_file() and meta.get("world_size") == env.world_size:
+        # Same world size: every rank continues its own random stream (dropout), step-exact.
+        _set_rng_state(torch.load(rng_file, weights_only=False))
+    elif torch_dist.is_initialized() or rng_file.is_file():
+        # Different world size: streams can't map 1:1; reseed deterministically per rank.
+        torch.manual_seed(meta.get("seed", 0) + 1000 * meta["step"] + env.rank)
+    return meta

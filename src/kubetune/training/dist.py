@@ -1,0 +1,109 @@
+"""Process-group setup from whatever launched us.
+
+One code path reads the environment every launcher leaves behind:
+- a plain process: nothing set -> world of 1, no process group;
+- torchrun / Kubeflow PyTorchJob with torchrun (PET_*) / Trainer v2: RANK, WORLD_SIZE,
+  LOCAL_RANK, MASTER_ADDR, MASTER_PORT set by torchrun's agent;
+- Kubeflow PyTorchJob with one process per pod: MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK
+  set by the operator (LOCAL_RANK absent -> 0).
+The backend follows the device: gloo on CPU, nccl on CUDA, hccl on Gaudi.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as torch_dist
+
+
+@dataclass
+class DistEnv:
+    rank: int = 0
+    world_size: int = 1
+    local_rank: int = 0
+    local_world_size: int = 1
+    device: torch.device = torch.device("cpu")
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.world_size > 1
+
+
+def pick_device(name: str, local_rank: int) -> torch.device:
+    if name == "auto":
+        if torch.cuda.is_available():
+            name = "cuda"
+        elif _hpu_available():
+            name = "hpu"
+        else:
+            name = "cpu"
+    if name == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if name == "hpu":
+        import habana_frameworks.torch.core  # noqa: F401  (registers the device)
+
+        return torch.device("hpu")
+    return torch.device("cpu")
+
+
+def _hpu_available() -> bool:
+    try:
+        import habana_frameworks.torch.hpu as hthpu  # noqa: F401
+    except ImportError:
+        return False
+    return hthpu.is_available()
+
+
+def backend_for(device: torch.device, requested: str = "auto") -> str:
+    if requested != "auto":
+        return requested
+    if device.type == "cuda":
+        return "nccl"
+    if device.type == "hpu":
+        import habana_frameworks.torch.distributed.hccl  # noqa: F401
+
+        return "hccl"
+    return "gloo"
+
+
+def init_distributed(device_name: str = "auto", backend: str = "auto", timeout_s: int = 1800) -> DistEnv:
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    rank = int(os.environ.get("RANK", "0"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    local_world = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
+    device = pick_device(device_name, local_rank)
+    env = DistEnv(rank, world, local_rank, local_world, device)
+    if world > 1 and not torch_dist.is_initialized():
+        torch_dist.init_process_group(
+            backend=backend_for(device, backend),
+            timeout=datetime.timedelta(seconds=timeout_s),
+            rank=rank,
+            world_size=world,
+        )
+    return env
+
+
+def all_reduce_sum(value: float | int, env: DistEnv) -> float:
+    if not env.distributed:
+        return value
+    t = torch.tensor([float(value)], dtype=torch.float64, device=env.device)
+    torch_dist.all_reduce(t)
+    return float(t.item())
+
+
+def barrier(env: DistEnv) -> None:
+    if env.distributed:
+        torch_dist.barrier()
+
+
+def shutdown(env: DistEnv) -> None:
+    if env.distributed and torch_dist.is_initialized():
+        torch_dist.destroy_process_group()

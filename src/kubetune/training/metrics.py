@@ -1,0 +1,95 @@
+"""What a run reports: metrics.jsonl, a progress bar or plain log lines, the loss curve.
+
+Only rank 0 creates these. metrics.jsonl is append-only, one JSON object per logged step;
+after a resume, lines beyond the resumed step (logged by the killed run after its last
+checkpoint) are dropped so the file describes one consistent trajectory.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+from kubetune.fsutil import atomic_write_text
+
+
+def fmt_duration(seconds: float) -> str:
+    seconds = int(max(0, seconds))
+    h, rem = divmod(seconds, 3600)
+    m, s = divmod(rem, 60)
+    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
+
+
+class MetricsLog:
+    def __init__(self, path: Path, resume_step: int):
+        self.path = Path(path)
+        if self.path.exists():
+            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= resume_step]
+            atomic_write_text(self.path, "".join(ln + "\n" for ln in kept))
+        self._f = open(self.path, "a", encoding="utf-8")
+
+    def write(self, record: dict) -> None:
+        self._f.write(json.dumps(record) + "\n")
+        self._f.flush()
+
+    def close(self) -> None:
+        self._f.close()
+
+
+class Progress:
+    """A rich progress bar on a terminal; `kubetune: step ...` lines otherwise (pods, CI)."""
+
+    def __init__(self, total_steps: int, start_step: int, enabled: bool):
+        self.enabled = enabled
+        self.total = total_steps
+        self.start_step = start_step
+        self.t0 = time.monotonic()
+        self._bar = None
+        if enabled and sys.stdout.isatty():
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+
+            self._bar = RichProgress(
+                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:.0f} tok/s"), TimeRemainingColumn(),
+            )
+            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, loss=float("nan"), tps=0.0)
+            self._bar.start()
+
+    def update(self, step: int, loss: float, lr: float, tokens: int, tps: float) -> None:
+        if not self.enabled:
+            return
+        if self._bar is not None:
+            self._bar.update(self._task, completed=step, loss=loss, tps=tps)
+            return
+        done = step - self.start_step
+        eta = (time.monotonic() - self.t0) / max(done, 1) * (self.total - step)
+        print(f"kubetune: step {step}/{self.total} loss {loss:.4f} lr {lr:.2e} tokens {tokens} "
+              f"tok/s {tps:.1f} eta {fmt_duration(eta)}", flush=True)
+
+    def close(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+
+def plot_loss_curve(metrics_path: Path, out_png: Path, eval_points: list[tuple[int, float]]) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(ln) for ln in Path(metrics_path).read_text().splitlines() if ln.strip()]
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss")
+    if eval_points:
+        ax.plot([s for s, _ in eval_points], [v for _, v in eval_points], "o--", label="eval loss")
+    ax.set_xlabel("optimizer step")
+    ax.set_ylabel("loss (nats / target token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    tmp = out_png.with_name(f".{out_png.name}.tmp.png")
+    fig.savefig(tmp)
+    plt.close(fig)
+    tmp.replace(out_png)

@@ -1,0 +1,424 @@
+"""`kubetune train`: setup -> evaluate (before) -> fit -> evaluate (after) -> save.
+
+The whole algorithm reads top to bottom in `train_from_recipe`. It is the same code for one
+process and for N processes on M nodes: rank 0 does the I/O that must happen once, every
+rank reads its own shard of the data, and collectives are only used where the math needs
+them (gradient all-reduce inside DDP, one token count per step, eval sums).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import resource
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from kubetune.data import Batcher, PreparedData, prepare_data
+from kubetune.errors import DataError, RunDirError
+from kubetune.fsutil import atomic_write_json
+from kubetune.models.attention import register as register_attention
+from kubetune.models.finetune import TargetLoss, causal_lm, prepare_for_training
+from kubetune.models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model
+from kubetune.recipe import Recipe, load_recipe, recipe_to_yaml
+from kubetune.training import checkpoint as ckpt
+from kubetune.training import rundir
+from kubetune.training.dist import DistEnv, all_reduce_sum, init_distributed, shutdown
+from kubetune.training.metrics import MetricsLog, Progress, plot_loss_curve
+from kubetune.training.optim import build_optimizer, build_scheduler
+
+log = logging.getLogger("kubetune")
+
+
+@dataclass
+class TrainState:
+    step: int = 0
+    epoch: int = 0
+    row: int = 0  # first unread row of `epoch`, counted over all data-parallel ranks
+    tokens: int = 0  # real (non-padding) tokens trained on, all ranks
+    train_time_s: float = 0.0
+    eval_before: dict | None = None
+    eval_history: list = field(default_factory=list)
+
+
+def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> dict | None:
+    wall0 = time.monotonic()
+    recipe = load_recipe(recipe_arg, overrides).recipe
+    env = init_distributed(recipe.train.device, recipe.parallel.backend, recipe.parallel.timeout_s)
+    _setup_logging(env)
+    try:
+        return _train(recipe, env, wall0)
+    finally:
+        shutdown(env)
+
+
+def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
+    run_dir = Path(recipe.output_dir)
+    rundir.claim(run_dir, recipe)
+    _configure_threads(recipe, env)
+    torch.manual_seed(recipe.train.seed)
+
+    # --- setup: model, data, optimizer ------------------------------------------------
+    source = resolve_model(recipe.model.name_or_path)
+    tokenizer = load_tokenizer(source, recipe.model.revision, recipe.model.trust_remote_code)
+    data = prepare_data(recipe, tokenizer)
+    model = build_model(recipe, source, env)
+    loss_module = TargetLoss(model)
+    train_module = wrap_distributed(loss_module, recipe, env)
+    optimizer = build_optimizer(model, recipe.train)
+    dp_rank, dp_size = env.rank, env.world_size
+    batcher = Batcher(data.train, max_seq_len=recipe.data.max_seq_len, micro_batch_size=recipe.train.micro_batch_size,
+                      packing=recipe.data.packing, seed=recipe.train.seed, pad_id=tokenizer.pad_token_id,
+                      dp_rank=dp_rank, dp_size=dp_size)
+    micro_per_epoch = batcher.micro_batches_left(0, 0)
+    if micro_per_epoch == 0:
+        raise DataError(f"data.train: {len(batcher.epoch_rows(0))} packed rows cannot feed {dp_size} processes; "
+                        f"use more data or fewer processes")
+    steps_per_epoch = math.ceil(micro_per_epoch / recipe.train.grad_accum)
+    total_steps = recipe.train.max_steps or max(1, math.ceil(recipe.train.epochs * steps_per_epoch))
+    scheduler = build_scheduler(optimizer, recipe.train, total_steps)
+    scaler = torch.amp.GradScaler(env.device.type) if recipe.train.precision == "fp16" else None
+
+    # --- resume -----------------------------------------------------------------------
+    state = TrainState()
+    resume_from = _resume_path(recipe, run_dir)
+    if resume_from is not None:
+        meta = ckpt.load_checkpoint(resume_from, loss_module, optimizer, scheduler, env)
+        state = TrainState(**{k: meta[k] for k in asdict(TrainState()) if k in meta})
+        total_steps = meta.get("total_steps", total_steps)
+        log.info("resumed from %s (step %d/%d)", resume_from, state.step, total_steps)
+    if env.is_main:
+        rundir.write_run(run_dir, recipe, "running")
+    rows_per_step = recipe.train.micro_batch_size * recipe.train.grad_accum * dp_size
+    log.info("model %s (%s, %s trainable params) | %d train / %d eval samples | %d steps x %d rows of <= %d tokens "
+             "(global batch: %d rows, ~%d tokens) | %d process(es) on %s",
+             recipe.model.name_or_path, recipe.finetune.method, f"{_count_trainable(model):,}",
+             len(data.train), len(data.eval) if data.eval else 0, total_steps, rows_per_step,
+             recipe.data.max_seq_len, rows_per_step, rows_per_step * _mean_row_tokens(batcher), dp_size,
+             env.device)
+
+    eval_batcher = make_eval_batcher(recipe, data, tokenizer, env)
+    autocast = autocast_context(recipe, env)
+    if state.eval_before is None:
+        state.eval_before = evaluate(loss_module, eval_batcher, env, autocast)
+        state.eval_before["answers"] = generate_answers(model, tokenizer, data, recipe, env, autocast)
+        log.info("eval before: loss %s perplexity %s", _f(state.eval_before["loss"]), _f(state.eval_before["perplexity"]))
+
+    # --- fit --------------------------------------------------------------------------
+    metrics = MetricsLog(run_dir / "metrics.jsonl", state.step) if env.is_main else None
+    progress = Progress(total_steps, state.step, enabled=env.is_main)
+    params = [p for p in model.parameters() if p.requires_grad]
+    train_module.train()
+    last_saved = state.step if resume_from else -1
+    while state.step < total_steps:
+        t0 = time.perf_counter()
+        batches = next_micro_batches(batcher, state, recipe.train.grad_accum)
+        loss, grad_norm, tokens = train_step(train_module, batches, optimizer, scheduler, scaler, params,
+                                             recipe, env, autocast)
+        state.train_time_s += time.perf_counter() - t0
+        state.step += 1
+        state.tokens += tokens
+        if env.is_main and (state.step % recipe.train.log_every == 0 or state.step == total_steps):
+            tps = state.tokens / max(state.train_time_s, 1e-9)
+            record = {"step": state.step, "total_steps": total_steps,
+                      "epoch": round(state.epoch + state.row / max(1, batcher.usable_rows(state.epoch)), 4),
+                      "loss": loss, "lr": scheduler.get_last_lr()[0], "grad_norm": grad_norm,
+                      "tokens": state.tokens, "tokens_per_s": round(tps, 2),
+                      "elapsed_s": round(time.monotonic() - wall0, 2)}
+            metrics.write(record)
+            progress.update(state.step, loss, record["lr"], state.tokens, tps)
+        if recipe.train.eval_every and state.step % recipe.train.eval_every == 0 and state.step < total_steps:
+            ev = evaluate(loss_module, eval_batcher, env, autocast)
+            state.eval_history.append([state.step, ev["loss"]])
+            train_module.train()
+        if recipe.train.save_every and state.step % recipe.train.save_every == 0:
+            save(run_dir, state, total_steps, loss_module, optimizer, scheduler, recipe, env)
+            last_saved = state.step
+    progress.close()
+    if last_saved != state.step:
+        save(run_dir, state, total_steps, loss_module, optimizer, scheduler, recipe, env)
+
+    # --- evaluate (after) and export --------------------------------------------------
+    after = evaluate(loss_module, eval_batcher, env, autocast)
+    answers = generate_answers(model, tokenizer, data, recipe, env, autocast)
+    summary = None
+    if env.is_main:
+        export_trained(model, tokenizer, recipe, run_dir)
+        summary = write_summary(run_dir, recipe, state, after, answers, wall0)
+        if metrics is not None:
+            metrics.close()
+            plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss_curve.png", state.eval_history)
+        rundir.write_run(run_dir, recipe, "finished")
+        print_report(summary, run_dir)
+    return summary
+
+
+# --- parts -----------------------------------------------------------------------------
+
+def build_model(recipe: Recipe, source: str, env: DistEnv):
+    attn = register_attention() if recipe.model.attn_implementation == "sdpa" else recipe.model.attn_implementation
+    dtype = DTYPES[recipe.base_dtype_name()]
+    model = load_causal_lm(source, dtype, attn, recipe.model.revision, recipe.model.trust_remote_code)
+    model = prepare_for_training(model, recipe)
+    return model.to(env.device)
+
+
+def wrap_distributed(module, recipe: Recipe, env: DistEnv):
+    if not env.distributed:
+        return module
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [env.device.index] if env.device.type == "cuda" else None
+    return DDP(module, device_ids=ids)
+
+
+def autocast_context(recipe: Recipe, env: DistEnv):
+    precision = recipe.train.precision
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(env.device.type, dtype=dtype)
+
+
+def next_micro_batches(batcher: Batcher, state: TrainState, n: int) -> list:
+    """Up to n micro-batches from the current position; a step never spans two epochs."""
+    out = []
+    while len(out) < n:
+        if batcher.micro_batches_left(state.epoch, state.row) == 0:
+            if out:
+                break
+            state.epoch, state.row = state.epoch + 1, 0
+            continue
+        batch, state.row = batcher.micro_batch(state.epoch, state.row)
+        out.append(batch)
+    return out
+
+
+def train_step(module, batches, optimizer, scheduler, scaler, params, recipe: Recipe, env: DistEnv, autocast):
+    """One optimizer step over `batches`; returns (mean loss, grad norm, real tokens), all ranks."""
+    device = env.device
+    # Normalise by the target tokens of the whole step on all ranks, so that N processes with
+    # grad_accum k compute exactly the gradient of 1 process with grad_accum N*k.
+    n_targets = all_reduce_sum(sum(b.target_tokens for b in batches), env)
+    scale = env.world_size / max(n_targets, 1.0)  # DDP averages over ranks; undo that
+    offload = (torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+               if recipe.train.gradient_checkpointing == "offload" else contextlib.nullcontext())
+    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+    for i, b in enumerate(batches):
+        sync = i == len(batches) - 1 or not hasattr(module, "no_sync")
+        with (contextlib.nullcontext() if sync else module.no_sync()), offload:
+            with autocast():
+                loss = module(b.input_ids.to(device), b.position_ids.to(device), b.targets.to(device), b.cu_seqlens)
+            scaled = loss * scale
+            (scaler.scale(scaled) if scaler else scaled).backward()
+        loss_sum += loss.detach()
+    if scaler:
+        scaler.unscale_(optimizer)
+    max_norm = recipe.train.max_grad_norm if recipe.train.max_grad_norm else float("inf")
+    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if scaler:
+        scaler.step(optimizer)
+        scaler.update()
+    else:
+        optimizer.step()
+    optimizer.zero_grad(set_to_none=True)
+    scheduler.step()
+    total_loss = all_reduce_sum(loss_sum.item(), env)
+    tokens = int(all_reduce_sum(sum(b.real_tokens for b in batches), env))
+    return total_loss / max(n_targets, 1.0), float(grad_norm), tokens
+
+
+def make_eval_batcher(recipe: Recipe, data: PreparedData, tokenizer, env: DistEnv) -> Batcher | None:
+    if data.eval is None or len(data.eval) == 0:
+        return None
+    ev = data.eval
+    if recipe.eval.max_samples and len(ev) > recipe.eval.max_samples:
+        ev = ev.subset(range(recipe.eval.max_samples))
+    return Batcher(ev, max_seq_len=recipe.data.max_seq_len, micro_batch_size=recipe.eval.batch_size, packing=True,
+                   seed=0, pad_id=tokenizer.pad_token_id, dp_rank=env.rank, dp_size=env.world_size, shuffle=False)
+
+
+@torch.no_grad()
+def evaluate(loss_module, batcher: Batcher | None, env: DistEnv, autocast) -> dict:
+    """Token-averaged loss over the eval targets, and its perplexity (exp of it)."""
+    if batcher is None:
+        return {"loss": None, "perplexity": None, "tokens": 0}
+    was_training = loss_module.training
+    loss_module.eval()
+    loss_sum, n, row = 0.0, 0, 0
+    while batcher.micro_batches_left(0, row) > 0:
+        b, row = batcher.micro_batch(0, row)
+        with autocast():
+            loss_sum += float(loss_module(b.input_ids.to(env.device), b.position_ids.to(env.device),
+                                          b.targets.to(env.device), b.cu_seqlens))
+        n += b.target_tokens
+    loss_module.train(was_training)
+    loss_sum, n = all_reduce_sum(loss_sum, env), all_reduce_sum(n, env)
+    loss = loss_sum / max(n, 1)
+    return {"loss": round(loss, 6), "perplexity": round(math.exp(loss), 4), "tokens": int(n)}
+
+
+@torch.no_grad()
+def generate_answers(model, tokenizer, data: PreparedData, recipe: Recipe, env: DistEnv, autocast) -> list[dict]:
+    """Greedy answers to the first few eval prompts (rank 0 only; others return [])."""
+    if not env.is_main or recipe.eval.generate == 0 or not data.eval_rows:
+        return []
+    lm = causal_lm(model)
+    was_training = lm.training
+    lm.eval()
+    out = []
+    for row in data.eval_rows[: recipe.eval.generate]:
+        prompt = data.renderer.prompt(row)
+        out.append({"prompt": prompt, "reference": row.get("output") or row.get("messages", [{}])[-1].get("content"),
+                    "answer": generate_text(lm, tokenizer, prompt, recipe.eval.max_new_tokens,
+                                            add_special_tokens=not data.renderer.uses_chat_template,
+                                            device=env.device, autocast=autocast)})
+    lm.train(was_training)
+    return out
+
+
+def generate_text(lm, tokenizer, prompt: str, max_new_tokens: int, add_special_tokens: bool, device,
+                  autocast=contextlib.nullcontext, temperature: float = 0.0) -> str:
+    enc = tokenizer(prompt, return_tensors="pt", add_special_tokens=add_special_tokens).to(device)
+    sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
+    with autocast():
+        out = lm.generate(**enc, max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=tokenizer.pad_token_id,
+                          eos_token_id=tokenizer.eos_token_id, **sampling)
+    return tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True).strip()
+
+
+def save(run_dir, state: TrainState, total_steps, loss_module, optimizer, scheduler, recipe: Recipe, env: DistEnv):
+    meta = {**asdict(state), "total_steps": total_steps, "seed": recipe.train.seed}
+    ckpt.save_checkpoint(run_dir, state.step, loss_module, optimizer, scheduler, meta, recipe_to_yaml(recipe), env,
+                         recipe.train.keep_last)
+
+
+def _resume_path(recipe: Recipe, run_dir: Path) -> Path | None:
+    mode = recipe.train.resume
+    if mode == "never":
+        if ckpt.latest_checkpoint(run_dir) is not None:
+            raise RunDirError(f"train.resume=never but {run_dir} already holds checkpoints; "
+                              f"choose another output_dir=... or use train.resume=auto")
+        return None
+    if mode == "auto":
+        return ckpt.latest_checkpoint(run_dir)
+    path = Path(mode)
+    if not (path / "meta.json").is_file():
+        raise RunDirError(f"train.resume={mode}: not a kubetune checkpoint (no meta.json); "
+                          f"use auto, never, or a checkpoints/step-N directory")
+    return path
+
+
+def export_trained(model, tokenizer, recipe: Recipe, run_dir: Path) -> None:
+    """LoRA: output_dir/adapter (PEFT format). Full: output_dir/model (HF directory)."""
+    from kubetune.fsutil import atomic_dir
+
+    target = run_dir / ("adapter" if recipe.finetune.method == "lora" else "model")
+    with atomic_dir(target) as tmp:
+        model.save_pretrained(tmp, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
+
+
+def write_summary(run_dir: Path, recipe: Recipe, state: TrainState, after: dict, answers: list, wall0: float) -> dict:
+    before = state.eval_before or {}
+    before_answers = {a["prompt"]: a["answer"] for a in before.get("answers", [])}
+    summary = {
+        "model": recipe.model.name_or_path,
+        "method": recipe.finetune.method,
+        "steps": state.step,
+        "eval_loss_before": before.get("loss"),
+        "eval_loss_after": after["loss"],
+        "perplexity_before": before.get("perplexity"),
+        "perplexity_after": after["perplexity"],
+        "eval_tokens": after["tokens"],
+        "train_tokens": state.tokens,
+        "tokens_per_s": round(state.tokens / max(state.train_time_s, 1e-9), 2),
+        "train_time_s": round(state.train_time_s, 2),
+        "wall_s": round(time.monotonic() - wall0, 2),
+        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "samples": [{**a, "answer_before": before_answers.get(a["prompt"])} for a in answers],
+    }
+    atomic_write_json(run_dir / "summary.json", summary)
+    return summary
+
+
+def print_report(summary: dict, run_dir: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console(width=110)
+    table = Table(title=f"kubetune: {summary['model']} ({summary['method']}), {summary['steps']} steps")
+    table.add_column("")
+    table.add_column("before", justify="right")
+    table.add_column("after", justify="right")
+    table.add_row("eval loss", _f(summary["eval_loss_before"]), _f(summary["eval_loss_after"]))
+    table.add_row("perplexity", _f(summary["perplexity_before"]), _f(summary["perplexity_after"]))
+    console.print(table)
+    console.print(f"trained on {summary['train_tokens']:,} tokens at {summary['tokens_per_s']:.0f} tokens/s; "
+                  f"wall {summary['wall_s']:.0f} s; peak RSS {summary['peak_rss_mb']:.0f} MB")
+    for s in summary["samples"][:1]:
+        question = s["prompt"].split("user\n")[-1].split("<|im_end|>")[0].strip() if "user\n" in s["prompt"] else s["prompt"]
+        console.print(f"\n[bold]question:[/bold] {question}")
+        if s.get("answer_before") is not None:
+            console.print(f"[bold]before:[/bold]   {s['answer_before']}")
+        console.print(f"[bold]after:[/bold]    {s['answer']}")
+        console.print(f"[bold]reference:[/bold] {s['reference']}")
+    console.print(f"\noutputs in {run_dir}/ (summary.json, metrics.jsonl, loss_curve.png, adapter/, checkpoints/)")
+
+
+def eval_target(target: str, overrides: list[str]) -> dict:
+    """`kubetune eval RUN_DIR|RECIPE`: loss and perplexity of the trained (or base) model."""
+    from kubetune.export import load_trained
+
+    run = Path(target)
+    env = init_distributed("auto")
+    _setup_logging(env)
+    if (run / "run.json").is_file():
+        recipe = load_recipe(run / "recipe.yaml", overrides).recipe
+        model, tokenizer = load_trained(run, recipe, for_training=True)
+    else:
+        recipe = load_recipe(target, overrides).recipe
+        source = resolve_model(recipe.model.name_or_path)
+        tokenizer = load_tokenizer(source, recipe.model.revision, recipe.model.trust_remote_code)
+        model = load_causal_lm(source, DTYPES[recipe.base_dtype_name()], register_attention())
+    _configure_threads(recipe, env)
+    data = prepare_data(recipe, tokenizer)
+    res = evaluate(TargetLoss(model), make_eval_batcher(recipe, data, tokenizer, env), env,
+                   autocast_context(recipe, env))
+    print(f"eval loss {_f(res['loss'])}  perplexity {_f(res['perplexity'])}  ({res['tokens']} target tokens)")
+    return res
+
+
+def _configure_threads(recipe: Recipe, env: DistEnv) -> None:
+    if env.device.type != "cpu":
+        return
+    n = recipe.train.num_threads or int(os.environ.get("OMP_NUM_THREADS", "0")) or max(
+        1, (os.cpu_count() or 1) // max(1, env.local_world_size))
+    torch.set_num_threads(n)
+
+
+def _count_trainable(model) -> int:
+    return sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _mean_row_tokens(batcher: Batcher) -> int:
+    rows = batcher.epoch_rows(0)
+    return int(sum(batcher.data.lengths) / max(1, len(rows)))
+
+
+def _f(x) -> str:
+    return "-" if x is None else f"{x:.4f}"
+
+
+def _setup_logging(env: DistEnv) -> None:
+    level = logging.INFO if env.is_main else logging.WARNING
+    logging.basicConfig(level=level, format=f"kubetune[{env.rank}]: %(message)s" if env.distributed else "kubetune: %(message)s")
+    for noisy in ("transformers", "datasets", "torch.distributed.checkpoint", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
