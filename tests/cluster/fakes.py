@@ -84,3 +84,75 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
         self.start()
 
 
+
+
+class FakePodResources:
+    """The kubelet's PodResources Lister on a unix socket; `pods` is what List answers."""
+
+    def __init__(self, socket_path: Path):
+        from kubetune.cluster.deviceplugin.proto import podresources_pb2_grpc as prgrpc
+
+        self.socket = socket_path
+        self.pods: list = []
+        outer = self
+
+        class Servicer(prgrpc.PodResourcesListerServicer):
+            def List(self, request, context):
+                from kubetune.cluster.deviceplugin.proto import podresources_pb2 as prpb
+
+                return prpb.ListPodResourcesResponse(pod_resources=outer.pods)
+
+        self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
+        prgrpc.add_PodResourcesListerServicer_to_server(Servicer(), self.server)
+        assert self.server.add_insecure_port(f"unix:{socket_path}") != 0
+        self.server.start()
+
+    def hold(self, pod: str, resource: str, device_ids: list[str]) -> None:
+        from kubetune.cluster.deviceplugin.proto import podresources_pb2 as prpb
+
+        self.pods.append(
+            prpb.PodResources(
+                name=pod,
+                namespace="default",
+                containers=[prpb.ContainerResources(name="main", devices=[prpb.ContainerDevices(resource_name=resource, device_ids=device_ids)])],
+            )
+        )
+
+    def stop(self) -> None:
+        self.server.stop(grace=0).wait()
+
+
+class KubeEmulator:
+    """kmock's in-memory Kubernetes API on a loopback port, in a background thread."""
+
+    def __init__(self):
+        import asyncio
+        import threading
+
+        import kmock
+
+        ready = threading.Event()
+        self._box: dict = {}
+
+        async def main():
+            emulator = kmock.KubernetesEmulator()
+            async with emulator, kmock.Server(emulator, host="127.0.0.1") as server:
+                self._box.update(url=str(server.url).rstrip("/"), stop=asyncio.Event(), loop=asyncio.get_running_loop())
+                ready.set()
+                await self._box["stop"].wait()
+
+        self._thread = threading.Thread(target=lambda: asyncio.run(main()), daemon=True)
+        self._thread.start()
+        assert ready.wait(10), "kmock did not start"
+        self.url = self._box["url"]
+
+    def core_api(self):
+        from kubernetes import client
+
+        cfg = client.Configuration()
+        cfg.host = self.url
+        return client.CoreV1Api(client.ApiClient(cfg))
+
+    def stop(self) -> None:
+        self._box["loop"].call_soon_threadsafe(self._box["stop"].set)
+        self._thread.join(timeout=5)

@@ -177,7 +177,8 @@ def test_kubelet_restart_brings_second_registration(plugin, kubelet):
     with grpc.insecure_channel(f"unix:{plugin.socket_path}") as channel:
         opts = pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=5)
     assert opts.get_preferred_allocation_available
-    assert plugin.metrics.registry.get_sample_value("kubetune_deviceplugin_registrations_total", {"resource": RESOURCE}) == 2
+    registrations = lambda: plugin.metrics.registry.get_sample_value("kubetune_deviceplugin_registrations_total", {"resource": RESOURCE})  # noqa: E731
+    assert wait_for(lambda: registrations() == 2, 5)  # counted once Register has returned
 
 
 def test_plugin_started_before_kubelet_registers_when_it_appears(node, plugin_dir):

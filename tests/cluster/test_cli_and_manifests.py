@@ -1,0 +1,151 @@
+"""The commands as the DaemonSet / Deployment run them (real processes), and the rendered manifests."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+import yaml
+
+from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
+from kubetune.cluster.extender.server import free_port
+
+from .fakes import FakeKubelet, hls_box, make_gaudi_tree
+
+KUBETUNE = [sys.executable, "-m", "kubetune"]
+
+
+def _stop(proc: subprocess.Popen) -> int:
+    proc.send_signal(signal.SIGTERM)
+    try:
+        return proc.wait(timeout=10)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        raise
+
+
+def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 20) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
+        try:
+            httpx.get(url, timeout=1)
+            return
+        except httpx.TransportError:
+            time.sleep(0.05)
+    raise AssertionError(f"{url} never answered")
+
+
+def test_device_plugin_command_registers_serves_metrics_and_stops_cleanly(tmp_path, plugin_dir):
+    sysfs, dev = make_gaudi_tree(tmp_path / "node", hls_box("0x1060", 4))
+    kubelet = FakeKubelet(plugin_dir).start()
+    port = free_port()
+    proc = subprocess.Popen(
+        KUBETUNE
+        + ["device-plugin", "--discovery", "sysfs", "--sysfs-root", str(sysfs), "--dev-root", str(dev), "--plugin-dir", str(plugin_dir)]
+        + ["--health-interval", "0.1", "--watch-interval", "0.1", "--metrics-port", str(port), "--log-level", "warning"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        req = kubelet.requests.get(timeout=20)
+        assert req.resource_name == "habana.ai/gaudi" and (plugin_dir / req.endpoint).exists()
+        _wait_http(f"http://127.0.0.1:{port}/metrics", proc)
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert 'kubetune_deviceplugin_devices{health="Healthy",resource="habana.ai/gaudi"} 4.0' in metrics
+        assert _stop(proc) == 0
+        assert not (plugin_dir / req.endpoint).exists()  # socket removed on SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kubelet.stop()
+
+
+def test_device_plugin_command_bad_flags_exit_2_with_one_line(tmp_path):
+    r = subprocess.run(KUBETUNE + ["device-plugin", "--discovery", "pci", "--plugin-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and r.stderr.strip() == "kubetune: error: --discovery 'pci': use sysfs, nvml or inventory:FILE"
+
+
+def test_scheduler_extender_command_answers_filter(tmp_path):
+    port = free_port()
+    proc = subprocess.Popen(KUBETUNE + ["scheduler-extender", "--host", "127.0.0.1", "--port", str(port), "--weights", "fit=1", "--log-level", "warning"], stderr=subprocess.PIPE)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/healthz", proc)
+        body = extender_args(training_pod(cards=8), [gaudi_node("a", free=8), gaudi_node("b", free=2)])
+        r = httpx.post(f"http://127.0.0.1:{port}/filter", json=body, timeout=10)
+        assert r.status_code == 200 and list(r.json()["FailedNodes"]) == ["b"]
+        # uvicorn shuts down gracefully, then re-raises SIGTERM so the exit shows the signal
+        assert _stop(proc) in (0, -signal.SIGTERM)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def _render(*flags) -> list[dict]:
+    r = subprocess.run(KUBETUNE + ["k8s", "render-components", *flags], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 0, r.stderr
+    return [d for d in yaml.safe_load_all(r.stdout) if d]
+
+
+@pytest.mark.parametrize("flags", [[], ["--stateless", "--discovery", "nvml", "--resource", "nvidia.com/gpu", "--leaf-label", "topology.kubernetes.io/rack"]])
+def test_rendered_manifests_validate_strictly(flags):
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    objects = _render(*flags)
+    kinds = [o["kind"] for o in objects]
+    assert kinds.count("DaemonSet") == 1 and kinds.count("Deployment") == 1 and kinds.count("Service") == 1
+    for obj in objects:
+        kubernetes_validate.validate(obj, "1.33.0", strict=True)  # raises on any unknown or wrong field
+    ds = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    assert ds["priorityClassName"] == "system-node-critical"
+    assert ds["containers"][0]["securityContext"]["privileged"] is True
+    assert {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"} in [v["hostPath"] for v in ds["volumes"]]
+    role = next(o for o in objects if o["kind"] == "ClusterRole" and "device-plugin" in o["metadata"]["name"])
+    assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+
+
+def test_validation_is_strict_enough_to_fail():
+    kubernetes_validate = pytest.importorskip("kubernetes_validate")
+    ds = next(o for o in _render() if o["kind"] == "DaemonSet")
+    ds["spec"]["template"]["spec"]["containers"][0]["privilegd"] = True
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(ds, "1.33.0", strict=True)
+
+
+def test_scheduler_config_extender_entry():
+    (config,) = _render("--scheduler-config-only", "--extender-weight", "7", "-n", "sched")
+    assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1" and config["kind"] == "KubeSchedulerConfiguration"
+    (entry,) = config["extenders"]
+    assert entry == {
+        "urlPrefix": "http://kubetune-scheduler-extender.sched.svc:8888",
+        "filterVerb": "filter",
+        "prioritizeVerb": "prioritize",
+        "weight": 7,
+        "enableHTTPS": False,
+        "httpTimeout": "5s",
+        "nodeCacheCapable": False,
+        "managedResources": [{"name": "habana.ai/gaudi", "ignoredByScheduler": False}, {"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
+        "ignorable": True,
+    }
+    cm = next(o for o in _render() if o["kind"] == "ConfigMap")
+    assert yaml.safe_load(cm["data"]["kube-scheduler-config.yaml"])["extenders"][0]["weight"] == 5
+
+
+def test_render_rejects_bad_settings_naming_the_flags():
+    r = subprocess.run(KUBETUNE + ["k8s", "render-components", "--extender-weight", "0", "--discovery", "inventory:x.yaml"], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2
+    assert "--extender-weight 0" in r.stderr and "--discovery inventory" in r.stderr
+
+
+def test_cluster_layer_does_not_import_training_or_torch():
+    code = (
+        "import sys, kubetune.cluster.cli, kubetune.cluster.manifests, kubetune.cluster.extender.app, "
+        "kubetune.cluster.deviceplugin.server, kubetune.cluster.deviceplugin.publish, kubetune.cluster.extender.podcache; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('kubetune.training')]; print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ))
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -1,0 +1,83 @@
+"""Node facts: the pure mapping, the kubelet PodResources client (real gRPC), and the patch (kmock API server)."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubetune.cluster import nodefacts as keys
+from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, SysfsGaudiDiscovery
+from kubetune.cluster.deviceplugin.publish import NodePublisher, PodResourcesClient, node_facts
+from kubetune.cluster.extender.facts import facts_of
+from kubetune.cluster.extender.protocol import Node
+
+from .fakes import FakePodResources, hls_box, make_gaudi_tree
+
+
+@pytest.fixture
+def cards(tmp_path):
+    sysfs, dev = make_gaudi_tree(tmp_path / "node", hls_box("0x1020", 8))
+    return SysfsGaudiDiscovery(sysfs_root=sysfs, dev_root=dev).devices()
+
+
+def test_node_facts_counts_health_use_numa_and_hbm(cards):
+    health = {c.id: HEALTHY for c in cards}
+    health[cards[7].id] = UNHEALTHY
+    annotations, labels = node_facts("habana.ai/gaudi", cards, health, {cards[0].id, cards[1].id}, "rack 12/leaf")
+    assert annotations == {
+        keys.RESOURCE: "habana.ai/gaudi",
+        keys.CARDS_TOTAL: "8",
+        keys.CARDS_HEALTHY: "7",
+        keys.CARDS_FREE: "5",
+        keys.HBM_PER_CARD_MIB: str(96 * 1024),
+        keys.NUMA_LAYOUT: "0:4/4,1:3/4",
+    }
+    assert labels == {keys.ACCELERATOR_LABEL: "gaudi2", keys.LEAF_LABEL: "rack-12-leaf"}
+    unknown_use, _ = node_facts("habana.ai/gaudi", cards, health, None, None)
+    assert keys.CARDS_FREE not in unknown_use  # never guess the free count
+
+
+def test_pod_resources_client_reads_devices_of_our_resource(tmp_path):
+    kubelet = FakePodResources(tmp_path / "pr.sock")
+    try:
+        kubelet.hold("a", "habana.ai/gaudi", ["0000:19:00.0", "0000:29:00.0"])
+        kubelet.hold("b", "nvidia.com/gpu", ["GPU-1"])
+        client = PodResourcesClient(tmp_path / "pr.sock")
+        assert client.in_use("habana.ai/gaudi") == {"0000:19:00.0", "0000:29:00.0"}
+        assert client.in_use("example.com/none") == set()
+    finally:
+        kubelet.stop()
+    assert PodResourcesClient(tmp_path / "absent.sock").in_use("habana.ai/gaudi") is None
+
+
+def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_path):
+    pytest.importorskip("kmock")
+    from .fakes import KubeEmulator
+
+    api_server = KubeEmulator()
+    kubelet = FakePodResources(tmp_path / "pr.sock")
+    try:
+        api = api_server.core_api()
+        api.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0", "labels": {"example.com/leaf": "leaf-3"}}})
+        kubelet.hold("worker-0", "habana.ai/gaudi", [cards[0].id, cards[1].id, cards[2].id])
+        publisher = NodePublisher("hls-0", "habana.ai/gaudi", "example.com/leaf", PodResourcesClient(tmp_path / "pr.sock"), core_api=api)
+        health = {c.id: HEALTHY for c in cards}
+        assert publisher.publish(cards, health) is True
+        assert publisher.publish(cards, health) is False  # nothing changed: no patch
+
+        node = api.read_node("hls-0")
+        assert node.metadata.annotations[keys.CARDS_FREE] == "5"
+        assert node.metadata.labels[keys.LEAF_LABEL] == "leaf-3"
+        assert keys.FACTS_UPDATED in node.metadata.annotations
+
+        # what the extender makes of that Node (allocatable as the kubelet would report it)
+        raw = api.api_client.sanitize_for_serialization(node)
+        raw["status"] = {"allocatable": {"habana.ai/gaudi": "8"}}
+        facts = facts_of(Node.model_validate(raw), "habana.ai/gaudi", (keys.LEAF_LABEL,))
+        assert (facts.cards_total, facts.cards_free, facts.leaf, facts.hbm_per_card_mib) == (8, 5, "leaf-3", 96 * 1024)
+
+        health[cards[4].id] = UNHEALTHY
+        assert publisher.publish(cards, health) is True
+        assert api.read_node("hls-0").metadata.annotations[keys.CARDS_FREE] == "4"
+    finally:
+        kubelet.stop()
+        api_server.stop()
