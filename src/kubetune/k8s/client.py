@@ -229,19 +229,26 @@ class KubeClient:
 
     def exec_to(self, pod: str, namespace: str, command: list[str], sink: IO[bytes],
                 container: str | None = None) -> str:
-        """Run `command` in the pod, stdout (binary) into `sink`; returns stderr. Like `kubectl exec`."""
-        from kubernetes import client
-        from kubernetes.client.exceptions import ApiException
-        from kubernetes.stream import stream
+        """Run `command` in the pod, stdout (binary) into `sink`; returns stderr. Like `kubectl exec`.
 
-        core = client.CoreV1Api(self._api)
+        Built on the client's WSClient directly rather than `kubernetes.stream.stream`, which
+        always keeps a second in-memory copy of everything received (capture_all): a run
+        directory with checkpoints is gigabytes.
+        """
+        from kubernetes.stream.ws_client import WSClient, get_websocket_url
+
+        query = [("command", command), ("stdout", "true"), ("stderr", "true"), ("stdin", "false"), ("tty", "false")]
+        if container:
+            query.append(("container", container))
+        url = get_websocket_url(self.host + _path(KINDS[("v1", "Pod")], namespace, pod) + "/exec", query)
+        headers = {}
+        token = (self._api.configuration.auth_settings().get("BearerToken") or {}).get("value")
+        if token:
+            headers["authorization"] = token
         try:
-            ws = stream(core.connect_get_namespaced_pod_exec, pod, namespace, command=command, container=container,
-                        stderr=True, stdin=False, stdout=True, tty=False, binary=True, _preload_content=False)
-        except ApiException as e:
-            raise self._api_error(e, f"exec in pod {pod}") from None
-        except Exception as e:  # websocket handshake errors have no common base class
-            raise ClusterError(f"exec in pod {pod} failed: {type(e).__name__}: {e}") from None
+            ws = WSClient(self._api.configuration, url, headers, capture_all=False, binary=True)
+        except Exception as e:  # websocket handshake errors (403, 404, refused) share no base class
+            raise ClusterError(f"exec in pod {namespace}/{pod} failed: {e}") from None
         stderr = b""
         try:
             while ws.is_open():
@@ -251,6 +258,8 @@ class KubeClient:
                 if ws.peek_stderr():
                     stderr += ws.read_stderr()
             code = ws.returncode
+        except Exception as e:
+            raise ClusterError(f"exec in pod {namespace}/{pod} broke off: {type(e).__name__}: {e}") from None
         finally:
             ws.close()
         if code:
