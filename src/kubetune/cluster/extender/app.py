@@ -23,7 +23,7 @@ from pydantic import ValidationError
 
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.extender import policy
-from kubetune.cluster.extender.facts import PodView, facts_from, node_parts, peers_of, request_of
+from kubetune.cluster.extender.facts import PodView, RawNode, facts_from, peers_of, raw_node, request_of
 from kubetune.cluster.extender.protocol import ExtenderArgs, Pod
 
 log = logging.getLogger(__name__)
@@ -31,17 +31,22 @@ log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class ExtenderConfig:
-    resources: tuple[str, ...] = keys.MANAGED_RESOURCES
-    leaf_labels: tuple[str, ...] = (keys.LEAF_LABEL,)
+    resources: tuple[str, ...] = keys.MANAGED_RESOURCES  # in order: a pod asking for several gets the first
+    leaf_labels: tuple[str, ...] = (keys.LEAF_LABEL,)  # first one set on a node names its leaf
     weights: policy.Weights = field(default_factory=policy.Weights)
+
+    def __post_init__(self):
+        # dict.fromkeys: drop repeats (a repeated --resource flag), keep the order
+        object.__setattr__(self, "resources", tuple(dict.fromkeys(self.resources)))
+        object.__setattr__(self, "leaf_labels", tuple(dict.fromkeys(self.leaf_labels)))
 
 
 @dataclass
 class Call:
-    """One decoded scheduler call: the pod, each node as (name, labels, annotations, allocatable)."""
+    """One decoded scheduler call: the pod and the node fields the policy reads."""
 
     pod: Pod
-    nodes: list[tuple[str, dict, dict, dict]] | None  # None: nodeCacheCapable mode
+    nodes: list[RawNode] | None  # None: nodeCacheCapable mode (NodeNames only)
     node_names: list[str] | None
 
 
@@ -51,6 +56,18 @@ def _fast_decoder(config: ExtenderConfig):
     except ImportError:  # msgspec not installed: the pydantic path alone is correct, only slower
         return None
     return FastDecoder(config.resources, config.leaf_labels)
+
+
+def decode_call(body: bytes, config: ExtenderConfig, fast=None) -> Call:
+    """Bytes -> Call, through the fast decoder when given; raises pydantic's ValidationError."""
+    if fast is not None:
+        try:
+            return Call(*fast.decode(body))
+        except Exception:
+            pass  # let pydantic accept it or explain what is wrong, in its words
+    args = ExtenderArgs.model_validate_json(body)
+    nodes = [raw_node(n, config.resources, config.leaf_labels) for n in args.Nodes.items] if args.Nodes is not None else None
+    return Call(args.Pod, nodes, args.NodeNames)
 
 
 def _json(body, status: int = 200) -> Response:
@@ -87,20 +104,13 @@ def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None =
     fast = _fast_decoder(config)
 
     async def parse(request: Request) -> Call:
-        body = await request.body()
-        if fast is not None:
-            try:
-                return Call(*fast.decode(body))
-            except Exception:
-                pass  # let pydantic accept it or explain what is wrong, in its words
-        args = ExtenderArgs.model_validate_json(body)
-        nodes = [node_parts(n) for n in args.Nodes.items] if args.Nodes is not None else None
-        return Call(args.Pod, nodes, args.NodeNames)
+        return decode_call(await request.body(), config, fast)
 
     def inputs(call: Call):
         req = request_of(call.pod, config.resources)
         resource = req.resource or config.resources[0]
-        facts = [facts_from(*parts, resource, config.leaf_labels, pods) for parts in call.nodes or []]
+        index = config.resources.index(resource)
+        facts = [facts_from(raw, resource, index, pods) for raw in call.nodes or []]
         return req, facts
 
     def timed(verb: str, handler):

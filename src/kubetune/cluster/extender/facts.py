@@ -7,7 +7,7 @@ This is the only place that knows the annotation keys the device plugin publishe
 from __future__ import annotations
 
 from collections import Counter
-from typing import Protocol
+from typing import NamedTuple, Protocol
 
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.extender.policy import NodeFacts, Peers, Request
@@ -77,44 +77,57 @@ def _positive_float(text: str | None) -> float | None:
     return q if q is not None and 0 < q < float("inf") else None
 
 
-def facts_from(
-    name: str,
-    labels: dict,
-    annotations: dict,
-    allocatable: dict,
-    resource: str,
-    leaf_labels: tuple[str, ...],
-    pods: PodView | None = None,
-) -> NodeFacts:
-    """NodeFacts from the parts of a v1.Node the policy reads (both decoders end here)."""
-    ours = annotations.get(keys.RESOURCE) in (None, resource)  # annotations for another resource do not apply
-    total = parse_count(allocatable.get(resource))
-    if total is None and ours:
-        total = parse_count(annotations.get(keys.CARDS_HEALTHY))
-    free = None
-    used = pods.used_cards(name, resource) if pods is not None else None
-    if used is not None and total is not None:
-        free = max(0, total - used)
-    elif ours:
-        free = parse_count(annotations.get(keys.CARDS_FREE))
-        if free is not None and total is not None:
-            free = min(free, total)
-    return NodeFacts(  # positional: this runs once per node per call
-        name,
-        total,
-        free,
-        _positive_float(annotations.get(keys.HBM_PER_CARD_MIB)) if ours else None,
+class RawNode(NamedTuple):
+    """The strings of one v1.Node that the policy reads, still unparsed (both decoders produce these)."""
+
+    name: str
+    leaf: str | None  # value of the first configured leaf label that is set
+    allocatable: tuple  # status.allocatable of each managed resource, in config order
+    resource: str | None  # the plugin's annotations:
+    cards_healthy: str | None
+    cards_free: str | None
+    hbm_per_card_mib: str | None
+    rdma_latency_us: str | None
+
+
+def raw_node(node: Node, resources: tuple[str, ...], leaf_labels: tuple[str, ...]) -> RawNode:
+    """A pydantic-validated v1.Node -> RawNode."""
+    labels = node.metadata.labels or {}
+    ann = node.metadata.annotations or {}
+    alloc = node.status.allocatable or {}
+    return RawNode(
+        node.metadata.name,
         next((labels[k] for k in leaf_labels if labels.get(k)), None),
-        _positive_float(annotations.get(keys.RDMA_LATENCY_US)),
+        tuple(alloc.get(r) for r in resources),
+        ann.get(keys.RESOURCE),
+        ann.get(keys.CARDS_HEALTHY),
+        ann.get(keys.CARDS_FREE),
+        ann.get(keys.HBM_PER_CARD_MIB),
+        ann.get(keys.RDMA_LATENCY_US),
     )
 
 
-def node_parts(node: Node) -> tuple[str, dict, dict, dict]:
-    return node.metadata.name, node.metadata.labels or {}, node.metadata.annotations or {}, node.status.allocatable or {}
+def facts_from(raw: RawNode, resource: str, resource_index: int, pods: PodView | None = None) -> NodeFacts:
+    """RawNode -> NodeFacts for `resource` (= resources[resource_index]); runs once per node per call."""
+    ours = raw.resource is None or raw.resource == resource  # annotations for another resource do not apply
+    total = parse_count(raw.allocatable[resource_index])
+    if total is None and ours:
+        total = parse_count(raw.cards_healthy)
+    free = None
+    used = pods.used_cards(raw.name, resource) if pods is not None else None
+    if used is not None and total is not None:
+        free = max(0, total - used)
+    elif ours:
+        free = parse_count(raw.cards_free)
+        if free is not None and total is not None:
+            free = min(free, total)
+    hbm = _positive_float(raw.hbm_per_card_mib) if ours else None
+    return NodeFacts(raw.name, total, free, hbm, raw.leaf, _positive_float(raw.rdma_latency_us))
 
 
 def facts_of(node: Node, resource: str, leaf_labels: tuple[str, ...], pods: PodView | None = None) -> NodeFacts:
-    return facts_from(*node_parts(node), resource, leaf_labels, pods)
+    """One v1.Node -> NodeFacts (the convenient form, for tests and the pod cache)."""
+    return facts_from(raw_node(node, (resource,), leaf_labels), resource, 0, pods)
 
 
 def peers_of(req: Request, nodes: list[NodeFacts], pods: PodView | None) -> Peers:

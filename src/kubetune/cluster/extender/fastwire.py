@@ -6,7 +6,7 @@ decodes into structs that declare only the keys the policy reads (`metadata.name
 configured leaf labels, the plugin's annotations, `status.allocatable` of the managed
 resources) and skips everything else in C without allocating it: ~16 ms instead of ~140 ms.
 
-The result is the same as the pydantic path's (a test compares them): the Pod itself is
+The result is the same as the pydantic path's (tests/cluster/test_decoders.py compares them): the Pod itself is
 still validated by pydantic (it is small), and on any decode error the caller re-validates
 the body with pydantic, so error messages have one format whichever path is in use.
 """
@@ -19,34 +19,39 @@ import msgspec
 from msgspec.structs import astuple
 
 from kubetune.cluster import nodefacts as keys
+from kubetune.cluster.extender.facts import RawNode
 from kubetune.cluster.extender.protocol import Pod
 
-ANNOTATIONS = (keys.RESOURCE, keys.CARDS_FREE, keys.CARDS_HEALTHY, keys.HBM_PER_CARD_MIB, keys.RDMA_LATENCY_US)
+# In RawNode's order, so a decoded Annotations struct unpacks straight into it.
+ANNOTATIONS = (keys.RESOURCE, keys.CARDS_HEALTHY, keys.CARDS_FREE, keys.HBM_PER_CARD_MIB, keys.RDMA_LATENCY_US)
+_NO_ANNOTATIONS = (None,) * len(ANNOTATIONS)
 _Quantity = Union[str, int, float, None]
 
 
-def _struct(name: str, json_keys: tuple[str, ...], value_type) -> tuple[type, list[tuple[str, str]]]:
-    """A struct with one optional field per JSON key (keys like `kubetune.io/x` are not identifiers)."""
-    pairs = [(f"f{i}", k) for i, k in enumerate(dict.fromkeys(json_keys))]
-    struct = msgspec.defstruct(name, [(attr, value_type, msgspec.field(default=None, name=k)) for attr, k in pairs], gc=False)
-    return struct, pairs
+def _struct(name: str, json_keys: tuple[str, ...], value_type) -> type:
+    """A struct with one optional field per JSON key, in that order (`astuple` follows it).
+
+    Keys like `kubetune.io/x` are not identifiers, so fields are f0, f1, ... renamed to them.
+    """
+    fields = [(f"f{i}", value_type, msgspec.field(default=None, name=k)) for i, k in enumerate(json_keys)]
+    return msgspec.defstruct(name, fields, gc=False)
 
 
 class FastDecoder:
-    """Decodes ExtenderArgs bytes into (Pod, [(name, labels, annotations, allocatable)] | None, NodeNames).
-
-    The three dicts hold only the keys the policy reads. Any error (including a Pod that
-    pydantic refuses) propagates; the caller then re-validates with pydantic for the message.
-    """
+    """Decodes ExtenderArgs bytes into (Pod, [RawNode] | None, NodeNames), like the pydantic path."""
 
     def __init__(self, resources: tuple[str, ...], leaf_labels: tuple[str, ...]):
-        labels, self._label_pairs = _struct("Labels", leaf_labels, Optional[str])
-        annotations, self._ann_pairs = _struct("Annotations", ANNOTATIONS, Optional[str])
-        allocatable, self._alloc_pairs = _struct("Allocatable", resources, _Quantity)
+        if len(set(leaf_labels)) != len(leaf_labels) or len(set(resources)) != len(resources):
+            raise ValueError("leaf labels and resources must not repeat")  # one struct field per key
+        labels = _struct("Labels", leaf_labels, Optional[str])
+        annotations = _struct("Annotations", ANNOTATIONS, Optional[str])
+        allocatable = _struct("Allocatable", resources, _Quantity)
+        self._n_resources = len(resources)
 
         # gc=False: thousands of these per call, none in a reference cycle; the collector
         # would otherwise walk them all several times per request.
-        # Nullability mirrors protocol.py, so both paths accept and refuse the same bodies.
+        # Nullability mirrors protocol.py, so both paths refuse the same malformed values in
+        # the fields the policy reads; fields it does not read are skipped unchecked here.
         meta = msgspec.defstruct("Meta", [("name", str, ""), ("labels", Optional[labels], None), ("annotations", Optional[annotations], None)], gc=False)
         status = msgspec.defstruct("Status", [("allocatable", Optional[allocatable], None)], gc=False)
         node = msgspec.defstruct("Node", [("metadata", meta, msgspec.field(default_factory=meta)), ("status", status, msgspec.field(default_factory=status))], gc=False)
@@ -56,27 +61,25 @@ class FastDecoder:
         )
         self._decoder = msgspec.json.Decoder(args)
 
-    @staticmethod
-    def _as_dict(struct, pairs) -> dict:
-        """JSON key -> value (None for absent keys, which the facts code reads as absent)."""
-        if struct is None:
-            return {}
-        return dict(zip([k for _, k in pairs], astuple(struct)))
-
     def decode(self, body: bytes):
-        """Raises msgspec.DecodeError / pydantic.ValidationError on malformed input."""
+        """-> (Pod, [RawNode] or None, NodeNames). Any error (a Pod pydantic refuses too)
+        propagates; the caller then re-validates with pydantic for the message."""
         args = self._decoder.decode(body)
         pod = Pod.model_validate_json(bytes(args.Pod))
         nodes = None
         if args.Nodes is not None:
-            label_pairs, ann_pairs, alloc_pairs, as_dict = self._label_pairs, self._ann_pairs, self._alloc_pairs, self._as_dict
-            nodes = [
-                (
-                    item.metadata.name,
-                    as_dict(item.metadata.labels, label_pairs),
-                    as_dict(item.metadata.annotations, ann_pairs),
-                    as_dict(item.status.allocatable, alloc_pairs),
+            empty_alloc = (None,) * self._n_resources
+            nodes = []
+            for item in args.Nodes.items:
+                meta = item.metadata
+                labels, ann, alloc = meta.labels, meta.annotations, item.status.allocatable
+                leaf = next((v for v in astuple(labels) if v), None) if labels is not None else None
+                nodes.append(
+                    RawNode(
+                        meta.name,
+                        leaf,
+                        astuple(alloc) if alloc is not None else empty_alloc,
+                        *(astuple(ann) if ann is not None else _NO_ANNOTATIONS),
+                    )
                 )
-                for item in args.Nodes.items
-            ]
         return pod, nodes, args.NodeNames
