@@ -68,7 +68,7 @@ class ResourcesSection(_Strict):
         None, ge=0, description="habana.ai/gaudi or nvidia.com/gpu per pod (must be 0 on cpu); null = profile default."
     )
     hugepages_2mi: Quantity | None = Field(
-        None, description="hugepages-2Mi per pod (Gaudi needs them, e.g. 9800Mi); null = profile default."
+        None, description="hugepages-2Mi per pod (Gaudi needs them, e.g. 95000Mi); null = profile default."
     )
     shm_size: Quantity | None = Field(
         None, description="/dev/shm size (memory-backed, counts against memory); null = profile default."
@@ -142,7 +142,11 @@ class K8sSection(_Strict):
     resources: ResourcesSection = Field(default_factory=ResourcesSection, description="Per-worker resources.")
     storage: StorageSection = Field(default_factory=StorageSection, description="Shared volume at /data.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector labels of the workers.")
-    tolerations: list[Toleration] = Field(default_factory=list, description="Tolerations of the workers.")
+    tolerations: list[Toleration] = Field(
+        default_factory=list,
+        description="Tolerations of the workers, e.g. [{key: dedicated, operator: Exists}] (gaudi/nvidia also tolerate "
+        "their accelerator taint).",
+    )
     amx_label: str | None = Field(
         AMX_LABEL,
         description="cpu profile: node label (value `true`) the workers require, so bf16 runs on AMX; null = any node.",
@@ -163,7 +167,7 @@ class K8sSection(_Strict):
     quota: bool = Field(False, description="Render a ResourceQuota sized to this job (workers + data-access pod).")
     runtime: str = Field(
         "torch-distributed",
-        description="trainjob: ClusterTrainingRuntime to reference; `--with-runtime` renders kubetune-<profile> instead.",
+        description="trainjob: ClusterTrainingRuntime to reference; `--with-runtime` renders and references <name>-runtime.",
     )
     service_account: str | None = Field(None, description="serviceAccountName of the pods (null = namespace default).")
     run_as_user: int = Field(1000, ge=1, description="UID of the non-root containers (cpu, nvidia); Gaudi images run as root.")
