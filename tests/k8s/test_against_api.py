@@ -107,6 +107,9 @@ def test_logs_default_to_rank_zero(cli, kube, token_file):
     kube.script_log(f"{JOB}-worker-0", "I am rank 1\n")
     assert cli("k8s", "logs", JOB).out == "I am rank 0\n"
     assert cli("k8s", "logs", JOB, "--rank", "1").out == "I am rank 1\n"
+    assert cli("k8s", "logs", JOB, "-f").out == "I am rank 0\n"
+    follows = [r.params.get("follow") for r in list(kube.emulator) if r.subresource == "log"]
+    assert follows == ["false", "false", "true"]
     missing = cli("k8s", "logs", JOB, "--rank", "5")
     assert missing.code == 2 and "no pod of rank 5" in missing.err
 

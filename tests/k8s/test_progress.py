@@ -28,6 +28,7 @@ def test_no_progress_lines():
 
 
 @pytest.mark.parametrize("text,seconds", [("1m20s", 80), ("45s", 45), ("2h", 7200), ("1d2h3m4s", 93784),
+                                          ("1h05m", 3900), ("2m03s", 123),  # the engine's fmt_duration forms
                                           ("?", None), ("1m20", None), ("", None)])
 def test_parse_eta(text, seconds):
     assert progress.parse_eta(text) == seconds

@@ -436,6 +436,8 @@ def _portability_warnings(recipe: Recipe, with_runtime: bool) -> list[str]:
                             f"(kubetune k8s download's data pod, /data/...) and point {key} there")
     if recipe.train.resume != "auto":
         warnings.append(f"train.resume={recipe.train.resume}: a restarted pod will not resume from its last checkpoint")
+    if with_runtime and k8s.api != "trainjob":
+        warnings.append("--with-runtime only applies to --api trainjob; ignored for a PyTorchJob")
     if k8s.api == "trainjob" and not with_runtime:
         missing = [what for what, needed in (("hostIPC (gaudi)", k8s.profile == "gaudi"),
                                              ("k8s.priority_class", bool(k8s.priority_class)),
