@@ -119,6 +119,7 @@ def test_validation_is_strict_enough_to_fail():
 def test_scheduler_config_extender_entry():
     (config,) = _render("--scheduler-config-only", "--extender-weight", "7", "-n", "sched")
     assert config["apiVersion"] == "kubescheduler.config.k8s.io/v1" and config["kind"] == "KubeSchedulerConfiguration"
+    assert config["percentageOfNodesToScore"] == 100
     (entry,) = config["extenders"]
     assert entry == {
         "urlPrefix": "http://kubetune-scheduler-extender.sched.svc:8888",
