@@ -82,44 +82,55 @@ class PodCache:
         with self._lock:
             return self._leaf.get(node)
 
+    def replace(self, kind: str, items: list[dict]) -> None:
+        """A fresh LIST: forget what we had of that kind (deletions missed while away)."""
+        with self._lock:
+            if kind == "pods":
+                self._pods.clear()
+            else:
+                self._leaf.clear()
+        apply = self.apply_pod if kind == "pods" else self.apply_node
+        for item in items:
+            apply("ADDED", item)
+        if kind == "pods":
+            self.synced.set()
+
     # -- watching (kubernetes client) ----------------------------------------------------
-    def start(self) -> None:
-        from kubernetes import client, config
+    def start(self, core_api=None, relist_seconds: float = 2.0) -> None:
+        """List, then watch pods and nodes in two daemon threads (relisting after any failure)."""
+        if core_api is None:
+            from kubernetes import client, config
 
-        try:
-            config.load_incluster_config()
-        except config.ConfigException:
-            config.load_kube_config()
-        core = client.CoreV1Api()
-        api = core.api_client
-        for kind, lister, apply in (
-            ("pods", core.list_pod_for_all_namespaces, self.apply_pod),
-            ("nodes", core.list_node, self.apply_node),
-        ):
-            threading.Thread(target=self._watch, args=(kind, lister, apply, api), name=f"watch-{kind}", daemon=True).start()
+            try:
+                config.load_incluster_config()
+            except config.ConfigException:
+                config.load_kube_config()
+            core_api = client.CoreV1Api()
+        for kind, lister in (("pods", core_api.list_pod_for_all_namespaces), ("nodes", core_api.list_node)):
+            threading.Thread(
+                target=self._watch, args=(kind, lister, core_api.api_client, relist_seconds), name=f"watch-{kind}", daemon=True
+            ).start()
 
-    def _watch(self, kind, lister, apply, api) -> None:
+    def _watch(self, kind, lister, api_client, relist_seconds: float) -> None:
+        import json
+
         from kubernetes import watch
 
+        apply = self.apply_pod if kind == "pods" else self.apply_node
         while not self._stop.is_set():
             try:
-                listed = lister(_preload_content=False)
-                import json
-
-                body = json.loads(listed.data)
-                for item in body.get("items", []):
-                    apply("ADDED", item)
-                if kind == "pods":
-                    self.synced.set()
+                body = json.loads(lister(_preload_content=False).data)
+                self.replace(kind, body.get("items") or [])
+                version = (body.get("metadata") or {}).get("resourceVersion")
                 w = watch.Watch()
-                for event in w.stream(lister, resource_version=body["metadata"].get("resourceVersion"), timeout_seconds=300):
-                    apply(event["type"], api.sanitize_for_serialization(event["object"]))
+                for event in w.stream(lister, resource_version=version, timeout_seconds=300):
+                    apply(event["type"], api_client.sanitize_for_serialization(event["object"]))
                     if self._stop.is_set():
                         w.stop()
                         break
             except Exception as e:  # the API server went away or the watch expired: list again
-                log.warning("watch of %s failed (%s); relisting in 2 s", kind, e)
-                self._stop.wait(2)
+                log.warning("watch of %s failed (%s); relisting in %.0f s", kind, e, relist_seconds)
+            self._stop.wait(relist_seconds)
 
     def stop(self) -> None:
         self._stop.set()
