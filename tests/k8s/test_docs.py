@@ -40,7 +40,6 @@ def test_the_guide_runs_as_written_until_a_cluster_is_needed(tmp_path):
 
 
 def test_every_cluster_command_in_the_guide_exists():
-    from kubetune.cli import app  # noqa: F401 (registers the k8s group)
     from kubetune.k8s import cli as k8s_cli
 
     commands = set(re.findall(r"kubetune k8s (\w+)", GUIDE.read_text()))

@@ -32,7 +32,7 @@ def _tar() -> bytes:
 
 @pytest.fixture
 def api(tmp_path, monkeypatch):
-    from aiohttp import WSMsgType, web  # noqa: F401  (aiohttp comes with kmock)
+    from aiohttp import web  # aiohttp comes with kmock
 
     seen: dict = {"commands": [], "auth": []}
 

@@ -24,7 +24,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from kubetune.k8s.render import KUEUE_LABEL, Names
+from kubetune.k8s.names import KUEUE_LABEL, Names
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -255,7 +255,7 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
 
     from kubetune.k8s.client import ClusterError
     from kubetune.k8s.follow import JOB_KINDS, trainer_pods
-    from kubetune.k8s.render import CONTAINER, RECIPE_KEY
+    from kubetune.k8s.names import CONTAINER, RECIPE_KEY
 
     job = next((j for av, kind, _ in JOB_KINDS if (j := client.get(av, kind, name, namespace)) is not None), None)
     names = Names.for_job(name, namespace)

@@ -18,7 +18,8 @@ import yaml
 from kubetune.errors import UserError
 from kubetune.k8s import progress
 from kubetune.k8s.client import KubeClient
-from kubetune.k8s.render import CONTAINER, DATA_DIR, MANAGED_BY, PART_OF, RECIPE_KEY, Names, Rendered
+from kubetune.k8s.names import CONTAINER, DATA_DIR, MANAGED_BY, PART_OF, RECIPE_KEY, Names
+from kubetune.k8s.render import Rendered
 
 JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))
 POD_GROUP_KINDS = (("scheduling.x-k8s.io/v1alpha1", "PodGroup"), ("scheduling.volcano.sh/v1beta1", "PodGroup"))

@@ -1,0 +1,51 @@
+"""Names and fixed paths shared by render, submit, status, download, delete and doctor.
+
+Every object of a job is named from the job name (`Names.for_job`), so the commands that
+follow a job need only its name and namespace, not the recipe.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+RECIPE_DIR = "/etc/kubetune"
+RECIPE_KEY = "recipe.yaml"
+RECIPE_PATH = f"{RECIPE_DIR}/{RECIPE_KEY}"
+DATA_DIR = "/data"
+TRAIN_COMMAND = ["kubetune", "train", RECIPE_PATH]
+TOKEN_KEY = "HF_TOKEN"
+CONTAINER = {"pytorchjob": "pytorch", "trainjob": "node"}  # names the operators look for
+PYTORCHJOB_PORT = 23456  # the training operator's default `pytorchjob-port`
+PART_OF = "app.kubernetes.io/instance"
+MANAGED_BY = "app.kubernetes.io/managed-by"
+KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
+VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
+DEFAULT_GANG_SCHEDULER = {"volcano": "volcano", "coscheduling": "scheduler-plugins-scheduler"}
+DATA_POD_RESOURCES = {"cpu": "250m", "memory": "256Mi"}
+
+
+@dataclass(frozen=True)
+class Names:
+    """Every object name derived from the job name, shared by render, submit and delete."""
+
+    job: str
+    namespace: str
+    recipe: str
+    secret: str
+    pvc: str
+    data_pod: str
+    quota: str
+    runtime: str
+    owns_pvc: bool
+
+    @classmethod
+    def for_job(cls, job: str, namespace: str, existing_claim: str | None = None) -> "Names":
+        return cls(job=job, namespace=namespace, recipe=f"{job}-recipe", secret=f"{job}-hf-token",
+                   pvc=existing_claim or f"{job}-data", data_pod=f"{job}-data", quota=f"{job}-quota",
+                   runtime=f"{job}-runtime", owns_pvc=existing_claim is None)
+
+
+def standard_labels(names: Names, component: str) -> dict[str, str]:
+    return {"app.kubernetes.io/name": "kubetune", PART_OF: names.job,
+            "app.kubernetes.io/component": component, MANAGED_BY: "kubetune"}
