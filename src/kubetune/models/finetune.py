@@ -11,7 +11,7 @@ import torch.nn.functional as F
 
 from kubetune.errors import ModelError
 from kubetune.fsutil import cache_root
-from kubetune.models.attention import SEGMENTS_KWARG
+from kubetune.models.attention import SEQLENS_KWARG, seqlens_from_cu
 from kubetune.recipe.schema import Recipe
 
 
@@ -39,6 +39,12 @@ def apply_lora(model, recipe: Recipe):
     for p in model.parameters():
         if p.requires_grad:
             p.data = p.data.float()
+    if recipe.train.precision != "fp32":
+        # Under autocast the adapter matmuls run in half precision anyway; PEFT's default
+        # cast of every LoRA input to fp32 costs a full activation copy per adapted module.
+        for m in model.modules():
+            if hasattr(m, "cast_input_dtype_enabled"):
+                m.cast_input_dtype_enabled = False
     return model
 
 
@@ -102,7 +108,9 @@ class TargetLoss(nn.Module):
 
     def forward(self, input_ids, position_ids, targets, cu_seqlens=None):
         lm = causal_lm(self.model)
-        kwargs = {SEGMENTS_KWARG: cu_seqlens} if cu_seqlens is not None else {}
+        kwargs = {}
+        if cu_seqlens is not None:  # packed rows: per-sample attention
+            kwargs[SEQLENS_KWARG] = seqlens_from_cu(cu_seqlens)
         hidden = lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **kwargs).last_hidden_state
         mask = targets != -100
         logits = lm.lm_head(hidden[mask]).float()

@@ -84,6 +84,8 @@ def parse_override(text: str) -> tuple[str, Any]:
         value = yaml.safe_load(raw) if raw.strip() else None
     except yaml.YAMLError:
         value = raw
+    if isinstance(value, dict) and not raw.lstrip().startswith("{"):
+        value = raw  # "Q: {instruction}" is a template string, not a YAML mapping
     return key, value
 
 

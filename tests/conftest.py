@@ -1,0 +1,86 @@
+"""Shared fixtures: a tiny randomly initialised Llama with the real SmolLM2 tokenizer.
+
+The tokenizer comes from the embedded default model (converted once into the kubetune
+cache), so templates, EOS handling and chat formatting are the real ones, while the model
+is 2 layers x 32 dims and trains in milliseconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED_DATA = REPO.parent / "shared" / "data" / "medical_flashcards"
+
+# Keep tests off the user's cache only where it matters (run dirs); the converted model
+# is shared with the user's cache on purpose: converting it costs ~20 s.
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def smollm_dir() -> Path:
+    from kubetune.models.load import resolve_model
+
+    return Path(resolve_model("smollm2-135m-instruct"))
+
+
+@pytest.fixture(scope="session")
+def tokenizer(smollm_dir):
+    from kubetune.models.load import load_tokenizer
+
+    return load_tokenizer(str(smollm_dir))
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
+                      tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
+                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    model = LlamaForCausalLM(cfg)
+    model.config.architectures = ["LlamaForCausalLM"]
+    out = tmp_path_factory.mktemp("tiny-llama")
+    model.save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+@pytest.fixture
+def qa_file(tmp_path) -> Path:
+    rows = [{"instruction": "Answer this question truthfully", "input": f"What is fact number {i}?",
+             "output": f"Fact number {i} is that {i} plus {i} equals {2 * i}."} for i in range(48)]
+    path = tmp_path / "qa.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def tiny_overrides(tiny_model_dir, qa_file, tmp_path) -> list[str]:
+    """A fast recipe: tiny model, 48 rows, fp32 (exact comparisons), a few steps."""
+    return [
+        f"model.name_or_path={tiny_model_dir}", f"data.train={qa_file}", "data.eval=0.25",
+        "data.max_seq_len=128", f"data.cache_dir={tmp_path / 'cache'}", "train.precision=fp32",
+        "train.micro_batch_size=2", "train.grad_accum=2", "train.max_steps=6", "train.lr=1e-2",
+        "train.warmup_steps=1", "train.save_every=2", "eval.generate=1", "eval.max_new_tokens=8",
+        "eval.max_samples=8", "lora.dropout=0.0", "train.num_threads=1",
+    ]
+
+
+def run_cli(args: list[str], env: dict | None = None, timeout: int = 300):
+    """Run `python -m kubetune ...` as a real process; returns CompletedProcess."""
+    import subprocess
+
+    full_env = {**os.environ, **(env or {})}
+    return subprocess.run([sys.executable, "-m", "kubetune", *args], capture_output=True, text=True,
+                          env=full_env, timeout=timeout, cwd=str(REPO))

@@ -1,0 +1,146 @@
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from kubetune.data import Batcher, prepare_data
+from kubetune.data.packing import IGNORE, pack_rows
+from kubetune.data.sources import map_columns
+from kubetune.data.templates import PromptRenderer
+from kubetune.data.tokenize import load_or_build, tokenize_rows
+from kubetune.errors import DataError
+from kubetune.recipe import load_recipe
+from kubetune.recipe.schema import ColumnsSection
+
+ROW = {"instruction": "Answer this question truthfully", "input": "What does insulin do?",
+       "output": "Insulin lowers blood glucose."}
+
+
+def test_labels_only_on_the_response_and_one_eos(tokenizer):
+    renderer = PromptRenderer("chat", tokenizer)
+    data = tokenize_rows([ROW, {**ROW, "output": ROW["output"] + tokenizer.eos_token}], renderer, tokenizer, 256, True)
+    prompt_ids = tokenizer(renderer.prompt(ROW), add_special_tokens=False)["input_ids"]
+    for i in range(2):
+        ids, trainable = data.sample(i)
+        assert list(ids[: len(prompt_ids)]) == prompt_ids
+        assert not trainable[: len(prompt_ids)].any()
+        assert trainable[len(prompt_ids):].all()
+        assert ids[-1] == tokenizer.eos_token_id
+        response = ids[len(prompt_ids):]
+        assert (response == tokenizer.eos_token_id).sum() == 1  # exactly once, even if the data had one
+        assert tokenizer.decode(response[:-1]) == ROW["output"]
+
+
+@pytest.mark.parametrize("template,expect", [
+    ("alpaca", "### Instruction:\nAnswer this question truthfully\n\n### Input:\nWhat does insulin do?"),
+    ("llama2", "[INST] Answer this question truthfully\n\nWhat does insulin do? [/INST]"),
+    ("Q: {input}\nA: ", "Q: What does insulin do?\nA: "),
+    ("chat", "<|im_start|>user\nAnswer this question truthfully\n\nWhat does insulin do?<|im_end|>"),
+])
+def test_templates(tokenizer, template, expect):
+    assert expect in PromptRenderer(template, tokenizer).prompt(ROW)
+
+
+def test_messages_column_trains_on_the_last_assistant_turn(tokenizer):
+    rows = map_columns([{"conv": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}],
+                       ColumnsSection(messages="conv"), "data.train")
+    prompt, response = PromptRenderer("chat", tokenizer).render(rows[0])
+    assert prompt.endswith("<|im_start|>assistant\n") and "Hi?" in prompt and response == "Hello."
+
+
+def test_missing_column_names_the_key_and_the_columns():
+    with pytest.raises(DataError) as exc:
+        map_columns([{"question": "q", "answer": "a"}], ColumnsSection(), "data.train")
+    msg = str(exc.value)
+    assert "data.columns.instruction" in msg and "answer, question" in msg
+
+
+def test_prompt_longer_than_max_seq_len_is_a_clear_error(tokenizer):
+    with pytest.raises(DataError, match="data.max_seq_len=16"):
+        tokenize_rows([ROW], PromptRenderer("chat", tokenizer), tokenizer, 16, True)
+
+
+def test_long_responses_are_truncated_but_keep_their_eos(tokenizer):
+    long = {**ROW, "output": "word " * 500}
+    data = tokenize_rows([long], PromptRenderer("chat", tokenizer), tokenizer, 128, True)
+    ids, _ = data.sample(0)
+    assert len(ids) == 128 and ids[-1] == tokenizer.eos_token_id
+
+
+def test_packing_fills_rows_without_splitting_or_losing_samples():
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(10, 200, size=300)
+    rows = pack_rows(lengths, rng.permutation(300), 512)
+    seen = sorted(i for row in rows for i in row)
+    assert seen == list(range(300))
+    assert all(sum(lengths[i] for i in row) <= 512 for row in rows)
+    fill = lengths.sum() / (len(rows) * 512)
+    assert fill > 0.9, fill
+
+
+def _data(tokenizer, n=40):
+    rows = [{**ROW, "input": f"Question {i}?", "output": "answer " * (1 + i % 13)} for i in range(n)]
+    return tokenize_rows(rows, PromptRenderer("chat", tokenizer), tokenizer, 256, True)
+
+
+def test_batches_are_deterministic_and_targets_never_cross_samples(tokenizer):
+    data = _data(tokenizer)
+    make = lambda: Batcher(data, max_seq_len=256, micro_batch_size=2, packing=True, seed=7, pad_id=0)  # noqa: E731
+    b1, _ = make().micro_batch(0, 0)
+    b2, _ = make().micro_batch(0, 0)
+    assert torch.equal(b1.input_ids, b2.input_ids)
+    flat_t, flat_p = b1.targets.flatten(), b1.position_ids.flatten()
+    starts = set(b1.cu_seqlens[:-1])
+    for j in range(len(flat_t) - 1):
+        if flat_t[j] != IGNORE:
+            assert (j + 1) not in starts  # the target of the last token of a sample is never the next sample
+            assert flat_p[j + 1] == flat_p[j] + 1
+    other_epoch, _ = make().micro_batch(1, 0)
+    assert other_epoch.input_ids.shape != b1.input_ids.shape or not torch.equal(other_epoch.input_ids, b1.input_ids)
+
+
+def test_consumed_rows_are_a_prefix_for_any_world_size(tokenizer):
+    data = _data(tokenizer)
+    kw = dict(max_seq_len=256, micro_batch_size=2, packing=True, seed=3, pad_id=0)
+    two = [Batcher(data, dp_rank=r, dp_size=2, **kw) for r in range(2)]
+    one = Batcher(data, **kw)
+    # two ranks take one micro-batch each: rows 0..3; one process resumes at row 4
+    seen = set()
+    for b in two:
+        batch, nxt = b.micro_batch(0, 0)
+        seen.update(batch.input_ids[:, 0].tolist())
+    assert nxt == 4
+    resumed, _ = one.micro_batch(0, 4)
+    rows = one.epoch_rows(0)
+    expected = one.collate(rows[4:6])
+    assert torch.equal(resumed.input_ids, expected.input_ids)
+
+
+def test_tokenized_cache_is_reused(tmp_path, tokenizer):
+    calls = []
+
+    def build():
+        calls.append(1)
+        return _data(tokenizer, 5)
+
+    a = load_or_build(tmp_path, "k", build)
+    b = load_or_build(tmp_path, "k", build)
+    assert len(calls) == 1 and np.array_equal(a.ids, b.ids) and np.array_equal(a.offsets, b.offsets)
+
+
+def test_prepare_data_splits_deterministically_and_checks_input(tmp_path, tokenizer, qa_file):
+    r = load_recipe(None, [f"data.train={qa_file}", "data.eval=0.25", f"data.cache_dir={tmp_path}"]).recipe
+    d1, d2 = prepare_data(r, tokenizer), prepare_data(r, tokenizer)
+    assert len(d1.train) == 36 and len(d1.eval) == 12
+    assert d1.eval_rows == d2.eval_rows
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(DataError, match="empty"):
+        prepare_data(load_recipe(None, [f"data.train={empty}"]).recipe, tokenizer)
+    with pytest.raises(DataError, match="file not found"):
+        prepare_data(load_recipe(None, [f"data.train={tmp_path}/nope.jsonl"]).recipe, tokenizer)
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text(json.dumps(ROW) + "\n{oops\n")
+    with pytest.raises(DataError, match="line 2"):
+        prepare_data(load_recipe(None, [f"data.train={bad}"]).recipe, tokenizer)
