@@ -170,8 +170,8 @@ def data_pod(k8s: K8sSection, names: Names) -> dict:
         name="data", image=k8s.image, image_pull_policy=k8s.image_pull_policy, command=["sleep", "infinity"],
         resources=V1ResourceRequirements(requests=dict(DATA_POD_RESOURCES), limits=dict(DATA_POD_RESOURCES)),
         volume_mounts=[V1VolumeMount(name="data", mount_path=DATA_DIR)],
-        security_context=profiles.container_security(k8s.model_copy(update={"profile": "cpu"}))
-        if profiles.PROFILES[k8s.profile].non_root else None,
+        # Gaudi images run as root; the data pod needs none of the trainer's extra capabilities.
+        security_context=profiles.container_security(k8s) if profiles.PROFILES[k8s.profile].non_root else None,
     )
     # Same user as the trainers, so it can read (and clean) what they wrote.
     spec = V1PodSpec(containers=[container], volumes=volumes, restart_policy="Always",
