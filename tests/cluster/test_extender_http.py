@@ -144,3 +144,44 @@ def test_metrics_count_calls(url, http):
     text = http.get(f"{url}/metrics").text
     assert 'kubetune_extender_request_seconds_count{code="200",verb="filter"}' in text
     assert json.loads(http.get(f"{url}/healthz").text) == {"ok": True, "pod_cache": False}
+
+
+from hypothesis import HealthCheck, given, settings  # noqa: E402
+from hypothesis import strategies as st  # noqa: E402
+
+_values = st.one_of(st.none(), st.sampled_from(["0", "1", "3", "8", "16", "-2", "2.5", "96Gi", "x", ""]), st.integers(-1, 12))
+
+
+@st.composite
+def _node(draw, i):
+    ann = {k: draw(st.sampled_from(["0", "2", "8", "nope", "-1", "1e9"])) for k in draw(st.sets(st.sampled_from(["kubetune.io/cards-free", "kubetune.io/rdma-latency-us", "kubetune.io/hbm-per-card-mib", "kubetune.io/cards-healthy"])))}
+    alloc = draw(_values)
+    node = {"metadata": {"name": f"n{i}", "annotations": ann, "labels": {"kubetune.io/network-leaf": draw(st.sampled_from(["a", "b", ""]))}}}
+    if alloc is not None:
+        node["status"] = {"allocatable": {"habana.ai/gaudi": alloc if isinstance(alloc, int) else str(alloc)}}
+    return node
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(st.integers(0, 9), st.integers(0, 6).flatmap(lambda n: st.tuples(*[_node(i) for i in range(n)])))
+def test_http_never_fails_and_keeps_only_fitting_nodes(url, http, cards, nodes):
+    from kubetune.cluster.extender.protocol import parse_count
+
+    pod = training_pod(cards=cards)
+    if cards == 0:
+        del pod["spec"]["containers"][0]["resources"]
+    args = extender_args(pod, list(nodes))
+    p = http.post(f"{url}/prioritize", json=args)
+    assert p.status_code == 200
+    assert sorted(h["Host"] for h in p.json()) == sorted(n["metadata"]["name"] for n in nodes)
+    assert all(type(h["Score"]) is int and 0 <= h["Score"] <= 10 for h in p.json())
+    f = http.post(f"{url}/filter", json=args)
+    assert f.status_code == 200
+    by_name = {n["metadata"]["name"]: n for n in nodes}
+    for kept in f.json()["Nodes"]["items"]:
+        n = by_name[kept["metadata"]["name"]]
+        if cards:
+            total = parse_count((n.get("status") or {}).get("allocatable", {}).get("habana.ai/gaudi"))
+            total = total if total is not None else parse_count(n["metadata"]["annotations"].get("kubetune.io/cards-healthy"))
+            free = parse_count(n["metadata"]["annotations"].get("kubetune.io/cards-free"))
+            assert total is not None and total >= cards and (free is None or free >= cards)
