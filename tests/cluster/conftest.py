@@ -25,8 +25,3 @@ def kubelet(plugin_dir):
     yield k
     k.stop()
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]

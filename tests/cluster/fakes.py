@@ -6,7 +6,6 @@ Everything here is real where it can be: gRPC over unix sockets in tmp_path, fil
 from __future__ import annotations
 
 import queue
-import socket
 from concurrent import futures
 from pathlib import Path
 

@@ -32,7 +32,6 @@ from typing import NamedTuple
 from kubetune.errors import UserError
 
 NEUTRAL = 5.0
-MIN_SCORE, MAX_SCORE = 0, 10
 
 
 @dataclass(frozen=True)
