@@ -9,7 +9,8 @@ connection open (as the kube-scheduler does) and posts ExtenderArgs with full v1
 (labels, plugin annotations, conditions, images, capacity/allocatable; ~4.2 KB a node) as
 the scheduler sends them with nodeCacheCapable: false. Timed: from sending the request to
 having read the whole answer. Printed: body size, p50 / p99 / max per verb, and p99 as a
-ratio of the 100 ms target and of the scheduler's 5 s httpTimeout.
+ratio of the 100 ms target and of the scheduler's 5 s httpTimeout, and the machine's load
+average (other processes on a small machine move the tail).
 """
 
 from __future__ import annotations
@@ -84,6 +85,7 @@ def main() -> int:
     ap.add_argument("--quick", action="store_true")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
+    load_before = os.getloadavg()
     default_requests = {100: 300, 1000: 200, 5000: 100}
     rng = random.Random(0)
     port = free_port()
@@ -105,6 +107,8 @@ def main() -> int:
     print(f"{'nodes':>6} {'body MB':>8} {'verb':>11} {'reqs':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99/100ms':>10} {'p99/5s':>8}")
     for n, size, verb, count, p50, p99, mx in rows:
         print(f"{n:>6} {size / 1e6:>8.2f} {verb:>11} {count:>5} {p50:>8.1f} {p99:>8.1f} {mx:>8.1f} {p99 / TARGET_P99_MS:>10.2f} {p99 / 5000:>8.3f}")
+    load_after = os.getloadavg()
+    print(f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} on {os.cpu_count()} CPUs")
     worst = max(r[5] for r in rows if r[0] == max(sizes))
     print(f"\nworst p99 at {max(sizes)} nodes: {worst:.1f} ms (target < {TARGET_P99_MS:.0f} ms: {'met' if worst < TARGET_P99_MS else 'NOT met'})")
     return 0
