@@ -7,6 +7,7 @@ This is the only place that knows the annotation keys the device plugin publishe
 from __future__ import annotations
 
 from collections import Counter
+from functools import lru_cache
 from typing import NamedTuple, Protocol
 
 from kubetune.cluster import nodefacts as keys
@@ -67,6 +68,10 @@ def request_of(pod: Pod, resources: tuple[str, ...]) -> Request:
     return Request(resource=None, cards=0)
 
 
+_count = lru_cache(maxsize=4096)(parse_count)
+
+
+@lru_cache(maxsize=4096)  # annotation values repeat across thousands of nodes
 def _positive_float(text: str | None) -> float | None:
     if text is None:
         return None
@@ -110,15 +115,15 @@ def raw_node(node: Node, resources: tuple[str, ...], leaf_labels: tuple[str, ...
 def facts_from(raw: RawNode, resource: str, resource_index: int, pods: PodView | None = None) -> NodeFacts:
     """RawNode -> NodeFacts for `resource` (= resources[resource_index]); runs once per node per call."""
     ours = raw.resource is None or raw.resource == resource  # annotations for another resource do not apply
-    total = parse_count(raw.allocatable[resource_index])
+    total = _count(raw.allocatable[resource_index])
     if total is None and ours:
-        total = parse_count(raw.cards_healthy)
+        total = _count(raw.cards_healthy)
     free = None
     used = pods.used_cards(raw.name, resource) if pods is not None else None
     if used is not None and total is not None:
         free = max(0, total - used)
     elif ours:
-        free = parse_count(raw.cards_free)
+        free = _count(raw.cards_free)
         if free is not None and total is not None:
             free = min(free, total)
     hbm = _positive_float(raw.hbm_per_card_mib) if ours else None

@@ -73,13 +73,12 @@ class FastDecoder:
             for item in args.Nodes.items:
                 meta = item.metadata
                 labels, ann, alloc = meta.labels, meta.annotations, item.status.allocatable
-                leaf = next((v for v in astuple(labels) if v), None) if labels is not None else None
-                nodes.append(
-                    RawNode(
-                        meta.name,
-                        leaf,
-                        astuple(alloc) if alloc is not None else empty_alloc,
-                        *(astuple(ann) if ann is not None else _NO_ANNOTATIONS),
-                    )
-                )
+                leaf = None
+                if labels is not None:
+                    for value in astuple(labels):  # the first configured leaf label that is set
+                        if value:
+                            leaf = value
+                            break
+                alloc_values = astuple(alloc) if alloc is not None else empty_alloc
+                nodes.append(RawNode(meta.name, leaf, alloc_values, *(astuple(ann) if ann is not None else _NO_ANNOTATIONS)))
         return pod, nodes, args.NodeNames

@@ -178,7 +178,7 @@ def _clamp(x: float) -> float:
 
 
 def _columns(req: Request, nodes: list[NodeFacts], peers: Peers) -> list[list[float]]:
-    """The four component scores of every node, clamped to 0..10: [fit, hbm, closeness, rdma]."""
+    """The four component scores of every node, each 0..10: [fit, hbm, closeness, rdma]."""
     hbms = [n.hbm_per_card_mib for n in nodes if n.hbm_per_card_mib and n.hbm_per_card_mib > 0]
     lats = [n.rdma_latency_us for n in nodes if n.rdma_latency_us and n.rdma_latency_us > 0]
     best_hbm, best_lat = (max(hbms) if hbms else None), (min(lats) if lats else None)
@@ -188,11 +188,12 @@ def _columns(req: Request, nodes: list[NodeFacts], peers: Peers) -> list[list[fl
             if n.leaf is not None and n.cards_free is not None and n.cards_free > 0:
                 # only whole workers count: a node with 3 free cards holds one 2-card worker
                 leaf_free[n.leaf] = leaf_free.get(n.leaf, 0) + (n.cards_free // req.cards) * req.cards
+    neutral = [NEUTRAL] * len(nodes)  # components without data for anyone cost nothing per node
     return [
-        [_clamp(fit_score(req, n)) for n in nodes],
-        [_clamp(hbm_score(n, best_hbm)) for n in nodes],
-        [_clamp(closeness_score(req, n, peers, leaf_free)) for n in nodes],
-        [_clamp(rdma_score(n, best_lat)) for n in nodes],
+        [fit_score(req, n) for n in nodes],  # 0..10 by construction
+        [_clamp(hbm_score(n, best_hbm)) for n in nodes] if best_hbm else neutral,
+        [closeness_score(req, n, peers, leaf_free) for n in nodes] if req.job is not None else neutral,  # 0..10 by construction
+        [_clamp(rdma_score(n, best_lat)) for n in nodes] if best_lat else neutral,
     ]
 
 
