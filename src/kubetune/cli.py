@@ -147,7 +147,23 @@ _register_optional("kubetune.k8s.cli", k8s_app)
 _register_optional("kubetune.cluster.cli", app, k8s_app)
 
 
+def _quiet_libraries() -> None:
+    """kubetune prints its own progress; library progress bars and deprecation chatter would
+    bury the one line that matters (an error, or the step log)."""
+    import os
+    import warnings
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    os.environ.setdefault("TRANSFORMERS_NO_ADVISORY_WARNINGS", "1")
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message=".*torch.distributed is disabled.*")
+    warnings.filterwarnings("ignore", message=".*TypedStorage is deprecated.*")
+
+
 def main() -> None:
+    _quiet_libraries()
     try:
         app()
     except UserError as e:

@@ -119,16 +119,42 @@ def _read_yaml(path: Path) -> dict:
     return data
 
 
+# Names users bring from HF TrainingArguments / torchtune / PEFT -> kubetune's key.
+ALIASES = {
+    "learning_rate": "train.lr", "num_train_epochs": "train.epochs", "num_epochs": "train.epochs",
+    "per_device_train_batch_size": "train.micro_batch_size", "batch_size": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum", "gradient_accumulation": "train.grad_accum",
+    "lr_scheduler_type": "train.lr_schedule", "warmup": "train.warmup_steps", "max_length": "data.max_seq_len",
+    "seq_len": "data.max_seq_len", "max_seq_length": "data.max_seq_len", "lora_r": "lora.r", "rank": "lora.r",
+    "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout", "model_name_or_path": "model.name_or_path",
+    "dataset": "data.train", "train_file": "data.train", "validation_file": "data.eval", "bf16": "train.precision",
+    "output": "output_dir", "save_steps": "train.save_every", "eval_steps": "train.eval_every",
+}
+
+
+def suggest_key(dotted: str, keys: list[str]) -> str | None:
+    leaf = dotted.rsplit(".", 1)[-1]
+    if leaf in ALIASES:
+        return ALIASES[leaf]
+    hint = difflib.get_close_matches(dotted, keys, n=1, cutoff=0.6)
+    if hint:
+        return hint[0]
+    same_leaf = [k for k in keys if k.rsplit(".", 1)[-1] == leaf]
+    if same_leaf:
+        return same_leaf[0]
+    section = dotted.rsplit(".", 1)[0] + "." if "." in dotted else ""
+    siblings = [k.rsplit(".", 1)[-1] for k in keys if k.startswith(section) and "." not in k[len(section):]]
+    close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.5)
+    return section + close[0] if close else None
+
+
 def format_validation_error(err: ValidationError, keys: list[str]) -> list[str]:
     lines = []
     for e in err.errors():
         dotted = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
         if e["type"] == "extra_forbidden":
-            hint = difflib.get_close_matches(dotted, keys, n=1, cutoff=0.6)
-            if not hint:
-                leaf = dotted.rsplit(".", 1)[-1]
-                hint = [k for k in keys if k.rsplit(".", 1)[-1] == leaf][:1]
-            fix = f"did you mean `{hint[0]}`?" if hint else "see `kubetune recipe reference` for the valid keys"
+            hint = suggest_key(dotted, keys)
+            fix = f"did you mean `{hint}`?" if hint else "see `kubetune recipe reference` for the valid keys"
             lines.append(f"unknown recipe key `{dotted}`: {fix}")
         elif e["type"] == "literal_error":
             expected = e.get("ctx", {}).get("expected", "")

@@ -63,9 +63,11 @@ def _set_rng_state(state: dict) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-def _options() -> StateDictOptions:
+def _options(strict: bool = True) -> StateDictOptions:
     # Only trainable tensors: a LoRA checkpoint is megabytes, not the whole base model.
-    return StateDictOptions(ignore_frozen_params=True)
+    # Loading is non-strict only towards the frozen weights we chose not to save; dcp.load
+    # itself fails if any trainable tensor is missing from the checkpoint.
+    return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, meta: dict, recipe_yaml: str,
@@ -105,7 +107,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, env: DistEnv) -> di
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path / "model_optim"))
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=_options())
+                   options=_options(strict=False))
     meta = json.loads((path / "meta.json").read_text())
     scheduler.load_state_dict(meta["scheduler"])
     rng_file = path / f"rng-rank{env.rank}.pt"

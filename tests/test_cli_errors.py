@@ -1,0 +1,51 @@
+"""Bad input: one clear line on stderr naming the key or file and the fix, exit code 2,
+no traceback, and nothing written to output_dir. Run through the real CLI process."""
+
+import json
+
+import pytest
+
+from .conftest import run_cli
+
+
+def _cases(tiny_model_dir, qa_file, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    other_cols = tmp_path / "cols.jsonl"
+    other_cols.write_text(json.dumps({"question": "q?", "answer": "a."}) + "\n")
+    base = [f"model.name_or_path={tiny_model_dir}", f"data.train={qa_file}", f"data.cache_dir={tmp_path / 'c'}",
+            "train.max_steps=1"]
+    return {
+        "unknown key": (base + ["train.learning_rate=1e-4"], ["train.learning_rate", "train.lr"]),
+        "wrong type": (base + ["train.micro_batch_size=four"], ["train.micro_batch_size"]),
+        "missing recipe file": (["no-such-recipe.yaml"], ["no-such-recipe.yaml"]),
+        "missing data file": (base + [f"data.train={tmp_path}/missing.jsonl"], ["data.train", "missing.jsonl"]),
+        "missing column": (base + [f"data.train={other_cols}"], ["data.columns.instruction", "answer, question"]),
+        "empty dataset": (base + [f"data.train={empty}"], ["data.train", "empty"]),
+        "absent target module": (base + ["lora.target_modules=[q_proj,qkv_proj]"], ["lora.target_modules", "qkv_proj"]),
+        "prompt longer than max_seq_len": (base + ["data.max_seq_len=16"], ["data.max_seq_len=16"]),
+        "missing model dir": (base + [f"model.name_or_path={tmp_path}/nomodel"], ["model.name_or_path"]),
+    }
+
+
+CASES = ["unknown key", "wrong type", "missing recipe file", "missing data file", "missing column", "empty dataset",
+         "absent target module", "prompt longer than max_seq_len", "missing model dir"]
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_bad_input_is_one_line_and_exit_2(case, tiny_model_dir, qa_file, tmp_path):
+    args, must_mention = _cases(tiny_model_dir, qa_file, tmp_path)[case]
+    out = tmp_path / "out"
+    res = run_cli(["train", *args, f"output_dir={out}"] if "=" in args[-1] or len(args) > 1 else ["train", *args])
+    assert res.returncode == 2, res.stderr
+    assert "Traceback" not in res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1, res.stderr
+    for word in must_mention:
+        assert word in lines[0], lines[0]
+    assert not out.exists() or not any(out.iterdir())
+
+
+def test_export_of_a_non_run_is_a_clear_error(tmp_path):
+    res = run_cli(["export", str(tmp_path), "--merged"])
+    assert res.returncode == 2 and "not a kubetune run directory" in res.stderr and "Traceback" not in res.stderr
