@@ -122,7 +122,7 @@ class ElasticSection(_Strict):
 
 
 class K8sSection(_Strict):
-    """Cluster job settings (see docs/cluster-guide.md)."""
+    """Cluster job settings (see the cluster guide in README.md)."""
 
     profile: Profile = Field("cpu", description="cpu (Xeon) | gaudi (Intel Gaudi) | nvidia; `--profile` overrides.")
     api: Api = Field(

@@ -90,7 +90,10 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     if resume_from is not None:
         meta = ckpt.load_checkpoint(resume_from, loss_module, optimizer, scheduler, env)
         state = TrainState(**{k: meta[k] for k in asdict(TrainState()) if k in meta})
-        total_steps = meta.get("total_steps", total_steps)
+        # Keep the schedule of the checkpointed run (its world size may differ), unless the
+        # recipe now asks for a different length: then the new length wins.
+        if meta.get("length") == [recipe.train.max_steps, recipe.train.epochs]:
+            total_steps = meta.get("total_steps", total_steps)
         log.info("resumed from %s (step %d/%d)", resume_from, state.step, total_steps)
     if env.is_main:
         rundir.write_run(run_dir, recipe, "running")
@@ -259,7 +262,9 @@ def evaluate(loss_module, batcher: Batcher | None, env: DistEnv, autocast) -> di
         n += b.target_tokens
     loss_module.train(was_training)
     loss_sum, n = all_reduce_sum(loss_sum, env), all_reduce_sum(n, env)
-    loss = loss_sum / max(n, 1)
+    if n == 0:  # nothing to score: say so instead of reporting a perfect perplexity of 1.0
+        return {"loss": None, "perplexity": None, "tokens": 0}
+    loss = loss_sum / n
     return {"loss": round(loss, 6), "perplexity": round(math.exp(loss), 4), "tokens": int(n)}
 
 
@@ -293,7 +298,8 @@ def generate_text(lm, tokenizer, prompt: str, max_new_tokens: int, add_special_t
 
 
 def save(run_dir, state: TrainState, total_steps, loss_module, optimizer, scheduler, recipe: Recipe, env: DistEnv):
-    meta = {**asdict(state), "total_steps": total_steps, "seed": recipe.train.seed}
+    meta = {**asdict(state), "total_steps": total_steps, "seed": recipe.train.seed,
+            "length": [recipe.train.max_steps, recipe.train.epochs]}
     ckpt.save_checkpoint(run_dir, state.step, loss_module, optimizer, scheduler, meta, recipe_to_yaml(recipe), env,
                          recipe.train.keep_last)
 

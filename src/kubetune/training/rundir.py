@@ -19,7 +19,9 @@ from kubetune.recipe.schema import Recipe
 # Fields that don't change what is learned: changing them keeps the run resumable.
 NEUTRAL = {
     "output_dir": None, "k8s": None, "parallel": None, "eval": None,
-    "train": {"resume", "log_every", "save_every", "keep_last", "eval_every", "device", "num_threads", "compile"},
+    # max_steps / epochs: training longer (or stopping earlier) continues the same run.
+    "train": {"resume", "log_every", "save_every", "keep_last", "eval_every", "device", "num_threads", "compile",
+              "max_steps", "epochs"},
     "data": {"cache_dir"},
 }
 
