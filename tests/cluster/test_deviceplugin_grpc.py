@@ -175,10 +175,11 @@ def test_kubelet_restart_brings_second_registration(plugin, kubelet):
     assert second.endpoint == first.endpoint and second.resource_name == RESOURCE
     assert wait_for(plugin.socket_path.exists, 5)  # served again
     with grpc.insecure_channel(f"unix:{plugin.socket_path}") as channel:
-        opts = pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=5)
+        opts = pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=5, wait_for_ready=True)
     assert opts.get_preferred_allocation_available
     registrations = lambda: plugin.metrics.registry.get_sample_value("kubetune_deviceplugin_registrations_total", {"resource": RESOURCE})  # noqa: E731
-    assert wait_for(lambda: registrations() == 2, 5)  # counted once Register has returned
+    # counted once Register has returned; a restart seen mid-look may bring one more, never fewer
+    assert wait_for(lambda: registrations() >= 2, 5)
 
 
 def test_plugin_started_before_kubelet_registers_when_it_appears(node, plugin_dir):

@@ -132,3 +132,9 @@ def test_quantities_and_requests():
 def test_sample_node_round_trips_into_facts():
     f = facts_of(Node.model_validate(gaudi_node("n", free=5, leaf="l3", model="gaudi2", rdma_latency_us=2.5)), "habana.ai/gaudi", ("kubetune.io/network-leaf",))
     assert f == NodeFacts("n", cards_total=8, cards_free=5, hbm_per_card_mib=96 * 1024, leaf="l3", rdma_latency_us=2.5)
+
+
+def test_unicode_digits_are_not_counts():
+    from kubetune.cluster.extender.protocol import parse_count
+
+    assert parse_count("¹") is None and parse_count("٣") is None and parse_count("12") == 12  # found by hypothesis

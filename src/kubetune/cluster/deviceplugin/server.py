@@ -277,13 +277,19 @@ class DevicePlugin:
 
     def watch_once(self) -> None:
         """One look at the directory: re-serve if our socket is gone, re-register if the kubelet is new."""
+        self._ensure_serving()
+        current = _stat_id(self.kubelet_socket)
+        if current is not None and current != self._registered_kubelet:
+            # The kubelet may have wiped the directory since the check above: never point it
+            # at a socket that is not there.
+            self._ensure_serving()
+            self._try_register()
+
+    def _ensure_serving(self) -> None:
         if not self.socket_path.exists():
             log.warning("%s: %s was removed (kubelet restart?); serving again", self.resource, self.socket_path)
             self.serve()
             self._registered_kubelet = None
-        current = _stat_id(self.kubelet_socket)
-        if current is not None and current != self._registered_kubelet:
-            self._try_register()
 
     def run(self, stop: threading.Event | None = None) -> None:
         """Start, then watch the plugin directory until `stop` is set (or the plugin is stopped)."""

@@ -116,8 +116,8 @@ def parse_quantity(value: Quantity | None) -> float | None:
 
 def parse_count(value: Quantity | None) -> int | None:
     """A whole-card count (extended resources are integers); None if absent, bad or negative."""
-    if type(value) is str and value.isdigit():  # the common case, ~10x faster than the regex
-        return int(value)
+    if type(value) is str and value.isascii() and value.isdigit():  # the common case, ~10x faster than the regex
+        return int(value)  # (isascii: "¹".isdigit() is True, but int() refuses it)
     q = parse_quantity(value)
     if q is None or q < 0:
         return None
