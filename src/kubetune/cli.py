@@ -45,12 +45,14 @@ def train(
 ):
     """Fine-tune (LoRA or full) as the recipe says; resumes from the newest checkpoint."""
     recipe, overrides = _split_recipe_args(args or [])
-    if nproc_per_node or nnodes:
-        from kubetune.training.launch import launch_torchrun
+    from kubetune.training.launch import launch_torchrun, needs_agent
 
+    if nproc_per_node or nnodes:
         raise typer.Exit(
             launch_torchrun(recipe, overrides, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, max_restarts)
         )
+    if needs_agent():  # a Kubeflow pod that asks for torchrun (PET_* variables)
+        raise typer.Exit(launch_torchrun(recipe, overrides, None, None, None, None, max_restarts))
     from kubetune.training.run import train_from_recipe
 
     train_from_recipe(recipe, overrides)

@@ -1,0 +1,239 @@
+"""kubetune vs HF Trainer + PEFT, side by side in one run, on the same machine.
+
+Same model (SmolLM2-135M-Instruct, the embedded default), same LoRA (r=8, alpha=16,
+dropout 0.05 on q_proj/v_proj), same rows (the first N of medical_flashcards train.jsonl,
+one epoch), same tokens (kubetune's tokenizer pipeline: chat template, labels on the
+response, one EOS), same optimizer settings. HF Trainer gets padded batches (the usual
+DataCollatorForSeq2Seq dynamic padding), in fp32 and with bf16=True (CPU autocast).
+kubetune runs its defaults (packed rows, bf16 base weights, fp32 adapters).
+
+Reported per arm: real (non-padding) tokens per second over the whole training loop, peak
+RSS of the process, eval loss and perplexity on the first M rows of test.jsonl (the same
+evaluation code for every arm: mean cross-entropy over response tokens), and the fraction
+of this machine's bf16 matmul peak, measured at the start of the run.
+
+    .venv/bin/python bench/train_vs_hf.py                       # defaults below
+    .venv/bin/python bench/train_vs_hf.py --rows 96 --eval-rows 100
+
+Each arm runs in its own process (so peak RSS is per arm); nothing else should run on the
+machine meanwhile.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+SHARED = REPO.parent / "shared" / "data" / "medical_flashcards"
+LORA = dict(r=8, alpha=16, dropout=0.05, targets=["q_proj", "v_proj"])
+LR, WARMUP, SEED = 2e-4, 5, 42
+
+
+def matmul_peak(threads: int) -> dict:
+    import torch
+
+    torch.set_num_threads(threads)
+    out = {}
+    for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        for _ in range(3):
+            a @ b
+        best = float("inf")
+        for _ in range(5):
+            t = time.perf_counter()
+            for _ in range(5):
+                a @ b
+            best = min(best, (time.perf_counter() - t) / 5)
+        out[name] = 2 * 2048**3 / best
+    return out
+
+
+def flops_per_token(config, target_fraction: float) -> float:
+    """Model FLOPs of one trained token with frozen base weights (LoRA): forward (2N) plus
+    the backward pass to the activations (2N); the LM head only where there is a target."""
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    kv = config.num_key_value_heads * (h // config.num_attention_heads)
+    per_layer = h * h * 2 + h * kv * 2 + 3 * h * inter
+    head = h * config.vocab_size
+    return 4 * layers * per_layer + 4 * head * target_fraction
+
+
+def load_rows(n: int, path: Path):
+    rows = [json.loads(ln) for ln in path.read_text().splitlines() if ln.strip()]
+    return rows[:n]
+
+
+def tokenized(rows, tokenizer, max_len=512):
+    from kubetune.data.templates import PromptRenderer
+    from kubetune.data.tokenize import tokenize_rows
+
+    return tokenize_rows(rows, PromptRenderer("chat", tokenizer), tokenizer, max_len, True)
+
+
+def eval_loss(model, tokenizer, eval_rows) -> dict:
+    """The same metric for every arm: token-averaged loss on response tokens of test rows."""
+    import torch
+
+    from kubetune.data import Batcher
+    from kubetune.models.finetune import TargetLoss
+    from kubetune.training.dist import DistEnv
+    from kubetune.training.run import evaluate
+
+    data = tokenized(eval_rows, tokenizer)
+    batcher = Batcher(data, max_seq_len=512, micro_batch_size=8, packing=True, seed=0,
+                      pad_id=tokenizer.pad_token_id, shuffle=False)
+    return evaluate(TargetLoss(model), batcher, DistEnv(), lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+
+
+def arm_hf(args, precision: str) -> dict:
+    import torch
+    from datasets import Dataset
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM, DataCollatorForSeq2Seq, Trainer, TrainingArguments
+
+    from kubetune.models.attention import register
+    from kubetune.models.load import load_tokenizer, resolve_model
+
+    torch.set_num_threads(args.threads)
+    src = resolve_model("smollm2-135m-instruct")
+    tokenizer = load_tokenizer(src)
+    data = tokenized(load_rows(args.rows, SHARED / "train.jsonl"), tokenizer)
+    ids, labels = [], []
+    for i in range(len(data)):
+        s_ids, s_tr = data.sample(i)
+        ids.append(s_ids.tolist())
+        labels.append([t if tr else -100 for t, tr in zip(s_ids.tolist(), s_tr.tolist())])
+    ds = Dataset.from_dict({"input_ids": ids, "labels": labels, "attention_mask": [[1] * len(x) for x in ids]})
+    model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="sdpa")
+    model = get_peft_model(model, LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
+                                             target_modules=LORA["targets"], task_type="CAUSAL_LM"))
+    collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
+    real_tokens = int(sum(len(x) for x in ids))
+    with tempfile.TemporaryDirectory() as tmp:
+        targs = TrainingArguments(
+            output_dir=tmp, per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
+            num_train_epochs=1, learning_rate=LR, lr_scheduler_type="cosine", warmup_steps=WARMUP,
+            weight_decay=0.0, max_grad_norm=1.0, logging_steps=10, save_strategy="no", report_to=[],
+            bf16=precision == "bf16", use_cpu=True, dataloader_num_workers=0, seed=SEED, disable_tqdm=True,
+        )
+        trainer = Trainer(model=model, args=targs, train_dataset=ds, data_collator=collator)
+        t0 = time.perf_counter()
+        trainer.train()
+        train_s = time.perf_counter() - t0
+    padded = sum(len(b["input_ids"]) * max(len(x) for x in b["input_ids"])
+                 for b in [ds[i:i + args.batch] for i in range(0, len(ds), args.batch)])
+    model.eval()
+    ev = eval_loss(model, tokenizer, load_rows(args.eval_rows, SHARED / "test.jsonl"))
+    return {"train_tokens": real_tokens, "padded_tokens": padded, "train_s": train_s,
+            "tokens_per_s": real_tokens / train_s, "eval_loss": ev["loss"], "perplexity": ev["perplexity"]}
+
+
+def arm_kubetune(args, precision: str) -> dict:
+    import torch
+
+    from kubetune.training.run import train_from_recipe
+
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = train_from_recipe(None, [
+            f"data.train={SHARED / 'train.jsonl'}", f"data.eval={SHARED / 'test.jsonl'}",
+            f"data.max_train_samples={args.rows}", f"eval.max_samples={args.eval_rows}", "eval.generate=0",
+            "eval.batch_size=8", f"lora.r={LORA['r']}", f"lora.alpha={LORA['alpha']}",
+            f"lora.dropout={LORA['dropout']}", f"lora.target_modules=[{','.join(LORA['targets'])}]",
+            "train.epochs=1", f"train.micro_batch_size={args.kt_micro}", "train.grad_accum=1", f"train.lr={LR}",
+            "train.lr_schedule=cosine", f"train.warmup_steps={WARMUP}", f"train.precision={precision}",
+            f"train.seed={SEED}", "train.save_every=0", f"train.num_threads={args.threads}",
+            f"data.cache_dir={tmp}/cache", f"output_dir={tmp}/run", "train.log_every=1000",
+        ])
+    assert torch is not None
+    # eval in summary uses the same evaluate() on the same rows as the HF arms
+    return {"train_tokens": summary["train_tokens"], "padded_tokens": summary["train_tokens"],
+            "train_s": summary["train_time_s"], "tokens_per_s": summary["tokens_per_s"],
+            "eval_loss": summary["eval_loss_after"], "perplexity": summary["perplexity_after"],
+            "eval_loss_before": summary["eval_loss_before"], "perplexity_before": summary["perplexity_before"]}
+
+
+ARMS = {
+    "hf-fp32": lambda a: arm_hf(a, "fp32"),
+    "hf-bf16": lambda a: arm_hf(a, "bf16"),
+    "kubetune-bf16": lambda a: arm_kubetune(a, "bf16"),
+}
+
+
+def run_arm(name: str, args) -> dict:
+    cmd = [sys.executable, __file__, "--arm", name, "--rows", str(args.rows), "--eval-rows", str(args.eval_rows),
+           "--threads", str(args.threads), "--batch", str(args.batch), "--kt-micro", str(args.kt_micro)]
+    env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+    if res.returncode != 0:
+        raise SystemExit(f"arm {name} failed:\n{res.stderr[-3000:]}")
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rows", type=int, default=160, help="training rows (the same for every arm)")
+    p.add_argument("--eval-rows", type=int, default=150, help="test.jsonl rows for the eval loss")
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--batch", type=int, default=8, help="HF per-device batch (rows)")
+    p.add_argument("--kt-micro", type=int, default=2, help="kubetune micro batch (packed rows of 512 tokens)")
+    p.add_argument("--arm", choices=sorted(ARMS), help=argparse.SUPPRESS)
+    args = p.parse_args()
+    if args.arm:
+        result = ARMS[args.arm](args)
+        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        print(json.dumps(result))
+        return
+
+    from transformers import AutoConfig
+
+    from kubetune.models.load import resolve_model
+
+    peak = matmul_peak(args.threads)
+    results = {name: run_arm(name, args) for name in ARMS}
+    config = AutoConfig.from_pretrained(resolve_model("smollm2-135m-instruct"))
+    kt = results["kubetune-bf16"]
+    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+          f"({_cpu_model()}), torch threads {args.threads}")
+    print(f"matmul peak (2048^3): bf16 {peak['bf16'] / 1e12:.3f} TFLOP/s, fp32 {peak['fp32'] / 1e12:.3f} TFLOP/s")
+    print(f"budget: {args.rows} rows of train.jsonl = {kt['train_tokens']:,} real tokens, one epoch; "
+          f"eval on {args.eval_rows} rows of test.jsonl")
+    print(f"{'arm':15s} {'tokens/s':>9s} {'x hf-fp32':>9s} {'x hf-bf16':>9s} {'pad%':>5s} {'peak RSS':>9s} "
+          f"{'eval loss':>9s} {'ppl':>7s} {'% bf16 peak':>11s}")
+    from kubetune.models.load import load_tokenizer
+
+    tok_data = tokenized(load_rows(args.rows, SHARED / "train.jsonl"), load_tokenizer(resolve_model("smollm2-135m-instruct")))
+    target_frac = float(tok_data.trainable.mean())
+    print(f"useful model FLOPs per trained token: {flops_per_token(config, target_frac) / 1e6:.0f} M "
+          f"(frozen base: forward + backward to activations; LM head on the {target_frac:.0%} target tokens)")
+    for name, r in results.items():
+        fpt = flops_per_token(config, target_frac)
+        frac = r["tokens_per_s"] * fpt / peak["bf16"] * 100
+        pad = 100 * (1 - r["train_tokens"] / r["padded_tokens"])
+        print(f"{name:15s} {r['tokens_per_s']:9.1f} {r['tokens_per_s'] / results['hf-fp32']['tokens_per_s']:9.2f} "
+              f"{r['tokens_per_s'] / results['hf-bf16']['tokens_per_s']:9.2f} {pad:5.1f} {r['peak_rss_mb']:7.0f}MB "
+              f"{r['eval_loss']:9.4f} {r['perplexity']:7.3f} {frac:10.1f}%")
+    print(f"base model before training: eval loss {kt['eval_loss_before']:.4f}, perplexity {kt['perplexity_before']:.3f}")
+    print(json.dumps({"peak": peak, "results": results}))
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown CPU"
+
+
+if __name__ == "__main__":
+    main()

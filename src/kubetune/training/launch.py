@@ -1,0 +1,65 @@
+"""Starting several processes: torchrun's elastic agent, from flags or from a job's env.
+
+`kubetune train --nproc-per-node N [--nnodes M ...]` and a pod whose operator asks for
+several processes per node (Kubeflow PyTorchJob `nprocPerNode` > 1, Trainer v2 TrainJob,
+elastic PyTorchJobs) both end up here: we run torchrun's agent (torch.distributed.run)
+with `-m kubetune train ...` as its worker command. torchrun reads the operator's `PET_*`
+variables as its own flags, so a pod needs no arguments beyond the recipe.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+
+def needs_agent(env: dict[str, str] | None = None) -> bool:
+    """True when this process should start torchrun instead of training itself.
+
+    - under torchrun already (LOCAL_RANK / TORCHELASTIC_RUN_ID set): no;
+    - PyTorchJob, one process per pod: MASTER_ADDR/RANK/WORLD_SIZE are set and
+      PET_NPROC_PER_NODE is absent or 1: no, train directly;
+    - TrainJob or elastic PyTorchJob (PET_NNODES without RANK), or several processes per
+      pod (PET_NPROC_PER_NODE > 1 or `auto`/`gpu`/`cpu`): yes.
+    """
+    env = dict(os.environ if env is None else env)
+    if "LOCAL_RANK" in env or "TORCHELASTIC_RUN_ID" in env:
+        return False
+    nproc = env.get("PET_NPROC_PER_NODE")
+    if nproc is not None and nproc != "1":
+        return True
+    return "PET_NNODES" in env and "RANK" not in env
+
+
+def launch_torchrun(recipe: str | None, overrides: list[str], nproc_per_node: int | str | None,
+                    nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None, max_restarts: int,
+                    extra_env: dict[str, str] | None = None) -> int:
+    """Run torchrun's elastic agent in this process; returns the agent's exit code."""
+    from torch.distributed.run import get_args_parser, run
+
+    argv: list[str] = []
+    if nproc_per_node is not None:
+        argv += ["--nproc-per-node", str(nproc_per_node)]
+    if nnodes is not None:
+        argv += ["--nnodes", str(nnodes)]
+    if node_rank is not None:
+        argv += ["--node-rank", str(node_rank)]
+    if rdzv_endpoint is not None:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint]
+    elif not any(k in os.environ for k in ("PET_RDZV_ENDPOINT", "PET_MASTER_ADDR")) and (nnodes in (None, "1")):
+        argv += ["--standalone"]  # one node: a private rendezvous on a free local port
+    argv += ["--max-restarts", str(max_restarts)]
+    argv += ["-m", "kubetune", "train"] + ([recipe] if recipe else []) + list(overrides)
+    for key, value in (extra_env or {}).items():
+        os.environ.setdefault(key, value)
+    # Stale single-process variables from the operator must not leak into the workers'
+    # rendezvous: torchrun sets RANK / WORLD_SIZE / LOCAL_RANK for each worker itself.
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(key, None)
+    args = get_args_parser().parse_args(argv)
+    try:
+        run(args)
+    except Exception as e:  # ChildFailedError carries the failing rank's summary
+        print(f"kubetune: error: training processes failed: {str(e).strip().splitlines()[0]}", file=sys.stderr)
+        return 1
+    return 0

@@ -1,0 +1,124 @@
+"""One recipe on several real processes (gloo on loopback): every launcher, DDP equivalence,
+rescaled resume, and a worker killed under the elastic agent."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from .conftest import REPO
+
+pytestmark = pytest.mark.multiproc
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def base_env(**extra) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
+    env.update({"PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}, **extra)
+    return env
+
+
+def kubetune(args, env=None, **kw) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "kubetune", *args], env=env or base_env(), cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+def finish(proc, timeout=300) -> str:
+    out, _ = proc.communicate(timeout=timeout)
+    assert proc.returncode == 0, out[-4000:]
+    return out
+
+
+def losses(run: Path) -> list[float]:
+    return [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.fixture
+def dist_overrides(tiny_overrides):
+    return [o for o in tiny_overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
+        "eval.generate=0", "train.max_steps=4"]
+
+
+def test_two_processes_equal_one_with_grad_accum_two(tmp_path, dist_overrides):
+    one = finish(kubetune(["train", *dist_overrides, "train.grad_accum=2", f"output_dir={tmp_path / 'one'}"]))
+    two = finish(kubetune(["train", "--nproc-per-node", "2", *dist_overrides, "train.grad_accum=1",
+                           f"output_dir={tmp_path / 'two'}"]))
+    assert "2 process(es)" in two and "1 process(es)" in one
+    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert len(a) == len(b) == 4
+    for x, y in zip(a, b):
+        assert abs(x - y) < 1e-4 * max(1.0, abs(x)), (a, b)
+    sa = json.loads((tmp_path / "one" / "summary.json").read_text())
+    sb = json.loads((tmp_path / "two" / "summary.json").read_text())
+    assert sa["train_tokens"] == sb["train_tokens"]
+    assert abs(sa["eval_loss_after"] - sb["eval_loss_after"]) < 1e-4 * abs(sa["eval_loss_after"])
+
+
+def test_pytorchjob_contract_one_process_per_pod(tmp_path, dist_overrides):
+    """What the Kubeflow training operator injects: MASTER_ADDR/PORT, WORLD_SIZE, RANK."""
+    port = str(free_port())
+    run = tmp_path / "job"
+    procs = [kubetune(["train", *dist_overrides, f"output_dir={run}"],
+                      env=base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(r),
+                                   PET_NNODES="2", PET_NODE_RANK=str(r), PYTHONUNBUFFERED="1"))
+             for r in range(2)]
+    outs = [finish(p) for p in procs]
+    assert "2 process(es)" in outs[0]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    assert (run / "checkpoints" / "step-4" / "meta.json").is_file()
+
+
+def test_trainjob_contract_starts_torchrun_from_pet_variables(tmp_path, dist_overrides):
+    """Trainer v2 sets only PET_NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT/NPROC_PER_NODE."""
+    port = str(free_port())
+    run = tmp_path / "trainjob"
+    procs = [kubetune(["train", *dist_overrides, f"output_dir={run}"],
+                      env=base_env(PET_NNODES="2", PET_NODE_RANK=str(r), PET_MASTER_ADDR="127.0.0.1",
+                                   PET_MASTER_PORT=port, PET_NPROC_PER_NODE="1"))
+             for r in range(2)]
+    [finish(p) for p in procs]
+    summary = json.loads((run / "summary.json").read_text())
+    assert summary["steps"] == 4
+
+
+def test_rescaled_resume_two_one_two(tmp_path, dist_overrides):
+    run = tmp_path / "elastic"
+    common = [o for o in dist_overrides if not o.startswith("train.max_steps")] + ["train.save_every=2",
+                                                                                   f"output_dir={run}"]
+    finish(kubetune(["train", "--nproc-per-node", "2", *common, "train.max_steps=4"]))
+    out1 = finish(kubetune(["train", *common, "train.max_steps=6"]))
+    assert "resumed from" in out1 and "step-4" in out1
+    out2 = finish(kubetune(["train", "--nproc-per-node", "2", *common, "train.max_steps=8"]))
+    assert "step-6" in out2
+    steps = [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert steps == list(range(1, 9))
+
+
+def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
+    run = tmp_path / "restart"
+    args = [o for o in dist_overrides if not o.startswith("train.max_steps")] + [
+        "train.max_steps=12", "train.save_every=2", f"output_dir={run}"]
+    agent = kubetune(["train", "--nproc-per-node", "2", "--max-restarts", "2", *args])
+    deadline = time.time() + 240
+    while not (run / "checkpoints" / "step-4" / "meta.json").exists():
+        assert agent.poll() is None, agent.stdout.read()[-3000:]
+        assert time.time() < deadline
+        time.sleep(0.05)
+    workers = [c for c in psutil.Process(agent.pid).children(recursive=True) if "kubetune" in " ".join(c.cmdline())]
+    assert workers, "no worker processes found"
+    os.kill(workers[-1].pid, signal.SIGKILL)
+    out = finish(agent, timeout=300)
+    assert "resumed from" in out
+    assert json.loads((run / "summary.json").read_text())["steps"] == 12
