@@ -122,3 +122,35 @@ def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
     out = finish(agent, timeout=300)
     assert "resumed from" in out
     assert json.loads((run / "summary.json").read_text())["steps"] == 12
+
+
+def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_overrides):
+    from safetensors.torch import load_file
+
+    one = tmp_path / "one"
+    fsdp = tmp_path / "fsdp"
+    finish(kubetune(["train", *dist_overrides, "train.grad_accum=2", f"output_dir={one}"]))
+    out = finish(kubetune(["train", "--nproc-per-node", "2", *dist_overrides, "train.grad_accum=1",
+                           "parallel.fsdp=2", f"output_dir={fsdp}"]))
+    assert "2 process(es)" in out
+    a, b = losses(one), losses(fsdp)
+    for x, y in zip(a, b):
+        assert abs(x - y) < 1e-4 * max(1.0, abs(x)), (a, b)
+    ad_one = load_file(one / "adapter" / "adapter_model.safetensors")
+    ad_fsdp = load_file(fsdp / "adapter" / "adapter_model.safetensors")
+    assert ad_one.keys() == ad_fsdp.keys()
+    for k in ad_one:  # full, unsharded tensors with the same values
+        assert ad_one[k].shape == ad_fsdp[k].shape
+        assert (ad_one[k] - ad_fsdp[k]).abs().max() < 1e-3
+    # a sharded checkpoint resumes in one process
+    more = finish(kubetune(["train", *[o for o in dist_overrides if "max_steps" not in o], "train.max_steps=6",
+                            "train.grad_accum=2", f"output_dir={fsdp}"]))
+    assert "resumed from" in more
+
+
+def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
+    for bad, words in ((["parallel.fsdp=3"], "dp x fsdp x tp x pp"), (["parallel.tp=2"], "parallel.tp")):
+        proc = kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *bad, f"output_dir={tmp_path / 'x'}"])
+        out, _ = proc.communicate(timeout=120)
+        assert proc.returncode == 2 and words in out, out[-2000:]
+        assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out

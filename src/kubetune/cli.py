@@ -45,9 +45,11 @@ def train(
 ):
     """Fine-tune (LoRA or full) as the recipe says; resumes from the newest checkpoint."""
     recipe, overrides = _split_recipe_args(args or [])
-    from kubetune.training.launch import launch_torchrun, needs_agent
+    from kubetune.training.launch import launch_torchrun, needs_agent, precheck
 
     if nproc_per_node or nnodes:
+        if nnodes is None or str(nnodes).isdigit():
+            precheck(recipe, overrides, (nproc_per_node or 1) * int(nnodes or 1))
         raise typer.Exit(
             launch_torchrun(recipe, overrides, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, max_restarts)
         )

@@ -80,10 +80,12 @@ def compile_regions(model) -> None:
 
 
 def causal_lm(model):
-    """The transformers *ForCausalLM inside PEFT / DDP / compile wrappers."""
+    """The transformers *ForCausalLM inside TargetLoss / PEFT / DDP / compile wrappers."""
     m = model
     while True:
-        if hasattr(m, "module") and isinstance(m.module, nn.Module):  # DDP
+        if isinstance(m, TargetLoss):
+            m = m.model
+        elif hasattr(m, "module") and isinstance(m.module, nn.Module):  # DDP
             m = m.module
         elif hasattr(m, "get_base_model"):  # PEFT
             m = m.get_base_model()

@@ -31,6 +31,14 @@ def needs_agent(env: dict[str, str] | None = None) -> bool:
     return "PET_NNODES" in env and "RANK" not in env
 
 
+def precheck(recipe: str | None, overrides: list[str], world_size: int) -> None:
+    """Fail in the launcher, once, with one line, instead of in every worker."""
+    from kubetune.recipe import load_recipe
+    from kubetune.training.parallel import layout_for
+
+    layout_for(load_recipe(recipe, overrides).recipe.parallel, world_size)
+
+
 def launch_torchrun(recipe: str | None, overrides: list[str], nproc_per_node: int | str | None,
                     nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None, max_restarts: int,
                     extra_env: dict[str, str] | None = None) -> int:

@@ -9,7 +9,7 @@ import torch
 from kubetune.recipe.schema import TrainSection
 
 
-def build_optimizer(model, train: TrainSection) -> torch.optim.Optimizer:
+def build_optimizer(model, train: TrainSection, fused: bool = True) -> torch.optim.Optimizer:
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
@@ -17,7 +17,9 @@ def build_optimizer(model, train: TrainSection) -> torch.optim.Optimizer:
     groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
     # fused AdamW: one kernel for all parameters instead of a loop of small ops (CPU and CUDA).
-    return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.999), eps=1e-8, fused=True)
+    # (sharded DTensor parameters use the foreach implementation instead)
+    return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.999), eps=1e-8, fused=fused or None,
+                             foreach=None if fused else True)
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:

@@ -31,6 +31,8 @@ from kubetune.training import rundir
 from kubetune.training.dist import DistEnv, all_reduce_sum, init_distributed, shutdown
 from kubetune.training.metrics import MetricsLog, Progress, plot_loss_curve
 from kubetune.training.optim import build_optimizer, build_scheduler
+from kubetune.training.parallel import Layout, plan_layout
+from kubetune.training.parallel import wrap as wrap_parallel
 
 log = logging.getLogger("kubetune")
 
@@ -59,6 +61,7 @@ def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> dict | No
 
 def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     run_dir = Path(recipe.output_dir)
+    layout = plan_layout(recipe.parallel, env)
     rundir.claim(run_dir, recipe)
     _configure_threads(recipe, env)
     torch.manual_seed(recipe.train.seed)
@@ -69,8 +72,8 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     data = prepare_data(recipe, tokenizer)
     model = build_model(recipe, source, env)
     loss_module = TargetLoss(model)
-    train_module = wrap_distributed(loss_module, recipe, env)
-    optimizer = build_optimizer(model, recipe.train)
+    train_module = wrap_parallel(loss_module, causal_lm(model).model.layers, layout, env, recipe.train.precision)
+    optimizer = build_optimizer(model, recipe.train, fused=not layout.sharded)
     dp_rank, dp_size = env.rank, env.world_size
     batcher = Batcher(data.train, max_seq_len=recipe.data.max_seq_len, micro_batch_size=recipe.train.micro_batch_size,
                       packing=recipe.data.packing, seed=recipe.train.seed, pad_id=tokenizer.pad_token_id,
@@ -109,7 +112,7 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     autocast = autocast_context(recipe, env)
     if state.eval_before is None:
         state.eval_before = evaluate(loss_module, eval_batcher, env, autocast)
-        state.eval_before["answers"] = generate_answers(model, tokenizer, data, recipe, env, autocast)
+        state.eval_before["answers"] = generate_answers(loss_module, tokenizer, data, recipe, env, autocast, layout)
         log.info("eval before: loss %s perplexity %s", _f(state.eval_before["loss"]), _f(state.eval_before["perplexity"]))
 
     # --- fit --------------------------------------------------------------------------
@@ -148,11 +151,13 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
 
     # --- evaluate (after) and export --------------------------------------------------
     after = evaluate(loss_module, eval_batcher, env, autocast)
-    answers = generate_answers(model, tokenizer, data, recipe, env, autocast)
+    answers = generate_answers(loss_module, tokenizer, data, recipe, env, autocast, layout)
+    full_state = gather_trainable(loss_module) if layout.sharded else None  # a collective: all ranks
+    rss_per_rank = gather_objects(_peak_rss_mb(), env)
     summary = None
     if env.is_main:
-        export_trained(model, tokenizer, recipe, run_dir)
-        summary = write_summary(run_dir, recipe, state, after, answers, wall0)
+        export_trained(model, tokenizer, recipe, run_dir, full_state)
+        summary = write_summary(run_dir, recipe, state, after, answers, wall0, rss_per_rank)
         if metrics is not None:
             metrics.close()
             plot_loss_curve(run_dir / "metrics.jsonl", run_dir / "loss_curve.png", state.eval_history)
@@ -169,15 +174,6 @@ def build_model(recipe: Recipe, source: str, env: DistEnv):
     model = load_causal_lm(source, dtype, attn, recipe.model.revision, recipe.model.trust_remote_code)
     model = prepare_for_training(model, recipe)
     return model.to(env.device)
-
-
-def wrap_distributed(module, recipe: Recipe, env: DistEnv):
-    if not env.distributed:
-        return module
-    from torch.nn.parallel import DistributedDataParallel as DDP
-
-    ids = [env.device.index] if env.device.type == "cuda" else None
-    return DDP(module, device_ids=ids)
 
 
 def autocast_context(recipe: Recipe, env: DistEnv):
@@ -224,6 +220,8 @@ def train_step(module, batches, optimizer, scheduler, scaler, params, recipe: Re
         scaler.unscale_(optimizer)
     max_norm = recipe.train.max_grad_norm if recipe.train.max_grad_norm else float("inf")
     grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
+    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
+        grad_norm = grad_norm.full_tensor()
     if scaler:
         scaler.step(optimizer)
         scaler.update()
@@ -269,13 +267,21 @@ def evaluate(loss_module, batcher: Batcher | None, env: DistEnv, autocast) -> di
 
 
 @torch.no_grad()
-def generate_answers(model, tokenizer, data: PreparedData, recipe: Recipe, env: DistEnv, autocast) -> list[dict]:
-    """Greedy answers to the first few eval prompts (rank 0 only; others return [])."""
-    if not env.is_main or recipe.eval.generate == 0 or not data.eval_rows:
+def generate_answers(loss_module, tokenizer, data: PreparedData, recipe: Recipe, env: DistEnv, autocast,
+                     layout: Layout | None = None) -> list[dict]:
+    """Greedy answers to the first few eval prompts, kept by rank 0.
+
+    Unsharded, only rank 0 generates. Sharded (FSDP2), every rank must take part in each
+    forward's all-gathers: all ranks decode greedily in lockstep (same tokens everywhere).
+    """
+    sharded = layout is not None and layout.sharded
+    if (not env.is_main and not sharded) or recipe.eval.generate == 0 or not data.eval_rows:
         return []
-    lm = causal_lm(model)
+    lm = causal_lm(loss_module)
     was_training = lm.training
     lm.eval()
+    if sharded:
+        loss_module.unshard()  # the root's own parameters (embeddings, head) are used outside its forward
     out = []
     for row in data.eval_rows[: recipe.eval.generate]:
         prompt = data.renderer.prompt(row)
@@ -283,8 +289,10 @@ def generate_answers(model, tokenizer, data: PreparedData, recipe: Recipe, env: 
                     "answer": generate_text(lm, tokenizer, prompt, recipe.eval.max_new_tokens,
                                             add_special_tokens=not data.renderer.uses_chat_template,
                                             device=env.device, autocast=autocast)})
+    if sharded:
+        loss_module.reshard()
     lm.train(was_training)
-    return out
+    return out if env.is_main else []
 
 
 def generate_text(lm, tokenizer, prompt: str, max_new_tokens: int, add_special_tokens: bool, device,
@@ -320,17 +328,53 @@ def _resume_path(recipe: Recipe, run_dir: Path) -> Path | None:
     return path
 
 
-def export_trained(model, tokenizer, recipe: Recipe, run_dir: Path) -> None:
-    """LoRA: output_dir/adapter (PEFT format). Full: output_dir/model (HF directory)."""
+def gather_trainable(loss_module) -> dict:
+    """Full (unsharded) trainable weights on CPU, names without the TargetLoss prefix."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(loss_module, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                                    ignore_frozen_params=True))
+    return {k.removeprefix("model."): v for k, v in sd.items()}
+
+
+def export_trained(model, tokenizer, recipe: Recipe, run_dir: Path, full_state: dict | None = None) -> None:
+    """LoRA: output_dir/adapter (PEFT format). Full: output_dir/model (HF directory).
+
+    `full_state` holds the gathered weights of a sharded (FSDP2) run: the model's own
+    tensors are shards there, so they are written from the gathered copy instead.
+    """
     from kubetune.fsutil import atomic_dir
 
     target = run_dir / ("adapter" if recipe.finetune.method == "lora" else "model")
     with atomic_dir(target) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
+        if full_state is None:
+            model.save_pretrained(tmp, safe_serialization=True)
+        elif recipe.finetune.method == "lora":
+            from peft.utils import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            adapter = get_peft_model_state_dict(model, state_dict=full_state)
+            save_file({k: v.contiguous() for k, v in adapter.items()}, tmp / "adapter_model.safetensors")
+            model.peft_config["default"].save_pretrained(tmp)
+        else:
+            causal_lm(model).save_pretrained(tmp, state_dict=full_state, safe_serialization=True)
         tokenizer.save_pretrained(tmp)
 
 
-def write_summary(run_dir: Path, recipe: Recipe, state: TrainState, after: dict, answers: list, wall0: float) -> dict:
+def _peak_rss_mb() -> float:
+    return round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1)
+
+
+def gather_objects(value, env: DistEnv) -> list:
+    if not env.distributed:
+        return [value]
+    out = [None] * env.world_size
+    torch.distributed.all_gather_object(out, value)
+    return out
+
+
+def write_summary(run_dir: Path, recipe: Recipe, state: TrainState, after: dict, answers: list, wall0: float,
+                  rss_per_rank: list[float]) -> dict:
     before = state.eval_before or {}
     before_answers = {a["prompt"]: a["answer"] for a in before.get("answers", [])}
     summary = {
@@ -346,7 +390,9 @@ def write_summary(run_dir: Path, recipe: Recipe, state: TrainState, after: dict,
         "tokens_per_s": round(state.tokens / max(state.train_time_s, 1e-9), 2),
         "train_time_s": round(state.train_time_s, 2),
         "wall_s": round(time.monotonic() - wall0, 2),
-        "peak_rss_mb": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, 1),
+        "peak_rss_mb": rss_per_rank[0],
+        "peak_rss_mb_per_rank": rss_per_rank,
+        "world_size": len(rss_per_rank),
         "samples": [{**a, "answer_before": before_answers.get(a["prompt"])} for a in answers],
     }
     atomic_write_json(run_dir / "summary.json", summary)

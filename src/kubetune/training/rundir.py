@@ -20,8 +20,9 @@ from kubetune.recipe.schema import Recipe
 NEUTRAL = {
     "output_dir": None, "k8s": None, "parallel": None, "eval": None,
     # max_steps / epochs: training longer (or stopping earlier) continues the same run.
+    # grad_accum: resuming with another world size keeps the global batch by changing it.
     "train": {"resume", "log_every", "save_every", "keep_last", "eval_every", "device", "num_threads", "compile",
-              "max_steps", "epochs"},
+              "max_steps", "epochs", "grad_accum"},
     "data": {"cache_dir"},
 }
 
