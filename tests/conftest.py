@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
@@ -84,3 +85,42 @@ def run_cli(args: list[str], env: dict | None = None, timeout: int = 300):
     full_env = {**os.environ, **(env or {})}
     return subprocess.run([sys.executable, "-m", "kubetune", *args], capture_output=True, text=True,
                           env=full_env, timeout=timeout, cwd=str(REPO))
+
+
+def _ip(*args) -> subprocess.CompletedProcess:
+    return subprocess.run(["ip", *args], capture_output=True, text=True)
+
+
+@pytest.fixture
+def two_hosts():
+    """Two hosts made of network namespaces joined by a veth pair (10.231.<n>.1 and .2)."""
+    import shutil
+
+    if shutil.which("ip") is None:
+        pytest.skip("iproute2 (`ip`) is not installed")
+    tag = f"kt{os.getpid() % 100000}"
+    hosts = [f"{tag}a", f"{tag}b"]
+    subnet = f"10.231.{os.getpid() % 250}"
+    made = []
+    try:
+        for h in hosts:
+            res = _ip("netns", "add", h)
+            if res.returncode != 0:
+                pytest.skip(f"the kernel refused a network namespace: `ip netns add` said: {res.stderr.strip()}")
+            made.append(h)
+        steps = [
+            ("link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"),
+            ("link", "set", f"{tag}va", "netns", hosts[0]), ("link", "set", f"{tag}vb", "netns", hosts[1]),
+            ("-n", hosts[0], "addr", "add", f"{subnet}.1/24", "dev", f"{tag}va"),
+            ("-n", hosts[1], "addr", "add", f"{subnet}.2/24", "dev", f"{tag}vb"),
+            ("-n", hosts[0], "link", "set", f"{tag}va", "up"), ("-n", hosts[1], "link", "set", f"{tag}vb", "up"),
+            ("-n", hosts[0], "link", "set", "lo", "up"), ("-n", hosts[1], "link", "set", "lo", "up"),
+        ]
+        for step in steps:
+            res = _ip(*step)
+            if res.returncode != 0:
+                pytest.skip(f"the kernel refused `ip {' '.join(step)}`: {res.stderr.strip()}")
+        yield [(hosts[0], f"{subnet}.1", f"{tag}va"), (hosts[1], f"{subnet}.2", f"{tag}vb")]
+    finally:
+        for h in made:
+            _ip("netns", "del", h)

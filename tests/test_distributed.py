@@ -36,7 +36,14 @@ def kubetune(args, env=None, **kw) -> subprocess.Popen:
 
 
 def finish(proc, timeout=300) -> str:
-    out, _ = proc.communicate(timeout=timeout)
+    try:
+        out, _ = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
+        proc.kill()
+        out, _ = proc.communicate()
+        pytest.fail(f"timed out after {timeout} s; output:\n{out[-6000:]}")
     assert proc.returncode == 0, out[-4000:]
     return out
 
@@ -154,3 +161,33 @@ def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 2 and words in out, out[-2000:]
         assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+
+
+def test_two_hosts_in_network_namespaces_pytorchjob_contract(tmp_path, dist_overrides, two_hosts):
+    """Each 'node' only sees its own veth: rank 1 reaches the master at host 0's address."""
+    master_ip = two_hosts[0][1]
+    run = tmp_path / "netns"
+    procs = []
+    for rank, (ns, _ip_addr, ifname) in enumerate(two_hosts):
+        env = base_env(MASTER_ADDR=master_ip, MASTER_PORT="29512", WORLD_SIZE="2", RANK=str(rank),
+                       GLOO_SOCKET_IFNAME=ifname, PYTHONUNBUFFERED="1")
+        procs.append(subprocess.Popen(
+            ["ip", "netns", "exec", ns, sys.executable, "-m", "kubetune", "train", *dist_overrides,
+             "parallel.timeout_s=120", f"output_dir={run}"],
+            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [finish(p) for p in procs]
+    assert "2 process(es)" in outs[0]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+
+
+def test_pytorchjob_with_torchrun_per_pod(tmp_path, dist_overrides):
+    """nprocPerNode=2 on one pod: the operator sets PET_* and kubetune starts torchrun itself."""
+    port = str(free_port())
+    run = tmp_path / "pet"
+    proc = kubetune(["train", *dist_overrides, f"output_dir={run}"],
+                    env=base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK="0",
+                                 PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=port, PET_NNODES="1",
+                                 PET_NODE_RANK="0", PET_NPROC_PER_NODE="2"))
+    out = finish(proc)
+    assert "2 process(es)" in out
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4

@@ -95,3 +95,60 @@ def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, tiny_overrid
     assert [r["step"] for r in b] == list(range(1, 11))
     assert abs(a[-1]["loss"] - b[-1]["loss"]) < 1e-3
     assert a[-1]["tokens"] == b[-1]["tokens"]
+
+
+def _loss_curve(out):
+    return [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("mode", ["on", "offload"])
+def test_gradient_checkpointing_changes_memory_not_math(tmp_path, tiny_overrides, mode):
+    common = tiny_overrides + ["train.max_steps=3", "eval.generate=0", "train.save_every=0"]
+    train_from_recipe(None, common + [f"output_dir={tmp_path / 'off'}"])
+    train_from_recipe(None, common + [f"output_dir={tmp_path / mode}", f"train.gradient_checkpointing={mode}"])
+    for a, b in zip(_loss_curve(tmp_path / "off"), _loss_curve(tmp_path / mode)):
+        assert abs(a - b) < 1e-5
+
+
+def test_fp16_with_loss_scaling_and_bf16_train(tmp_path, tiny_overrides):
+    for precision in ("fp16", "bf16"):
+        s = train_from_recipe(None, tiny_overrides + ["train.max_steps=3", "eval.generate=0",
+                                                      f"train.precision={precision}",
+                                                      f"output_dir={tmp_path / precision}"])
+        losses = _loss_curve(tmp_path / precision)
+        assert all(x == x and x < 20 for x in losses), losses  # finite
+        assert s["eval_loss_after"] < s["eval_loss_before"]
+
+
+def test_compile_runs_and_matches_eager(tmp_path, tiny_overrides):
+    common = tiny_overrides + ["train.max_steps=2", "eval.generate=0", "train.save_every=0"]
+    train_from_recipe(None, common + [f"output_dir={tmp_path / 'eager'}"])
+    train_from_recipe(None, common + [f"output_dir={tmp_path / 'compiled'}", "train.compile=true"])
+    for a, b in zip(_loss_curve(tmp_path / "eager"), _loss_curve(tmp_path / "compiled")):
+        assert abs(a - b) < 1e-4
+
+
+def test_eval_and_recipe_show_commands(tmp_path, tiny_overrides, capsys):
+    from kubetune.training.run import eval_target
+
+    out = tmp_path / "run"
+    s = train_from_recipe(None, tiny_overrides + ["train.max_steps=2", "eval.generate=0", f"output_dir={out}"])
+    res = eval_target(str(out), [])
+    assert abs(res["loss"] - s["eval_loss_after"]) < 1e-4
+    shown = run_cli_inproc(["recipe", "show", "train.lr=3e-4"], capsys)
+    assert "train.lr" in shown and "command line" in shown and "0.0003" in shown
+
+
+def run_cli_inproc(args, capsys) -> str:
+    import sys as _sys
+
+    from kubetune import cli
+
+    argv, _sys.argv = _sys.argv, ["kubetune", *args]
+    try:
+        cli.main()
+    except SystemExit as e:
+        assert not e.code
+    finally:
+        _sys.argv = argv
+    return capsys.readouterr().out

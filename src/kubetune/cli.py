@@ -48,11 +48,10 @@ def train(
     from kubetune.training.launch import launch_torchrun, needs_agent, precheck
 
     if nproc_per_node or nnodes:
-        if nnodes is None or str(nnodes).isdigit():
-            precheck(recipe, overrides, (nproc_per_node or 1) * int(nnodes or 1))
-        raise typer.Exit(
-            launch_torchrun(recipe, overrides, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint, max_restarts)
-        )
+        world = (nproc_per_node or 1) * int(nnodes or 1) if nnodes is None or str(nnodes).isdigit() else None
+        comm = precheck(recipe, overrides, world or 0, nproc_per_node or 1) if world else {}
+        raise typer.Exit(launch_torchrun(recipe, overrides, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint,
+                                         max_restarts, extra_env=comm))
     if needs_agent():  # a Kubeflow pod that asks for torchrun (PET_* variables)
         raise typer.Exit(launch_torchrun(recipe, overrides, None, None, None, None, max_restarts))
     from kubetune.training.run import train_from_recipe

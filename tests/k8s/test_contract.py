@@ -52,7 +52,7 @@ def pod_world(tmp_path, tiny_model_dir, qa_file):
     return tmp_path, pvc, recipe
 
 
-def _replica_processes(tmp_path: Path, pvc: Path, recipe) -> list[tuple[list[str], dict]]:
+def _replica_processes(tmp_path: Path, pvc: Path, recipe, master_addr: str = "127.0.0.1") -> list[tuple[list[str], dict]]:
     rendered = render(recipe)
     objs = {o["kind"]: o for o in rendered.objects}
     job = objs["PyTorchJob"]
@@ -79,8 +79,8 @@ def _replica_processes(tmp_path: Path, pvc: Path, recipe) -> list[tuple[list[str
             if "value" in e:
                 env[e["name"]] = mapped(e["value"])
         # What the training operator injects (reference §1); the Service name becomes loopback.
-        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE=str(world), RANK=str(rank),
-                   PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=port, PET_NNODES=str(world),
+        env.update(MASTER_ADDR=master_addr, MASTER_PORT=port, WORLD_SIZE=str(world), RANK=str(rank),
+                   PET_MASTER_ADDR=master_addr, PET_MASTER_PORT=port, PET_NNODES=str(world),
                    PET_NODE_RANK=str(rank), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
         if job["spec"].get("nprocPerNode"):
             env["PET_NPROC_PER_NODE"] = job["spec"]["nprocPerNode"]
@@ -128,3 +128,19 @@ def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
     # the tokenized-data cache lives on the PVC too (KUBETUNE_CACHE=/data/cache)
     assert any((pvc / "cache").rglob("offsets.npy"))
     assert yaml.safe_load((run / "recipe.yaml").read_text())["output_dir"] == f"{pvc}/runs/contract"
+
+
+def test_rendered_pytorchjob_across_two_network_namespaces(pod_world, two_hosts):
+    """The same job with each replica on its own 'node' (a network namespace): the worker
+    reaches the master only through the master's address, as the headless Service gives it."""
+    tmp_path, pvc, recipe = pod_world
+    recipe = recipe.model_copy(update={"train": recipe.train.model_copy(update={"max_steps": 3})})
+    procs = _replica_processes(tmp_path, pvc, recipe, master_addr=two_hosts[0][1])
+    pods = []
+    for (cmd, env), (ns, _addr, ifname) in zip(procs, two_hosts):
+        env = {**env, "GLOO_SOCKET_IFNAME": ifname}
+        pods.append(subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, cwd=tmp_path,
+                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+    outs = [p.communicate(timeout=300)[0] for p in pods]
+    assert all(p.returncode == 0 for p in pods), [o[-3000:] for o in outs]
+    assert json.loads((pvc / "runs" / "contract" / "summary.json").read_text())["steps"] == 3

@@ -82,13 +82,27 @@ def init_distributed(device_name: str = "auto", backend: str = "auto", timeout_s
     device = pick_device(device_name, local_rank)
     env = DistEnv(rank, world, local_rank, local_world, device)
     if world > 1 and not torch_dist.is_initialized():
-        torch_dist.init_process_group(
-            backend=backend_for(device, backend),
-            timeout=datetime.timedelta(seconds=timeout_s),
-            rank=rank,
-            world_size=world,
-        )
+        timeout = datetime.timedelta(seconds=timeout_s)
+        torch_dist.init_process_group(backend=backend_for(device, backend), timeout=timeout, rank=rank,
+                                      world_size=world, store=_restart_store(rank, world, timeout))
     return env
+
+
+def _restart_store(rank: int, world: int, timeout: datetime.timedelta):
+    """Under torchrun's agent, a store namespace of our own for each restart attempt.
+
+    The agent's store outlives the workers. After a restart, gloo's full-mesh setup would
+    read the addresses the *previous* workers published there and fail connecting to dead
+    ports; a per-attempt prefix makes every attempt start clean. Without the agent
+    (Kubeflow's one process per pod), rank 0 hosts the store as usual: return None.
+    """
+    attempt = os.environ.get("TORCHELASTIC_RESTART_COUNT")
+    if attempt is None:
+        return None
+    agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
+    store = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
+                                is_master=not agent_store and rank == 0, timeout=timeout)
+    return torch_dist.PrefixStore(f"kubetune/attempt-{attempt}/", store)
 
 
 def all_reduce_sum(value: float | int, env: DistEnv) -> float:

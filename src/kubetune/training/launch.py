@@ -31,12 +31,30 @@ def needs_agent(env: dict[str, str] | None = None) -> bool:
     return "PET_NNODES" in env and "RANK" not in env
 
 
-def precheck(recipe: str | None, overrides: list[str], world_size: int) -> None:
-    """Fail in the launcher, once, with one line, instead of in every worker."""
+def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_per_node: int) -> dict[str, str]:
+    """Fail in the launcher, once, with one line, instead of in every worker; return the
+    communication environment (the recipe's `comm` section) for the local workers."""
     from kubetune.recipe import load_recipe
+    from kubetune.recipe.comm import comm_env
     from kubetune.training.parallel import layout_for
 
-    layout_for(load_recipe(recipe, overrides).recipe.parallel, world_size)
+    r = load_recipe(recipe, overrides).recipe
+    layout_for(r.parallel, world_size)
+    return comm_env(r.comm, _accelerator_kind(), cpus_per_process=max(1, (os.cpu_count() or 1) // nproc_per_node),
+                    processes_per_host=nproc_per_node)
+
+
+def _accelerator_kind() -> str:
+    import torch
+
+    if torch.cuda.is_available():
+        return "nvidia"
+    try:
+        import habana_frameworks.torch.hpu as hthpu  # noqa: F401
+
+        return "gaudi"
+    except ImportError:
+        return "cpu"
 
 
 def launch_torchrun(recipe: str | None, overrides: list[str], nproc_per_node: int | str | None,
