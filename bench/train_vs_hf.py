@@ -100,7 +100,6 @@ def arm_hf(args, precision: str) -> dict:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
-    from kubetune.models.attention import register
     from kubetune.models.load import load_tokenizer, resolve_model
 
     torch.set_num_threads(args.threads)

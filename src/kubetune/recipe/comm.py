@@ -15,7 +15,9 @@ from __future__ import annotations
 import re
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
+
+from kubetune.recipe.base import Section
 
 AcceleratorKind = Literal["cpu", "gaudi", "nvidia"]
 ACCELERATOR_KINDS: tuple[str, ...] = ("cpu", "gaudi", "nvidia")
@@ -28,10 +30,6 @@ _NCCL_PROTOS = {"ll", "ll128", "simple"}
 _NCCL_FUNCS = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce", "sendrecv"}
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
 def _check_nccl_words(value: str | None, allowed: set[str], key: str) -> str | None:
     if value is None:
         return value
@@ -42,7 +40,7 @@ def _check_nccl_words(value: str | None, allowed: set[str], key: str) -> str | N
     return value
 
 
-class NcclSection(_Strict):
+class NcclSection(Section):
     """NCCL (NVIDIA) settings; rendered only for accelerator kind `nvidia`."""
 
     socket_ifname: str | None = Field(
@@ -86,7 +84,7 @@ class NcclSection(_Strict):
         return self
 
 
-class HcclSection(_Strict):
+class HcclSection(Section):
     """HCCL (Intel Gaudi) settings; rendered only for accelerator kind `gaudi`."""
 
     socket_ifname: str | None = Field(
@@ -107,7 +105,7 @@ class HcclSection(_Strict):
     )
 
 
-class CommSection(_Strict):
+class CommSection(Section):
     """How processes talk to each other and how many threads each one runs."""
 
     socket_ifname: str | None = Field(

@@ -2,14 +2,12 @@
 
 from __future__ import annotations
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import Field
+
+from kubetune.recipe.base import Section
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ParallelSection(_Strict):
+class ParallelSection(Section):
     """Degrees of parallelism on one DeviceMesh; their product must equal the world size.
 
     `dp` = -1 means "whatever is left" (world size divided by the other degrees).

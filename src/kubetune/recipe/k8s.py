@@ -15,7 +15,9 @@ import re
 from decimal import Decimal, InvalidOperation
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import Field, field_validator
+
+from kubetune.recipe.base import Section
 
 Profile = Literal["cpu", "gaudi", "nvidia"]
 Api = Literal["pytorchjob", "trainjob"]
@@ -52,14 +54,10 @@ def parse_quantity(value: str | int | float) -> Decimal:
         raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 32Gi)") from None
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
 Quantity = str | int | float
 
 
-class ResourcesSection(_Strict):
+class ResourcesSection(Section):
     """Per-worker (per pod) resources; requests always equal limits (Guaranteed QoS)."""
 
     cpu: Quantity | None = Field(None, description="CPU cores per worker pod (e.g. 200, 7500m); null = profile default.")
@@ -82,7 +80,7 @@ class ResourcesSection(_Strict):
         return v
 
 
-class StorageSection(_Strict):
+class StorageSection(Section):
     """The shared volume for data, the model/tokenized cache and checkpoints (mounted at /data)."""
 
     storage_class: str | None = Field(
@@ -103,7 +101,7 @@ class StorageSection(_Strict):
         return v
 
 
-class Toleration(_Strict):
+class Toleration(Section):
     key: str | None = Field(None, description="Taint key to tolerate (null with operator Exists = every taint).")
     operator: Literal["Equal", "Exists"] = Field("Equal", description="Equal (match value) or Exists.")
     value: str | None = Field(None, description="Taint value (operator Equal).")
@@ -112,7 +110,7 @@ class Toleration(_Strict):
     )
 
 
-class ElasticSection(_Strict):
+class ElasticSection(Section):
     """PyTorchJob elasticPolicy: workers may come and go between min and max replicas."""
 
     enabled: bool = Field(False, description="Render elastic Workers (no Master) with an elasticPolicy (pytorchjob).")
@@ -121,7 +119,7 @@ class ElasticSection(_Strict):
     max_restarts: int = Field(3, ge=0, description="Restarts of the worker group (torchrun --max-restarts).")
 
 
-class K8sSection(_Strict):
+class K8sSection(Section):
     """Cluster job settings (see the cluster guide in README.md)."""
 
     profile: Profile = Field("cpu", description="cpu (Xeon) | gaudi (Intel Gaudi) | nvidia; `--profile` overrides.")

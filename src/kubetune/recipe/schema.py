@@ -10,8 +10,9 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import Field, field_validator, model_validator
 
+from kubetune.recipe.base import Section
 from kubetune.recipe.comm import CommSection
 from kubetune.recipe.dist import ParallelSection
 from kubetune.recipe.k8s import K8sSection
@@ -19,11 +20,7 @@ from kubetune.recipe.k8s import K8sSection
 DEFAULT_MODEL = "smollm2-135m-instruct"
 
 
-class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class ModelSection(_Strict):
+class ModelSection(Section):
     name_or_path: str = Field(
         DEFAULT_MODEL,
         description="Hub id, local HF directory, a .gguf file, or `smollm2-135m-instruct` "
@@ -41,11 +38,11 @@ class ModelSection(_Strict):
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the hub.")
 
 
-class FinetuneSection(_Strict):
+class FinetuneSection(Section):
     method: Literal["lora", "full"] = Field("lora", description="lora = PEFT LoRA adapters; full = all weights.")
 
 
-class LoraSection(_Strict):
+class LoraSection(Section):
     r: int = Field(8, ge=1, description="LoRA rank.")
     alpha: float = Field(16, gt=0, description="LoRA scaling numerator (scale = alpha / r).")
     dropout: float = Field(0.05, ge=0, lt=1, description="Dropout on the LoRA input.")
@@ -55,7 +52,7 @@ class LoraSection(_Strict):
     )
 
 
-class ColumnsSection(_Strict):
+class ColumnsSection(Section):
     instruction: str | None = Field("instruction", description="Column holding the instruction.")
     input: str | None = Field("input", description="Column holding the optional input/context (may be absent).")
     output: str | None = Field("output", description="Column holding the target answer.")
@@ -64,7 +61,7 @@ class ColumnsSection(_Strict):
     )
 
 
-class DataSection(_Strict):
+class DataSection(Section):
     train: str = Field(
         "builtin:medical_flashcards_sample",
         description="Hub dataset id or local json/jsonl/csv/parquet file. `builtin:NAME` = a dataset "
@@ -117,7 +114,7 @@ class DataSection(_Strict):
 OnOff = Literal["off", "on", "offload"]
 
 
-class TrainSection(_Strict):
+class TrainSection(Section):
     epochs: float = Field(1, gt=0, description="Passes over the training data (fractions allowed).")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
     micro_batch_size: int = Field(4, ge=1, description="Rows per forward/backward.")
@@ -154,14 +151,14 @@ class TrainSection(_Strict):
         return v
 
 
-class EvalSection(_Strict):
+class EvalSection(Section):
     max_samples: int | None = Field(200, ge=1, description="Eval rows used for loss/perplexity (null = all).")
     batch_size: int = Field(8, ge=1, description="Rows per eval forward.")
     generate: int = Field(3, ge=0, description="Eval prompts to answer in summary.json.")
     max_new_tokens: int = Field(64, ge=1, description="Length limit of generated answers.")
 
 
-class Recipe(_Strict):
+class Recipe(Section):
     """A whole kubetune recipe."""
 
     model: ModelSection = Field(default_factory=ModelSection)
