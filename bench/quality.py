@@ -27,13 +27,15 @@ def main() -> None:
     p.add_argument("--eval-rows", type=int, default=500)
     p.add_argument("--micro-batch", type=int, default=4)
     p.add_argument("--grad-accum", type=int, default=2)
+    p.add_argument("--tag", default="", help="suffix of the run directories")
+    p.add_argument("overrides", nargs="*", help="extra recipe overrides, e.g. lora.target_modules=all-linear")
     args = p.parse_args()
 
     from kubetune.training.run import train_from_recipe
 
     results = {}
     for precision in args.precisions.split(","):
-        out = REPO / "runs" / f"bench-quality-{precision}"
+        out = REPO / "runs" / f"bench-quality-{precision}{args.tag}"
         shutil.rmtree(out, ignore_errors=True)
         overrides = [
             f"data.train={SHARED / 'train.jsonl'}", f"data.eval={SHARED / 'test.jsonl'}",
@@ -41,7 +43,7 @@ def main() -> None:
             f"train.micro_batch_size={args.micro_batch}", f"train.grad_accum={args.grad_accum}",
             "train.warmup_steps=10", f"train.precision={precision}", "train.save_every=100",
             "train.log_every=10", f"output_dir={out}",
-        ] + ([f"data.max_train_samples={args.rows}"] if args.rows else [])
+        ] + ([f"data.max_train_samples={args.rows}"] if args.rows else []) + args.overrides
         s = train_from_recipe(None, overrides)
         drop = 1 - s["perplexity_after"] / s["perplexity_before"]
         results[precision] = {k: s[k] for k in ("perplexity_before", "perplexity_after", "eval_loss_before",
