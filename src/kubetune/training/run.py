@@ -62,7 +62,17 @@ def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> dict | No
 def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     run_dir = Path(recipe.output_dir)
     layout = plan_layout(recipe.parallel, env)
-    rundir.claim(run_dir, recipe)
+    # Rank 0 alone judges the directory (others could see its half-written files) and tells
+    # every rank, so that all of them stop together instead of waiting on a collective.
+    problems = None
+    if env.is_main:
+        try:
+            rundir.claim(run_dir, recipe)
+        except RunDirError as e:
+            problems = e.problems
+    problems = gather_objects(problems, env)[0]
+    if problems:
+        raise RunDirError(*problems)
     _configure_threads(recipe, env)
     torch.manual_seed(recipe.train.seed)
 
