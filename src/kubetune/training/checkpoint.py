@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-import torch.distributed as torch_dist
 import torch.distributed.checkpoint as dcp
 from torch.distributed.checkpoint.state_dict import (
     StateDictOptions,
@@ -114,7 +113,7 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, env: DistEnv) -> di
     if rng_file.is_file() and meta.get("world_size") == env.world_size:
         # Same world size: every rank continues its own random stream (dropout), step-exact.
         _set_rng_state(torch.load(rng_file, weights_only=False))
-    elif torch_dist.is_initialized() or rng_file.is_file():
+    else:
         # Different world size: streams can't map 1:1; reseed deterministically per rank.
         torch.manual_seed(meta.get("seed", 0) + 1000 * meta["step"] + env.rank)
     return meta
