@@ -155,8 +155,79 @@ def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_
     assert "resumed from" in more
 
 
+def assert_same_run(a: Path, b: Path, rel: float = 1e-4) -> None:
+    """Same loss trajectory, tokens and final eval loss, and the same adapter weights."""
+    from safetensors.torch import load_file
+
+    la, lb = losses(a), losses(b)
+    assert len(la) == len(lb) and la, (la, lb)
+    for x, y in zip(la, lb):
+        assert abs(x - y) < rel * max(1.0, abs(x)), (la, lb)
+    sa, sb = (json.loads((r / "summary.json").read_text()) for r in (a, b))
+    assert sa["train_tokens"] == sb["train_tokens"]
+    assert abs(sa["eval_loss_after"] - sb["eval_loss_after"]) < rel * abs(sa["eval_loss_after"])
+    if (a / "adapter").is_dir():
+        wa, wb = (load_file(r / "adapter" / "adapter_model.safetensors") for r in (a, b))
+        assert wa.keys() == wb.keys() and wa
+        for k in wa:
+            assert wa[k].shape == wb[k].shape and (wa[k] - wb[k]).abs().max() < 1e-4, k
+
+
+def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides):
+    """DTensor TP over 2 ranks (q/k/v/gate/up by output, o/down by input; LoRA adapters
+    follow their base layer) trains exactly like one process: LoRA and full fine-tune."""
+    for method in ("lora", "full"):
+        one, tp = tmp_path / f"one-{method}", tmp_path / f"tp-{method}"
+        common = [*dist_overrides, f"finetune.method={method}", "train.grad_accum=2"]
+        finish(kubetune(["train", *common, f"output_dir={one}"]))
+        out = finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.tp=2", f"output_dir={tp}"]))
+        assert "tp 2" in out
+        assert_same_run(one, tp)
+    # the exported full model is whole (gathered from the slices) and loads
+    from transformers import AutoModelForCausalLM
+
+    assert AutoModelForCausalLM.from_pretrained(tmp_path / "tp-full" / "model").config.num_hidden_layers == 2
+
+
+def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overrides):
+    """2 GPipe stages over the step's micro-batches equal one process; the pipeline's
+    checkpoint then resumes under tensor parallelism and in one process, step-exact."""
+    one, pp = tmp_path / "one", tmp_path / "pp"
+    common = [*dist_overrides, "train.grad_accum=2", "train.save_every=2"]
+    finish(kubetune(["train", *common, f"output_dir={one}"]))
+    out = finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", f"output_dir={pp}"]))
+    assert "pp 2" in out
+    assert_same_run(one, pp)
+    ckpt = pp / "checkpoints" / "step-2"
+    assert (ckpt / "meta.json").is_file()
+    for name, launch, layout in (("tp", ["--nproc-per-node", "2"], ["parallel.tp=2"]), ("single", [], [])):
+        run = tmp_path / f"from-pp-{name}"
+        out = finish(kubetune(["train", *launch, *common, *layout, f"train.resume={ckpt}", f"output_dir={run}"]))
+        assert "resumed from" in out
+        steps = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+        assert [r["step"] for r in steps] == [3, 4]
+        assert [r["loss"] for r in steps] == pytest.approx(losses(one)[2:], rel=1e-4)
+
+
+def test_four_processes_in_two_dimensions(tmp_path, dist_overrides):
+    """dp 2 x tp 2, fsdp 2 x tp 2 and dp 2 x pp 2 train like 2-process DDP; tp 2 x pp 2
+    like one process."""
+    common = [*dist_overrides, "train.grad_accum=2", "train.max_steps=3"]
+    ddp, one = tmp_path / "ddp", tmp_path / "one"
+    finish(kubetune(["train", "--nproc-per-node", "2", *common, f"output_dir={ddp}"]))
+    finish(kubetune(["train", *common, f"output_dir={one}"]))
+    for layout, same_as in ((["parallel.tp=2"], ddp), (["parallel.fsdp=2", "parallel.tp=2"], ddp),
+                            (["parallel.pp=2"], ddp), (["parallel.tp=2", "parallel.pp=2"], one)):
+        run = tmp_path / "-".join(layout)
+        finish(kubetune(["train", "--nproc-per-node", "4", *common, *layout, f"output_dir={run}"]))
+        assert_same_run(same_as, run)
+
+
 def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
-    for bad, words in ((["parallel.fsdp=3"], "dp x fsdp x tp x pp"), (["parallel.tp=2"], "parallel.tp")):
+    for bad, words in ((["parallel.fsdp=3"], "dp x fsdp x tp x pp"),
+                       (["parallel.tp=2", "model.name_or_path=smollm2-135m-instruct"], "9 attention heads"),
+                       (["parallel.pp=2", "finetune.method=full"], "ties its input embedding"),
+                       (["parallel.pp=2", "parallel.fsdp=2", "parallel.dp=1"], "parallel.fsdp=1")):
         proc = kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *bad, f"output_dir={tmp_path / 'x'}"])
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 2 and words in out, out[-2000:]

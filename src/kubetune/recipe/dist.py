@@ -15,7 +15,7 @@ class ParallelSection(Section):
 
     dp: int = Field(-1, description="Data-parallel (DDP) degree; -1 = world size / (fsdp*tp*pp).")
     fsdp: int = Field(1, ge=1, description="FSDP2 (fully_shard) degree: parameters, grads and optimizer state sharded.")
-    tp: int = Field(1, ge=1, description="Tensor-parallel degree (DTensor, attention and MLP projections).")
-    pp: int = Field(1, ge=1, description="Pipeline stages (torch.distributed.pipelining, GPipe).")
+    tp: int = Field(1, ge=1, description="Tensor-parallel degree (DTensor: attention and MLP projections, LoRA included).")
+    pp: int = Field(1, ge=1, description="Pipeline stages (torch.distributed.pipelining, GPipe over the grad_accum micro-batches).")
     timeout_s: int = Field(1800, ge=10, description="Collective timeout in seconds for the process group.")
     backend: str = Field("auto", description="auto | gloo | nccl | hccl (auto follows the device).")

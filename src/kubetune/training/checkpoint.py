@@ -69,6 +69,19 @@ def _options(strict: bool = True) -> StateDictOptions:
     return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 
+def _state(model, optimizer) -> tuple[dict, dict]:
+    """Trainable weights and optimizer state, as DCP state dicts.
+
+    `ignore_frozen_params` looks at deduplicated parameters only, so a frozen weight tied
+    to another (an LM head tied to the embedding) would still be saved under its second
+    name: that is the whole embedding matrix in every LoRA checkpoint. Drop every name of
+    a frozen parameter instead.
+    """
+    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())
+    frozen = {n for n, p in model.named_parameters(remove_duplicate=False) if not p.requires_grad}
+    return {k: v for k, v in model_sd.items() if k not in frozen}, optim_sd
+
+
 def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, meta: dict, recipe_yaml: str,
                     env: DistEnv, keep_last: int) -> Path:
     root = Path(run_dir) / "checkpoints"
@@ -80,7 +93,7 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, meta:
             shutil.rmtree(stale, ignore_errors=True)
         tmp.mkdir()
     barrier(env)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())
+    model_sd, optim_sd = _state(model, optimizer)
     dcp.save({"model": model_sd, "optim": optim_sd}, checkpoint_id=str(tmp / "model_optim"))
     torch.save(_rng_state(), tmp / f"rng-rank{env.rank}.pt")
     barrier(env)
@@ -99,16 +112,32 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, meta:
     return final
 
 
+def read_meta(path: Path) -> dict:
+    return json.loads((Path(path) / "meta.json").read_text())
+
+
 def load_checkpoint(path: Path, model, optimizer, scheduler, env: DistEnv) -> dict:
-    """Load weights, optimizer, scheduler and RNG; return meta. Works across world sizes."""
+    """Load weights, optimizer, scheduler and RNG; return meta. Works across world sizes
+    and parallel layouts (the tensors are resharded by DCP)."""
     path = Path(path)
-    model_sd, optim_sd = get_state_dict(model, optimizer, options=_options())
+    model_sd, optim_sd = _state(model, optimizer)
     state = {"model": model_sd, "optim": optim_sd}
     dcp.load(state, checkpoint_id=str(path / "model_optim"))
+    # The saved param groups carry the saving run's AdamW implementation (fused for whole
+    # tensors, a loop for tensor-parallel ones): keep this run's.
+    impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
     set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
                    options=_options(strict=False))
-    meta = json.loads((path / "meta.json").read_text())
+    for g, kind in zip(optimizer.param_groups, impl):
+        g.update(kind)
+    meta = read_meta(path)
     scheduler.load_state_dict(meta["scheduler"])
+    # The loaded groups hold the learning rate of the saving run's schedule; the schedule
+    # (and its length) is this run's.
+    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
+    for g, lr in zip(optimizer.param_groups, lrs):
+        g["lr"] = lr
+    scheduler._last_lr = lrs
     rng_file = path / f"rng-rank{env.rank}.pt"
     if rng_file.is_file() and meta.get("world_size") == env.world_size:
         # Same world size: every rank continues its own random stream (dropout), step-exact.

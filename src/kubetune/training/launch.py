@@ -39,7 +39,16 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
     from kubetune.training.parallel import layout_for
 
     r = load_recipe(recipe, overrides).recipe
-    layout_for(r.parallel, world_size)
+    layout = layout_for(r.parallel, world_size)
+    if layout.tp > 1 or layout.pp > 1:  # can the model be split this way? (its config is enough)
+        from transformers import AutoConfig
+
+        from kubetune.models.load import resolve_model
+        from kubetune.training.parallel import check_model
+
+        config = AutoConfig.from_pretrained(resolve_model(r.model.name_or_path), revision=r.model.revision,
+                                            trust_remote_code=r.model.trust_remote_code)
+        check_model(layout, config, r)
     return comm_env(r.comm, _accelerator_kind(), cpus_per_process=max(1, (os.cpu_count() or 1) // nproc_per_node),
                     processes_per_host=nproc_per_node)
 

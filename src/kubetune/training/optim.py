@@ -9,17 +9,21 @@ import torch
 from kubetune.recipe.schema import TrainSection
 
 
-def build_optimizer(model, train: TrainSection, fused: bool = True) -> torch.optim.Optimizer:
+def build_optimizer(model, train: TrainSection, impl: str = "fused") -> torch.optim.Optimizer:
+    """AdamW over the trainable parameters; `impl` is fused | foreach | loop.
+
+    fused: one kernel for all parameters (CPU and CUDA), for plain tensors. foreach: for
+    sharded DTensor parameters (FSDP2). loop: for a mix of DTensor and plain parameters
+    (tensor parallel), which neither multi-tensor path accepts.
+    """
     decay, no_decay = [], []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on norms and biases
     groups = [{"params": decay, "weight_decay": train.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     groups = [g for g in groups if g["params"]]
-    # fused AdamW: one kernel for all parameters instead of a loop of small ops (CPU and CUDA).
-    # (sharded DTensor parameters use the foreach implementation instead)
-    return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.999), eps=1e-8, fused=fused or None,
-                             foreach=None if fused else True)
+    kind = {"fused": {"fused": True}, "foreach": {"foreach": True}, "loop": {"foreach": False}}[impl]
+    return torch.optim.AdamW(groups, lr=train.lr, betas=(0.9, 0.999), eps=1e-8, **kind)
 
 
 def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:

@@ -31,8 +31,16 @@ from kubetune.training import rundir
 from kubetune.training.dist import DistEnv, all_reduce_sum, init_distributed, shutdown
 from kubetune.training.metrics import MetricsLog, Progress, plot_loss_curve
 from kubetune.training.optim import build_optimizer, build_scheduler
-from kubetune.training.parallel import Layout, plan_layout
+from kubetune.training.parallel import (
+    Layout,
+    check_model,
+    clip_grad_norm,
+    needs_replica_sync,
+    plan_layout,
+    sync_replicas,
+)
 from kubetune.training.parallel import wrap as wrap_parallel
+from kubetune.training.pipeline import Pipeline
 
 log = logging.getLogger("kubetune")
 
@@ -81,10 +89,22 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     tokenizer = load_tokenizer(source, recipe.model.revision, recipe.model.trust_remote_code)
     data = prepare_data(recipe, tokenizer)
     model = build_model(recipe, source, env)
+    check_model(layout, causal_lm(model).config, recipe)
     loss_module = TargetLoss(model)
-    train_module = wrap_parallel(loss_module, causal_lm(model).model.layers, layout, env, recipe.train.precision)
-    optimizer = build_optimizer(model, recipe.train, fused=not layout.sharded)
-    dp_rank, dp_size = env.rank, env.world_size
+    resume_from = _resume_path(recipe, run_dir)
+    autocast = autocast_context(recipe, env)
+    # The answers before training come from the whole model, before it is split over ranks.
+    answers_before = None
+    if resume_from is None:
+        answers_before = generate_answers(model, tokenizer, data, recipe, env, autocast)
+    pipeline = None
+    if layout.pp > 1:  # keeps only this rank's stage of the model
+        pipeline = Pipeline(loss_module, layout, env, recipe.train.micro_batch_size, recipe.data.max_seq_len,
+                            recipe.train.grad_accum, tokenizer.pad_token_id, autocast)
+    train_module = wrap_parallel(loss_module, decoder_layers(model), layout, env, recipe.train.precision)
+    optimizer = build_optimizer(model, recipe.train, impl="loop" if layout.tp > 1 else
+                                "foreach" if layout.sharded else "fused")
+    dp_rank, dp_size = layout.data_parallel_rank, layout.data_parallel_size
     batcher = Batcher(data.train, max_seq_len=recipe.data.max_seq_len, micro_batch_size=recipe.train.micro_batch_size,
                       packing=recipe.data.packing, seed=recipe.train.seed, pad_id=tokenizer.pad_token_id,
                       dp_rank=dp_rank, dp_size=dp_size)
@@ -94,35 +114,34 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
                         f"use more data or fewer processes")
     steps_per_epoch = math.ceil(micro_per_epoch / recipe.train.grad_accum)
     total_steps = recipe.train.max_steps or max(1, math.ceil(recipe.train.epochs * steps_per_epoch))
+    # --- resume -----------------------------------------------------------------------
+    if resume_from is not None:
+        # Keep the schedule of the checkpointed run (its world size may differ), unless the
+        # recipe now asks for a different length: then the new length wins.
+        meta = ckpt.read_meta(resume_from)
+        if meta.get("length") == [recipe.train.max_steps, recipe.train.epochs]:
+            total_steps = meta.get("total_steps", total_steps)
     scheduler = build_scheduler(optimizer, recipe.train, total_steps)
     scaler = torch.amp.GradScaler(env.device.type) if recipe.train.precision == "fp16" else None
-
-    # --- resume -----------------------------------------------------------------------
     state = TrainState()
-    resume_from = _resume_path(recipe, run_dir)
     if resume_from is not None:
         meta = ckpt.load_checkpoint(resume_from, loss_module, optimizer, scheduler, env)
         state = TrainState(**{k: meta[k] for k in asdict(TrainState()) if k in meta})
-        # Keep the schedule of the checkpointed run (its world size may differ), unless the
-        # recipe now asks for a different length: then the new length wins.
-        if meta.get("length") == [recipe.train.max_steps, recipe.train.epochs]:
-            total_steps = meta.get("total_steps", total_steps)
         log.info("resumed from %s (step %d/%d)", resume_from, state.step, total_steps)
     if env.is_main:
         rundir.write_run(run_dir, recipe, "running")
     rows_per_step = recipe.train.micro_batch_size * recipe.train.grad_accum * dp_size
-    log.info("model %s (%s, %s trainable params) | %d train / %d eval samples | %d steps x %d rows of <= %d tokens "
-             "(global batch: %d rows, ~%d tokens) | %d process(es) on %s",
+    log.info("model %s (%s, %s trainable params%s) | %d train / %d eval samples | %d steps x %d rows of <= %d "
+             "tokens (global batch: %d rows, ~%d tokens) | %d process(es) on %s, %s",
              recipe.model.name_or_path, recipe.finetune.method, f"{_count_trainable(model):,}",
-             len(data.train), len(data.eval) if data.eval else 0, total_steps, rows_per_step,
-             recipe.data.max_seq_len, rows_per_step, rows_per_step * _mean_row_tokens(batcher), dp_size,
-             env.device)
+             " on stage 0" if layout.pp > 1 else "", len(data.train), len(data.eval) if data.eval else 0, total_steps,
+             rows_per_step, recipe.data.max_seq_len, rows_per_step, rows_per_step * _mean_row_tokens(batcher),
+             env.world_size, env.device, describe(layout))
 
-    eval_batcher = make_eval_batcher(recipe, data, tokenizer, env)
-    autocast = autocast_context(recipe, env)
+    eval_batcher = make_eval_batcher(recipe, data, tokenizer, env, layout)
     if state.eval_before is None:
-        state.eval_before = evaluate(loss_module, eval_batcher, env, autocast)
-        state.eval_before["answers"] = generate_answers(loss_module, tokenizer, data, recipe, env, autocast, layout)
+        state.eval_before = evaluate(loss_module, eval_batcher, env, autocast, layout, pipeline)
+        state.eval_before["answers"] = answers_before or []
         log.info("eval before: loss %s perplexity %s", _f(state.eval_before["loss"]), _f(state.eval_before["perplexity"]))
 
     # --- fit --------------------------------------------------------------------------
@@ -134,8 +153,8 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     while state.step < total_steps:
         t0 = time.perf_counter()
         batches = next_micro_batches(batcher, state, recipe.train.grad_accum)
-        loss, grad_norm, tokens = train_step(train_module, batches, optimizer, scheduler, scaler, params,
-                                             recipe, env, autocast)
+        loss, grad_norm, tokens = train_step(pipeline or train_module, batches, optimizer, scheduler, scaler, params,
+                                             recipe, env, autocast, layout)
         state.train_time_s += time.perf_counter() - t0
         state.step += 1
         state.tokens += tokens
@@ -149,9 +168,9 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
             metrics.write(record)
             progress.update(state.step, loss, record["lr"], state.tokens, tps)
         if recipe.train.eval_every and state.step % recipe.train.eval_every == 0 and state.step < total_steps:
-            ev = evaluate(loss_module, eval_batcher, env, autocast)
+            ev = evaluate(loss_module, eval_batcher, env, autocast, layout, pipeline)
             state.eval_history.append([state.step, ev["loss"]])
-            train_module.train()
+            (pipeline or train_module).train()
         if recipe.train.save_every and state.step % recipe.train.save_every == 0:
             save(run_dir, state, total_steps, loss_module, optimizer, scheduler, recipe, env)
             last_saved = state.step
@@ -160,9 +179,18 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
         save(run_dir, state, total_steps, loss_module, optimizer, scheduler, recipe, env)
 
     # --- evaluate (after) and export --------------------------------------------------
-    after = evaluate(loss_module, eval_batcher, env, autocast)
-    answers = generate_answers(loss_module, tokenizer, data, recipe, env, autocast, layout)
-    full_state = gather_trainable(loss_module) if layout.sharded else None  # a collective: all ranks
+    after = evaluate(loss_module, eval_batcher, env, autocast, layout, pipeline)
+    if layout.pp > 1:
+        # Stages hold disjoint layers: rank 0 puts the trained weights into a whole model.
+        full_state = gather_stages(loss_module, env)
+        if env.is_main:
+            model = build_model(recipe, source, env)
+            load_trainable(model, full_state)
+            full_state = None
+        answers = generate_answers(model, tokenizer, data, recipe, env, autocast)
+    else:
+        answers = generate_answers(model, tokenizer, data, recipe, env, autocast, layout, loss_module)
+        full_state = gather_trainable(loss_module) if layout.sharded else None  # a collective: all ranks
     rss_per_rank = gather_objects(_peak_rss_mb(), env)
     summary = None
     if env.is_main:
@@ -184,6 +212,23 @@ def build_model(recipe: Recipe, source: str, env: DistEnv):
     model = load_causal_lm(source, dtype, attn, recipe.model.revision, recipe.model.trust_remote_code)
     model = prepare_for_training(model, recipe)
     return model.to(env.device)
+
+
+def decoder_layers(model) -> list:
+    layers = causal_lm(model).model.layers
+    return list(layers.values()) if isinstance(layers, torch.nn.ModuleDict) else list(layers)
+
+
+def describe(layout: Layout) -> str:
+    parts = [f"{name} {n}" for name, n in (("dp", layout.dp), ("fsdp", layout.fsdp), ("tp", layout.tp),
+                                           ("pp", layout.pp)) if n > 1]
+    return " x ".join(parts) if parts else "no parallelism"
+
+
+def replica_sum(value: float | int, env: DistEnv, layout: Layout) -> float:
+    """Sum over data-parallel replicas of a number every rank of a replica knows (or, for the
+    loss, only the last pipeline stage knows): one reporting rank per replica contributes."""
+    return all_reduce_sum(value if layout.reporter else 0, env)
 
 
 def autocast_context(recipe: Recipe, env: DistEnv):
@@ -208,30 +253,40 @@ def next_micro_batches(batcher: Batcher, state: TrainState, n: int) -> list:
     return out
 
 
-def train_step(module, batches, optimizer, scheduler, scaler, params, recipe: Recipe, env: DistEnv, autocast):
-    """One optimizer step over `batches`; returns (mean loss, grad norm, real tokens), all ranks."""
+def train_step(module, batches, optimizer, scheduler, scaler, params, recipe: Recipe, env: DistEnv, autocast,
+               layout: Layout):
+    """One optimizer step over `batches`; returns (mean loss, grad norm, real tokens), all ranks.
+
+    `module` is the (DDP / FSDP2 / tensor-parallel) loss module, or the Pipeline of this stage.
+    """
     device = env.device
-    # Normalise by the target tokens of the whole step on all ranks, so that N processes with
-    # grad_accum k compute exactly the gradient of 1 process with grad_accum N*k.
-    n_targets = all_reduce_sum(sum(b.target_tokens for b in batches), env)
-    scale = env.world_size / max(n_targets, 1.0)  # DDP averages over ranks; undo that
+    # Normalise by the target tokens of the whole step on all replicas, so that N replicas
+    # with grad_accum k compute exactly the gradient of 1 process with grad_accum N*k.
+    n_targets = replica_sum(sum(b.target_tokens for b in batches), env, layout)
+    scale = layout.data_parallel_size / max(n_targets, 1.0)  # gradients are averaged over replicas; undo that
     offload = (torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
                if recipe.train.gradient_checkpointing == "offload" else contextlib.nullcontext())
-    loss_sum = torch.zeros((), dtype=torch.float64, device=device)
-    for i, b in enumerate(batches):
-        sync = i == len(batches) - 1 or not hasattr(module, "no_sync")
-        with (contextlib.nullcontext() if sync else module.no_sync()), offload:
-            with autocast():
-                loss = module(b.input_ids.to(device), b.position_ids.to(device), b.targets.to(device), b.cu_seqlens)
-            scaled = loss * scale
-            (scaler.scale(scaled) if scaler else scaled).backward()
-        loss_sum += loss.detach()
+    if isinstance(module, Pipeline):
+        with offload:
+            loss_sum = module.step(batches, scale)
+    else:
+        loss_sum = torch.zeros((), dtype=torch.float64, device=device)
+        for i, b in enumerate(batches):
+            sync = i == len(batches) - 1 or not hasattr(module, "no_sync")
+            with (contextlib.nullcontext() if sync else module.no_sync()), offload:
+                with autocast():
+                    loss = module(b.input_ids.to(device), b.position_ids.to(device), b.targets.to(device),
+                                  b.cu_seqlens)
+                scaled = loss * scale
+                (scaler.scale(scaled) if scaler else scaled).backward()
+            loss_sum += loss.detach()
+        loss_sum = loss_sum.item()
+    if needs_replica_sync(layout):
+        sync_replicas(params, layout)
     if scaler:
         scaler.unscale_(optimizer)
     max_norm = recipe.train.max_grad_norm if recipe.train.max_grad_norm else float("inf")
-    grad_norm = torch.nn.utils.clip_grad_norm_(params, max_norm)
-    if hasattr(grad_norm, "full_tensor"):  # FSDP2: a DTensor
-        grad_norm = grad_norm.full_tensor()
+    grad_norm = clip_grad_norm(params, max_norm, layout)
     if scaler:
         scaler.step(optimizer)
         scaler.update()
@@ -239,37 +294,51 @@ def train_step(module, batches, optimizer, scheduler, scaler, params, recipe: Re
         optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     scheduler.step()
-    total_loss = all_reduce_sum(loss_sum.item(), env)
-    tokens = int(all_reduce_sum(sum(b.real_tokens for b in batches), env))
+    total_loss = replica_sum(loss_sum, env, layout)
+    tokens = int(replica_sum(sum(b.real_tokens for b in batches), env, layout))
     return total_loss / max(n_targets, 1.0), float(grad_norm), tokens
 
 
-def make_eval_batcher(recipe: Recipe, data: PreparedData, tokenizer, env: DistEnv) -> Batcher | None:
+def make_eval_batcher(recipe: Recipe, data: PreparedData, tokenizer, env: DistEnv,
+                      layout: Layout | None = None) -> Batcher | None:
     if data.eval is None or len(data.eval) == 0:
         return None
     ev = data.eval
     if recipe.eval.max_samples and len(ev) > recipe.eval.max_samples:
         ev = ev.subset(range(recipe.eval.max_samples))
-    return Batcher(ev, max_seq_len=recipe.data.max_seq_len, micro_batch_size=recipe.eval.batch_size, packing=True,
-                   seed=0, pad_id=tokenizer.pad_token_id, dp_rank=env.rank, dp_size=env.world_size, shuffle=False)
+    layout = layout or Layout(dp=env.world_size, fsdp=1, coord=(0, env.rank, 0, 0))
+    # A pipeline's micro-batches have one shape, the training one.
+    rows = recipe.train.micro_batch_size if layout.pp > 1 else recipe.eval.batch_size
+    return Batcher(ev, max_seq_len=recipe.data.max_seq_len, micro_batch_size=rows, packing=True, seed=0,
+                   pad_id=tokenizer.pad_token_id, dp_rank=layout.data_parallel_rank,
+                   dp_size=layout.data_parallel_size, shuffle=False)
 
 
 @torch.no_grad()
-def evaluate(loss_module, batcher: Batcher | None, env: DistEnv, autocast) -> dict:
+def evaluate(loss_module, batcher: Batcher | None, env: DistEnv, autocast, layout: Layout | None = None,
+             pipeline: Pipeline | None = None) -> dict:
     """Token-averaged loss over the eval targets, and its perplexity (exp of it)."""
     if batcher is None:
         return {"loss": None, "perplexity": None, "tokens": 0}
+    layout = layout or Layout(dp=env.world_size, fsdp=1)
     was_training = loss_module.training
-    loss_module.eval()
+    (pipeline or loss_module).train(False)
     loss_sum, n, row = 0.0, 0, 0
     while batcher.micro_batches_left(0, row) > 0:
-        b, row = batcher.micro_batch(0, row)
-        with autocast():
-            loss_sum += float(loss_module(b.input_ids.to(env.device), b.position_ids.to(env.device),
-                                          b.targets.to(env.device), b.cu_seqlens))
-        n += b.target_tokens
-    loss_module.train(was_training)
-    loss_sum, n = all_reduce_sum(loss_sum, env), all_reduce_sum(n, env)
+        batches = []
+        while batcher.micro_batches_left(0, row) > 0 and len(batches) < (pipeline.n_micro if pipeline else 1):
+            b, row = batcher.micro_batch(0, row)
+            batches.append(b)
+        if pipeline is not None:
+            loss_sum += pipeline.loss_sum(batches)
+        else:
+            b = batches[0]
+            with autocast():
+                loss_sum += float(loss_module(b.input_ids.to(env.device), b.position_ids.to(env.device),
+                                              b.targets.to(env.device), b.cu_seqlens))
+        n += sum(b.target_tokens for b in batches)
+    (pipeline or loss_module).train(was_training)
+    loss_sum, n = replica_sum(loss_sum, env, layout), replica_sum(n, env, layout)
     if n == 0:  # nothing to score: say so instead of reporting a perfect perplexity of 1.0
         return {"loss": None, "perplexity": None, "tokens": 0}
     loss = loss_sum / n
@@ -277,20 +346,22 @@ def evaluate(loss_module, batcher: Batcher | None, env: DistEnv, autocast) -> di
 
 
 @torch.no_grad()
-def generate_answers(loss_module, tokenizer, data: PreparedData, recipe: Recipe, env: DistEnv, autocast,
-                     layout: Layout | None = None) -> list[dict]:
+def generate_answers(model, tokenizer, data: PreparedData, recipe: Recipe, env: DistEnv, autocast,
+                     layout: Layout | None = None, loss_module=None) -> list[dict]:
     """Greedy answers to the first few eval prompts, kept by rank 0.
 
-    Unsharded, only rank 0 generates. Sharded (FSDP2), every rank must take part in each
-    forward's all-gathers: all ranks decode greedily in lockstep (same tokens everywhere).
+    A whole model: only rank 0 generates. Sharded (FSDP2 or tensor parallel), every rank must
+    take part in each forward's collectives: all ranks decode greedily in lockstep (the
+    same tokens everywhere).
     """
     sharded = layout is not None and layout.sharded
     if (not env.is_main and not sharded) or recipe.eval.generate == 0 or not data.eval_rows:
         return []
-    lm = causal_lm(loss_module)
+    lm = causal_lm(model)
     was_training = lm.training
     lm.eval()
-    if sharded:
+    fsdp = sharded and layout.fsdp > 1
+    if fsdp:
         loss_module.unshard()  # the root's own parameters (embeddings, head) are used outside its forward
     out = []
     for row in data.eval_rows[: recipe.eval.generate]:
@@ -299,7 +370,7 @@ def generate_answers(loss_module, tokenizer, data: PreparedData, recipe: Recipe,
                     "answer": generate_text(lm, tokenizer, prompt, recipe.eval.max_new_tokens,
                                             add_special_tokens=not data.renderer.uses_chat_template,
                                             device=env.device, autocast=autocast)})
-    if sharded:
+    if fsdp:
         loss_module.reshard()
     lm.train(was_training)
     return out if env.is_main else []
@@ -345,6 +416,27 @@ def gather_trainable(loss_module) -> dict:
     sd = get_model_state_dict(loss_module, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
                                                                     ignore_frozen_params=True))
     return {k.removeprefix("model."): v for k, v in sd.items()}
+
+
+def gather_stages(loss_module, env: DistEnv) -> dict:
+    """Every pipeline stage's trainable weights (whole tensors, on CPU), merged on every rank."""
+    local = {}
+    for name, p in loss_module.named_parameters():
+        if p.requires_grad:
+            t = p.detach()
+            t = t.full_tensor() if hasattr(t, "full_tensor") else t  # tensor-parallel slices
+            local[name.removeprefix("model.")] = t.cpu()
+    merged = {}
+    for part in gather_objects(local, env):
+        merged.update(part)
+    return merged
+
+
+def load_trainable(model, state: dict) -> None:
+    """Put trained weights (names as `gather_trainable` gives them) into a freshly built model."""
+    result = model.load_state_dict(state, strict=False)
+    if result.unexpected_keys:
+        raise RuntimeError(f"trained weights the model does not have: {result.unexpected_keys[:3]}")
 
 
 def export_trained(model, tokenizer, recipe: Recipe, run_dir: Path, full_state: dict | None = None) -> None:

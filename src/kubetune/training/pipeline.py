@@ -1,0 +1,153 @@
+"""Pipeline parallelism: consecutive decoder layers per stage, GPipe over micro-batches.
+
+`parallel.pp = P` cuts the decoder into P stages of consecutive layers; stage 0 also owns
+the token embedding, the last stage the final norm, the LM head and the loss. One
+optimizer step is one GPipe schedule (torch.distributed.pipelining.ScheduleGPipe) over the
+step's `train.grad_accum` micro-batches: all forwards flow down the pipeline, then all
+backwards flow up, and the stages' gradients accumulate exactly as they would in one
+process with the same grad_accum.
+
+Each rank keeps only its stage: the other layers are dropped from the model, which keeps
+the original parameter names (`...layers.7...` stays layer 7 on any stage), so DCP
+checkpoints reshard between pipeline layouts, and the optimizer, clipping and export see
+only this stage's weights.
+
+The schedule needs the same tensor shapes on every step (receive buffers are sized from
+the first micro-batch), so micro-batches are padded to [micro_batch_size, max_seq_len]
+and steps to grad_accum micro-batches; padding is a sample of its own without targets,
+so it changes no number. Packed rows keep their per-sample attention: the segments are
+read back from the position ids, which restart at 0 at every sample.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kubetune.data.packing import IGNORE, Batch
+from kubetune.models.attention import SEQLENS_KWARG
+from kubetune.models.finetune import causal_lm
+from kubetune.training.parallel import Layout
+
+
+def stage_layers(num_layers: int, stages: int) -> list[range]:
+    """Consecutive, as-even-as-possible layer ranges, earlier stages taking the remainder."""
+    return [range(int(c[0]), int(c[-1]) + 1) for c in np.array_split(np.arange(num_layers), stages)]
+
+
+def seqlens_from_positions(position_ids: torch.Tensor) -> list[int]:
+    """Segment lengths of a [B, T] batch whose positions restart at 0 for every sample."""
+    flat = position_ids.reshape(-1)
+    starts = torch.nonzero(flat == 0).flatten().tolist() + [flat.numel()]
+    return [e - s for s, e in zip(starts[:-1], starts[1:])]
+
+
+class StageModule(nn.Module):
+    """The layers of one stage: (ids | hidden, positions) -> (hidden, positions) | normed hidden."""
+
+    def __init__(self, decoder, first: bool, last: bool):
+        super().__init__()
+        self.decoder = decoder  # the pruned LlamaModel-like module (shared, not copied)
+        self.first, self.last = first, last
+
+    def forward(self, x, position_ids):
+        d = self.decoder
+        h = d.embed_tokens(x) if self.first else x
+        position_embeddings = d.rotary_emb(h, position_ids=position_ids)
+        seqlens = seqlens_from_positions(position_ids)
+        for layer in d.layers.values():
+            h = layer(h, attention_mask=None, position_ids=position_ids, position_embeddings=position_embeddings,
+                      use_cache=False, **{SEQLENS_KWARG: seqlens})
+        if self.last:
+            return d.norm(h)
+        return h, position_ids.clone()
+
+
+class Pipeline:
+    """This rank's stage and its GPipe schedule; `step` trains, `loss_sum` evaluates."""
+
+    def __init__(self, loss_module, layout: Layout, env, micro_batch_size: int, max_seq_len: int, n_micro: int,
+                 pad_id: int, autocast):
+        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+
+        self.layout, self.device = layout, env.device
+        self.mbs, self.seq, self.n_micro, self.pad_id = micro_batch_size, max_seq_len, n_micro, pad_id
+        self.autocast = autocast
+        lm = causal_lm(loss_module)
+        decoder = lm.model
+        stage, stages = layout.pp_rank, layout.pp
+        self.first, self.last = stage == 0, stage == stages - 1
+        owned = stage_layers(len(decoder.layers), stages)[stage]
+        hidden_dtype = decoder.embed_tokens.weight.dtype  # the residual stream's dtype, known before pruning
+        # Keep this stage's layers under their original indices; drop everything else.
+        decoder.layers = nn.ModuleDict({str(i): decoder.layers[i] for i in owned})
+        if not self.first:
+            decoder.embed_tokens = None
+        if not self.last:
+            decoder.norm = None
+            lm.lm_head = None
+        self.lm_head = lm.lm_head
+        self.module = StageModule(decoder, self.first, self.last)
+        self.scale = 1.0
+        self.sums: list[torch.Tensor] = []
+        # Static shapes: the stage's forward reads the segments from the position values, so
+        # it cannot run on the placeholder tensors that shape inference would feed it.
+        ids = torch.empty(micro_batch_size, max_seq_len, dtype=torch.long, device="meta")
+        hidden = torch.empty(micro_batch_size, max_seq_len, lm.config.hidden_size, dtype=hidden_dtype, device="meta",
+                             requires_grad=True)  # gradients flow back through it
+        stage_module = PipelineStage(self.module, stage, stages, env.device, group=layout.group("pp"),
+                                     input_args=(ids, ids) if self.first else (hidden, ids),
+                                     output_args=hidden if self.last else (hidden, ids))
+        self.schedule = ScheduleGPipe(
+            stage_module,
+            n_microbatches=n_micro, loss_fn=self._loss, scale_grads=False)
+
+    def _loss(self, hidden, targets):
+        """Summed cross-entropy of the target positions (the last stage only)."""
+        mask = targets != IGNORE
+        with self.autocast():
+            logits = self.lm_head(hidden[mask])
+        loss = F.cross_entropy(logits.float(), targets[mask], reduction="sum")
+        self.sums.append(loss.detach())
+        return loss * self.scale
+
+    def _inputs(self, batches: list[Batch]):
+        """Concatenate the step's micro-batches, each padded to [mbs, seq], the step to n_micro."""
+        ids = torch.full((self.n_micro * self.mbs, self.seq), self.pad_id, dtype=torch.long)
+        pos = torch.arange(self.seq).repeat(self.n_micro * self.mbs, 1)
+        tgt = torch.full_like(ids, IGNORE)
+        for i, b in enumerate(batches):
+            rows, t = b.input_ids.shape
+            r0 = i * self.mbs
+            ids[r0:r0 + rows, :t] = b.input_ids
+            pos[r0:r0 + rows, :t] = b.position_ids
+            pos[r0:r0 + rows, t:] = torch.arange(self.seq - t)  # the padding tail: one segment of its own
+            tgt[r0:r0 + rows, :t] = b.targets
+        return ids.to(self.device), pos.to(self.device), tgt.to(self.device)
+
+    def _run(self, batches: list[Batch], train: bool) -> float:
+        if len(batches) > self.n_micro:
+            raise ValueError(f"{len(batches)} micro-batches for a pipeline of {self.n_micro}")
+        ids, pos, tgt = self._inputs(batches)
+        self.sums = []
+        args = (ids, pos) if self.first else ()
+        kwargs = {"target": tgt} if self.last else {}
+        with self.autocast():
+            run = self.schedule.step if train else self.schedule.eval
+            run(*args, **kwargs, return_outputs=False)
+        return float(sum(s.double() for s in self.sums)) if self.last else 0.0
+
+    def step(self, batches: list[Batch], scale: float) -> float:
+        """Forward and backward of one optimizer step; returns the summed loss (last stage, else 0)."""
+        self.scale = scale
+        return self._run(batches, train=True)
+
+    @torch.no_grad()
+    def loss_sum(self, batches: list[Batch]) -> float:
+        self.scale = 1.0
+        return self._run(batches, train=False)
+
+    def train(self, mode: bool = True):
+        self.module.train(mode)
