@@ -6,6 +6,11 @@
     tokens/s of each and the ratio (ideal 2.0), and splits the 2-process step time into
     compute (the 1-process time per micro-batch) and communication + waiting (the rest).
 (b) Memory: full fine-tune, 2 processes, DDP vs FSDP2 (parallel.fsdp=2): peak RSS per rank.
+(c) Pipeline: 2 stages x 1 thread (parallel.pp=2, GPipe over the step's grad_accum
+    micro-batches) against 1 process x 1 thread with the same grad_accum: tokens/s, ratio
+    (ideal for GPipe: 2 x m / (m + 1) with m micro-batches) and peak RSS per rank.
+    (SmolLM2 has 9 attention heads / 3 key-value heads: tensor parallelism over 2 processes
+    does not divide it, so there is no tp arm on this model.)
 
     .venv/bin/python bench/scaling.py
     .venv/bin/python bench/scaling.py --rows 96 --steps 6
@@ -44,6 +49,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--rows", type=int, default=128)
     p.add_argument("--steps", type=int, default=8)
+    p.add_argument("--pp-micro", type=int, default=4, help="micro-batches per step in the pipeline arm")
     args = p.parse_args()
     common = [f"data.train={SHARED / 'train.jsonl'}", f"data.max_train_samples={args.rows}", "data.eval=0.1",
               "eval.max_samples=8", "eval.generate=0", "train.micro_batch_size=1", f"train.max_steps={args.steps}",
@@ -74,8 +80,19 @@ def main() -> None:
     fsdp = train(full + ["parallel.fsdp=2"], 2)
     print(f"full fine-tune, 2 processes, peak RSS per rank: DDP {ddp['peak_rss_mb_per_rank']} MB, "
           f"FSDP2 {fsdp['peak_rss_mb_per_rank']} MB (x{max(fsdp['peak_rss_mb_per_rank']) / max(ddp['peak_rss_mb_per_rank']):.2f})")
+
+    m = args.pp_micro
+    pp_common = common + [f"train.grad_accum={m}", f"train.max_steps={max(3, args.steps // m * 2)}"]
+    one_m = train(pp_common, 1)
+    pp = train(pp_common + ["parallel.pp=2"], 2)
+    rp1, rp2 = rate(one_m), rate(pp)
+    print(f"pipeline, {m} micro-batches per step: 1 process {rp1:.1f} tokens/s, 2 stages {rp2:.1f} tokens/s: "
+          f"x{rp2 / rp1:.2f} (GPipe ideal x{2 * m / (m + 1):.2f}); losses {one_m['metrics'][-1]['loss']:.4f} vs "
+          f"{pp['metrics'][-1]['loss']:.4f}; peak RSS per rank {one_m['peak_rss_mb_per_rank']} vs "
+          f"{pp['peak_rss_mb_per_rank']} MB")
     print(json.dumps({"tps_1p": r1, "tps_2p": r2, "step_1p": step1, "step_2p": step2,
-                      "rss_ddp": ddp["peak_rss_mb_per_rank"], "rss_fsdp": fsdp["peak_rss_mb_per_rank"]}))
+                      "rss_ddp": ddp["peak_rss_mb_per_rank"], "rss_fsdp": fsdp["peak_rss_mb_per_rank"],
+                      "tps_pp_1p": rp1, "tps_pp_2stages": rp2, "rss_pp": pp["peak_rss_mb_per_rank"]}))
 
 
 if __name__ == "__main__":

@@ -308,6 +308,9 @@ def test_quota_covers_workers_and_the_data_pod():
     (["k8s.nproc_per_node=16"], "exceeds the 8 CPUs per pod"),
     (["k8s.storage.access_mode=ReadWriteOnce"], "ReadWriteOnce cannot be shared"),
     (["k8s.elastic.enabled=true", "k8s.elastic.max_replicas=1"], "must lie within elastic"),
+    (["parallel.tp=4", "k8s.replicas=3"], "k8s.replicas=3 x k8s.nproc_per_node=1 = 3 processes"),
+    (["parallel.pp=2", "k8s.replicas=4", "k8s.elastic.enabled=true", "k8s.elastic.min_replicas=3"],
+     "dp x fsdp x tp x pp = 1 x 1 x 1 x 2 = 2, but 3 process(es)"),
 ])
 def test_impossible_resources_are_one_error(overrides, message):
     with pytest.raises(RecipeError) as err:

@@ -80,10 +80,26 @@ def _portability_warnings(recipe: Recipe, with_runtime: bool) -> list[str]:
     return warnings
 
 
+def layout_problems(recipe: Recipe) -> list[str]:
+    """The `parallel` degrees against the job's process count (every size an elastic job may take)."""
+    from kubetune.errors import RecipeError as _Bad
+    from kubetune.training.parallel import layout_for
+
+    k8s = recipe.k8s
+    lo, hi = k8s.elastic_range()
+    for replicas in sorted({lo, hi}):
+        world = replicas * k8s.processes_per_pod()
+        try:
+            layout_for(recipe.parallel, world)
+        except _Bad as e:
+            return [f"{e} (k8s.replicas={replicas} x k8s.nproc_per_node={k8s.processes_per_pod()} = {world} processes)"]
+    return []
+
+
 def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = False) -> Rendered:
     """All manifests for `recipe` (k8s.profile / k8s.api already applied), in apply order."""
     k8s = recipe.k8s
-    problems = resource_problems(k8s)
+    problems = resource_problems(k8s) + layout_problems(recipe)
     if problems:
         raise RecipeError("; ".join(problems))
     names = Names.for_job(job_name(recipe), k8s.namespace, k8s.storage.existing_claim)
