@@ -187,7 +187,8 @@ def wrap(module: nn.Module, decoder_layers, layout: Layout, env: DistEnv, precis
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     ids = [env.device.index] if env.device.type == "cuda" else None
-    return DDP(module, device_ids=ids)
+    # Gradients as views into the all-reduce buckets: no copy in and out of the buckets.
+    return DDP(module, device_ids=ids, gradient_as_bucket_view=True)
 
 
 def needs_replica_sync(layout: Layout) -> bool:
