@@ -73,6 +73,19 @@ def test_two_processes_equal_one_with_grad_accum_two(tmp_path, dist_overrides):
     assert abs(sa["eval_loss_after"] - sb["eval_loss_after"]) < 1e-4 * abs(sa["eval_loss_after"])
 
 
+def test_nproc_per_node_auto_is_one_process_per_core(tmp_path, dist_overrides):
+    from kubetune.training.launch import local_processes
+
+    n = local_processes("auto")
+    assert 1 <= n <= os.cpu_count()
+    out = finish(kubetune(["train", "--nproc-per-node", "auto", *dist_overrides, "train.max_steps=2",
+                           f"output_dir={tmp_path / 'auto'}"]))
+    assert f"{n} process(es)" in out
+    bad = kubetune(["train", "--nproc-per-node", "two", *dist_overrides, f"output_dir={tmp_path / 'bad'}"])
+    text, _ = bad.communicate(timeout=60)
+    assert bad.returncode == 2 and "--nproc-per-node two" in text and "Traceback" not in text, text
+
+
 def test_pytorchjob_contract_one_process_per_pod(tmp_path, dist_overrides):
     """What the Kubeflow training operator injects: MASTER_ADDR/PORT, WORLD_SIZE, RANK."""
     port = str(free_port())

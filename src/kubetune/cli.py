@@ -37,7 +37,9 @@ def _split_recipe_args(args: list[str]) -> tuple[Optional[str], list[str]]:
 @app.command(context_settings={"allow_extra_args": False})
 def train(
     args: list[str] = typer.Argument(None, help="[RECIPE] [key=value ...]; no recipe = the embedded default."),
-    nproc_per_node: Optional[int] = typer.Option(None, "--nproc-per-node", help="Start torchrun with N local processes."),
+    nproc_per_node: Optional[str] = typer.Option(
+        None, "--nproc-per-node",
+        help="Start torchrun with N local processes; auto = one per accelerator, or one per CPU core."),
     nnodes: Optional[str] = typer.Option(None, "--nnodes", help="torchrun --nnodes (N or MIN:MAX)."),
     node_rank: Optional[int] = typer.Option(None, "--node-rank", help="torchrun --node-rank."),
     rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="torchrun --rdzv-endpoint HOST:PORT."),
@@ -45,8 +47,10 @@ def train(
 ):
     """Fine-tune (LoRA or full) as the recipe says; resumes from the newest checkpoint."""
     recipe, overrides = _split_recipe_args(args or [])
-    from kubetune.training.launch import launch_torchrun, needs_agent, precheck
+    from kubetune.training.launch import launch_torchrun, local_processes, needs_agent, precheck
 
+    if nproc_per_node is not None:
+        nproc_per_node = local_processes(nproc_per_node)
     if nproc_per_node or nnodes:
         world = (nproc_per_node or 1) * int(nnodes or 1) if nnodes is None or str(nnodes).isdigit() else None
         comm = precheck(recipe, overrides, world or 0, nproc_per_node or 1) if world else {}
