@@ -5,7 +5,9 @@ dropout 0.05 on q_proj/v_proj), same rows (the first N of medical_flashcards tra
 one epoch), same tokens (kubetune's tokenizer pipeline: chat template, labels on the
 response, one EOS), same optimizer settings. HF Trainer gets padded batches (the usual
 DataCollatorForSeq2Seq dynamic padding), in fp32 and with bf16=True (CPU autocast).
-kubetune runs its defaults (packed rows, bf16 base weights, fp32 adapters).
+kubetune runs its defaults (packed rows, bf16 base weights, fp32 adapters), once as one
+process with all threads and once as one single-thread process per core
+(`--nproc-per-node`, same global batch: the layout kubetune recommends on CPU).
 
 Reported per arm: real (non-padding) tokens per second over the whole training loop, peak
 RSS of the process, eval loss and perplexity on the first M rows of test.jsonl (the same
@@ -15,7 +17,8 @@ of this machine's bf16 matmul peak, measured at the start of the run.
     .venv/bin/python bench/train_vs_hf.py                       # defaults below
     .venv/bin/python bench/train_vs_hf.py --rows 96 --eval-rows 100
 
-Each arm runs in its own process (so peak RSS is per arm); nothing else should run on the
+Each arm runs in its own process (so peak RSS is per arm; the per-core arm reports the sum of
+its processes); nothing else should run on the
 machine meanwhile.
 """
 
@@ -136,23 +139,44 @@ def arm_hf(args, precision: str) -> dict:
             "tokens_per_s": real_tokens / train_s, "eval_loss": ev["loss"], "perplexity": ev["perplexity"]}
 
 
-def arm_kubetune(args, precision: str) -> dict:
-    import torch
-
-    from kubetune.training.run import train_from_recipe
-
-    with tempfile.TemporaryDirectory() as tmp:
-        summary = train_from_recipe(None, [
+def kubetune_overrides(args, precision: str, tmp: str, threads: int, micro: int) -> list[str]:
+    return [
             f"data.train={SHARED / 'train.jsonl'}", f"data.eval={SHARED / 'test.jsonl'}",
             f"data.max_train_samples={args.rows}", f"eval.max_samples={args.eval_rows}", "eval.generate=0",
             "eval.batch_size=8", f"lora.r={LORA['r']}", f"lora.alpha={LORA['alpha']}",
             f"lora.dropout={LORA['dropout']}", f"lora.target_modules=[{','.join(LORA['targets'])}]",
-            "train.epochs=1", f"train.micro_batch_size={args.kt_micro}", "train.grad_accum=1", f"train.lr={LR}",
+            "train.epochs=1", f"train.micro_batch_size={micro}", "train.grad_accum=1", f"train.lr={LR}",
             "train.lr_schedule=cosine", f"train.warmup_steps={WARMUP}", f"train.precision={precision}",
-            f"train.seed={SEED}", "train.save_every=0", f"train.num_threads={args.threads}",
+            f"train.seed={SEED}", "train.save_every=0", f"train.num_threads={threads}",
             f"data.cache_dir={tmp}/cache", f"output_dir={tmp}/run", "train.log_every=1000",
-        ])
-    assert torch is not None
+    ]
+
+
+def arm_kubetune(args, precision: str) -> dict:
+    from kubetune.training.run import train_from_recipe
+
+    with tempfile.TemporaryDirectory() as tmp:
+        summary = train_from_recipe(None, kubetune_overrides(args, precision, tmp, args.threads, args.kt_micro))
+    return _kubetune_result(summary)
+
+
+def arm_kubetune_per_core(args, precision: str) -> dict:
+    """`--nproc-per-node <threads>`: one single-thread process per core, each taking half of
+    the micro-batch rows (the same global batch, so the same math as `kubetune-bf16`)."""
+    procs = args.threads
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "kubetune", "train", "--nproc-per-node", str(procs),
+               *kubetune_overrides(args, precision, tmp, 1, max(1, args.kt_micro // procs))]
+        res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
+        if res.returncode != 0:
+            raise SystemExit(res.stdout[-2000:] + res.stderr[-2000:])
+        summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+    out = _kubetune_result(summary)
+    out["peak_rss_mb"] = sum(summary["peak_rss_mb_per_rank"])  # all processes together
+    return out
+
+
+def _kubetune_result(summary: dict) -> dict:
     # eval in summary uses the same evaluate() on the same rows as the HF arms
     return {"train_tokens": summary["train_tokens"], "padded_tokens": summary["train_tokens"],
             "train_s": summary["train_time_s"], "tokens_per_s": summary["tokens_per_s"],
@@ -164,6 +188,7 @@ ARMS = {
     "hf-fp32": lambda a: arm_hf(a, "fp32"),
     "hf-bf16": lambda a: arm_hf(a, "bf16"),
     "kubetune-bf16": lambda a: arm_kubetune(a, "bf16"),
+    "kubetune-per-core": lambda a: arm_kubetune_per_core(a, "bf16"),
 }
 
 
@@ -188,7 +213,7 @@ def main() -> None:
     args = p.parse_args()
     if args.arm:
         result = ARMS[args.arm](args)
-        result["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        result.setdefault("peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         print(json.dumps(result))
         return
 
@@ -205,7 +230,7 @@ def main() -> None:
     print(f"matmul peak (2048^3): bf16 {peak['bf16'] / 1e12:.3f} TFLOP/s, fp32 {peak['fp32'] / 1e12:.3f} TFLOP/s")
     print(f"budget: {args.rows} rows of train.jsonl = {kt['train_tokens']:,} real tokens, one epoch; "
           f"eval on {args.eval_rows} rows of test.jsonl")
-    print(f"{'arm':15s} {'tokens/s':>9s} {'x hf-fp32':>9s} {'x hf-bf16':>9s} {'pad%':>5s} {'peak RSS':>9s} "
+    print(f"{'arm':17s} {'tokens/s':>9s} {'x hf-fp32':>9s} {'x hf-bf16':>9s} {'pad%':>5s} {'peak RSS':>9s} "
           f"{'eval loss':>9s} {'ppl':>7s} {'% bf16 peak':>11s}")
     from kubetune.models.load import load_tokenizer
 
@@ -217,7 +242,7 @@ def main() -> None:
         fpt = flops_per_token(config, target_frac)
         frac = r["tokens_per_s"] * fpt / peak["bf16"] * 100
         pad = 100 * (1 - r["train_tokens"] / r["padded_tokens"])
-        print(f"{name:15s} {r['tokens_per_s']:9.1f} {r['tokens_per_s'] / results['hf-fp32']['tokens_per_s']:9.2f} "
+        print(f"{name:17s} {r['tokens_per_s']:9.1f} {r['tokens_per_s'] / results['hf-fp32']['tokens_per_s']:9.2f} "
               f"{r['tokens_per_s'] / results['hf-bf16']['tokens_per_s']:9.2f} {pad:5.1f} {r['peak_rss_mb']:7.0f}MB "
               f"{r['eval_loss']:9.4f} {r['perplexity']:7.3f} {frac:10.1f}%")
     print(f"base model before training: eval loss {kt['eval_loss_before']:.4f}, perplexity {kt['perplexity_before']:.3f}")
