@@ -188,12 +188,14 @@ def assert_same_run(a: Path, b: Path, rel: float = 1e-4) -> None:
 
 def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides):
     """DTensor TP over 2 ranks (q/k/v/gate/up by output, o/down by input; LoRA adapters
-    follow their base layer) trains exactly like one process: LoRA and full fine-tune."""
-    for method in ("lora", "full"):
+    follow their base layer) trains exactly like one process: LoRA (with train.compile,
+    which then compiles the norms only) and full fine-tune."""
+    for method, extra in (("lora", ["train.compile=true"]), ("full", [])):
         one, tp = tmp_path / f"one-{method}", tmp_path / f"tp-{method}"
         common = [*dist_overrides, f"finetune.method={method}", "train.grad_accum=2"]
         finish(kubetune(["train", *common, f"output_dir={one}"]))
-        out = finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.tp=2", f"output_dir={tp}"]))
+        out = finish(kubetune(["train", "--nproc-per-node", "2", *common, *extra, "parallel.tp=2",
+                               f"output_dir={tp}"]))
         assert "tp 2" in out
         assert_same_run(one, tp)
     # the exported full model is whole (gathered from the slices) and loads

@@ -57,11 +57,13 @@ def prepare_for_training(model, recipe: Recipe):
     if recipe.train.gradient_checkpointing == "on":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if recipe.train.compile:
-        compile_regions(model)
+        # A tensor-parallel MLP runs DTensor hooks that the compiled region's backward does
+        # not survive (recursion in autograd): compile only the norms then.
+        compile_regions(model, mlp=recipe.parallel.tp == 1)
     return model
 
 
-def compile_regions(model) -> None:
+def compile_regions(model, mlp: bool = True) -> None:
     """Regional torch.compile: each decoder layer's MLP and norms.
 
     The attention runs a Python loop over packed samples whose count changes every batch;
@@ -73,7 +75,8 @@ def compile_regions(model) -> None:
     os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     decoder = causal_lm(model).model
     for layer in decoder.layers:
-        layer.mlp.compile(dynamic=True)
+        if mlp:
+            layer.mlp.compile(dynamic=True)
         layer.input_layernorm.compile(dynamic=True)
         layer.post_attention_layernorm.compile(dynamic=True)
 
