@@ -151,3 +151,38 @@ def run_cli_inproc(args, capsys) -> str:
     finally:
         _sys.argv = argv
     return capsys.readouterr().out
+
+
+def test_memory_budget_stops_with_a_checkpoint_and_resumes(tmp_path, tiny_overrides):
+    """Over KUBETUNE_MEMORY_BUDGET (set by the cluster job), every rank saves and the run
+    stops with one line naming the knobs; rerunning without the squeeze resumes."""
+    out = tmp_path / "squeezed"
+    common = tiny_overrides + ["eval.generate=0", "train.save_every=0", f"output_dir={out}"]
+    proc = subprocess.run([sys.executable, "-m", "kubetune", "train", *common], capture_output=True, text=True,
+                          env={**os.environ, "KUBETUNE_MEMORY_BUDGET": str(50 * 2**20)}, cwd=REPO, timeout=240)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("kubetune: error")]
+    assert len(errors) == 1 and "KUBETUNE_MEMORY_BUDGET" in errors[0] and "train.micro_batch_size" in errors[0]
+    assert "Traceback" not in proc.stderr
+    assert (out / "checkpoints" / "step-1" / "meta.json").is_file()
+    resumed = _train_process(common)
+    log, _ = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0 and "resumed from" in log, log
+    assert json.loads((out / "summary.json").read_text())["steps"] == 6
+
+
+def test_memory_is_read_from_the_cgroup(tmp_path, monkeypatch):
+    from kubetune.training import memory
+
+    v2, v1 = tmp_path / "v2.stat", tmp_path / "v1.stat"
+    v2.write_text("anon 1000\nfile 5000\nshmem 24\n")
+    v1.write_text("cache 7\nrss 1\ntotal_rss 300\ntotal_shmem 20\n")
+    assert memory.cgroup_unreclaimable(((v2, ("anon", "shmem")),)) == 1024
+    assert memory.cgroup_unreclaimable(((tmp_path / "absent", ("anon",)), (v1, ("total_rss", "total_shmem")))) == 320
+    assert memory.cgroup_unreclaimable(((tmp_path / "absent", ("anon",)),)) is None
+    monkeypatch.setenv(memory.ENV, "not-a-number")
+    assert memory.budget_bytes() is None and memory.over_budget(1) is None
+    monkeypatch.setenv(memory.ENV, str(2**50))
+    assert memory.over_budget(1) is None
+    monkeypatch.setenv(memory.ENV, "1")
+    assert "over KUBETUNE_MEMORY_BUDGET" in memory.over_budget(1)

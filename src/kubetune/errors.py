@@ -32,3 +32,7 @@ class ModelError(UserError):
 
 class RunDirError(UserError):
     """The output directory belongs to another run, or is missing what a command needs."""
+
+
+class MemoryBudgetError(UserError):
+    """The run outgrew KUBETUNE_MEMORY_BUDGET; a checkpoint was saved first."""

@@ -20,13 +20,14 @@ from pathlib import Path
 import torch
 
 from kubetune.data import Batcher, PreparedData, prepare_data
-from kubetune.errors import DataError, RunDirError
+from kubetune.errors import DataError, MemoryBudgetError, RunDirError
 from kubetune.fsutil import atomic_write_json
 from kubetune.models.attention import register as register_attention
 from kubetune.models.finetune import TargetLoss, causal_lm, prepare_for_training
 from kubetune.models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model
 from kubetune.recipe import Recipe, load_recipe, recipe_to_yaml
 from kubetune.training import checkpoint as ckpt
+from kubetune.training import memory
 from kubetune.training import rundir
 from kubetune.training.dist import DistEnv, all_reduce_sum, init_distributed, shutdown
 from kubetune.training.metrics import MetricsLog, Progress, plot_loss_curve
@@ -150,6 +151,7 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     params = [p for p in model.parameters() if p.requires_grad]
     train_module.train()
     last_saved = state.step if resume_from else -1
+    guard_memory = memory.budget_bytes() is not None
     while state.step < total_steps:
         t0 = time.perf_counter()
         batches = next_micro_batches(batcher, state, recipe.train.grad_accum)
@@ -174,6 +176,14 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
         if recipe.train.save_every and state.step % recipe.train.save_every == 0:
             save(run_dir, state, total_steps, loss_module, optimizer, scheduler, recipe, env)
             last_saved = state.step
+        if guard_memory:  # the same on every rank (the pods share their env): stop together
+            over = memory.over_budget(env.local_world_size)
+            if all_reduce_sum(1 if over else 0, env) > 0:
+                if last_saved != state.step:
+                    save(run_dir, state, total_steps, loss_module, optimizer, scheduler, recipe, env)
+                progress.close()
+                raise MemoryBudgetError(f"{over or 'memory: another process of this job is over its budget'}; "
+                                        f"{memory.advice(state.step, run_dir / 'checkpoints' / f'step-{state.step}')}")
     progress.close()
     if last_saved != state.step:
         save(run_dir, state, total_steps, loss_module, optimizer, scheduler, recipe, env)
