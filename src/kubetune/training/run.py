@@ -3,7 +3,8 @@
 The whole algorithm reads top to bottom in `train_from_recipe`. It is the same code for one
 process and for N processes on M nodes: rank 0 does the I/O that must happen once, every
 rank reads its own shard of the data, and collectives are only used where the math needs
-them (gradient all-reduce inside DDP, one token count per step, eval sums).
+them (gradient all-reduce inside DDP, one token count per step, eval sums, and a vote on
+the memory budget when KUBETUNE_MEMORY_BUDGET is set).
 """
 
 from __future__ import annotations
