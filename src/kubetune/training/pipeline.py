@@ -62,7 +62,7 @@ class StageModule(nn.Module):
                       use_cache=False, **{SEQLENS_KWARG: seqlens})
         if self.last:
             return d.norm(h)
-        return h, position_ids.clone()
+        return h, position_ids
 
 
 class Pipeline:
