@@ -3,8 +3,11 @@ and the loss that only looks at target positions."""
 
 from __future__ import annotations
 
+import math
 import os
+import zlib
 
+import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
@@ -34,6 +37,13 @@ def apply_lora(model, recipe: Recipe):
     config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
                         target_modules=targets, task_type="CAUSAL_LM", bias="none")
     model = get_peft_model(model, config)
+    # PEFT draws each lora_A from the global generator in module order, so a pipeline stage
+    # that holds layers 15-29 would draw what layer 0 gets in one process. Draw each from a
+    # generator seeded by (seed, parameter name) instead: the same init in every layout.
+    for name, p in model.named_parameters():
+        if ".lora_A." in name:
+            g = torch.Generator().manual_seed(recipe.train.seed * 1_000_003 + zlib.crc32(name.encode()))
+            nn.init.kaiming_uniform_(p.data, a=math.sqrt(5), generator=g)  # PEFT's own init, reseeded
     # Frozen base weights may be bf16; the adapters train in fp32 (their optimizer state too).
     for p in model.parameters():
         if p.requires_grad:

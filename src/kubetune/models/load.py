@@ -128,5 +128,55 @@ def load_causal_lm(source: str, dtype: torch.dtype, attn_implementation: str = "
     return model
 
 
+def load_causal_lm_part(source: str, dtype: torch.dtype, attn_implementation: str, keep, revision=None,
+                        trust_remote_code: bool = False):
+    """Only part of a model: built on the meta device, cut by `keep(model)` (which drops
+    modules), then just the remaining tensors are read from the safetensors files. A
+    pipeline stage of a model that does not fit in one process's memory loads this way.
+    Returns None when `source` is not a local directory of safetensors (a hub id loads whole).
+    """
+    import json
+    from pathlib import Path
+
+    from safetensors import safe_open
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    root = Path(source)
+    index = root / "model.safetensors.index.json"
+    if index.is_file():
+        where = {k: root / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    elif (root / "model.safetensors").is_file():
+        with safe_open(root / "model.safetensors", "pt") as f:
+            where = {k: root / "model.safetensors" for k in f.keys()}
+    else:
+        return None
+    config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
+                                                 trust_remote_code=trust_remote_code)
+    keep(model)
+    model.to_empty(device="cpu")
+    # non-persistent buffers (the rotary frequencies) are not in the files: compute them again
+    for name, module in list(model.named_modules()):
+        if type(module).__name__.endswith("RotaryEmbedding"):
+            parent, _, attr = name.rpartition(".")
+            setattr(model.get_submodule(parent), attr, type(module)(config=config))
+    tied = getattr(config, "tie_word_embeddings", False)
+    by_file: dict[Path, list[tuple[str, str]]] = {}
+    for name in model.state_dict():
+        key = name if name in where else ("model.embed_tokens.weight" if tied and name == "lm_head.weight" else None)
+        if key is None or key not in where:
+            raise ModelError(f"model.name_or_path={source}: the weights have no tensor {name}")
+        by_file.setdefault(where[key], []).append((name, key))
+    state = model.state_dict()
+    with torch.no_grad():
+        for path, names in by_file.items():
+            with safe_open(path, "pt") as f:
+                for name, key in names:
+                    state[name].copy_(f.get_tensor(key))
+    model.config.use_cache = False
+    return model
+
+
 def _first_line(e: BaseException) -> str:
     return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -7,8 +7,9 @@ step's `train.grad_accum` micro-batches: all forwards flow down the pipeline, th
 backwards flow up, and the stages' gradients accumulate exactly as they would in one
 process with the same grad_accum.
 
-Each rank keeps only its stage: the other layers are dropped from the model, which keeps
-the original parameter names (`...layers.7...` stays layer 7 on any stage), so DCP
+Each rank loads only its stage from the safetensors files (`load_causal_lm_part`; a hub
+id loads whole and is cut): the other layers never exist in its memory, and the ones it
+keeps have their original parameter names (`...layers.7...` stays layer 7 on any stage), so DCP
 checkpoints reshard between pipeline layouts, and the optimizer, clipping and export see
 only this stage's weights.
 
@@ -44,6 +45,21 @@ def seqlens_from_positions(position_ids: torch.Tensor) -> list[int]:
     return [e - s for s, e in zip(starts[:-1], starts[1:])]
 
 
+def keep_stage(lm, stage: int, stages: int) -> None:
+    """Cut a *ForCausalLM down to one stage, in place: its layers (under their original
+    indices), the embedding on the first stage, the norm and head on the last."""
+    decoder = lm.model
+    if isinstance(decoder.layers, nn.ModuleDict):
+        return  # already cut (loaded as a stage)
+    owned = stage_layers(len(decoder.layers), stages)[stage]
+    decoder.layers = nn.ModuleDict({str(i): decoder.layers[i] for i in owned})
+    if stage != 0:
+        decoder.embed_tokens = nn.Identity()  # no weights; PEFT asks every model for its input embeddings
+    if stage != stages - 1:
+        decoder.norm = None
+        lm.lm_head = None
+
+
 class StageModule(nn.Module):
     """The layers of one stage: (ids | hidden, positions) -> (hidden, positions) | normed hidden."""
 
@@ -69,7 +85,7 @@ class Pipeline:
     """This rank's stage and its GPipe schedule; `step` trains, `loss_sum` evaluates."""
 
     def __init__(self, loss_module, layout: Layout, env, micro_batch_size: int, max_seq_len: int, n_micro: int,
-                 pad_id: int, autocast):
+                 pad_id: int, autocast, hidden_dtype: torch.dtype):
         from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
 
         self.layout, self.device = layout, env.device
@@ -79,15 +95,7 @@ class Pipeline:
         decoder = lm.model
         stage, stages = layout.pp_rank, layout.pp
         self.first, self.last = stage == 0, stage == stages - 1
-        owned = stage_layers(len(decoder.layers), stages)[stage]
-        hidden_dtype = decoder.embed_tokens.weight.dtype  # the residual stream's dtype, known before pruning
-        # Keep this stage's layers under their original indices; drop everything else.
-        decoder.layers = nn.ModuleDict({str(i): decoder.layers[i] for i in owned})
-        if not self.first:
-            decoder.embed_tokens = None
-        if not self.last:
-            decoder.norm = None
-            lm.lm_head = None
+        keep_stage(lm, stage, stages)
         self.lm_head = lm.lm_head
         self.module = StageModule(decoder, self.first, self.last)
         self.scale = 1.0
@@ -95,6 +103,7 @@ class Pipeline:
         # Static shapes: the stage's forward reads the segments from the position values, so
         # it cannot run on the placeholder tensors that shape inference would feed it.
         ids = torch.empty(micro_batch_size, max_seq_len, dtype=torch.long, device="meta")
+        # the residual stream's dtype is the embedding's (the base weights' dtype)
         hidden = torch.empty(micro_batch_size, max_seq_len, lm.config.hidden_size, dtype=hidden_dtype, device="meta",
                              requires_grad=True)  # gradients flow back through it
         stage_module = PipelineStage(self.module, stage, stages, env.device, group=layout.group("pp"),

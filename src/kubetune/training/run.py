@@ -25,7 +25,7 @@ from kubetune.errors import DataError, MemoryBudgetError, RunDirError
 from kubetune.fsutil import atomic_write_json
 from kubetune.models.attention import register as register_attention
 from kubetune.models.finetune import TargetLoss, causal_lm, prepare_for_training
-from kubetune.models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model
+from kubetune.models.load import DTYPES, load_causal_lm, load_causal_lm_part, load_tokenizer, resolve_model
 from kubetune.recipe import Recipe, load_recipe, recipe_to_yaml
 from kubetune.training import checkpoint as ckpt
 from kubetune.training import memory
@@ -42,7 +42,7 @@ from kubetune.training.parallel import (
     sync_replicas,
 )
 from kubetune.training.parallel import wrap as wrap_parallel
-from kubetune.training.pipeline import Pipeline
+from kubetune.training.pipeline import Pipeline, keep_stage
 
 log = logging.getLogger("kubetune")
 
@@ -90,19 +90,22 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     source = resolve_model(recipe.model.name_or_path)
     tokenizer = load_tokenizer(source, recipe.model.revision, recipe.model.trust_remote_code)
     data = prepare_data(recipe, tokenizer)
-    model = build_model(recipe, source, env)
+    model = build_model(recipe, source, env, layout)
     check_model(layout, causal_lm(model).config, recipe)
     loss_module = TargetLoss(model)
     resume_from = _resume_path(recipe, run_dir)
     autocast = autocast_context(recipe, env)
-    # The answers before training come from the whole model, before it is split over ranks.
+    # The answers before training come from the whole model, before it is split over ranks
+    # (a pipeline rank holds one stage: rank 0 loads the whole model for them, then frees it).
     answers_before = None
-    if resume_from is None:
-        answers_before = generate_answers(model, tokenizer, data, recipe, env, autocast)
+    if resume_from is None and (env.is_main or layout.pp == 1) and recipe.eval.generate:
+        whole = build_model(recipe, source, env) if layout.pp > 1 else model
+        answers_before = generate_answers(whole, tokenizer, data, recipe, env, autocast)
+        del whole
     pipeline = None
-    if layout.pp > 1:  # keeps only this rank's stage of the model
+    if layout.pp > 1:
         pipeline = Pipeline(loss_module, layout, env, recipe.train.micro_batch_size, recipe.data.max_seq_len,
-                            recipe.train.grad_accum, tokenizer.pad_token_id, autocast)
+                            recipe.train.grad_accum, tokenizer.pad_token_id, autocast, DTYPES[recipe.base_dtype_name()])
     train_module = wrap_parallel(loss_module, decoder_layers(model), layout, env, recipe.train.precision)
     optimizer = build_optimizer(model, recipe.train, impl="loop" if layout.tp > 1 else
                                 "foreach" if layout.sharded else "fused")
@@ -217,10 +220,16 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
 
 # --- parts -----------------------------------------------------------------------------
 
-def build_model(recipe: Recipe, source: str, env: DistEnv):
+def build_model(recipe: Recipe, source: str, env: DistEnv, layout: Layout | None = None):
+    """The model to train; with pipeline stages, only this rank's stage of it."""
     attn = register_attention() if recipe.model.attn_implementation == "sdpa" else recipe.model.attn_implementation
     dtype = DTYPES[recipe.base_dtype_name()]
-    model = load_causal_lm(source, dtype, attn, recipe.model.revision, recipe.model.trust_remote_code)
+    model = None
+    if layout is not None and layout.pp > 1:
+        model = load_causal_lm_part(source, dtype, attn, lambda lm: keep_stage(lm, layout.pp_rank, layout.pp),
+                                    recipe.model.revision, recipe.model.trust_remote_code)
+    if model is None:
+        model = load_causal_lm(source, dtype, attn, recipe.model.revision, recipe.model.trust_remote_code)
     model = prepare_for_training(model, recipe)
     return model.to(env.device)
 
