@@ -216,6 +216,10 @@ def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overri
     out = finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", f"output_dir={pp}"]))
     assert "pp 2" in out
     assert_same_run(one, pp)
+    f1b = tmp_path / "1f1b"  # the 1F1B schedule: other order, same math
+    finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", "parallel.pp_schedule=1f1b",
+                     f"output_dir={f1b}"]))
+    assert_same_run(one, f1b)
     ckpt = pp / "checkpoints" / "step-2"
     assert (ckpt / "meta.json").is_file()
     for name, launch, layout in (("tp", ["--nproc-per-node", "2"], ["parallel.tp=2"]), ("single", [], [])):
@@ -245,7 +249,8 @@ def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
     for bad, words in ((["parallel.fsdp=3"], "dp x fsdp x tp x pp"),
                        (["parallel.tp=2", "model.name_or_path=smollm2-135m-instruct"], "9 attention heads"),
                        (["parallel.pp=2", "finetune.method=full"], "ties its input embedding"),
-                       (["parallel.pp=2", "parallel.fsdp=2", "parallel.dp=1"], "parallel.fsdp=1")):
+                       (["parallel.pp=2", "parallel.fsdp=2", "parallel.dp=1"], "parallel.fsdp=1"),
+                       (["parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=1"], "train.grad_accum>=2")):
         proc = kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *bad, f"output_dir={tmp_path / 'x'}"])
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 2 and words in out, out[-2000:]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from kubetune.recipe.base import Section
@@ -17,5 +19,8 @@ class ParallelSection(Section):
     fsdp: int = Field(1, ge=1, description="FSDP2 (fully_shard) degree: parameters, grads and optimizer state sharded.")
     tp: int = Field(1, ge=1, description="Tensor-parallel degree (DTensor: attention and MLP projections, LoRA included).")
     pp: int = Field(1, ge=1, description="Pipeline stages (torch.distributed.pipelining, GPipe over the grad_accum micro-batches).")
+    pp_schedule: Literal["gpipe", "1f1b"] = Field(
+        "gpipe", description="Pipeline schedule: gpipe (all forwards, then all backwards) or 1f1b (keeps at most "
+                             "pp micro-batches of activations; needs train.grad_accum >= parallel.pp).")
     timeout_s: int = Field(1800, ge=10, description="Collective timeout in seconds for the process group.")
     backend: str = Field("auto", description="auto | gloo | nccl | hccl (auto follows the device).")

@@ -115,6 +115,9 @@ def check_model(layout: Layout, config, recipe) -> None:
         if recipe.finetune.method == "full" and getattr(config, "tie_word_embeddings", False):
             raise ModelError("parallel.pp with finetune.method=full: this model ties its input embedding to the "
                              "output head, which live on different stages; use finetune.method=lora or parallel.fsdp")
+    if layout.pp > 1 and recipe.parallel.pp_schedule == "1f1b" and recipe.train.grad_accum < layout.pp:
+        raise RecipeError(f"parallel.pp_schedule=1f1b needs at least parallel.pp={layout.pp} micro-batches per step; "
+                          f"set train.grad_accum>={layout.pp} (it is {recipe.train.grad_accum}) or use gpipe")
     if (layout.tp > 1 or layout.pp > 1) and recipe.train.precision == "fp16":
         raise RecipeError("train.precision=fp16 with parallel.tp/pp: loss scaling would skip steps on some ranks "
                           "only; use train.precision=bf16")

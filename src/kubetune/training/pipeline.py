@@ -85,8 +85,8 @@ class Pipeline:
     """This rank's stage and its GPipe schedule; `step` trains, `loss_sum` evaluates."""
 
     def __init__(self, loss_module, layout: Layout, env, micro_batch_size: int, max_seq_len: int, n_micro: int,
-                 pad_id: int, autocast, hidden_dtype: torch.dtype):
-        from torch.distributed.pipelining import PipelineStage, ScheduleGPipe
+                 pad_id: int, autocast, hidden_dtype: torch.dtype, schedule: str = "gpipe"):
+        from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         self.layout, self.device = layout, env.device
         self.mbs, self.seq, self.n_micro, self.pad_id = micro_batch_size, max_seq_len, n_micro, pad_id
@@ -109,7 +109,10 @@ class Pipeline:
         stage_module = PipelineStage(self.module, stage, stages, env.device, group=layout.group("pp"),
                                      input_args=(ids, ids) if self.first else (hidden, ids),
                                      output_args=hidden if self.last else (hidden, ids))
-        self.schedule = ScheduleGPipe(
+        # GPipe runs every forward, then every backward: it holds all n_micro micro-batches'
+        # activations. 1F1B starts backwards as soon as the last stage can: at most `stages`.
+        schedule_cls = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
+        self.schedule = schedule_cls(
             stage_module,
             n_microbatches=n_micro, loss_fn=self._loss, scale_grads=False)
 

@@ -105,7 +105,8 @@ def _train(recipe: Recipe, env: DistEnv, wall0: float) -> dict | None:
     pipeline = None
     if layout.pp > 1:
         pipeline = Pipeline(loss_module, layout, env, recipe.train.micro_batch_size, recipe.data.max_seq_len,
-                            recipe.train.grad_accum, tokenizer.pad_token_id, autocast, DTYPES[recipe.base_dtype_name()])
+                            recipe.train.grad_accum, tokenizer.pad_token_id, autocast, DTYPES[recipe.base_dtype_name()],
+                            recipe.parallel.pp_schedule)
     train_module = wrap_parallel(loss_module, decoder_layers(model), layout, env, recipe.train.precision)
     optimizer = build_optimizer(model, recipe.train, impl="loop" if layout.tp > 1 else
                                 "foreach" if layout.sharded else "fused")
