@@ -162,13 +162,13 @@ def load_causal_lm_part(source: str, dtype: torch.dtype, attn_implementation: st
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent), attr, type(module)(config=config))
     tied = getattr(config, "tie_word_embeddings", False)
+    state = model.state_dict()
     by_file: dict[Path, list[tuple[str, str]]] = {}
-    for name in model.state_dict():
+    for name in state:
         key = name if name in where else ("model.embed_tokens.weight" if tied and name == "lm_head.weight" else None)
         if key is None or key not in where:
             raise ModelError(f"model.name_or_path={source}: the weights have no tensor {name}")
         by_file.setdefault(where[key], []).append((name, key))
-    state = model.state_dict()
     with torch.no_grad():
         for path, names in by_file.items():
             with safe_open(path, "pt") as f:

@@ -72,6 +72,11 @@ class Layout:
         return self.mesh[dim].get_group() if self.mesh is not None else None
 
 
+def data_parallel_only(env: DistEnv) -> Layout:
+    """Every rank a whole replica (what `kubetune eval` and unsplit callers assume)."""
+    return Layout(dp=env.world_size, fsdp=1, coord=(0, env.rank, 0, 0))
+
+
 def layout_for(parallel: ParallelSection, world: int) -> Layout:
     """The degrees for `world` processes, or a RecipeError saying what to change (pure)."""
     if parallel.pp > 1 and parallel.fsdp > 1:

@@ -37,6 +37,7 @@ from kubetune.training.parallel import (
     Layout,
     check_model,
     clip_grad_norm,
+    data_parallel_only,
     needs_replica_sync,
     plan_layout,
     sync_replicas,
@@ -327,7 +328,7 @@ def make_eval_batcher(recipe: Recipe, data: PreparedData, tokenizer, env: DistEn
     ev = data.eval
     if recipe.eval.max_samples and len(ev) > recipe.eval.max_samples:
         ev = ev.subset(range(recipe.eval.max_samples))
-    layout = layout or Layout(dp=env.world_size, fsdp=1, coord=(0, env.rank, 0, 0))
+    layout = layout or data_parallel_only(env)
     # A pipeline's micro-batches have one shape, the training one.
     rows = recipe.train.micro_batch_size if layout.pp > 1 else recipe.eval.batch_size
     return Batcher(ev, max_seq_len=recipe.data.max_seq_len, micro_batch_size=rows, packing=True, seed=0,
@@ -341,7 +342,7 @@ def evaluate(loss_module, batcher: Batcher | None, env: DistEnv, autocast, layou
     """Token-averaged loss over the eval targets, and its perplexity (exp of it)."""
     if batcher is None:
         return {"loss": None, "perplexity": None, "tokens": 0}
-    layout = layout or Layout(dp=env.world_size, fsdp=1)
+    layout = layout or data_parallel_only(env)
     was_training = loss_module.training
     (pipeline or loss_module).train(False)
     loss_sum, n, row = 0.0, 0, 0
