@@ -23,6 +23,7 @@ from kubetune.errors import RecipeError
 from kubetune.k8s import jobs, objects
 from kubetune.k8s.names import DATA_DIR, Names
 from kubetune.recipe.k8s import resource_problems
+from kubetune.recipe.layout import layout_for
 from kubetune.recipe.schema import Recipe
 
 TOKEN_REDACTED_NOTE = "# Secret {name}: not printed (it holds the Hugging Face token); use -o DIR or `kubetune k8s submit`"
@@ -83,7 +84,6 @@ def _portability_warnings(recipe: Recipe, with_runtime: bool) -> list[str]:
 def layout_problems(recipe: Recipe) -> list[str]:
     """The `parallel` degrees against the job's process count (every size an elastic job may take)."""
     from kubetune.errors import RecipeError as _Bad
-    from kubetune.training.parallel import layout_for
 
     k8s = recipe.k8s
     lo, hi = k8s.elastic_range()

@@ -55,7 +55,7 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
     communication environment (the recipe's `comm` section) for the local workers."""
     from kubetune.recipe import load_recipe
     from kubetune.recipe.comm import comm_env
-    from kubetune.training.parallel import layout_for
+    from kubetune.recipe.layout import check_model, check_recipe, layout_for
 
     r = load_recipe(recipe, overrides).recipe
     layout = layout_for(r.parallel, world_size)
@@ -63,11 +63,11 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
         from transformers import AutoConfig
 
         from kubetune.models.load import resolve_model
-        from kubetune.training.parallel import check_model
 
         config = AutoConfig.from_pretrained(resolve_model(r.model.name_or_path), revision=r.model.revision,
                                             trust_remote_code=r.model.trust_remote_code)
         check_model(layout, config, r)
+    check_recipe(layout, r)
     return comm_env(r.comm, _accelerator_kind(), cpus_per_process=max(1, (os.cpu_count() or 1) // nproc_per_node),
                     processes_per_host=nproc_per_node)
 

@@ -13,119 +13,48 @@ The mesh has four named dimensions, outermost first: ("pp", "dp", "fsdp", "tp").
   gradients are averaged over the dp group after backward (`sync_replicas`).
 - pp (outermost): pipeline stages over consecutive decoder layers (see pipeline.py).
 
-The ranks that share (dp, fsdp) coordinates are one data-parallel replica: they read the
-same micro-batches. There are dp x fsdp replicas, each with its own shard of the data.
+The degrees themselves, and the checks on them, are pure arithmetic: kubetune.recipe.layout.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
 
-from kubetune.errors import ModelError, RecipeError
 from kubetune.recipe.dist import ParallelSection
+from kubetune.recipe.layout import MESH_DIMS, Layout, layout_for
 from kubetune.training.dist import DistEnv
 
-MESH_DIMS = ("pp", "dp", "fsdp", "tp")
 
+@dataclass(frozen=True)
+class MeshLayout(Layout):
+    """A layout realised on this process group: the pure degrees plus the DeviceMesh
+    (None in a single process)."""
 
-@dataclass
-class Layout:
-    dp: int
-    fsdp: int
-    tp: int = 1
-    pp: int = 1
-    mesh: object | None = None
-    coord: tuple[int, int, int, int] = (0, 0, 0, 0)  # this rank's (pp, dp, fsdp, tp)
+    mesh: Any = None  # torch.distributed.device_mesh.DeviceMesh
 
-    @property
-    def data_parallel_size(self) -> int:
-        return self.dp * self.fsdp
-
-    @property
-    def data_parallel_rank(self) -> int:
-        _, dp, fsdp, _ = self.coord
-        return dp * self.fsdp + fsdp
-
-    @property
-    def pp_rank(self) -> int:
-        return self.coord[0]
-
-    @property
-    def tp_rank(self) -> int:
-        return self.coord[3]
-
-    @property
-    def sharded(self) -> bool:
-        """Parameters are DTensors (FSDP2 shards or tensor-parallel slices)."""
-        return self.fsdp > 1 or self.tp > 1
-
-    @property
-    def reporter(self) -> bool:
-        """The one rank of each data-parallel replica whose numbers count in sums (the last
-        pipeline stage holds the loss; tensor-parallel ranks hold the same numbers)."""
-        return self.tp_rank == 0 and self.pp_rank == self.pp - 1
-
-    def group(self, dim: str):
+    def group(self, dim: str) -> Any:
         return self.mesh[dim].get_group() if self.mesh is not None else None
 
 
-def data_parallel_only(env: DistEnv) -> Layout:
-    """Every rank a whole replica (what `kubetune eval` and unsplit callers assume)."""
-    return Layout(dp=env.world_size, fsdp=1, coord=(0, env.rank, 0, 0))
-
-
-def layout_for(parallel: ParallelSection, world: int) -> Layout:
-    """The degrees for `world` processes, or a RecipeError saying what to change (pure)."""
-    if parallel.pp > 1 and parallel.fsdp > 1:
-        raise RecipeError("parallel.pp with parallel.fsdp: pipeline stages are replicated with parallel.dp, "
-                          "not sharded; set parallel.fsdp=1")
-    fixed = parallel.fsdp * parallel.tp * parallel.pp
-    dp = parallel.dp if parallel.dp != -1 else max(1, world // fixed)
-    if dp * fixed != world:
-        raise RecipeError(
-            f"parallel: dp x fsdp x tp x pp = {dp} x {parallel.fsdp} x {parallel.tp} x {parallel.pp} = {dp * fixed}, "
-            f"but {world} process(es) run; make the product equal the number of processes (parallel.dp=-1 fills in dp)"
-        )
-    return Layout(dp=dp, fsdp=parallel.fsdp, tp=parallel.tp, pp=parallel.pp)
-
-
-def plan_layout(parallel: ParallelSection, env: DistEnv) -> Layout:
+def plan_layout(parallel: ParallelSection, env: DistEnv) -> MeshLayout:
     layout = layout_for(parallel, env.world_size)
-    if env.world_size > 1:
-        from torch.distributed.device_mesh import init_device_mesh
+    degrees = {"dp": layout.dp, "fsdp": layout.fsdp, "tp": layout.tp, "pp": layout.pp}
+    if env.world_size == 1:
+        return MeshLayout(**degrees)
+    from torch.distributed.device_mesh import init_device_mesh
 
-        layout.mesh = init_device_mesh(env.device.type, (layout.pp, layout.dp, layout.fsdp, layout.tp),
-                                       mesh_dim_names=MESH_DIMS)
-        layout.coord = tuple(layout.mesh.get_coordinate())
-    return layout
+    mesh = init_device_mesh(env.device.type, (layout.pp, layout.dp, layout.fsdp, layout.tp),
+                            mesh_dim_names=MESH_DIMS)
+    pp, dp, fsdp, tp = mesh.get_coordinate()
+    return MeshLayout(**degrees, coord=(pp, dp, fsdp, tp), mesh=mesh)
 
 
-def check_model(layout: Layout, config, recipe) -> None:
-    """Refuse, in one line, degrees that this model or recipe cannot be split by."""
-    if layout.tp > 1:
-        sizes = {"attention heads (num_attention_heads)": config.num_attention_heads,
-                 "key/value heads (num_key_value_heads)": config.num_key_value_heads,
-                 "MLP width (intermediate_size)": config.intermediate_size}
-        for what, n in sizes.items():
-            if n % layout.tp:
-                raise ModelError(f"parallel.tp={layout.tp} does not divide the model's {n} {what}; "
-                                 f"choose a tp that divides {', '.join(str(v) for v in sizes.values())}")
-    if layout.pp > 1:
-        if layout.pp > config.num_hidden_layers:
-            raise ModelError(f"parallel.pp={layout.pp} is more stages than the model's {config.num_hidden_layers} "
-                             f"decoder layers; use at most {config.num_hidden_layers}")
-        if recipe.finetune.method == "full" and getattr(config, "tie_word_embeddings", False):
-            raise ModelError("parallel.pp with finetune.method=full: this model ties its input embedding to the "
-                             "output head, which live on different stages; use finetune.method=lora or parallel.fsdp")
-    if layout.pp > 1 and recipe.parallel.pp_schedule == "1f1b" and recipe.train.grad_accum < layout.pp:
-        raise RecipeError(f"parallel.pp_schedule=1f1b needs at least parallel.pp={layout.pp} micro-batches per step; "
-                          f"set train.grad_accum>={layout.pp} (it is {recipe.train.grad_accum}) or use gpipe")
-    if (layout.tp > 1 or layout.pp > 1) and recipe.train.precision == "fp16":
-        raise RecipeError("train.precision=fp16 with parallel.tp/pp: loss scaling would skip steps on some ranks "
-                          "only; use train.precision=bf16")
+def single_process() -> MeshLayout:
+    return MeshLayout(dp=1, fsdp=1)
 
 
 # --- tensor parallel --------------------------------------------------------------------
@@ -160,7 +89,7 @@ def _tp_plan(layer: nn.Module) -> dict:
     return plan
 
 
-def apply_tensor_parallel(decoder_layers, layout: Layout) -> None:
+def apply_tensor_parallel(decoder_layers, layout: MeshLayout) -> None:
     from torch.distributed.tensor.parallel import parallelize_module
 
     tp_mesh = layout.mesh["tp"]
@@ -170,7 +99,7 @@ def apply_tensor_parallel(decoder_layers, layout: Layout) -> None:
 
 # --- wrapping ---------------------------------------------------------------------------
 
-def wrap(module: nn.Module, decoder_layers, layout: Layout, env: DistEnv, precision: str) -> nn.Module:
+def wrap(module: nn.Module, decoder_layers, layout: MeshLayout, env: DistEnv, precision: str) -> nn.Module:
     """Tensor parallel first, then FSDP2 (per decoder layer, then the root), HSDP over dp,
     or DDP when the model is whole on every rank. Pipeline stages are cut before this
     (pipeline.py) and replicas of a stage or a tensor-parallel group average their gradients
@@ -204,7 +133,7 @@ def needs_replica_sync(layout: Layout) -> bool:
     return layout.dp > 1 and layout.fsdp == 1 and (layout.tp > 1 or layout.pp > 1)
 
 
-def sync_replicas(params: list[torch.nn.Parameter], layout: Layout) -> None:
+def sync_replicas(params: list[torch.nn.Parameter], layout: MeshLayout) -> None:
     """Average gradients over the dp group: one flat all-reduce per dtype."""
     import torch.distributed as dist
 
@@ -223,7 +152,7 @@ def sync_replicas(params: list[torch.nn.Parameter], layout: Layout) -> None:
             offset += g.numel()
 
 
-def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, layout: Layout) -> torch.Tensor:
+def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, layout: MeshLayout) -> torch.Tensor:
     """The global gradient norm over every parameter of every stage and shard, clipped.
 
     Parameters may mix DTensors (shards: their squared norms are reduced over their mesh,

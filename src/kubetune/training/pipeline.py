@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from kubetune.data.packing import IGNORE, Batch
 from kubetune.models.attention import SEQLENS_KWARG
 from kubetune.models.finetune import causal_lm
-from kubetune.training.parallel import Layout
+from kubetune.training.parallel import MeshLayout
 
 
 def stage_layers(num_layers: int, stages: int) -> list[range]:
@@ -84,7 +84,7 @@ class StageModule(nn.Module):
 class Pipeline:
     """This rank's stage and its GPipe schedule; `step` trains, `loss_sum` evaluates."""
 
-    def __init__(self, loss_module, layout: Layout, env, micro_batch_size: int, max_seq_len: int, n_micro: int,
+    def __init__(self, loss_module, layout: MeshLayout, env, micro_batch_size: int, max_seq_len: int, n_micro: int,
                  pad_id: int, autocast, hidden_dtype: torch.dtype, schedule: str = "gpipe"):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 

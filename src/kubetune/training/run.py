@@ -33,11 +33,9 @@ from kubetune.training import rundir
 from kubetune.training.dist import DistEnv, all_reduce_sum, init_distributed, shutdown
 from kubetune.training.metrics import MetricsLog, Progress, plot_loss_curve
 from kubetune.training.optim import build_optimizer, build_scheduler
+from kubetune.recipe.layout import Layout, check_model, data_parallel_only
 from kubetune.training.parallel import (
-    Layout,
-    check_model,
     clip_grad_norm,
-    data_parallel_only,
     needs_replica_sync,
     plan_layout,
     sync_replicas,
@@ -328,7 +326,7 @@ def make_eval_batcher(recipe: Recipe, data: PreparedData, tokenizer, env: DistEn
     ev = data.eval
     if recipe.eval.max_samples and len(ev) > recipe.eval.max_samples:
         ev = ev.subset(range(recipe.eval.max_samples))
-    layout = layout or data_parallel_only(env)
+    layout = layout or data_parallel_only(env.world_size, env.rank)
     # A pipeline's micro-batches have one shape, the training one.
     rows = recipe.train.micro_batch_size if layout.pp > 1 else recipe.eval.batch_size
     return Batcher(ev, max_seq_len=recipe.data.max_seq_len, micro_batch_size=rows, packing=True, seed=0,
@@ -342,7 +340,7 @@ def evaluate(loss_module, batcher: Batcher | None, env: DistEnv, autocast, layou
     """Token-averaged loss over the eval targets, and its perplexity (exp of it)."""
     if batcher is None:
         return {"loss": None, "perplexity": None, "tokens": 0}
-    layout = layout or data_parallel_only(env)
+    layout = layout or data_parallel_only(env.world_size, env.rank)
     was_training = loss_module.training
     (pipeline or loss_module).train(False)
     loss_sum, n, row = 0.0, 0, 0
