@@ -5,6 +5,7 @@ layer's attention for 4 rows x 512 tokens of random-length samples (SmolLM2 shap
     .venv/bin/python bench/attention_kernels.py
 """
 
+import itertools
 import time
 
 import numpy as np
@@ -31,15 +32,16 @@ def main() -> None:
             cu.append(r * T + cur)
         cu.append((r + 1) * T)
     seg = torch.zeros(B * T, dtype=torch.long)
-    for i, (s, e) in enumerate(zip(cu[:-1], cu[1:])):
+    for i, (s, e) in enumerate(itertools.pairwise(cu)):
         seg[s:e] = i
     seg = seg.view(B, T)
     mask = (seg[:, :, None] == seg[:, None, :]) & torch.ones(T, T, dtype=torch.bool).tril()
     lengths = seqlens_from_cu(cu)
 
     def masked(q, k, v):
-        return F.scaled_dot_product_attention(q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1),
-                                              attn_mask=mask[:, None]).transpose(1, 2)
+        return F.scaled_dot_product_attention(
+            q, k.repeat_interleave(3, 1), v.repeat_interleave(3, 1), attn_mask=mask[:, None]
+        ).transpose(1, 2)
 
     def per_sample(q, k, v):
         return packed_attention_forward(_Layer(), q, k, v, None, kubetune_seqlens=lengths)[0]

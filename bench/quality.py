@@ -37,22 +37,48 @@ def main() -> None:
     for precision in args.precisions.split(","):
         out = REPO / "runs" / f"bench-quality-{precision}{args.tag}"
         shutil.rmtree(out, ignore_errors=True)
-        overrides = [
-            f"data.train={SHARED / 'train.jsonl'}", f"data.eval={SHARED / 'test.jsonl'}",
-            f"eval.max_samples={args.eval_rows}", "eval.generate=2", "train.epochs=1", "train.lr=5e-4",
-            f"train.micro_batch_size={args.micro_batch}", f"train.grad_accum={args.grad_accum}",
-            "train.warmup_steps=10", f"train.precision={precision}", "train.save_every=100",
-            "train.log_every=10", f"output_dir={out}",
-        ] + ([f"data.max_train_samples={args.rows}"] if args.rows else []) + args.overrides
+        overrides = (
+            [
+                f"data.train={SHARED / 'train.jsonl'}",
+                f"data.eval={SHARED / 'test.jsonl'}",
+                f"eval.max_samples={args.eval_rows}",
+                "eval.generate=2",
+                "train.epochs=1",
+                "train.lr=5e-4",
+                f"train.micro_batch_size={args.micro_batch}",
+                f"train.grad_accum={args.grad_accum}",
+                "train.warmup_steps=10",
+                f"train.precision={precision}",
+                "train.save_every=100",
+                "train.log_every=10",
+                f"output_dir={out}",
+            ]
+            + ([f"data.max_train_samples={args.rows}"] if args.rows else [])
+            + args.overrides
+        )
         s = train_from_recipe(None, overrides)
-        drop = 1 - s["perplexity_after"] / s["perplexity_before"]
-        results[precision] = {k: s[k] for k in ("perplexity_before", "perplexity_after", "eval_loss_before",
-                                                 "eval_loss_after", "train_tokens", "tokens_per_s", "wall_s",
-                                                 "steps")} | {"perplexity_drop": drop}
+        drop = 1 - s.perplexity_after / s.perplexity_before
+        results[precision] = {
+            k: getattr(s, k)
+            for k in (
+                "perplexity_before",
+                "perplexity_after",
+                "eval_loss_before",
+                "eval_loss_after",
+                "train_tokens",
+                "tokens_per_s",
+                "wall_s",
+                "steps",
+            )
+        } | {"perplexity_drop": drop}
     for precision, r in results.items():
-        print(f"{precision}: perplexity {r['perplexity_before']:.3f} -> {r['perplexity_after']:.3f} "
-              f"({r['perplexity_drop']:.1%} lower), eval loss {r['eval_loss_before']:.4f} -> {r['eval_loss_after']:.4f}, "
-              f"{r['steps']} steps, {r['train_tokens']:,} tokens at {r['tokens_per_s']:.0f} tok/s, wall {r['wall_s']:.0f} s")
+        print(
+            f"{precision}: perplexity {r['perplexity_before']:.3f} -> {r['perplexity_after']:.3f} "
+            f"({r['perplexity_drop']:.1%} lower), "
+            f"eval loss {r['eval_loss_before']:.4f} -> {r['eval_loss_after']:.4f}, "
+            f"{r['steps']} steps, {r['train_tokens']:,} tokens at {r['tokens_per_s']:.0f} tok/s, "
+            f"wall {r['wall_s']:.0f} s"
+        )
     print(json.dumps(results))
 
 

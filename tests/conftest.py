@@ -45,10 +45,19 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tokenizer), hidden_size=32, intermediate_size=64, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024,
-                      tie_word_embeddings=True, bos_token_id=tokenizer.bos_token_id,
-                      eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=True,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
     model = LlamaForCausalLM(cfg)
     model.config.architectures = ["LlamaForCausalLM"]
     out = tmp_path_factory.mktemp("tiny-llama")
@@ -59,8 +68,14 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
 
 @pytest.fixture
 def qa_file(tmp_path) -> Path:
-    rows = [{"instruction": "Answer this question truthfully", "input": f"What is fact number {i}?",
-             "output": f"Fact number {i} is that {i} plus {i} equals {2 * i}."} for i in range(48)]
+    rows = [
+        {
+            "instruction": "Answer this question truthfully",
+            "input": f"What is fact number {i}?",
+            "output": f"Fact number {i} is that {i} plus {i} equals {2 * i}.",
+        }
+        for i in range(48)
+    ]
     path = tmp_path / "qa.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
@@ -70,11 +85,23 @@ def qa_file(tmp_path) -> Path:
 def tiny_overrides(tiny_model_dir, qa_file, tmp_path) -> list[str]:
     """A fast recipe: tiny model, 48 rows, fp32 (exact comparisons), a few steps."""
     return [
-        f"model.name_or_path={tiny_model_dir}", f"data.train={qa_file}", "data.eval=0.25",
-        "data.max_seq_len=128", f"data.cache_dir={tmp_path / 'cache'}", "train.precision=fp32",
-        "train.micro_batch_size=2", "train.grad_accum=2", "train.max_steps=6", "train.lr=1e-2",
-        "train.warmup_steps=1", "train.save_every=2", "eval.generate=1", "eval.max_new_tokens=8",
-        "eval.max_samples=8", "lora.dropout=0.0", "train.num_threads=1",
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train={qa_file}",
+        "data.eval=0.25",
+        "data.max_seq_len=128",
+        f"data.cache_dir={tmp_path / 'cache'}",
+        "train.precision=fp32",
+        "train.micro_batch_size=2",
+        "train.grad_accum=2",
+        "train.max_steps=6",
+        "train.lr=1e-2",
+        "train.warmup_steps=1",
+        "train.save_every=2",
+        "eval.generate=1",
+        "eval.max_new_tokens=8",
+        "eval.max_samples=8",
+        "lora.dropout=0.0",
+        "train.num_threads=1",
     ]
 
 
@@ -83,8 +110,14 @@ def run_cli(args: list[str], env: dict | None = None, timeout: int = 300):
     import subprocess
 
     full_env = {**os.environ, **(env or {})}
-    return subprocess.run([sys.executable, "-m", "kubetune", *args], capture_output=True, text=True,
-                          env=full_env, timeout=timeout, cwd=str(REPO))
+    return subprocess.run(
+        [sys.executable, "-m", "kubetune", *args],
+        capture_output=True,
+        text=True,
+        env=full_env,
+        timeout=timeout,
+        cwd=str(REPO),
+    )
 
 
 def _ip(*args) -> subprocess.CompletedProcess:
@@ -110,11 +143,14 @@ def two_hosts():
             made.append(h)
         steps = [
             ("link", "add", f"{tag}va", "type", "veth", "peer", "name", f"{tag}vb"),
-            ("link", "set", f"{tag}va", "netns", hosts[0]), ("link", "set", f"{tag}vb", "netns", hosts[1]),
+            ("link", "set", f"{tag}va", "netns", hosts[0]),
+            ("link", "set", f"{tag}vb", "netns", hosts[1]),
             ("-n", hosts[0], "addr", "add", f"{subnet}.1/24", "dev", f"{tag}va"),
             ("-n", hosts[1], "addr", "add", f"{subnet}.2/24", "dev", f"{tag}vb"),
-            ("-n", hosts[0], "link", "set", f"{tag}va", "up"), ("-n", hosts[1], "link", "set", f"{tag}vb", "up"),
-            ("-n", hosts[0], "link", "set", "lo", "up"), ("-n", hosts[1], "link", "set", "lo", "up"),
+            ("-n", hosts[0], "link", "set", f"{tag}va", "up"),
+            ("-n", hosts[1], "link", "set", f"{tag}vb", "up"),
+            ("-n", hosts[0], "link", "set", "lo", "up"),
+            ("-n", hosts[1], "link", "set", "lo", "up"),
         ]
         for step in steps:
             res = _ip(*step)

@@ -13,8 +13,12 @@ def _cases(tiny_model_dir, qa_file, tmp_path):
     empty.write_text("")
     other_cols = tmp_path / "cols.jsonl"
     other_cols.write_text(json.dumps({"question": "q?", "answer": "a."}) + "\n")
-    base = [f"model.name_or_path={tiny_model_dir}", f"data.train={qa_file}", f"data.cache_dir={tmp_path / 'c'}",
-            "train.max_steps=1"]
+    base = [
+        f"model.name_or_path={tiny_model_dir}",
+        f"data.train={qa_file}",
+        f"data.cache_dir={tmp_path / 'c'}",
+        "train.max_steps=1",
+    ]
     return {
         "unknown key": (base + ["train.learning_rate=1e-4"], ["train.learning_rate", "train.lr"]),
         "wrong type": (base + ["train.micro_batch_size=four"], ["train.micro_batch_size"]),
@@ -28,8 +32,17 @@ def _cases(tiny_model_dir, qa_file, tmp_path):
     }
 
 
-CASES = ["unknown key", "wrong type", "missing recipe file", "missing data file", "missing column", "empty dataset",
-         "absent target module", "prompt longer than max_seq_len", "missing model dir"]
+CASES = [
+    "unknown key",
+    "wrong type",
+    "missing recipe file",
+    "missing data file",
+    "missing column",
+    "empty dataset",
+    "absent target module",
+    "prompt longer than max_seq_len",
+    "missing model dir",
+]
 
 
 @pytest.mark.parametrize("case", CASES)

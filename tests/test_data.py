@@ -13,8 +13,11 @@ from kubetune.errors import DataError
 from kubetune.recipe import load_recipe
 from kubetune.recipe.schema import ColumnsSection
 
-ROW = {"instruction": "Answer this question truthfully", "input": "What does insulin do?",
-       "output": "Insulin lowers blood glucose."}
+ROW = {
+    "instruction": "Answer this question truthfully",
+    "input": "What does insulin do?",
+    "output": "Insulin lowers blood glucose.",
+}
 
 
 def test_labels_only_on_the_response_and_one_eos(tokenizer):
@@ -25,26 +28,32 @@ def test_labels_only_on_the_response_and_one_eos(tokenizer):
         ids, trainable = data.sample(i)
         assert list(ids[: len(prompt_ids)]) == prompt_ids
         assert not trainable[: len(prompt_ids)].any()
-        assert trainable[len(prompt_ids):].all()
+        assert trainable[len(prompt_ids) :].all()
         assert ids[-1] == tokenizer.eos_token_id
-        response = ids[len(prompt_ids):]
+        response = ids[len(prompt_ids) :]
         assert (response == tokenizer.eos_token_id).sum() == 1  # exactly once, even if the data had one
         assert tokenizer.decode(response[:-1]) == ROW["output"]
 
 
-@pytest.mark.parametrize("template,expect", [
-    ("alpaca", "### Instruction:\nAnswer this question truthfully\n\n### Input:\nWhat does insulin do?"),
-    ("llama2", "[INST] Answer this question truthfully\n\nWhat does insulin do? [/INST]"),
-    ("Q: {input}\nA: ", "Q: What does insulin do?\nA: "),
-    ("chat", "<|im_start|>user\nAnswer this question truthfully\n\nWhat does insulin do?<|im_end|>"),
-])
+@pytest.mark.parametrize(
+    "template,expect",
+    [
+        ("alpaca", "### Instruction:\nAnswer this question truthfully\n\n### Input:\nWhat does insulin do?"),
+        ("llama2", "[INST] Answer this question truthfully\n\nWhat does insulin do? [/INST]"),
+        ("Q: {input}\nA: ", "Q: What does insulin do?\nA: "),
+        ("chat", "<|im_start|>user\nAnswer this question truthfully\n\nWhat does insulin do?<|im_end|>"),
+    ],
+)
 def test_templates(tokenizer, template, expect):
     assert expect in PromptRenderer(template, tokenizer).prompt(ROW)
 
 
 def test_messages_column_trains_on_the_last_assistant_turn(tokenizer):
-    rows = map_columns([{"conv": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}],
-                       ColumnsSection(messages="conv"), "data.train")
+    rows = map_columns(
+        [{"conv": [{"role": "user", "content": "Hi?"}, {"role": "assistant", "content": "Hello."}]}],
+        ColumnsSection(messages="conv"),
+        "data.train",
+    )
     prompt, response = PromptRenderer("chat", tokenizer).render(rows[0])
     assert prompt.endswith("<|im_start|>assistant\n") and "Hi?" in prompt and response == "Hello."
 
@@ -57,7 +66,7 @@ def test_missing_column_names_the_key_and_the_columns():
 
 
 def test_prompt_longer_than_max_seq_len_is_a_clear_error(tokenizer):
-    with pytest.raises(DataError, match="data.max_seq_len=16"):
+    with pytest.raises(DataError, match=r"data\.max_seq_len=16"):
         tokenize_rows([ROW], PromptRenderer("chat", tokenizer), tokenizer, 16, True)
 
 
@@ -86,7 +95,10 @@ def _data(tokenizer, n=40):
 
 def test_batches_are_deterministic_and_targets_never_cross_samples(tokenizer):
     data = _data(tokenizer)
-    make = lambda: Batcher(data, max_seq_len=256, micro_batch_size=2, packing=True, seed=7, pad_id=0)  # noqa: E731
+
+    def make() -> Batcher:
+        return Batcher(data, max_seq_len=256, micro_batch_size=2, packing=True, seed=7, pad_id=0)
+
     b1, _ = make().micro_batch(0, 0)
     b2, _ = make().micro_batch(0, 0)
     assert torch.equal(b1.input_ids, b2.input_ids)
@@ -102,7 +114,7 @@ def test_batches_are_deterministic_and_targets_never_cross_samples(tokenizer):
 
 def test_consumed_rows_are_a_prefix_for_any_world_size(tokenizer):
     data = _data(tokenizer)
-    kw = dict(max_seq_len=256, micro_batch_size=2, packing=True, seed=3, pad_id=0)
+    kw = {"max_seq_len": 256, "micro_batch_size": 2, "packing": True, "seed": 3, "pad_id": 0}
     two = [Batcher(data, dp_rank=r, dp_size=2, **kw) for r in range(2)]
     one = Batcher(data, **kw)
     # two ranks take one micro-batch each: rows 0..3; one process resumes at row 4

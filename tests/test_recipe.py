@@ -72,8 +72,14 @@ def test_eval_fraction_and_template_are_validated():
 
 def test_reference_lists_every_leaf_key():
     ref = reference_markdown()
-    for key in ("model.name_or_path", "train.gradient_checkpointing", "data.packing", "lora.target_modules",
-                "output_dir", "train.resume"):
+    for key in (
+        "model.name_or_path",
+        "train.gradient_checkpointing",
+        "data.packing",
+        "lora.target_modules",
+        "output_dir",
+        "train.resume",
+    ):
         assert f"`{key}`" in ref
     assert len(all_keys()) > 40
     assert yaml.safe_load(yaml.safe_dump({"a": 1}))  # PyYAML present for users' recipes

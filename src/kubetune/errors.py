@@ -13,7 +13,7 @@ class UserError(Exception):
 
     exit_code = 2
 
-    def __init__(self, *problems: str):
+    def __init__(self, *problems: str) -> None:
         self.problems = [p for p in problems if p] or ["unknown error"]
         super().__init__("\n".join(self.problems))
 

@@ -12,8 +12,8 @@ import json
 import os
 import shutil
 import time
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Iterator
 
 
 def cache_root() -> Path:
@@ -57,7 +57,7 @@ def atomic_write_text(path: Path, text: str) -> None:
     atomic_write_bytes(path, text.encode("utf-8"))
 
 
-def atomic_write_json(path: Path, obj) -> None:
+def atomic_write_json(path: Path, obj: object) -> None:
     atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=False) + "\n")
 
 

@@ -4,16 +4,20 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from kubetune.data.packing import Batch, Batcher
 from kubetune.data.sources import load_rows, map_columns
-from kubetune.data.templates import PromptRenderer
+from kubetune.data.templates import PromptRenderer, Row
 from kubetune.data.tokenize import TokenizedData, cache_key, load_or_build, tokenize_rows
 from kubetune.errors import DataError
 from kubetune.fsutil import cache_root
 from kubetune.recipe.schema import Recipe
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 __all__ = ["Batch", "Batcher", "PreparedData", "PromptRenderer", "prepare_data"]
 
@@ -24,12 +28,12 @@ EVAL_SPLIT_SEED = 1234  # fixed, so the held-out rows don't move when train.seed
 class PreparedData:
     train: TokenizedData
     eval: TokenizedData | None
-    eval_rows: list[dict]  # raw eval rows, for generation samples
+    eval_rows: list[Row]  # raw eval rows, for generation samples
     renderer: PromptRenderer
 
 
-def split_rows(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict]]:
-    n_eval = max(1, int(round(len(rows) * fraction)))
+def split_rows(rows: list[Row], fraction: float) -> tuple[list[Row], list[Row]]:
+    n_eval = max(1, round(len(rows) * fraction))
     if n_eval >= len(rows):
         raise DataError(f"data.eval={fraction} holds out all {len(rows)} rows; use a smaller fraction")
     perm = np.random.default_rng(EVAL_SPLIT_SEED).permutation(len(rows))
@@ -37,10 +41,10 @@ def split_rows(rows: list[dict], fraction: float) -> tuple[list[dict], list[dict
     return [r for i, r in enumerate(rows) if i not in held], [r for i, r in enumerate(rows) if i in held]
 
 
-def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
+def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> PreparedData:
     d = recipe.data
     rows = map_columns(load_rows(d.train, d.split, "data.train"), d.columns, "data.train")
-    eval_rows: list[dict] = []
+    eval_rows: list[Row] = []
     if isinstance(d.eval, float):
         rows, eval_rows = split_rows(rows, d.eval)
     elif isinstance(d.eval, str):
@@ -52,10 +56,11 @@ def prepare_data(recipe: Recipe, tokenizer) -> PreparedData:
     renderer = PromptRenderer(d.template, tokenizer, d.system_prompt)
     cache_dir = Path(d.cache_dir) if d.cache_dir else cache_root() / "data"
 
-    def tokenized(part: list[dict], key: str) -> TokenizedData:
+    def tokenized(part: list[Row], key: str) -> TokenizedData:
         k = cache_key(part, tokenizer, d.template, d.system_prompt, d.max_seq_len, d.truncate)
-        return load_or_build(cache_dir, k, lambda: tokenize_rows(part, renderer, tokenizer, d.max_seq_len,
-                                                                   d.truncate, key))
+        return load_or_build(
+            cache_dir, k, lambda: tokenize_rows(part, renderer, tokenizer, d.max_seq_len, d.truncate, key)
+        )
 
     train = tokenized(rows, "data.train")
     if int(train.trainable.sum()) == 0:

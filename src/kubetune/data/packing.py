@@ -11,8 +11,10 @@ row): that is all a checkpoint needs to resume mid-epoch exactly, with any world
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 from kubetune.data.tokenize import TokenizedData
@@ -21,7 +23,9 @@ IGNORE = -100
 OPEN_ROWS = 8  # rows kept open while packing: more = fuller rows, same determinism
 
 
-def pack_rows(lengths: np.ndarray, order: np.ndarray, max_seq_len: int) -> list[list[int]]:
+def pack_rows(
+    lengths: npt.NDArray[np.integer[Any]], order: npt.NDArray[np.integer[Any]], max_seq_len: int
+) -> list[list[int]]:
     """Greedy best-fit packing of samples (in `order`) into rows of <= max_seq_len tokens."""
     rows: list[list[int]] = []
     open_rows: list[tuple[int, list[int]]] = []  # (free tokens, sample indices)
@@ -57,8 +61,19 @@ class Batch:
 class Batcher:
     """Micro-batches for one data-parallel rank."""
 
-    def __init__(self, data: TokenizedData, *, max_seq_len: int, micro_batch_size: int, packing: bool,
-                 seed: int, pad_id: int, dp_rank: int = 0, dp_size: int = 1, shuffle: bool = True):
+    def __init__(
+        self,
+        data: TokenizedData,
+        *,
+        max_seq_len: int,
+        micro_batch_size: int,
+        packing: bool,
+        seed: int,
+        pad_id: int,
+        dp_rank: int = 0,
+        dp_size: int = 1,
+        shuffle: bool = True,
+    ):
         self.data = data
         self.max_seq_len = max_seq_len
         self.micro_batch_size = micro_batch_size
@@ -121,11 +136,11 @@ class Batcher:
             for i in row:
                 s_ids, s_tr = self.data.sample(i)
                 n = len(s_ids)
-                ids[r, cur:cur + n] = s_ids
-                pos[r, cur:cur + n] = np.arange(n)
+                ids[r, cur : cur + n] = s_ids
+                pos[r, cur : cur + n] = np.arange(n)
                 # target at j is token j+1 when token j+1 is trained on (never across samples)
                 nxt = np.where(s_tr[1:], s_ids[1:], IGNORE)
-                tgt[r, cur:cur + n - 1] = nxt
+                tgt[r, cur : cur + n - 1] = nxt
                 cur += n
                 cu.append(r * t + cur)
             if cur < t:  # padding is its own segment: it attends to itself, never to a sample

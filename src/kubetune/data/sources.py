@@ -10,6 +10,7 @@ import importlib.resources
 import json
 from pathlib import Path
 
+from kubetune.data.templates import Message, Row
 from kubetune.errors import DataError
 from kubetune.recipe.schema import ColumnsSection
 
@@ -25,11 +26,12 @@ def builtin_dataset(name: str) -> Path:
     return path
 
 
-def _load_local(path: Path, key: str) -> list[dict]:
+def _load_local(path: Path, key: str) -> list[Row]:
     fmt = LOCAL_FORMATS.get(path.suffix.lower())
     if fmt is None:
-        raise DataError(f"{key}: unsupported file type {path.suffix or '(none)'} for {path}; "
-                        f"use one of {', '.join(LOCAL_FORMATS)}")
+        raise DataError(
+            f"{key}: unsupported file type {path.suffix or '(none)'} for {path}; use one of {', '.join(LOCAL_FORMATS)}"
+        )
     if fmt == "json":
         return _read_json_rows(path, key)
     from datasets import load_dataset
@@ -38,14 +40,16 @@ def _load_local(path: Path, key: str) -> list[dict]:
         ds = load_dataset(fmt, data_files=str(path), split="train")
     except Exception as e:  # pyarrow raises many types for malformed files
         raise DataError(f"{key}: cannot read {path} as {fmt} ({str(e).splitlines()[0][:200]})") from None
-    return ds.to_list()
+    rows: list[Row] = ds.to_list()
+    return rows
 
 
-def _read_json_rows(path: Path, key: str) -> list[dict]:
+def _read_json_rows(path: Path, key: str) -> list[Row]:
     """JSON Lines, or a JSON array of objects (what `datasets` accepts), read without pyarrow
     so that a bad line is reported with its number."""
     text = path.read_text(encoding="utf-8")
     stripped = text.lstrip()
+    rows: list[Row]
     if stripped.startswith("["):
         try:
             rows = json.loads(text)
@@ -65,19 +69,22 @@ def _read_json_rows(path: Path, key: str) -> list[dict]:
     return rows
 
 
-def _load_hub(name: str, split: str, key: str) -> list[dict]:
+def _load_hub(name: str, split: str, key: str) -> list[Row]:
     from datasets import load_dataset
 
     try:
         ds = load_dataset(name, split=split)
     except Exception as e:
         first = str(e).strip().splitlines()[0][:200] if str(e).strip() else type(e).__name__
-        raise DataError(f"{key}: cannot load hub dataset `{name}` split `{split}` ({first}); "
-                        f"offline? give a local json/jsonl/csv/parquet path instead") from None
-    return ds.to_list()
+        raise DataError(
+            f"{key}: cannot load hub dataset `{name}` split `{split}` ({first}); "
+            f"offline? give a local json/jsonl/csv/parquet path instead"
+        ) from None
+    rows: list[Row] = ds.to_list()
+    return rows
 
 
-def load_rows(spec: str, split: str, key: str) -> list[dict]:
+def load_rows(spec: str, split: str, key: str) -> list[Row]:
     """Read raw rows. `key` names the recipe field for error messages."""
     if spec.startswith("builtin:"):
         return _load_local(builtin_dataset(spec.split(":", 1)[1]), key)
@@ -91,7 +98,7 @@ def load_rows(spec: str, split: str, key: str) -> list[dict]:
     return _load_hub(spec, split, key)
 
 
-def map_columns(rows: list[dict], columns: ColumnsSection, key: str) -> list[dict]:
+def map_columns(rows: list[Row], columns: ColumnsSection, key: str) -> list[Row]:
     """Rename the recipe's columns to the canonical shape; fail naming the missing column."""
     if not rows:
         raise DataError(f"{key}: the dataset is empty; give a file with at least one row")
@@ -99,29 +106,38 @@ def map_columns(rows: list[dict], columns: ColumnsSection, key: str) -> list[dic
     if columns.messages:
         if columns.messages not in present:
             raise DataError(_missing(key, "messages", columns.messages, present))
-        out = []
+        out: list[Row] = []
         for i, r in enumerate(rows):
             msgs = r.get(columns.messages)
             if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-                raise DataError(f"{key}: row {i}: column `{columns.messages}` must be a list of "
-                                f"{{role, content}} messages")
-            out.append({"messages": [{"role": m.get("role"), "content": m.get("content") or ""} for m in msgs]})
+                raise DataError(
+                    f"{key}: row {i}: column `{columns.messages}` must be a list of {{role, content}} messages"
+                )
+            messages: list[Message] = [{"role": m.get("role"), "content": m.get("content") or ""} for m in msgs]
+            out.append({"messages": messages})
         return out
-    for field in ("instruction", "output"):
-        col = getattr(columns, field)
-        if col is None or col not in present:
-            raise DataError(_missing(key, field, col, present))
+    instruction_col = _required(key, "instruction", columns.instruction, present)
+    output_col = _required(key, "output", columns.output, present)
     in_col = columns.input if columns.input in present else None
     return [
         {
-            "instruction": str(r.get(columns.instruction) or ""),
+            "instruction": str(r.get(instruction_col) or ""),
             "input": str(r.get(in_col) or "") if in_col else "",
-            "output": str(r.get(columns.output) or ""),
+            "output": str(r.get(output_col) or ""),
         }
         for r in rows
     ]
 
 
+def _required(key: str, field: str, col: str | None, present: set[str]) -> str:
+    """The column the recipe names for `field`, which must be in the dataset."""
+    if col is None or col not in present:
+        raise DataError(_missing(key, field, col, present))
+    return col
+
+
 def _missing(key: str, field: str, col: str | None, present: set[str]) -> str:
-    return (f"{key}: column `{col}` (data.columns.{field}) is not in the dataset; its columns are "
-            f"{', '.join(sorted(present))}: set data.columns.{field}=<one of them>")
+    return (
+        f"{key}: column `{col}` (data.columns.{field}) is not in the dataset; its columns are "
+        f"{', '.join(sorted(present))}: set data.columns.{field}=<one of them>"
+    )

@@ -9,6 +9,14 @@ tokenization appends the tokenizer's EOS exactly once.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, cast
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
+
+# One dataset row, as `sources.load_rows` / `sources.map_columns` produce it (plain JSON values).
+Row = dict[str, Any]
+Message = dict[str, Any]  # {"role": ..., "content": ...}
 
 ALPACA = (
     "Below is an instruction that describes a task{ctx}. Write a response that appropriately "
@@ -17,32 +25,35 @@ ALPACA = (
 LLAMA2_SYS = "<<SYS>>\n{system}\n<</SYS>>\n\n"
 
 
-def user_text(row: dict) -> str:
+def user_text(row: Row) -> str:
     """Instruction and input joined the way the chat template expects a user turn."""
-    instruction, inp = row.get("instruction", ""), row.get("input", "")
+    instruction: str = row.get("instruction", "")
+    inp: str = row.get("input", "")
     return f"{instruction}\n\n{inp}" if inp and instruction else (instruction or inp)
 
 
 @dataclass
 class PromptRenderer:
     template: str
-    tokenizer: object
+    tokenizer: PreTrainedTokenizerBase
     system_prompt: str | None = None
 
     @property
     def uses_chat_template(self) -> bool:
         return self.template == "chat"
 
-    def render(self, row: dict) -> tuple[str, str]:
+    def render(self, row: Row) -> tuple[str, str]:
         """Return (prompt, response) for a training row."""
         if "messages" in row:
-            msgs = row["messages"]
+            msgs: list[Message] = row["messages"]
             if msgs[-1]["role"] != "assistant":
                 raise ValueError("the last message must be the assistant's answer")
-            return self._chat_prompt(msgs[:-1]), msgs[-1]["content"]
-        return self.prompt(row), row["output"]
+            answer: str = msgs[-1]["content"]
+            return self._chat_prompt(msgs[:-1]), answer
+        output: str = row["output"]
+        return self.prompt(row), output
 
-    def prompt(self, row: dict) -> str:
+    def prompt(self, row: Row) -> str:
         """The prompt alone (generation and eval questions)."""
         if "messages" in row:
             msgs = row["messages"]
@@ -62,9 +73,13 @@ class PromptRenderer:
             return f"[INST] {sys_block}{user_text(row)} [/INST] "
         return self.template.format(instruction=row.get("instruction", ""), input=row.get("input", ""))
 
-    def _chat_prompt(self, messages: list[dict]) -> str:
+    def _chat_prompt(self, messages: list[Message]) -> str:
         if self.system_prompt and (not messages or messages[0]["role"] != "system"):
             messages = [{"role": "system", "content": self.system_prompt}] + messages
         if not getattr(self.tokenizer, "chat_template", None):
-            raise ValueError("the tokenizer has no chat template; set data.template=alpaca (or llama2, or a custom string)")
-        return self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+            raise ValueError(
+                "the tokenizer has no chat template; set data.template=alpaca (or llama2, or a custom string)"
+            )
+        # with tokenize=False the result is the rendered text (the declared return type is the union
+        # of every mode's result)
+        return cast(str, self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))

@@ -11,14 +11,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
+import numpy.typing as npt
 
-from kubetune.data.templates import PromptRenderer
+from kubetune.data.templates import PromptRenderer, Row
 from kubetune.errors import DataError
 from kubetune.fsutil import atomic_dir, file_lock
+
+if TYPE_CHECKING:
+    from transformers import PreTrainedTokenizerBase
 
 CACHE_FORMAT = 1
 
@@ -27,23 +33,25 @@ CACHE_FORMAT = 1
 class TokenizedData:
     """All samples, concatenated: sample i is ids[offsets[i]:offsets[i+1]]."""
 
-    ids: np.ndarray  # int32
-    trainable: np.ndarray  # bool: this token is a target (response or EOS)
-    offsets: np.ndarray  # int64, len = n + 1
+    ids: npt.NDArray[np.int32]
+    trainable: npt.NDArray[np.bool_]  # this token is a target (response or EOS)
+    offsets: npt.NDArray[np.int64]  # len = n + 1
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
     @property
-    def lengths(self) -> np.ndarray:
+    def lengths(self) -> npt.NDArray[np.int64]:
         return np.diff(self.offsets)
 
-    def sample(self, i: int) -> tuple[np.ndarray, np.ndarray]:
+    def sample(self, i: int) -> tuple[npt.NDArray[np.int32], npt.NDArray[np.bool_]]:
         a, b = self.offsets[i], self.offsets[i + 1]
         return self.ids[a:b], self.trainable[a:b]
 
-    def subset(self, indices) -> "TokenizedData":
-        parts_ids, parts_tr, lengths = [], [], []
+    def subset(self, indices: Iterable[int]) -> TokenizedData:
+        parts_ids: list[npt.NDArray[np.int32]] = []
+        parts_tr: list[npt.NDArray[np.bool_]] = []
+        lengths: list[int] = []
         for i in indices:
             ids, tr = self.sample(i)
             parts_ids.append(ids)
@@ -51,27 +59,37 @@ class TokenizedData:
             lengths.append(len(ids))
         offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
         offsets[1:] = np.cumsum(lengths)
-        cat = (lambda xs, dt: np.concatenate(xs) if xs else np.zeros(0, dtype=dt))
-        return TokenizedData(cat(parts_ids, np.int32), cat(parts_tr, bool), offsets)
+        ids = np.concatenate(parts_ids) if parts_ids else np.zeros(0, dtype=np.int32)
+        trainable = np.concatenate(parts_tr) if parts_tr else np.zeros(0, dtype=bool)
+        return TokenizedData(ids, trainable, offsets)
 
 
-def tokenize_rows(rows: list[dict], renderer: PromptRenderer, tokenizer, max_seq_len: int,
-                  truncate: bool, key: str = "data.train") -> TokenizedData:
+def tokenize_rows(
+    rows: list[Row],
+    renderer: PromptRenderer,
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_len: int,
+    truncate: bool,
+    key: str = "data.train",
+) -> TokenizedData:
     eos = tokenizer.eos_token_id
     # Chat templates already carry their special tokens (BOS etc.); classic templates rely
     # on the tokenizer adding them (e.g. Llama-2's <s>).
     add_special = not renderer.uses_chat_template
-    prompts, responses = [], []
+    prompts: list[str] = []
+    responses: list[str] = []
     for i, row in enumerate(rows):
         try:
-            p, r = renderer.render(row)
+            prompt, response = renderer.render(row)
         except (KeyError, ValueError) as e:
             raise DataError(f"{key}: row {i}: cannot render the prompt ({e})") from None
-        prompts.append(p)
-        responses.append(r)
-    p_ids = tokenizer(prompts, add_special_tokens=add_special)["input_ids"]
-    r_ids = tokenizer(responses, add_special_tokens=False)["input_ids"]
-    all_ids, all_tr, lengths = [], [], []
+        prompts.append(prompt)
+        responses.append(response)
+    p_ids: list[list[int]] = tokenizer(prompts, add_special_tokens=add_special)["input_ids"]
+    r_ids: list[list[int]] = tokenizer(responses, add_special_tokens=False)["input_ids"]
+    all_ids: list[npt.NDArray[np.int32]] = []
+    all_tr: list[npt.NDArray[np.bool_]] = []
+    lengths: list[int] = []
     for i, (p, r) in enumerate(zip(p_ids, r_ids)):
         if len(p) >= max_seq_len:
             raise DataError(
@@ -83,12 +101,14 @@ def tokenize_rows(rows: list[dict], renderer: PromptRenderer, tokenizer, max_seq
         r = list(r) + [eos]
         if len(p) + len(r) > max_seq_len:
             if not truncate:
-                raise DataError(f"data.max_seq_len={max_seq_len}: row {i} of {key} has {len(p) + len(r)} tokens; "
-                                f"raise data.max_seq_len or set data.truncate=true")
+                raise DataError(
+                    f"data.max_seq_len={max_seq_len}: row {i} of {key} has {len(p) + len(r)} tokens; "
+                    f"raise data.max_seq_len or set data.truncate=true"
+                )
             r = r[: max_seq_len - len(p) - 1] + [eos]
         all_ids.append(np.asarray(p + r, dtype=np.int32))
         tr = np.zeros(len(p) + len(r), dtype=bool)
-        tr[len(p):] = True
+        tr[len(p) :] = True
         all_tr.append(tr)
         lengths.append(len(p) + len(r))
     offsets = np.zeros(len(lengths) + 1, dtype=np.int64)
@@ -96,7 +116,7 @@ def tokenize_rows(rows: list[dict], renderer: PromptRenderer, tokenizer, max_seq
     return TokenizedData(np.concatenate(all_ids), np.concatenate(all_tr), offsets)
 
 
-def tokenizer_fingerprint(tokenizer) -> str:
+def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     h = hashlib.sha256()
     h.update(type(tokenizer).__name__.encode())
     h.update(json.dumps(sorted(tokenizer.get_vocab().items())[:: max(1, len(tokenizer) // 4096)]).encode())
@@ -105,8 +125,14 @@ def tokenizer_fingerprint(tokenizer) -> str:
     return h.hexdigest()
 
 
-def cache_key(rows: list[dict], tokenizer, template: str, system_prompt: str | None,
-              max_seq_len: int, truncate: bool) -> str:
+def cache_key(
+    rows: list[Row],
+    tokenizer: PreTrainedTokenizerBase,
+    template: str,
+    system_prompt: str | None,
+    max_seq_len: int,
+    truncate: bool,
+) -> str:
     h = hashlib.sha256()
     h.update(json.dumps(rows, sort_keys=True, ensure_ascii=False).encode())
     h.update(tokenizer_fingerprint(tokenizer).encode())
@@ -114,7 +140,7 @@ def cache_key(rows: list[dict], tokenizer, template: str, system_prompt: str | N
     return h.hexdigest()[:24]
 
 
-def load_or_build(cache_dir: Path, key: str, build) -> TokenizedData:
+def load_or_build(cache_dir: Path, key: str, build: Callable[[], TokenizedData]) -> TokenizedData:
     """Read the cached arrays for `key`, or build them (once, under a lock) and cache them."""
     final = Path(cache_dir) / key
     if not (final / "offsets.npy").is_file():

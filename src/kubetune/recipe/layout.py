@@ -64,8 +64,11 @@ class Layout:
         return self.tp_rank == 0 and self.pp_rank == self.pp - 1
 
     def describe(self) -> str:
-        parts = [f"{name} {n}" for name, n in (("dp", self.dp), ("fsdp", self.fsdp), ("tp", self.tp),
-                                               ("pp", self.pp)) if n > 1]
+        parts = [
+            f"{name} {n}"
+            for name, n in (("dp", self.dp), ("fsdp", self.fsdp), ("tp", self.tp), ("pp", self.pp))
+            if n > 1
+        ]
         return " x ".join(parts) if parts else "no parallelism"
 
 
@@ -77,8 +80,10 @@ def data_parallel_only(world_size: int, rank: int) -> Layout:
 def layout_for(parallel: ParallelSection, world: int) -> Layout:
     """The degrees for `world` processes, or a RecipeError saying what to change."""
     if parallel.pp > 1 and parallel.fsdp > 1:
-        raise RecipeError("parallel.pp with parallel.fsdp: pipeline stages are replicated with parallel.dp, "
-                          "not sharded; set parallel.fsdp=1")
+        raise RecipeError(
+            "parallel.pp with parallel.fsdp: pipeline stages are replicated with parallel.dp, "
+            "not sharded; set parallel.fsdp=1"
+        )
     fixed = parallel.fsdp * parallel.tp * parallel.pp
     dp = parallel.dp if parallel.dp != -1 else max(1, world // fixed)
     if dp * fixed != world:
@@ -101,28 +106,40 @@ class ModelShape(Protocol):
 def check_model(layout: Layout, config: ModelShape, recipe: Recipe) -> None:
     """Refuse, in one line, degrees that this model or recipe cannot be split by."""
     if layout.tp > 1:
-        sizes = {"attention heads (num_attention_heads)": config.num_attention_heads,
-                 "key/value heads (num_key_value_heads)": config.num_key_value_heads,
-                 "MLP width (intermediate_size)": config.intermediate_size}
+        sizes = {
+            "attention heads (num_attention_heads)": config.num_attention_heads,
+            "key/value heads (num_key_value_heads)": config.num_key_value_heads,
+            "MLP width (intermediate_size)": config.intermediate_size,
+        }
         for what, n in sizes.items():
             if n % layout.tp:
-                raise ModelError(f"parallel.tp={layout.tp} does not divide the model's {n} {what}; "
-                                 f"choose a tp that divides {', '.join(str(v) for v in sizes.values())}")
+                raise ModelError(
+                    f"parallel.tp={layout.tp} does not divide the model's {n} {what}; "
+                    f"choose a tp that divides {', '.join(str(v) for v in sizes.values())}"
+                )
     if layout.pp > 1:
         if layout.pp > config.num_hidden_layers:
-            raise ModelError(f"parallel.pp={layout.pp} is more stages than the model's {config.num_hidden_layers} "
-                             f"decoder layers; use at most {config.num_hidden_layers}")
+            raise ModelError(
+                f"parallel.pp={layout.pp} is more stages than the model's {config.num_hidden_layers} "
+                f"decoder layers; use at most {config.num_hidden_layers}"
+            )
         if recipe.finetune.method == "full" and getattr(config, "tie_word_embeddings", False):
-            raise ModelError("parallel.pp with finetune.method=full: this model ties its input embedding to the "
-                             "output head, which live on different stages; use finetune.method=lora or parallel.fsdp")
+            raise ModelError(
+                "parallel.pp with finetune.method=full: this model ties its input embedding to the "
+                "output head, which live on different stages; use finetune.method=lora or parallel.fsdp"
+            )
     check_recipe(layout, recipe)
 
 
 def check_recipe(layout: Layout, recipe: Recipe) -> None:
     """The layout's demands on the rest of the recipe (no model needed)."""
     if layout.pp > 1 and recipe.parallel.pp_schedule == "1f1b" and recipe.train.grad_accum < layout.pp:
-        raise RecipeError(f"parallel.pp_schedule=1f1b needs at least parallel.pp={layout.pp} micro-batches per step; "
-                          f"set train.grad_accum>={layout.pp} (it is {recipe.train.grad_accum}) or use gpipe")
+        raise RecipeError(
+            f"parallel.pp_schedule=1f1b needs at least parallel.pp={layout.pp} micro-batches per step; "
+            f"set train.grad_accum>={layout.pp} (it is {recipe.train.grad_accum}) or use gpipe"
+        )
     if (layout.tp > 1 or layout.pp > 1) and recipe.train.precision == "fp16":
-        raise RecipeError("train.precision=fp16 with parallel.tp/pp: loss scaling would skip steps on some ranks "
-                          "only; use train.precision=bf16")
+        raise RecipeError(
+            "train.precision=fp16 with parallel.tp/pp: loss scaling would skip steps on some ranks "
+            "only; use train.precision=bf16"
+        )

@@ -52,7 +52,7 @@ class LoadedRecipe:
 
 def all_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
     """Every dotted key the schema accepts (leaves and sections)."""
-    keys = []
+    keys: list[str] = []
     for name, info in model.model_fields.items():
         dotted = f"{prefix}{name}"
         keys.append(dotted)
@@ -62,8 +62,8 @@ def all_keys(model: type[BaseModel] = Recipe, prefix: str = "") -> list[str]:
     return keys
 
 
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
+def _flatten(d: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
     for k, v in d.items():
         key = f"{prefix}{k}"
         if isinstance(v, dict) and v:
@@ -89,7 +89,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     return key, value
 
 
-def _set_dotted(d: dict, key: str, value: Any) -> None:
+def _set_dotted(d: dict[str, Any], key: str, value: Any) -> None:
     parts = key.split(".")
     cur = d
     for part in parts[:-1]:
@@ -101,7 +101,7 @@ def _set_dotted(d: dict, key: str, value: Any) -> None:
     cur[parts[-1]] = value
 
 
-def _read_yaml(path: Path) -> dict:
+def _read_yaml(path: Path) -> dict[str, Any]:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as e:
@@ -121,14 +121,30 @@ def _read_yaml(path: Path) -> dict:
 
 # Names users bring from HF TrainingArguments / torchtune / PEFT -> kubetune's key.
 ALIASES = {
-    "learning_rate": "train.lr", "num_train_epochs": "train.epochs", "num_epochs": "train.epochs",
-    "per_device_train_batch_size": "train.micro_batch_size", "batch_size": "train.micro_batch_size",
-    "gradient_accumulation_steps": "train.grad_accum", "gradient_accumulation": "train.grad_accum",
-    "lr_scheduler_type": "train.lr_schedule", "warmup": "train.warmup_steps", "max_length": "data.max_seq_len",
-    "seq_len": "data.max_seq_len", "max_seq_length": "data.max_seq_len", "lora_r": "lora.r", "rank": "lora.r",
-    "lora_alpha": "lora.alpha", "lora_dropout": "lora.dropout", "model_name_or_path": "model.name_or_path",
-    "dataset": "data.train", "train_file": "data.train", "validation_file": "data.eval", "bf16": "train.precision",
-    "output": "output_dir", "save_steps": "train.save_every", "eval_steps": "train.eval_every",
+    "learning_rate": "train.lr",
+    "num_train_epochs": "train.epochs",
+    "num_epochs": "train.epochs",
+    "per_device_train_batch_size": "train.micro_batch_size",
+    "batch_size": "train.micro_batch_size",
+    "gradient_accumulation_steps": "train.grad_accum",
+    "gradient_accumulation": "train.grad_accum",
+    "lr_scheduler_type": "train.lr_schedule",
+    "warmup": "train.warmup_steps",
+    "max_length": "data.max_seq_len",
+    "seq_len": "data.max_seq_len",
+    "max_seq_length": "data.max_seq_len",
+    "lora_r": "lora.r",
+    "rank": "lora.r",
+    "lora_alpha": "lora.alpha",
+    "lora_dropout": "lora.dropout",
+    "model_name_or_path": "model.name_or_path",
+    "dataset": "data.train",
+    "train_file": "data.train",
+    "validation_file": "data.eval",
+    "bf16": "train.precision",
+    "output": "output_dir",
+    "save_steps": "train.save_every",
+    "eval_steps": "train.eval_every",
 }
 
 
@@ -143,13 +159,13 @@ def suggest_key(dotted: str, keys: list[str]) -> str | None:
     if same_leaf:
         return same_leaf[0]
     section = dotted.rsplit(".", 1)[0] + "." if "." in dotted else ""
-    siblings = [k.rsplit(".", 1)[-1] for k in keys if k.startswith(section) and "." not in k[len(section):]]
+    siblings = [k.rsplit(".", 1)[-1] for k in keys if k.startswith(section) and "." not in k[len(section) :]]
     close = difflib.get_close_matches(leaf, siblings, n=1, cutoff=0.5)
     return section + close[0] if close else None
 
 
 def format_validation_error(err: ValidationError, keys: list[str]) -> list[str]:
-    lines = []
+    lines: list[str] = []
     for e in err.errors():
         dotted = ".".join(str(p) for p in e["loc"] if not str(p).startswith("function-after"))
         if e["type"] == "extra_forbidden":
@@ -171,7 +187,7 @@ def load_recipe(recipe: str | Path | None = None, overrides: list[str] | tuple[s
     path = resolve_recipe_path(str(recipe) if recipe is not None else None)
     data = _read_yaml(path) if path else {}
     provenance = {k: str(path) for k in _flatten(data)}
-    problems = []
+    problems: list[str] = []
     for text in overrides:
         try:
             key, value = parse_override(text)
@@ -181,12 +197,12 @@ def load_recipe(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         _set_dotted(data, key, value)
         provenance[key] = "command line"
     keys = all_keys()
+    recipe_obj: Recipe | None = None
     try:
         recipe_obj = Recipe.model_validate(data)
     except ValidationError as err:
         problems.extend(format_validation_error(err, keys))
-        recipe_obj = None
-    if problems:
+    if problems or recipe_obj is None:
         raise RecipeError(*problems)
     for key in _flatten(recipe_obj.model_dump()):
         provenance.setdefault(key, "default")
@@ -201,7 +217,7 @@ def reference_markdown() -> str:
     """The recipe reference table (README), generated from the schema's field descriptions."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
 
-    def walk(model: type[BaseModel], prefix: str):
+    def walk(model: type[BaseModel], prefix: str) -> None:
         for name, info in model.model_fields.items():
             ann = info.annotation
             dotted = f"{prefix}{name}"

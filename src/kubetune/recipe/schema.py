@@ -8,7 +8,7 @@ errors into one line per problem with the nearest valid key suggested.
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -95,19 +95,20 @@ class DataSection(Section):
 
     @field_validator("eval")
     @classmethod
-    def _eval_fraction(cls, v):
+    def _eval_fraction(cls, v: str | float | None) -> str | float | None:
         if isinstance(v, float) and not 0 < v < 1:
             raise ValueError("a held-out fraction must be between 0 and 1 (e.g. 0.1), or give a file path")
         return v
 
     @field_validator("template")
     @classmethod
-    def _template(cls, v: str):
+    def _template(cls, v: str) -> str:
         if v in ("chat", "alpaca", "llama2"):
             return v
         if "{instruction}" not in v:
-            raise ValueError("a custom template must contain {instruction} (and may contain {input}); "
-                             "or use chat | alpaca | llama2")
+            raise ValueError(
+                "a custom template must contain {instruction} (and may contain {input}); or use chat | alpaca | llama2"
+            )
         return v
 
 
@@ -138,11 +139,13 @@ class TrainSection(Section):
     resume: str = Field("auto", description="auto (newest complete checkpoint) | never | a checkpoint path.")
     log_every: int = Field(1, ge=1, description="Log metrics every N steps.")
     device: Literal["auto", "cpu", "cuda", "hpu"] = Field("auto", description="Where to train.")
-    num_threads: int | None = Field(None, ge=1, description="torch intra-op threads (default: cores / local processes).")
+    num_threads: int | None = Field(
+        None, ge=1, description="torch intra-op threads (default: cores / local processes)."
+    )
 
     @field_validator("gradient_checkpointing", mode="before")
     @classmethod
-    def _yaml_bools(cls, v):
+    def _yaml_bools(cls, v: Any) -> Any:
         # YAML 1.1 reads `off` / `on` as booleans; accept them as the words users meant.
         if v is True:
             return "on"
@@ -173,7 +176,7 @@ class Recipe(Section):
     output_dir: str = Field("runs/default", description="Where checkpoints, metrics, adapter and summary go.")
 
     @model_validator(mode="after")
-    def _consistent(self):
+    def _consistent(self) -> Recipe:
         if self.train.precision == "fp16" and self.model.dtype == "bf16":
             raise ValueError("train.precision=fp16 with model.dtype=bf16 mixes half formats; use model.dtype=auto")
         return self
