@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from kubetune.cluster.extender.facts import facts_of, request_of
 from kubetune.cluster.extender.policy import NodeFacts, Peers, Request, Weights, explain, filter_nodes, prioritize
-from kubetune.cluster.extender.protocol import Node, Pod, parse_quantity
+from kubetune.cluster.extender.protocol import Node, Pod
 from kubetune.cluster.extender.samples import gaudi_node, training_pod
 from kubetune.errors import UserError
 
@@ -120,7 +120,9 @@ def test_weights_are_validated_with_the_flag_name():
 
 
 def test_quantities_and_requests():
-    assert parse_quantity("96Gi") == 96 * 2**30 and parse_quantity("500m") == 0.5 and parse_quantity("x") is None
+    from kubetune.kube import quantity_or_none
+
+    assert quantity_or_none("96Gi") == 96 * 2**30 and quantity_or_none("500m") == 0.5 and quantity_or_none("x") is None
     pod = Pod.model_validate(training_pod("j", 2, cards=4, workers=3))
     req = request_of(pod, ("nvidia.com/gpu", "habana.ai/gaudi"))
     assert req == Request("habana.ai/gaudi", 4, job="kubetune/j", gang_size=3)
@@ -138,3 +140,4 @@ def test_unicode_digits_are_not_counts():
     from kubetune.cluster.extender.protocol import parse_count
 
     assert parse_count("¹") is None and parse_count("٣") is None and parse_count("12") == 12  # found by hypothesis
+    assert parse_count("1e400") is None and parse_count("-1") is None and parse_count("2e0") == 2  # inf, negative

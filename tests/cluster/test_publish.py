@@ -81,3 +81,28 @@ def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_pa
     finally:
         kubelet.stop()
         api_server.stop()
+
+
+def test_publisher_without_an_api_finds_the_cluster_through_kubeconfig(cards, tmp_path, monkeypatch):
+    pytest.importorskip("kmock")
+    import yaml
+
+    from .fakes import KubeEmulator
+
+    api_server = KubeEmulator()
+    try:
+        api_server.core_api().create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump({
+            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
+            "clusters": [{"name": "kmock", "cluster": {"server": api_server.url}}],
+            "users": [{"name": "plugin", "user": {"token": "not-a-secret"}}],
+            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "plugin"}}],
+        }))
+        monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
+        monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+        publisher = NodePublisher("hls-0", "habana.ai/gaudi", None, None)  # core_api from kubetune.kube.load_config
+        assert publisher.publish(cards, {c.id: HEALTHY for c in cards}) is True
+        assert api_server.core_api().read_node("hls-0").metadata.annotations[keys.CARDS_HEALTHY] == "8"
+    finally:
+        api_server.stop()

@@ -8,6 +8,7 @@ import pytest
 from pydantic import BaseModel
 
 from kubetune.errors import RecipeError
+from kubetune.kube import parse_quantity
 from kubetune.recipe import k8s as section
 from kubetune.recipe.loader import load_recipe
 
@@ -19,13 +20,13 @@ def k8s(*overrides):
 @pytest.mark.parametrize("text,value", [("8", 8), ("500m", Decimal("0.5")), ("32Gi", 32 * 2**30),
                                         ("1.5G", 1_500_000_000), ("1e3", 1000), (2, 2), ("95000Mi", 95000 * 2**20)])
 def test_parse_quantity(text, value):
-    assert section.parse_quantity(text) == value
+    assert parse_quantity(text) == value
 
 
 @pytest.mark.parametrize("text", ["", "8 cores", "Gi", "1.2.3", "32GB"])
 def test_parse_quantity_rejects(text):
     with pytest.raises(ValueError, match="not a Kubernetes quantity"):
-        section.parse_quantity(text)
+        parse_quantity(text)
 
 
 def test_profile_defaults_fill_only_null_fields():

@@ -1,6 +1,11 @@
 """Cluster components: a kubelet device plugin and a kube-scheduler extender.
 
-Layering: this package may import kubetune.errors and the standard library at module
-level; grpc, fastapi, kubernetes and pynvml are imported where they are used. It never
-imports kubetune.training or torch.
+Layering: at module level this package imports the standard library, kubetune.errors,
+kubetune.kube (the kubeconfig loader, quantity parser and common labels it shares with
+kubetune.k8s), typer for the commands and the extender's wire libraries (pydantic,
+msgspec, prometheus_client); grpc, fastapi, kubernetes and pynvml only in the modules or
+functions that need them, which the commands import when they run. It never imports
+torch, transformers, kubetune.training or kubetune.models, nor the job side (kubetune.k8s,
+kubetune.recipe): tests/k8s/test_images_and_layers.py checks this with those made
+unimportable.
 """

@@ -18,12 +18,12 @@ from dataclasses import dataclass
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
 from kubetune.errors import UserError
+from kubetune.kube import KUBETUNE, NAME, common_labels
 
 PLUGIN_NAME = "kubetune-device-plugin"
 EXTENDER_NAME = "kubetune-scheduler-extender"
 SCHEDULER_CONFIG_NAME = "kubetune-scheduler-config"
 POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
-PART_OF = {"app.kubernetes.io/part-of": "kubetune"}
 
 
 @dataclass(frozen=True)
@@ -53,8 +53,8 @@ class ComponentSettings:
             raise UserError(*problems)
 
 
-def _labels(name: str, component: str) -> dict:
-    return {"app.kubernetes.io/name": name, "app.kubernetes.io/component": component, **PART_OF}
+def _labels(name: str, component: str) -> dict[str, str]:
+    return common_labels(name, component, part_of=KUBETUNE)
 
 
 def _meta(name: str, s: ComponentSettings, component: str, namespaced: bool = True) -> dict:
@@ -89,7 +89,7 @@ def device_plugin(s: ComponentSettings) -> list[dict]:
     ]  # fmt: skip
     if s.leaf_label:
         args += ["--leaf-label", s.leaf_label]
-    selector = {"app.kubernetes.io/name": PLUGIN_NAME}
+    selector = {NAME: PLUGIN_NAME}
     daemonset = {
         "apiVersion": "apps/v1",
         "kind": "DaemonSet",
@@ -140,7 +140,7 @@ def extender(s: ComponentSettings) -> list[dict]:
         args += ["--weights", s.weights]
     if s.watch_pods:
         args.append("--watch-pods")
-    selector = {"app.kubernetes.io/name": EXTENDER_NAME}
+    selector = {NAME: EXTENDER_NAME}
     probe = {"httpGet": {"path": "/healthz", "port": "http"}, "periodSeconds": 10}
     deployment = {
         "apiVersion": "apps/v1",

@@ -3,25 +3,24 @@
 `KubeClient` is a small boundary: get / create / patch / delete / list any kind kubetune
 renders or reads, pod logs, and exec (for copying files out of the data-access pod). All
 objects are plain dicts, as rendered. Tests swap this boundary (or point it at an
-in-memory API server); nothing else in kubetune imports the kubernetes client's API layer.
+in-memory API server); nothing else in kubetune.k8s imports the kubernetes client's API
+layer (the cluster components watch and patch through `kubetune.kube.core_v1_api`).
 
-Errors talking to the API become `ClusterError` (a UserError: one line, exit 2): no
+Configuration comes from `kubetune.kube.load_config` (the loader the cluster components use
+too). Errors talking to the API become `ClusterError` (a UserError: one line, exit 2): no
 configuration, unreachable server, 401/403, missing CRDs. `get` returns None on 404.
 """
 
 from __future__ import annotations
 
 import json
-import os
 from collections.abc import Iterator
 from dataclasses import dataclass
 from typing import IO
 
-from kubetune.errors import UserError
+from kubetune.kube import ClusterError, load_config
 
-
-class ClusterError(UserError):
-    """The cluster cannot be reached, refuses, or lacks what kubetune needs."""
+__all__ = ["KINDS", "ClusterError", "Kind", "KubeClient", "NotFound", "connect", "kind_of", "load_config"]
 
 
 class NotFound(ClusterError):
@@ -74,25 +73,6 @@ def _path(kind: Kind, namespace: str | None, name: str | None = None) -> str:
         path += f"/namespaces/{namespace}"
     path += f"/{kind.plural}"
     return f"{path}/{name}" if name else path
-
-
-def load_config():
-    """Configuration from in-cluster service account, $KUBECONFIG or ~/.kube/config."""
-    from kubernetes import client, config
-
-    try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-            config.load_incluster_config()
-            return client.Configuration.get_default_copy()
-        configuration = client.Configuration()
-        # Read KUBECONFIG now: the library's default is frozen when kubernetes is first imported.
-        path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        config.load_kube_config(config_file=path, client_configuration=configuration)
-        return configuration
-    except config.ConfigException as e:
-        raise ClusterError(
-            f"no Kubernetes configuration ({e}): set KUBECONFIG, create ~/.kube/config, or run inside a cluster"
-        ) from None
 
 
 def connect() -> "KubeClient":

@@ -1,8 +1,11 @@
 """Submit a rendered job and follow it: status, logs, download, delete.
 
-Every function takes a `KubeClient` (the only API boundary) and returns data or text lines;
-the CLI prints them. Object names come from `render.Names`, so these commands need only the
-job name and namespace, not the recipe.
+The commands (`submit`, `status`, `logs`, `download`, `delete`) take a `KubeClient` (the
+only API boundary) and return data or text lines; the CLI prints them. The helpers that
+read a fetched object (`job_state`, `pod_rank`, ...) are pure. Object names come from
+`names.Names` and training pods are found by their labels (`names.trainer_selector`), so
+these commands need only the job name and namespace, not the recipe; `delete --purge`
+removes a PVC or runtime only when its labels say this job's kubetune made it.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ import yaml
 from kubetune.errors import UserError
 from kubetune.k8s import progress
 from kubetune.k8s.client import KubeClient
-from kubetune.k8s.names import CONTAINER, DATA_DIR, MANAGED_BY, PART_OF, RECIPE_KEY, Names
+from kubetune.k8s.names import CONTAINER, DATA_DIR, RECIPE_KEY, Names, trainer_selector
+from kubetune.kube import INSTANCE, KUBETUNE, MANAGED_BY
 from kubetune.k8s.render import Rendered
 
 JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))
@@ -114,7 +118,7 @@ def pod_rank(pod: dict, with_master: bool = True) -> int | None:
 
 def trainer_pods(client: KubeClient, name: str, namespace: str, job: dict | None = None) -> list[dict]:
     """The job's training pods, ordered by rank (unknown ranks last, by name)."""
-    pods = client.list("v1", "Pod", namespace, {PART_OF: name, "app.kubernetes.io/component": "trainer"})
+    pods = client.list("v1", "Pod", namespace, trainer_selector(name))
     master = has_master(job)
     return sorted(pods, key=lambda p: (pod_rank(p, master) is None, pod_rank(p, master) or 0, p["metadata"]["name"]))
 
@@ -243,7 +247,7 @@ def download(client: KubeClient, name: str, namespace: str, out_dir: Path) -> Pa
 
 def _ours(obj: dict | None, name: str) -> bool:
     labels = ((obj or {}).get("metadata") or {}).get("labels") or {}
-    return labels.get(PART_OF) == name and labels.get(MANAGED_BY) == "kubetune"
+    return labels.get(INSTANCE) == name and labels.get(MANAGED_BY) == KUBETUNE
 
 
 def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -> list[str]:
@@ -252,7 +256,7 @@ def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -
     targets = [(av, kind, name, namespace) for av, kind, _ in JOB_KINDS]
     targets += [(av, kind, name, namespace) for av, kind in POD_GROUP_KINDS]
     targets += [("v1", "Pod", p["metadata"]["name"], namespace)
-                for p in client.list("v1", "Pod", namespace, {PART_OF: name, "app.kubernetes.io/component": "trainer"})]
+                for p in client.list("v1", "Pod", namespace, trainer_selector(name))]
     targets += [("v1", "ConfigMap", names.recipe, namespace), ("v1", "Secret", names.secret, namespace)]
     if purge:
         targets += [("v1", "Pod", names.data_pod, namespace), ("v1", "ResourceQuota", names.quota, namespace)]

@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubetune.kube import COMPONENT, INSTANCE, KUBETUNE, common_labels
+
 RECIPE_DIR = "/etc/kubetune"
 RECIPE_KEY = "recipe.yaml"
 RECIPE_PATH = f"{RECIPE_DIR}/{RECIPE_KEY}"
@@ -16,8 +18,6 @@ TRAIN_COMMAND = ["kubetune", "train", RECIPE_PATH]
 TOKEN_KEY = "HF_TOKEN"
 CONTAINER = {"pytorchjob": "pytorch", "trainjob": "node"}  # names the operators look for
 PYTORCHJOB_PORT = 23456  # the training operator's default `pytorchjob-port`
-PART_OF = "app.kubernetes.io/instance"
-MANAGED_BY = "app.kubernetes.io/managed-by"
 KUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
@@ -47,5 +47,10 @@ class Names:
 
 
 def standard_labels(names: Names, component: str) -> dict[str, str]:
-    return {"app.kubernetes.io/name": "kubetune", PART_OF: names.job,
-            "app.kubernetes.io/component": component, MANAGED_BY: "kubetune"}
+    """Labels of every object of a job: `INSTANCE` = job name is what status, logs and delete select on."""
+    return common_labels(KUBETUNE, component, instance=names.job, managed_by=KUBETUNE)
+
+
+def trainer_selector(job: str) -> dict[str, str]:
+    """The labels every training pod of `job` carries (its pod template's `standard_labels`)."""
+    return {INSTANCE: job, COMPONENT: "trainer"}

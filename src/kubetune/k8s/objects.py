@@ -13,7 +13,8 @@ from kubetune.k8s import profiles
 from kubetune.k8s.names import (COSCHEDULING_LABEL, DATA_DIR, DATA_POD_RESOURCES, DEFAULT_GANG_SCHEDULER,
                                 PYTORCHJOB_PORT, RECIPE_DIR, RECIPE_KEY, TOKEN_KEY, TRAIN_COMMAND, VOLCANO_ANNOTATION,
                                 Names, standard_labels)
-from kubetune.recipe.k8s import K8sSection, parse_quantity
+from kubetune.kube import NAME, KUBETUNE, parse_quantity
+from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
 
 
@@ -127,7 +128,7 @@ def namespace(names: Names) -> dict:
     from kubernetes.client import V1Namespace, V1ObjectMeta
 
     # Namespace labels only: the namespace may outlive (and predate) this job.
-    meta = V1ObjectMeta(name=names.namespace, labels={"app.kubernetes.io/name": "kubetune"})
+    meta = V1ObjectMeta(name=names.namespace, labels={NAME: KUBETUNE})
     return to_dict(V1Namespace(api_version="v1", kind="Namespace", metadata=meta))
 
 

@@ -11,7 +11,8 @@ from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 
 from kubetune.recipe.comm import comm_env
-from kubetune.recipe.k8s import ACCELERATOR_RESOURCE, K8sSection, parse_quantity
+from kubetune.kube import parse_quantity
+from kubetune.recipe.k8s import ACCELERATOR_RESOURCE, K8sSection
 from kubetune.recipe.schema import Recipe
 
 # The training process may use 95% of the pod's memory limit: the rest is headroom for the

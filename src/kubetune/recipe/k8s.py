@@ -6,17 +6,19 @@ resolved values. `resource_problems()` lists impossible combinations (zero CPU, 
 larger than memory, accelerators on the cpu profile, ...); `kubetune k8s` refuses to render
 them. It is not a model validator because the profile (and so the defaults) is often only
 known once `--profile` is applied, and the loader would echo the whole section back.
-Pure: no kubernetes import, so loading a recipe stays fast.
+Quantities are read by `kubetune.kube.parse_quantity`, the parser `kubetune.cluster` uses
+too. Pure: no kubernetes import, so loading a recipe stays fast.
 """
 
 from __future__ import annotations
 
 import re
-from decimal import Decimal, InvalidOperation
+from decimal import Decimal
 from typing import Literal
 
 from pydantic import Field, field_validator
 
+from kubetune.kube import parse_quantity
 from kubetune.recipe.base import Section
 
 Profile = Literal["cpu", "gaudi", "nvidia"]
@@ -34,25 +36,7 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
     "nvidia": {"cpu": "8", "memory": "64Gi", "accelerators": 1, "hugepages_2mi": None, "shm_size": "16Gi"},
 }
 
-_SUFFIX = {
-    "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50, "Ei": 2**60,
-    "n": Decimal("1e-9"), "u": Decimal("1e-6"), "m": Decimal("1e-3"), "": 1,
-    "k": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "P": 10**15, "E": 10**18,
-}
-_QUANTITY = re.compile(r"^([+-]?[0-9.]+(?:[eE][+-]?[0-9]+)?)(Ki|Mi|Gi|Ti|Pi|Ei|n|u|m|k|M|G|T|P|E|)$")
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
-
-
-def parse_quantity(value: str | int | float) -> Decimal:
-    """A Kubernetes quantity (`8`, `500m`, `32Gi`, `1e3`) as a number; ValueError if malformed."""
-    m = _QUANTITY.match(str(value).strip())
-    if not m:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 32Gi)")
-    try:
-        return Decimal(m.group(1)) * Decimal(_SUFFIX[m.group(2)])
-    except InvalidOperation:
-        raise ValueError(f"{value!r} is not a Kubernetes quantity (e.g. 8, 500m, 32Gi)") from None
-
 
 Quantity = str | int | float
 

@@ -116,13 +116,9 @@ class NodePublisher:
     @property
     def api(self):
         if self._api is None:
-            from kubernetes import client, config
+            from kubetune.kube import core_v1_api
 
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            self._api = client.CoreV1Api()
+            self._api = core_v1_api()
         return self._api
 
     def _leaf(self) -> str | None:

@@ -12,7 +12,8 @@ from typing import NamedTuple, Protocol
 
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.extender.policy import NodeFacts, Peers, Request
-from kubetune.cluster.extender.protocol import Container, Node, Pod, parse_count, parse_quantity
+from kubetune.cluster.extender.protocol import Container, Node, Pod, parse_count
+from kubetune.kube import quantity_or_none
 
 JOB_LABELS = (keys.KUBEFLOW_JOB_LABEL, keys.JOBSET_LABEL)
 
@@ -78,7 +79,7 @@ def _positive_float(text: str | None) -> float | None:
     try:
         q = float(text)  # the common case; "96Gi"-style quantities fall through to the parser
     except ValueError:
-        q = parse_quantity(text)
+        q = quantity_or_none(text)
     return q if q is not None and 0 < q < float("inf") else None
 
 

@@ -99,13 +99,9 @@ class PodCache:
     def start(self, core_api=None, relist_seconds: float = 2.0) -> None:
         """List, then watch pods and nodes in two daemon threads (relisting after any failure)."""
         if core_api is None:
-            from kubernetes import client, config
+            from kubetune.kube import core_v1_api
 
-            try:
-                config.load_incluster_config()
-            except config.ConfigException:
-                config.load_kube_config()
-            core_api = client.CoreV1Api()
+            core_api = core_v1_api()
         for kind, lister in (("pods", core_api.list_pod_for_all_namespaces), ("nodes", core_api.list_node)):
             threading.Thread(
                 target=self._watch, args=(kind, lister, core_api.api_client, relist_seconds), name=f"watch-{kind}", daemon=True

@@ -1,0 +1,134 @@
+"""kubetune.kube: the quantity grammar, the common labels and the kubeconfig loader that k8s and cluster share."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import pytest
+import yaml
+from hypothesis import given
+from hypothesis import strategies as st
+
+from kubetune import kube
+from kubetune.kube import ClusterError, common_labels, load_config, parse_quantity, quantity_or_none
+
+SUFFIXES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"]
+
+
+@pytest.mark.parametrize("text,value", [("8", 8), ("500m", Decimal("0.5")), ("96Gi", 96 * 2**30), ("1e3", 1000),
+                                        ("+.5", Decimal("0.5")), ("5.", 5), ("-2", -2), ("7n", Decimal("7e-9")),
+                                        ("4u", Decimal("4e-6")), (" 8Gi\n", 8 * 2**30), ("1E", 10**18), (3, 3)])
+def test_the_grammar_read_both_ways(text, value):
+    assert parse_quantity(text) == value
+    assert quantity_or_none(text) == pytest.approx(float(value), rel=1e-15)
+
+
+@pytest.mark.parametrize("text", ["", "8 Gi", "8 cores", "Gi", "1.2.3", ".", "32GB", "0x10", "e3", "٣", "¹"])
+def test_malformed_quantities(text):
+    with pytest.raises(ValueError, match="not a Kubernetes quantity"):
+        parse_quantity(text)
+    assert quantity_or_none(text) is None
+
+
+def test_api_values_that_are_not_strings():
+    assert quantity_or_none(8) == 8.0 and quantity_or_none(2.5) == 2.5
+    assert quantity_or_none(None) is None and quantity_or_none(True) is None and quantity_or_none([]) is None
+
+
+@given(st.from_regex(r"\A[+-]?([0-9]{1,12}(\.[0-9]{0,6})?|\.[0-9]{1,6})([eE][+-]?[0-9]{1,2})?\Z"),
+       st.sampled_from(SUFFIXES))
+def test_float_and_decimal_readings_agree(number, suffix):
+    exact = parse_quantity(number + suffix)
+    assert quantity_or_none(number + suffix) == pytest.approx(float(exact), rel=1e-12, abs=1e-300)
+
+
+@given(st.text(alphabet="0123456789.eE+- KMGTPinumk", max_size=8))
+def test_one_grammar_accepts_the_same_texts(text):
+    try:
+        parse_quantity(text)
+    except ValueError:
+        assert quantity_or_none(text) is None
+    else:
+        assert quantity_or_none(text) is not None
+
+
+def test_common_labels_keep_one_order_and_leave_unset_ones_out():
+    assert list(common_labels("kubetune", "trainer", instance="run", managed_by="kubetune").items()) == [
+        (kube.NAME, "kubetune"), (kube.INSTANCE, "run"), (kube.COMPONENT, "trainer"), (kube.MANAGED_BY, "kubetune")]
+    assert list(common_labels("kubetune-device-plugin", "device-plugin", part_of="kubetune")) == [
+        kube.NAME, kube.COMPONENT, kube.PART_OF]
+
+
+def test_job_and_component_objects_use_the_common_labels():
+    from kubetune.cluster import manifests
+    from kubetune.k8s.names import Names, standard_labels
+
+    assert standard_labels(Names.for_job("run", "ns"), "trainer") == {
+        "app.kubernetes.io/name": "kubetune", "app.kubernetes.io/instance": "run",
+        "app.kubernetes.io/component": "trainer", "app.kubernetes.io/managed-by": "kubetune"}
+    for obj in manifests.render(manifests.ComponentSettings()):
+        labels = obj["metadata"]["labels"]
+        assert labels[kube.PART_OF] == "kubetune" and labels[kube.NAME].startswith("kubetune-"), obj["kind"]
+
+
+# ------------------------------------------------------------------------------ load_config
+
+
+def _kubeconfig(path, server):
+    path.write_text(yaml.safe_dump({
+        "apiVersion": "v1", "kind": "Config", "current-context": "c",
+        "clusters": [{"name": "c", "cluster": {"server": server}}],
+        "users": [{"name": "u", "user": {"token": "t0ken"}}],
+        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+    }))
+    return path
+
+
+def test_kubeconfig_is_read_at_call_time_and_wins_inside_a_cluster(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "a", "https://a.example:6443")))
+    assert load_config().host == "https://a.example:6443"
+    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "b", "https://b.example:6443")))
+    configuration = load_config()
+    assert configuration.host == "https://b.example:6443"
+    assert configuration.api_key["authorization"] == "Bearer t0ken"
+
+
+def test_in_cluster_service_account(tmp_path, monkeypatch):
+    from kubernetes.client import Configuration
+    from kubernetes.config import incluster_config
+
+    (tmp_path / "token").write_text("sa-token")
+    (tmp_path / "ca.crt").write_text("not a real CA")
+    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
+    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
+    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
+    default_before = Configuration.get_default_copy().host
+    configuration = load_config()
+    assert configuration.host == "https://10.0.0.1:443"
+    assert configuration.api_key["authorization"].lower() == "bearer sa-token"  # the library writes "bearer"
+    assert configuration.ssl_ca_cert == str(tmp_path / "ca.crt")
+    assert Configuration.get_default_copy().host == default_before  # the library's global default is left alone
+
+
+def test_no_configuration_is_a_cluster_error(tmp_path, monkeypatch):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    with pytest.raises(ClusterError, match="no Kubernetes configuration"):
+        load_config()
+    monkeypatch.delenv("KUBECONFIG")
+    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config either
+    with pytest.raises(ClusterError, match="no Kubernetes configuration"):
+        load_config()
+
+
+def test_the_job_client_and_the_components_share_the_loader(tmp_path, monkeypatch):
+    from kubetune.k8s import client
+
+    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "k", "https://k.example:6443")))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    assert client.load_config is kube.load_config and client.ClusterError is kube.ClusterError
+    assert client.connect().host == "https://k.example:6443"
+    assert kube.core_v1_api().api_client.configuration.host == "https://k.example:6443"
