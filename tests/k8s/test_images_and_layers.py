@@ -64,3 +64,156 @@ def test_registering_the_k8s_commands_does_not_import_kubernetes():
             "print(any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
+
+
+# ------------------------------------------------------------------ layers that hold without torch
+# The import-time check above misses an import made while rendering. These run the real
+# commands in a fresh interpreter where the training side cannot be imported at all: a
+# sys.meta_path finder refuses it (ImportError) and records every attempt, so a `try:
+# import torch` fallback fails the test too.
+
+TRAINING_SIDE = ("torch", "transformers", "kubetune.training", "kubetune.models")
+
+_BLOCKER = """
+import json, sys
+
+BLOCKED = tuple(json.loads(sys.argv[1]))
+TRIED = []
+
+
+class _Refuse:
+    def find_spec(self, name, path=None, target=None):
+        if any(name == b or name.startswith(b + ".") for b in BLOCKED):
+            TRIED.append(name)
+            raise ImportError(f"{name} is not importable here (layering test)")
+        return None
+
+
+assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers") or m.startswith("kubetune")]
+sys.meta_path.insert(0, _Refuse())
+try:
+    import torch  # noqa: F401
+except ImportError:
+    TRIED.clear()
+else:
+    raise SystemExit("the blocker did not block torch")
+
+
+def run_cli(*args):
+    import contextlib, io
+
+    from kubetune import cli
+
+    out, err = io.StringIO(), io.StringIO()
+    argv, sys.argv = sys.argv, ["kubetune", *args]
+    code = 0
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+    return code, out.getvalue(), err.getvalue()
+
+
+def report(results):
+    loaded = sorted(m for m in sys.modules if any(m == b or m.startswith(b + ".") for b in BLOCKED))
+    print(json.dumps({"results": results, "tried": sorted(set(TRIED)), "loaded": loaded}))
+"""
+
+_RENDER_EVERYTHING = """
+import yaml
+
+from kubetune.recipe import builtin_recipes
+
+results = []
+for recipe in sorted(builtin_recipes()):
+    for profile in ("cpu", "gaudi", "nvidia"):
+        for api in ("pytorchjob", "trainjob"):
+            for extra in ([], ["--with-runtime", "k8s.quota=true", "k8s.gang=volcano", "k8s.priority_class=train",
+                               "k8s.priority_value=100", "k8s.queue=q"]):
+                if extra and api == "pytorchjob":
+                    extra = [e for e in extra if e != "--with-runtime"] + ["k8s.elastic.enabled=true"]
+                code, out, err = run_cli("k8s", "render", recipe, "--profile", profile, "--api", api, *extra)
+                kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
+                results.append({"args": [recipe, profile, api, *extra], "code": code, "kinds": kinds, "err": err})
+for args in ([], ["--stateless", "--resource", "nvidia.com/gpu", "--discovery", "nvml"], ["--scheduler-config-only"]):
+    code, out, err = run_cli("k8s", "render-components", *args)
+    kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
+    results.append({"args": ["render-components", *args], "code": code, "kinds": kinds, "err": err})
+report(results)
+"""
+
+
+def _run_blocked(body: str, blocked: tuple[str, ...], tmp_path: Path) -> dict:
+    import json
+
+    result = subprocess.run([sys.executable, "-c", _BLOCKER + body, json.dumps(blocked)], capture_output=True,
+                            text=True, timeout=300, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["tried"] == [] and out["loaded"] == [], f"imported while rendering: {out['tried'] or out['loaded']}"
+    return out
+
+
+def test_every_shipped_recipe_renders_on_every_profile_and_api_without_torch(tmp_path):
+    from kubetune.recipe import builtin_recipes
+
+    results = _run_blocked(_RENDER_EVERYTHING, TRAINING_SIDE, tmp_path)["results"]
+    jobs = [r for r in results if r["args"][0] != "render-components"]
+    assert len(jobs) == len(builtin_recipes()) * 3 * 2 * 2
+    for r in jobs:
+        api = r["args"][2]
+        assert r["code"] == 0, f"kubetune k8s render {' '.join(r['args'])}: {r['err']}"
+        assert r["kinds"][0] == "Namespace" and r["kinds"][-1] == ("PyTorchJob" if api == "pytorchjob" else "TrainJob")
+        assert {"PersistentVolumeClaim", "ConfigMap", "Pod"} <= set(r["kinds"]), r
+        if len(r["args"]) > 3:  # the variant with every optional object
+            assert {"ResourceQuota", "PriorityClass"} <= set(r["kinds"]), r
+            assert ("PodGroup" if api == "pytorchjob" else "ClusterTrainingRuntime") in r["kinds"], r
+    components = [r for r in results if r["args"][0] == "render-components"]
+    assert [r["code"] for r in components] == [0, 0, 0], components
+    full, stateless, config_only = (r["kinds"] for r in components)
+    assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "ClusterRole"} <= set(full)
+    assert "DaemonSet" in stateless and stateless.count("ClusterRole") == 1  # the extender needs no RBAC then
+    assert config_only == ["KubeSchedulerConfiguration"]
+
+
+_CLUSTER_COMPONENTS = """
+from pathlib import Path
+
+import kubetune.cluster.cli
+import kubetune.cluster.deviceplugin.server
+from kubetune.cluster import manifests
+from kubetune.cluster.deviceplugin.discovery import HEALTHY, make_discovery
+from kubetune.cluster.deviceplugin.publish import node_facts
+from kubetune.cluster.extender.app import create_app
+from kubetune.cluster.extender.podcache import PodCache
+from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
+from starlette.testclient import TestClient
+
+results = {"manifests": [o["kind"] for o in manifests.render(manifests.ComponentSettings())]}
+with TestClient(create_app()) as http:
+    body = extender_args(training_pod(cards=8), [gaudi_node("hls-0", free=8), gaudi_node("hls-1", free=2)])
+    kept = http.post("/filter", json=body).json()
+    results["filter"] = [n["metadata"]["name"] for n in kept["Nodes"]["items"]], sorted(kept["FailedNodes"])
+    results["prioritize"] = [h["Host"] for h in http.post("/prioritize", json=body).json()]
+cards = make_discovery("sysfs", "habana.ai/gaudi", Path("sys"), Path("dev")).devices()  # the fake node in cwd
+results["facts"] = node_facts("habana.ai/gaudi", cards, {c.id: HEALTHY for c in cards}, {cards[0].id}, "leaf-1")
+PodCache(("habana.ai/gaudi",), ("kubetune.io/network-leaf",))
+report(results)
+"""
+
+
+def test_cluster_components_import_and_run_without_torch_or_the_job_side(tmp_path):
+    pytest.importorskip("fastapi")
+    from ..cluster.fakes import hls_box, make_gaudi_tree  # skips without grpc
+
+    make_gaudi_tree(tmp_path, hls_box())
+    # the components share only kubetune.kube with the job side: kubetune.k8s and kubetune.recipe are refused too
+    results = _run_blocked(_CLUSTER_COMPONENTS, (*TRAINING_SIDE, "kubetune.k8s", "kubetune.recipe"), tmp_path)["results"]
+    assert {"DaemonSet", "Deployment", "Service", "ConfigMap"} <= set(results["manifests"])
+    assert results["filter"] == [["hls-0"], ["hls-1"]] and results["prioritize"] == ["hls-0", "hls-1"]
+    annotations, labels = results["facts"]
+    assert annotations["kubetune.io/cards-total"] == "8" and annotations["kubetune.io/cards-free"] == "7"
+    assert labels["kubetune.io/network-leaf"] == "leaf-1"
