@@ -40,8 +40,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
-from kubetune.cluster.extender import policy  # noqa: E402
-from kubetune.cluster.extender.policy import NodeFacts, Peers, Request, Weights  # noqa: E402
+from kubetune.cluster.extender import policy
+from kubetune.cluster.extender.policy import NodeFacts, Peers, Request, Weights
 
 RESOURCE = "habana.ai/gaudi"
 HBM_MIB = 128 * 1024
@@ -106,12 +106,14 @@ def job_stream(n: int, load: float, seed: int, cluster_cards: int) -> list[Job]:
 class Placer:
     """One scheduling policy: picks a node for one worker, or None."""
 
-    def __init__(self, name: str, cluster: Cluster, seed: int, extender_weight: int = 5, weights: Weights = Weights()):
+    def __init__(
+        self, name: str, cluster: Cluster, seed: int, extender_weight: int = 5, weights: Weights | None = None
+    ):
         self.name = name
         self.cluster = cluster
         self.rng = random.Random(seed)
         self.extender_weight = extender_weight
-        self.weights = weights
+        self.weights = weights if weights is not None else Weights()
 
     def least_allocated(self, node: int) -> int:
         return self.cluster.free[node] * 100 // self.cluster.cards
@@ -122,7 +124,12 @@ class Placer:
             return None
         scores = {n: self.least_allocated(n) for n in feasible}
         if self.name != "default":
-            facts = [NodeFacts(f"n{n}", self.cluster.cards, self.cluster.free[n], HBM_MIB, f"leaf-{self.cluster.leaf(n)}", None) for n in feasible]
+            facts = [
+                NodeFacts(
+                    f"n{n}", self.cluster.cards, self.cluster.free[n], HBM_MIB, f"leaf-{self.cluster.leaf(n)}", None
+                )
+                for n in feasible
+            ]
             req = Request(RESOURCE, job.cards, job=f"sim/job-{job.id}", gang_size=job.workers)
             kept, _, _ = policy.filter_nodes(req, facts)
             kept_set = set(kept)
@@ -199,12 +206,16 @@ def simulate(name: str, jobs: list[Job], seed: int, weights: Weights, percentage
 def report(load: float, results: list[Result]) -> None:
     base = results[0]
     print(f"\noffered load {load:.2f} of 2,048 cards, {base.offered} jobs (gangs of 2-16 workers x 1/2/4/8 cards)")
-    print(f"{'policy':>10} {'placed':>7} {'x-leaf pairs':>13} {'pairs':>7} {'x-leaf/job':>11} {'x-leaf share':>13} {'stranded free':>14} {'whole free nodes':>17} {'sim s':>6}")
+    print(
+        f"{'policy':>10} {'placed':>7} {'x-leaf pairs':>13} {'pairs':>7} {'x-leaf/job':>11} {'x-leaf share':>13} "
+        f"{'stranded free':>14} {'whole free nodes':>17} {'sim s':>6}"
+    )
     for r in results:
         per_job = r.cross_leaf_pairs / max(1, r.placed)
         share = r.cross_leaf_pairs / max(1, r.worker_pairs)
         print(
-            f"{r.name:>10} {r.placed:>7} {r.cross_leaf_pairs:>13} {r.worker_pairs:>7} {per_job:>11.2f} {share:>13.1%} {r.stranded_mean:>14.1%} {r.whole_free_mean:>17.1f} {r.seconds:>6.1f}"
+            f"{r.name:>10} {r.placed:>7} {r.cross_leaf_pairs:>13} {r.worker_pairs:>7} {per_job:>11.2f} {share:>13.1%} "
+            f"{r.stranded_mean:>14.1%} {r.whole_free_mean:>17.1f} {r.seconds:>6.1f}"
         )
     for r in results[1:]:
         # "At equal jobs placed": the jobs that both policies placed, pair counts side by side.
@@ -213,7 +224,8 @@ def report(load: float, results: list[Result]) -> None:
         ratio = ours / max(1, theirs)
         print(
             f"{r.name} vs default: jobs placed {r.placed} vs {base.placed} (x{r.placed / max(1, base.placed):.3f}); "
-            f"on the {len(common)} jobs both placed, cross-leaf pairs {ours} vs {theirs} (x{ratio:.3f}, {_fewer(ratio)}); "
+            f"on the {len(common)} jobs both placed, "
+            f"cross-leaf pairs {ours} vs {theirs} (x{ratio:.3f}, {_fewer(ratio)}); "
             f"stranded free cards x{r.stranded_mean / max(1e-9, base.stranded_mean):.2f}; "
             f"whole free nodes x{r.whole_free_mean / max(1e-9, base.whole_free_mean):.2f}"
         )
@@ -236,10 +248,16 @@ def main() -> int:
     args = ap.parse_args()
     weights = Weights.parse(args.weights) if args.weights else Weights()
     pct = args.percentage_to_score or "adaptive"
-    print(f"extender weights: {weights}; extender weight 5; percentageOfNodesToScore: default arm adaptive, kubetune arms {pct}")
+    print(
+        f"extender weights: {weights}; extender weight 5; "
+        f"percentageOfNodesToScore: default arm adaptive, kubetune arms {pct}"
+    )
     for load in (float(x) for x in args.loads.split(",")):
         jobs = job_stream(args.jobs, load, args.seed, 256 * 8)
-        results = [simulate(name, jobs, args.seed, weights, args.percentage_to_score) for name in ("default", "stateless", "kubetune")]
+        results = [
+            simulate(name, jobs, args.seed, weights, args.percentage_to_score)
+            for name in ("default", "stateless", "kubetune")
+        ]
         report(load, results)
     return 0
 

@@ -37,7 +37,12 @@ TARGET_P99_MS = 100.0
 
 def payload(n_nodes: int, rng: random.Random) -> bytes:
     nodes = [
-        gaudi_node(f"hls-{i:05d}", free=rng.choice([0, 1, 2, 4, 6, 8, 8, 8]), leaf=f"leaf-{i // 16:03d}", rdma_latency_us=round(rng.uniform(2, 6), 2))
+        gaudi_node(
+            f"hls-{i:05d}",
+            free=rng.choice([0, 1, 2, 4, 6, 8, 8, 8]),
+            leaf=f"leaf-{i // 16:03d}",
+            rdma_latency_us=round(rng.uniform(2, 6), 2),
+        )
         for i in range(n_nodes)
     ]
     return json.dumps(extender_args(training_pod("llama-lora", 1, cards=4, workers=8), nodes)).encode()
@@ -63,7 +68,18 @@ def post(conn: http.client.HTTPConnection, path: str, body: bytes) -> tuple[floa
 
 def start_extender(port: int) -> subprocess.Popen:
     env = dict(os.environ, PYTHONPATH=str(ROOT / "src"))
-    cmd = [sys.executable, "-m", "kubetune", "scheduler-extender", "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "kubetune",
+        "scheduler-extender",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(port),
+        "--log-level",
+        "warning",
+    ]
     proc = subprocess.Popen(cmd, env=env)
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
@@ -104,13 +120,25 @@ def main() -> int:
     finally:
         proc.terminate()
         proc.wait(timeout=10)
-    print(f"{'nodes':>6} {'body MB':>8} {'verb':>11} {'reqs':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} {'p99/100ms':>10} {'p99/5s':>8}")
+    print(
+        f"{'nodes':>6} {'body MB':>8} {'verb':>11} {'reqs':>5} {'p50 ms':>8} {'p99 ms':>8} {'max ms':>8} "
+        f"{'p99/100ms':>10} {'p99/5s':>8}"
+    )
     for n, size, verb, count, p50, p99, mx in rows:
-        print(f"{n:>6} {size / 1e6:>8.2f} {verb:>11} {count:>5} {p50:>8.1f} {p99:>8.1f} {mx:>8.1f} {p99 / TARGET_P99_MS:>10.2f} {p99 / 5000:>8.3f}")
+        print(
+            f"{n:>6} {size / 1e6:>8.2f} {verb:>11} {count:>5} {p50:>8.1f} {p99:>8.1f} {mx:>8.1f} "
+            f"{p99 / TARGET_P99_MS:>10.2f} {p99 / 5000:>8.3f}"
+        )
     load_after = os.getloadavg()
-    print(f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} on {os.cpu_count()} CPUs")
+    print(
+        f"load average (1/5/15 min) before {load_before[0]:.2f}/{load_before[1]:.2f}/{load_before[2]:.2f}, "
+        f"after {load_after[0]:.2f}/{load_after[1]:.2f}/{load_after[2]:.2f} on {os.cpu_count()} CPUs"
+    )
     worst = max(r[5] for r in rows if r[0] == max(sizes))
-    print(f"\nworst p99 at {max(sizes)} nodes: {worst:.1f} ms (target < {TARGET_P99_MS:.0f} ms: {'met' if worst < TARGET_P99_MS else 'NOT met'})")
+    print(
+        f"\nworst p99 at {max(sizes)} nodes: {worst:.1f} ms "
+        f"(target < {TARGET_P99_MS:.0f} ms: {'met' if worst < TARGET_P99_MS else 'NOT met'})"
+    )
     return 0
 
 

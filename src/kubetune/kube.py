@@ -33,12 +33,16 @@ __all__ = [
     "NAME",
     "PART_OF",
     "ClusterError",
+    "KubeObject",
     "common_labels",
     "core_v1_api",
     "load_config",
     "parse_quantity",
     "quantity_or_none",
 ]
+
+KubeObject = dict[str, Any]
+"""A Kubernetes object, or a part of one, as plain JSON data (what render makes and the API returns)."""
 
 # ------------------------------------------------------------------------------ quantities
 

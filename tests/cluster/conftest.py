@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("grpc")
 
-from .fakes import FakeKubelet  # noqa: E402
+from .fakes import FakeKubelet
 
 
 @pytest.fixture
@@ -24,4 +24,3 @@ def kubelet(plugin_dir):
     k = FakeKubelet(plugin_dir).start()
     yield k
     k.stop()
-

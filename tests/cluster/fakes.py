@@ -42,7 +42,13 @@ def make_gaudi_tree(root: Path, cards: list[dict]) -> tuple[Path, Path]:
 def hls_box(device: str = "0x1060", n: int = 8) -> list[dict]:
     """An 8-card box: cards 0-3 on NUMA 0, 4-7 on NUMA 1, module id = accel index."""
     return [
-        {"pci": f"0000:{0x19 + 0x10 * i:02x}:00.0", "device": device, "accel": i, "module": i, "numa": 0 if i < n // 2 else 1}
+        {
+            "pci": f"0000:{0x19 + 0x10 * i:02x}:00.0",
+            "device": device,
+            "accel": i,
+            "module": i,
+            "numa": 0 if i < n // 2 else 1,
+        }
         for i in range(n)
     ]
 
@@ -52,7 +58,7 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
 
     def __init__(self, plugin_dir: Path):
         self.plugin_dir = plugin_dir
-        self.requests: "queue.Queue[pb.RegisterRequest]" = queue.Queue()
+        self.requests: queue.Queue[pb.RegisterRequest] = queue.Queue()
         self.server = None
 
     @property
@@ -63,7 +69,7 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
         self.requests.put(request)
         return pb.Empty()
 
-    def start(self) -> "FakeKubelet":
+    def start(self) -> FakeKubelet:
         self.server = grpc.server(futures.ThreadPoolExecutor(max_workers=2))
         pb_grpc.add_RegistrationServicer_to_server(self, self.server)
         assert self.server.add_insecure_port(f"unix:{self.socket}") != 0
@@ -81,8 +87,6 @@ class FakeKubelet(pb_grpc.RegistrationServicer):
         for sock in self.plugin_dir.glob("*.sock"):
             sock.unlink()
         self.start()
-
-
 
 
 class FakePodResources:
@@ -113,7 +117,11 @@ class FakePodResources:
             prpb.PodResources(
                 name=pod,
                 namespace="default",
-                containers=[prpb.ContainerResources(name="main", devices=[prpb.ContainerDevices(resource_name=resource, device_ids=device_ids)])],
+                containers=[
+                    prpb.ContainerResources(
+                        name="main", devices=[prpb.ContainerDevices(resource_name=resource, device_ids=device_ids)]
+                    )
+                ],
             )
         )
 

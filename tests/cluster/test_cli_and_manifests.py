@@ -48,8 +48,27 @@ def test_device_plugin_command_registers_serves_metrics_and_stops_cleanly(tmp_pa
     port = free_port()
     proc = subprocess.Popen(
         KUBETUNE
-        + ["device-plugin", "--discovery", "sysfs", "--sysfs-root", str(sysfs), "--dev-root", str(dev), "--plugin-dir", str(plugin_dir)]
-        + ["--health-interval", "0.1", "--watch-interval", "0.1", "--metrics-port", str(port), "--log-level", "warning"],
+        + [
+            "device-plugin",
+            "--discovery",
+            "sysfs",
+            "--sysfs-root",
+            str(sysfs),
+            "--dev-root",
+            str(dev),
+            "--plugin-dir",
+            str(plugin_dir),
+        ]
+        + [
+            "--health-interval",
+            "0.1",
+            "--watch-interval",
+            "0.1",
+            "--metrics-port",
+            str(port),
+            "--log-level",
+            "warning",
+        ],
         stderr=subprocess.PIPE,
     )
     try:
@@ -67,13 +86,35 @@ def test_device_plugin_command_registers_serves_metrics_and_stops_cleanly(tmp_pa
 
 
 def test_device_plugin_command_bad_flags_exit_2_with_one_line(tmp_path):
-    r = subprocess.run(KUBETUNE + ["device-plugin", "--discovery", "pci", "--plugin-dir", str(tmp_path)], capture_output=True, text=True, timeout=30)
-    assert r.returncode == 2 and r.stderr.strip() == "kubetune: error: --discovery 'pci': use sysfs, nvml or inventory:FILE"
+    r = subprocess.run(
+        KUBETUNE + ["device-plugin", "--discovery", "pci", "--plugin-dir", str(tmp_path)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert (
+        r.returncode == 2
+        and r.stderr.strip() == "kubetune: error: --discovery 'pci': use sysfs, nvml or inventory:FILE"
+    )
 
 
 def test_scheduler_extender_command_answers_filter(tmp_path):
     port = free_port()
-    proc = subprocess.Popen(KUBETUNE + ["scheduler-extender", "--host", "127.0.0.1", "--port", str(port), "--weights", "fit=1", "--log-level", "warning"], stderr=subprocess.PIPE)
+    proc = subprocess.Popen(
+        KUBETUNE
+        + [
+            "scheduler-extender",
+            "--host",
+            "127.0.0.1",
+            "--port",
+            str(port),
+            "--weights",
+            "fit=1",
+            "--log-level",
+            "warning",
+        ],
+        stderr=subprocess.PIPE,
+    )
     try:
         _wait_http(f"http://127.0.0.1:{port}/healthz", proc)
         body = extender_args(training_pod(cards=8), [gaudi_node("a", free=8), gaudi_node("b", free=2)])
@@ -92,7 +133,21 @@ def _render(*flags) -> list[dict]:
     return [d for d in yaml.safe_load_all(r.stdout) if d]
 
 
-@pytest.mark.parametrize("flags", [[], ["--stateless", "--discovery", "nvml", "--resource", "nvidia.com/gpu", "--leaf-label", "topology.kubernetes.io/rack"]])
+@pytest.mark.parametrize(
+    "flags",
+    [
+        [],
+        [
+            "--stateless",
+            "--discovery",
+            "nvml",
+            "--resource",
+            "nvidia.com/gpu",
+            "--leaf-label",
+            "topology.kubernetes.io/rack",
+        ],
+    ],
+)
 def test_rendered_manifests_validate_strictly(flags):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     objects = _render(*flags)
@@ -129,7 +184,10 @@ def test_scheduler_config_extender_entry():
         "enableHTTPS": False,
         "httpTimeout": "5s",
         "nodeCacheCapable": False,
-        "managedResources": [{"name": "habana.ai/gaudi", "ignoredByScheduler": False}, {"name": "nvidia.com/gpu", "ignoredByScheduler": False}],
+        "managedResources": [
+            {"name": "habana.ai/gaudi", "ignoredByScheduler": False},
+            {"name": "nvidia.com/gpu", "ignoredByScheduler": False},
+        ],
         "ignorable": True,
     }
     cm = next(o for o in _render() if o["kind"] == "ConfigMap")
@@ -137,7 +195,12 @@ def test_scheduler_config_extender_entry():
 
 
 def test_render_rejects_bad_settings_naming_the_flags():
-    r = subprocess.run(KUBETUNE + ["k8s", "render-components", "--extender-weight", "0", "--discovery", "inventory:x.yaml"], capture_output=True, text=True, timeout=30)
+    r = subprocess.run(
+        KUBETUNE + ["k8s", "render-components", "--extender-weight", "0", "--discovery", "inventory:x.yaml"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert r.returncode == 2
     assert "--extender-weight 0" in r.stderr and "--discovery inventory" in r.stderr
 
@@ -145,8 +208,10 @@ def test_render_rejects_bad_settings_naming_the_flags():
 def test_cluster_layer_does_not_import_training_or_torch():
     code = (
         "import sys, kubetune.cluster.cli, kubetune.cluster.manifests, kubetune.cluster.extender.app, "
-        "kubetune.cluster.deviceplugin.server, kubetune.cluster.deviceplugin.publish, kubetune.cluster.extender.podcache; "
-        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('kubetune.training')]; print(bad); sys.exit(1 if bad else 0)"
+        "kubetune.cluster.deviceplugin.server, kubetune.cluster.deviceplugin.publish, "
+        "kubetune.cluster.extender.podcache; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('kubetune.training')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert r.returncode == 0, r.stdout + r.stderr

@@ -19,13 +19,38 @@ CONFIG = ExtenderConfig(leaf_labels=("kubetune.io/network-leaf", "topology.kuber
 def _facts(call):
     req = request_of(call.pod, CONFIG.resources)
     resource = req.resource or CONFIG.resources[0]
-    return req, call.nodes, [facts_from(raw, resource, CONFIG.resources.index(resource)) for raw in call.nodes or []], call.node_names
+    return (
+        req,
+        call.nodes,
+        [facts_from(raw, resource, CONFIG.resources.index(resource)) for raw in call.nodes or []],
+        call.node_names,
+    )
 
 
 BODIES = [
-    extender_args(training_pod(cards=4), [gaudi_node("a", free=3), gaudi_node("b", free=None, leaf=None, rdma_latency_us=None), gaudi_node("c", model="gaudi2", healthy=6)]),
-    extender_args(training_pod(cards=1, resource="nvidia.com/gpu"), [gaudi_node("g", resource="nvidia.com/gpu", free=2)]),
-    {"Pod": {"metadata": {"name": "p"}}, "Nodes": {"items": [{"metadata": {"name": "bare"}}, {"metadata": {"name": "x", "labels": {"topology.kubernetes.io/rack": "r1"}}, "status": {"allocatable": {"habana.ai/gaudi": 8}}}]}},
+    extender_args(
+        training_pod(cards=4),
+        [
+            gaudi_node("a", free=3),
+            gaudi_node("b", free=None, leaf=None, rdma_latency_us=None),
+            gaudi_node("c", model="gaudi2", healthy=6),
+        ],
+    ),
+    extender_args(
+        training_pod(cards=1, resource="nvidia.com/gpu"), [gaudi_node("g", resource="nvidia.com/gpu", free=2)]
+    ),
+    {
+        "Pod": {"metadata": {"name": "p"}},
+        "Nodes": {
+            "items": [
+                {"metadata": {"name": "bare"}},
+                {
+                    "metadata": {"name": "x", "labels": {"topology.kubernetes.io/rack": "r1"}},
+                    "status": {"allocatable": {"habana.ai/gaudi": 8}},
+                },
+            ]
+        },
+    },
     {"Pod": {"spec": {"containers": [{"resources": {"limits": {"habana.ai/gaudi": "2"}}}]}}, "NodeNames": ["n1", "n2"]},
     {"Pod": {}, "Nodes": {"items": []}},
 ]
@@ -41,7 +66,16 @@ def test_fast_and_pydantic_paths_agree(body):
 
 @pytest.mark.parametrize(
     "raw",
-    [b"{", b"null", b"[]", b'{"Nodes": {"items": []}}', b'{"Pod": null, "Nodes": {"items": []}}', b'{"Pod": {}, "Nodes": {"items": [{"metadata": null}]}}', b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": 3}}]}}', b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "a", "annotations": {"kubetune.io/cards-free": 3}}}]}}'],
+    [
+        b"{",
+        b"null",
+        b"[]",
+        b'{"Nodes": {"items": []}}',
+        b'{"Pod": null, "Nodes": {"items": []}}',
+        b'{"Pod": {}, "Nodes": {"items": [{"metadata": null}]}}',
+        b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": 3}}]}}',
+        b'{"Pod": {}, "Nodes": {"items": [{"metadata": {"name": "a", "annotations": {"kubetune.io/cards-free": 3}}}]}}',
+    ],
 )
 def test_both_paths_refuse_the_same_bodies(raw):
     with pytest.raises(ValidationError):

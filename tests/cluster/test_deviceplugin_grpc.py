@@ -57,7 +57,7 @@ def test_options_advertise_preferred_allocation(stub):
     assert opts.get_preferred_allocation_available is True and opts.pre_start_required is False
 
 
-def _next(stream_queue: "queue.Queue", timeout=5.0) -> pb.ListAndWatchResponse:
+def _next(stream_queue: queue.Queue, timeout=5.0) -> pb.ListAndWatchResponse:
     item = stream_queue.get(timeout=timeout)
     if isinstance(item, Exception):
         raise item
@@ -65,7 +65,7 @@ def _next(stream_queue: "queue.Queue", timeout=5.0) -> pb.ListAndWatchResponse:
 
 
 def test_list_and_watch_sends_full_list_then_resends_on_health_flip(stub, node):
-    sysfs, dev = node
+    _sysfs, dev = node
     stream = stub.ListAndWatch(pb.Empty())
     got: queue.Queue = queue.Queue()
 
@@ -111,7 +111,11 @@ def test_allocate_gives_device_nodes_and_env(stub, plugin):
     )
     assert len(resp.container_responses) == 2
     two, whole = resp.container_responses
-    assert dict(two.envs) == {"HABANA_VISIBLE_DEVICES": "4,5", "HL_VISIBLE_DEVICES": "4,5", "HABANA_VISIBLE_MODULES": "4,5"}
+    assert dict(two.envs) == {
+        "HABANA_VISIBLE_DEVICES": "4,5",
+        "HL_VISIBLE_DEVICES": "4,5",
+        "HABANA_VISIBLE_MODULES": "4,5",
+    }
     assert [(d.container_path, d.host_path, d.permissions) for d in two.devices] == [
         ("/dev/accel/accel4", "/dev/accel/accel4", "rw"),
         ("/dev/accel/accel_controlD4", "/dev/accel/accel_controlD4", "rw"),
@@ -119,21 +123,31 @@ def test_allocate_gives_device_nodes_and_env(stub, plugin):
         ("/dev/accel/accel_controlD5", "/dev/accel/accel_controlD5", "rw"),
     ]
     assert "HABANA_VISIBLE_MODULES" not in whole.envs and len(whole.devices) == 16
-    value = plugin.metrics.registry.get_sample_value("kubetune_deviceplugin_allocated_devices_total", {"resource": RESOURCE})
+    value = plugin.metrics.registry.get_sample_value(
+        "kubetune_deviceplugin_allocated_devices_total", {"resource": RESOURCE}
+    )
     assert value == 10
 
 
 def test_allocate_refuses_unknown_and_unhealthy_ids_by_name(stub, plugin, node):
     with pytest.raises(grpc.RpcError) as e:
-        stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["0000:19:00.0", "bogus-7"])]), timeout=5)
+        stub.Allocate(
+            pb.AllocateRequest(
+                container_requests=[pb.ContainerAllocateRequest(devices_ids=["0000:19:00.0", "bogus-7"])]
+            ),
+            timeout=5,
+        )
     assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
     assert "bogus-7" in e.value.details() and RESOURCE in e.value.details()
 
-    sysfs, dev = node
+    _sysfs, dev = node
     (dev / "accel" / "accel_controlD0").unlink()
     assert wait_for(lambda: plugin.state.health["0000:19:00.0"] == "Unhealthy", 5)
     with pytest.raises(grpc.RpcError) as e:
-        stub.Allocate(pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["0000:19:00.0"])]), timeout=5)
+        stub.Allocate(
+            pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["0000:19:00.0"])]),
+            timeout=5,
+        )
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert "unhealthy device ids: 0000:19:00.0" in e.value.details()
 
@@ -177,7 +191,12 @@ def test_kubelet_restart_brings_second_registration(plugin, kubelet):
     with grpc.insecure_channel(f"unix:{plugin.socket_path}") as channel:
         opts = pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=5, wait_for_ready=True)
     assert opts.get_preferred_allocation_available
-    registrations = lambda: plugin.metrics.registry.get_sample_value("kubetune_deviceplugin_registrations_total", {"resource": RESOURCE})  # noqa: E731
+
+    def registrations() -> float:
+        return plugin.metrics.registry.get_sample_value(
+            "kubetune_deviceplugin_registrations_total", {"resource": RESOURCE}
+        )
+
     # counted once Register has returned; a restart seen mid-look may bring one more, never fewer
     assert wait_for(lambda: registrations() >= 2, 5)
 

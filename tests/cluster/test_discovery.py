@@ -62,7 +62,12 @@ def test_gaudi_allocate_spec_modules_only_for_a_subset(tmp_path):
     part = d.allocate_spec([cards[2], cards[1]])
     assert part.envs["HABANA_VISIBLE_DEVICES"] == "1,2"
     assert part.envs["HABANA_VISIBLE_MODULES"] == "1,2"
-    assert part.device_nodes == ["/dev/accel/accel1", "/dev/accel/accel_controlD1", "/dev/accel/accel2", "/dev/accel/accel_controlD2"]
+    assert part.device_nodes == [
+        "/dev/accel/accel1",
+        "/dev/accel/accel_controlD1",
+        "/dev/accel/accel2",
+        "/dev/accel/accel_controlD2",
+    ]
     whole = d.allocate_spec(cards)
     assert whole.envs["HABANA_VISIBLE_DEVICES"] == "0,1,2,3"
     assert "HABANA_VISIBLE_MODULES" not in whole.envs
@@ -70,7 +75,9 @@ def test_gaudi_allocate_spec_modules_only_for_a_subset(tmp_path):
 
 def test_inventory_reads_cards_and_rereads_health(tmp_path):
     inv = tmp_path / "inv.yaml"
-    inv.write_text("vendor: nvidia\ncards:\n  - {id: GPU-a, index: 0, numa_node: 0}\n  - {id: GPU-b, index: 1, numa_node: 1}\n")
+    inv.write_text(
+        "vendor: nvidia\ncards:\n  - {id: GPU-a, index: 0, numa_node: 0}\n  - {id: GPU-b, index: 1, numa_node: 1}\n"
+    )
     d = make_discovery(f"inventory:{inv}", "nvidia.com/gpu")
     assert isinstance(d, InventoryDiscovery)
     assert d.probe() == {"GPU-a": HEALTHY, "GPU-b": HEALTHY}

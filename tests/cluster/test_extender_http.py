@@ -9,11 +9,11 @@ import pytest
 
 pytest.importorskip("fastapi")
 
-from kubetune.cluster.extender.app import ExtenderConfig, create_app  # noqa: E402
-from kubetune.cluster.extender.podcache import PodCache  # noqa: E402
-from kubetune.cluster.extender.policy import Weights  # noqa: E402
-from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod  # noqa: E402
-from kubetune.cluster.extender.server import running  # noqa: E402
+from kubetune.cluster.extender.app import ExtenderConfig, create_app
+from kubetune.cluster.extender.podcache import PodCache
+from kubetune.cluster.extender.policy import Weights
+from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
+from kubetune.cluster.extender.server import running
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,12 @@ def test_prioritize_prefers_the_node_left_least_fragmented(url, http):
 
 def test_prioritize_prefers_more_hbm_and_lower_rdma_latency(url, http):
     pod = training_pod(cards=4, workers=1)
-    hbm = {h["Host"]: h["Score"] for h in http.post(f"{url}/prioritize", json=extender_args(pod, [gaudi_node("g2", model="gaudi2"), gaudi_node("g3")])).json()}
+    hbm = {
+        h["Host"]: h["Score"]
+        for h in http.post(
+            f"{url}/prioritize", json=extender_args(pod, [gaudi_node("g2", model="gaudi2"), gaudi_node("g3")])
+        ).json()
+    }
     assert hbm["g3"] > hbm["g2"]
     lat = [gaudi_node("near", rdma_latency_us=2.0), gaudi_node("far", rdma_latency_us=8.0)]
     scores = {h["Host"]: h["Score"] for h in http.post(f"{url}/prioritize", json=extender_args(pod, lat)).json()}
@@ -70,7 +75,9 @@ def test_prioritize_prefers_more_hbm_and_lower_rdma_latency(url, http):
 def test_missing_node_data_is_neutral_not_an_error(url, http):
     bare = {"metadata": {"name": "bare"}, "status": {"allocatable": {"habana.ai/gaudi": "8"}}}
     junk = gaudi_node("junk")
-    junk["metadata"]["annotations"].update({"kubetune.io/cards-free": "lots", "kubetune.io/rdma-latency-us": "-3", "kubetune.io/hbm-per-card-mib": "x"})
+    junk["metadata"]["annotations"].update(
+        {"kubetune.io/cards-free": "lots", "kubetune.io/rdma-latency-us": "-3", "kubetune.io/hbm-per-card-mib": "x"}
+    )
     nothing = {"metadata": {"name": "nothing"}}
     args = extender_args(training_pod(cards=1), [bare, junk, nothing])
     r = http.post(f"{url}/prioritize", json=args)
@@ -120,9 +127,16 @@ def test_pod_cache_steers_workers_to_their_jobs_leaf(http):
     cache.apply_pod("ADDED", training_pod("job1", 0, cards=8, node_name="b1", phase="Running"))
     cache.apply_pod("ADDED", training_pod("other", 0, cards=4, node_name="a1", phase="Running"))
     cache.synced.set()
-    nodes = [gaudi_node("a1", leaf="leaf-a", free=8), gaudi_node("a2", leaf="leaf-a", free=8), gaudi_node("b2", leaf="leaf-b", free=8)]
+    nodes = [
+        gaudi_node("a1", leaf="leaf-a", free=8),
+        gaudi_node("a2", leaf="leaf-a", free=8),
+        gaudi_node("b2", leaf="leaf-b", free=8),
+    ]
     with running(create_app(ExtenderConfig(), pods=cache)) as base:
-        scores = {h["Host"]: h["Score"] for h in http.post(f"{base}/prioritize", json=extender_args(training_pod("job1", 1, cards=8), nodes)).json()}
+        scores = {
+            h["Host"]: h["Score"]
+            for h in http.post(f"{base}/prioritize", json=extender_args(training_pod("job1", 1, cards=8), nodes)).json()
+        }
         assert scores["b2"] > max(scores["a1"], scores["a2"])  # same leaf as the job's master on b1
         # the cache's own count wins over the (stale) annotation: a1 holds a 4-card pod
         f = http.post(f"{base}/filter", json=extender_args(training_pod("job1", 1, cards=8), nodes)).json()
@@ -149,14 +163,36 @@ def test_metrics_count_calls(url, http):
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
-_values = st.one_of(st.none(), st.sampled_from(["0", "1", "3", "8", "16", "-2", "2.5", "96Gi", "x", ""]), st.integers(-1, 12))
+_values = st.one_of(
+    st.none(), st.sampled_from(["0", "1", "3", "8", "16", "-2", "2.5", "96Gi", "x", ""]), st.integers(-1, 12)
+)
 
 
 @st.composite
 def _node(draw, i):
-    ann = {k: draw(st.sampled_from(["0", "2", "8", "nope", "-1", "1e9"])) for k in draw(st.sets(st.sampled_from(["kubetune.io/cards-free", "kubetune.io/rdma-latency-us", "kubetune.io/hbm-per-card-mib", "kubetune.io/cards-healthy"])))}
+    ann = {
+        k: draw(st.sampled_from(["0", "2", "8", "nope", "-1", "1e9"]))
+        for k in draw(
+            st.sets(
+                st.sampled_from(
+                    [
+                        "kubetune.io/cards-free",
+                        "kubetune.io/rdma-latency-us",
+                        "kubetune.io/hbm-per-card-mib",
+                        "kubetune.io/cards-healthy",
+                    ]
+                )
+            )
+        )
+    }
     alloc = draw(_values)
-    node = {"metadata": {"name": f"n{i}", "annotations": ann, "labels": {"kubetune.io/network-leaf": draw(st.sampled_from(["a", "b", ""]))}}}
+    node = {
+        "metadata": {
+            "name": f"n{i}",
+            "annotations": ann,
+            "labels": {"kubetune.io/network-leaf": draw(st.sampled_from(["a", "b", ""]))},
+        }
+    }
     if alloc is not None:
         node["status"] = {"allocatable": {"habana.ai/gaudi": alloc if isinstance(alloc, int) else str(alloc)}}
     return node
@@ -182,6 +218,10 @@ def test_http_never_fails_and_keeps_only_fitting_nodes(url, http, cards, nodes):
         n = by_name[kept["metadata"]["name"]]
         if cards:
             total = parse_count((n.get("status") or {}).get("allocatable", {}).get("habana.ai/gaudi"))
-            total = total if total is not None else parse_count(n["metadata"]["annotations"].get("kubetune.io/cards-healthy"))
+            total = (
+                total
+                if total is not None
+                else parse_count(n["metadata"]["annotations"].get("kubetune.io/cards-healthy"))
+            )
             free = parse_count(n["metadata"]["annotations"].get("kubetune.io/cards-free"))
             assert total is not None and total >= cards and (free is None or free >= cards)

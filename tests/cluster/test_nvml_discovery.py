@@ -28,7 +28,9 @@ def _fake_nvml(gpus: list[dict], events: deque) -> types.ModuleType:
     nv.nvmlShutdown = lambda: None
     nv.nvmlDeviceGetCount = lambda: len(gpus)
     nv.nvmlDeviceGetHandleByIndex = lambda i: gpus[i]
-    nv.nvmlDeviceGetHandleByUUID = lambda u: next(g for g in gpus if g["uuid"] in (u, u.encode() if isinstance(u, str) else u))
+    nv.nvmlDeviceGetHandleByUUID = lambda u: next(
+        g for g in gpus if g["uuid"] in (u, u.encode() if isinstance(u, str) else u)
+    )
     nv.nvmlDeviceGetUUID = lambda h: h["uuid"]
     nv.nvmlDeviceGetName = lambda h: h["name"]
     nv.nvmlDeviceGetMinorNumber = lambda h: h["minor"]

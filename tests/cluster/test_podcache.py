@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from kubetune.cluster.deviceplugin.server import wait_for
 from kubetune.cluster.extender.podcache import PodCache
 from kubetune.cluster.extender.samples import training_pod
-from kubetune.cluster.deviceplugin.server import wait_for
 
 LEAF = "kubetune.io/network-leaf"
 
@@ -18,7 +18,13 @@ def _cache() -> PodCache:
 def test_cache_counts_bound_unfinished_pods_only():
     c = _cache()
     assert c.used_cards("n1", "habana.ai/gaudi") is None  # not synced yet: unknown
-    c.replace("pods", [training_pod("j", 0, cards=4, node_name="n1", phase="Running"), training_pod("j", 1, cards=2, node_name="n1", phase="Pending")])
+    c.replace(
+        "pods",
+        [
+            training_pod("j", 0, cards=4, node_name="n1", phase="Running"),
+            training_pod("j", 1, cards=2, node_name="n1", phase="Pending"),
+        ],
+    )
     c.apply_pod("ADDED", training_pod("j", 2, cards=8))  # not bound: holds nothing
     c.apply_pod("ADDED", training_pod("k", 0, cards=8, node_name="n2", phase="Succeeded"))  # finished
     assert c.used_cards("n1", "habana.ai/gaudi") == 6 and c.used_cards("n2", "habana.ai/gaudi") == 0

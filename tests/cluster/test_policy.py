@@ -15,7 +15,9 @@ from kubetune.cluster.extender.samples import gaudi_node, training_pod
 from kubetune.errors import UserError
 
 maybe_int = st.one_of(st.none(), st.integers(min_value=-2, max_value=20))
-maybe_float = st.one_of(st.none(), st.floats(allow_nan=True, allow_infinity=True), st.floats(min_value=0.1, max_value=1e6))
+maybe_float = st.one_of(
+    st.none(), st.floats(allow_nan=True, allow_infinity=True), st.floats(min_value=0.1, max_value=1e6)
+)
 
 node_facts = st.builds(
     NodeFacts,
@@ -33,7 +35,9 @@ requests = st.builds(
     job=st.one_of(st.none(), st.just("ns/job")),
     gang_size=st.one_of(st.none(), st.integers(min_value=1, max_value=16)),
 )
-weights = st.builds(Weights, fit=st.floats(0, 10), hbm=st.floats(0, 10), closeness=st.floats(0, 10), rdma=st.floats(0.01, 10))
+weights = st.builds(
+    Weights, fit=st.floats(0, 10), hbm=st.floats(0, 10), closeness=st.floats(0, 10), rdma=st.floats(0.01, 10)
+)
 peers = st.builds(
     lambda nodes, leaves: Peers(Counter(nodes), Counter(leaves)),
     st.dictionaries(st.sampled_from(["n0", "n1"]), st.integers(1, 4)),
@@ -71,14 +75,25 @@ annotation_values = st.one_of(st.text(max_size=6), st.sampled_from(["8", "0", "-
 @settings(max_examples=200, deadline=None)
 @given(
     st.dictionaries(
-        st.sampled_from(["kubetune.io/cards-free", "kubetune.io/cards-healthy", "kubetune.io/hbm-per-card-mib", "kubetune.io/rdma-latency-us", "kubetune.io/resource"]),
+        st.sampled_from(
+            [
+                "kubetune.io/cards-free",
+                "kubetune.io/cards-healthy",
+                "kubetune.io/hbm-per-card-mib",
+                "kubetune.io/rdma-latency-us",
+                "kubetune.io/resource",
+            ]
+        ),
         annotation_values,
     ),
     st.one_of(st.none(), annotation_values, st.integers(-3, 20)),
     st.integers(0, 9),
 )
 def test_any_node_annotations_give_a_score_never_an_exception(annotations, allocatable, cards):
-    raw = {"metadata": {"name": "n", "annotations": annotations}, "status": {"allocatable": {} if allocatable is None else {"habana.ai/gaudi": allocatable}}}
+    raw = {
+        "metadata": {"name": "n", "annotations": annotations},
+        "status": {"allocatable": {} if allocatable is None else {"habana.ai/gaudi": allocatable}},
+    }
     node = Node.model_validate(raw)
     req = request_of(Pod.model_validate(training_pod(cards=cards)), ("habana.ai/gaudi",))
     facts = [facts_of(node, "habana.ai/gaudi", ("kubetune.io/network-leaf",)), NodeFacts("m", 8, 8)]
@@ -132,7 +147,11 @@ def test_quantities_and_requests():
 
 
 def test_sample_node_round_trips_into_facts():
-    f = facts_of(Node.model_validate(gaudi_node("n", free=5, leaf="l3", model="gaudi2", rdma_latency_us=2.5)), "habana.ai/gaudi", ("kubetune.io/network-leaf",))
+    f = facts_of(
+        Node.model_validate(gaudi_node("n", free=5, leaf="l3", model="gaudi2", rdma_latency_us=2.5)),
+        "habana.ai/gaudi",
+        ("kubetune.io/network-leaf",),
+    )
     assert f == NodeFacts("n", cards_total=8, cards_free=5, hbm_per_card_mib=96 * 1024, leaf="l3", rdma_latency_us=2.5)
 
 

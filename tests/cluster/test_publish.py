@@ -57,9 +57,17 @@ def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_pa
     kubelet = FakePodResources(tmp_path / "pr.sock")
     try:
         api = api_server.core_api()
-        api.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0", "labels": {"example.com/leaf": "leaf-3"}}})
+        api.create_node(
+            {
+                "apiVersion": "v1",
+                "kind": "Node",
+                "metadata": {"name": "hls-0", "labels": {"example.com/leaf": "leaf-3"}},
+            }
+        )
         kubelet.hold("worker-0", "habana.ai/gaudi", [cards[0].id, cards[1].id, cards[2].id])
-        publisher = NodePublisher("hls-0", "habana.ai/gaudi", "example.com/leaf", PodResourcesClient(tmp_path / "pr.sock"), core_api=api)
+        publisher = NodePublisher(
+            "hls-0", "habana.ai/gaudi", "example.com/leaf", PodResourcesClient(tmp_path / "pr.sock"), core_api=api
+        )
         health = {c.id: HEALTHY for c in cards}
         assert publisher.publish(cards, health) is True
         assert publisher.publish(cards, health) is False  # nothing changed: no patch
@@ -93,12 +101,18 @@ def test_publisher_without_an_api_finds_the_cluster_through_kubeconfig(cards, tm
     try:
         api_server.core_api().create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
         kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump({
-            "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": api_server.url}}],
-            "users": [{"name": "plugin", "user": {"token": "not-a-secret"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "plugin"}}],
-        }))
+        kubeconfig.write_text(
+            yaml.safe_dump(
+                {
+                    "apiVersion": "v1",
+                    "kind": "Config",
+                    "current-context": "kmock",
+                    "clusters": [{"name": "kmock", "cluster": {"server": api_server.url}}],
+                    "users": [{"name": "plugin", "user": {"token": "not-a-secret"}}],
+                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "plugin"}}],
+                }
+            )
+        )
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         publisher = NodePublisher("hls-0", "habana.ai/gaudi", None, None)  # core_api from kubetune.kube.load_config

@@ -66,8 +66,11 @@ def cli():
 # ---------------------------------------------------------------------------- in-memory API
 
 RESOURCES = {
-    "v1/pods": ("Pod", True), "v1/configmaps": ("ConfigMap", True), "v1/secrets": ("Secret", True),
-    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True), "v1/events": ("Event", True),
+    "v1/pods": ("Pod", True),
+    "v1/configmaps": ("ConfigMap", True),
+    "v1/secrets": ("Secret", True),
+    "v1/persistentvolumeclaims": ("PersistentVolumeClaim", True),
+    "v1/events": ("Event", True),
     "v1/resourcequotas": ("ResourceQuota", True),
     "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False),
     "storage.k8s.io/v1/storageclasses": ("StorageClass", False),
@@ -96,7 +99,10 @@ class Kube:
         """(namespace, name) -> object, for every live object of `plural` ('v1/pods', ...)."""
         out = {}
         for (resource, ns, name), obj in list(self.emulator.objects.items()):
-            if not obj.deleted and f"{resource.group + '/' if resource.group else ''}{resource.version}/{resource.plural}" == plural:
+            if (
+                not obj.deleted
+                and f"{resource.group + '/' if resource.group else ''}{resource.version}/{resource.plural}" == plural
+            ):
                 out[(ns, name)] = obj.raw
         return out
 
@@ -107,8 +113,11 @@ class Kube:
 
     def script_namespace(self, name: str) -> None:
         # kmock does not emulate namespaces: answer the GET the way a cluster that has it would.
-        self.emulator[f"get /api/v1/namespaces/{name}"] << {"apiVersion": "v1", "kind": "Namespace",
-                                                               "metadata": {"name": name}}
+        self.emulator[f"get /api/v1/namespaces/{name}"] << {
+            "apiVersion": "v1",
+            "kind": "Namespace",
+            "metadata": {"name": name},
+        }
 
 
 @pytest.fixture
@@ -138,12 +147,20 @@ def kube(tmp_path, monkeypatch):
     if "error" in state:
         raise state["error"]
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "kmock",
-        "clusters": [{"name": "kmock", "cluster": {"server": state["url"]}}],
-        "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
-        "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "tester", "namespace": "kubetune"}}],
-    }))
+    kubeconfig.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": state["url"]}}],
+                "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
+                "contexts": [
+                    {"name": "kmock", "context": {"cluster": "kmock", "user": "tester", "namespace": "kubetune"}}
+                ],
+            }
+        )
+    )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)

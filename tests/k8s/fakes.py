@@ -35,7 +35,9 @@ class FakeClient:
 
     def _put(self, obj):
         meta = obj["metadata"]
-        self.objects[self._key(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))] = copy.deepcopy(obj)
+        self.objects[self._key(obj["apiVersion"], obj["kind"], meta["name"], meta.get("namespace"))] = copy.deepcopy(
+            obj
+        )
 
     def get(self, api_version, kind, name, namespace=None):
         self.calls.append(("get", kind, name))
@@ -59,9 +61,13 @@ class FakeClient:
 
     def list(self, api_version, kind, namespace=None, labels=None):
         self.calls.append(("list", kind))
-        return [copy.deepcopy(o) for (av, k, ns, _), o in self.objects.items()
-                if (av, k) == (api_version, kind) and namespace in (None, ns)
-                and _subset(labels or {}, o["metadata"].get("labels") or {})]
+        return [
+            copy.deepcopy(o)
+            for (av, k, ns, _), o in self.objects.items()
+            if (av, k) == (api_version, kind)
+            and namespace in (None, ns)
+            and _subset(labels or {}, o["metadata"].get("labels") or {})
+        ]
 
     apply = KubeClient.apply  # the real create-or-patch decision, over this fake's get/create/patch
 

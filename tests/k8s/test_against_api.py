@@ -27,19 +27,29 @@ def _submit(cli, token_file, *extra):
 
 def _pod(name, rank_labels, phase="Running", statuses=None, node="node-a"):
     labels = {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "trainer", **rank_labels}
-    return {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": name, "namespace": NS, "labels": labels},
-            "spec": {"containers": [{"name": "pytorch", "image": "img"}], "nodeName": node},
-            "status": {"phase": phase, "containerStatuses": statuses or []}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": NS, "labels": labels},
+        "spec": {"containers": [{"name": "pytorch", "image": "img"}], "nodeName": node},
+        "status": {"phase": phase, "containerStatuses": statuses or []},
+    }
 
 
 def _master(**kw):
-    return _pod(f"{JOB}-master-0", {"training.kubeflow.org/replica-type": "master",
-                                    "training.kubeflow.org/replica-index": "0"}, **kw)
+    return _pod(
+        f"{JOB}-master-0",
+        {"training.kubeflow.org/replica-type": "master", "training.kubeflow.org/replica-index": "0"},
+        **kw,
+    )
 
 
 def _worker(i, **kw):
-    return _pod(f"{JOB}-worker-{i}", {"training.kubeflow.org/replica-type": "worker",
-                                      "training.kubeflow.org/replica-index": str(i)}, **kw)
+    return _pod(
+        f"{JOB}-worker-{i}",
+        {"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": str(i)},
+        **kw,
+    )
 
 
 def test_submit_creates_every_object_in_one_namespace_then_is_idempotent(cli, kube, token_file):
@@ -81,19 +91,32 @@ def test_submit_trainjob_with_runtime(cli, kube, token_file):
 def test_status_shows_conditions_pods_by_rank_and_progress_from_the_rank0_log(cli, kube, token_file):
     assert _submit(cli, token_file).code == 0
     client = kube.client()
-    client.patch({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": JOB, "namespace": NS},
-                  "status": {"conditions": [{"type": "Created", "status": "True"},
-                                            {"type": "Running", "status": "True", "message": "job is running"}]}})
+    client.patch(
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": JOB, "namespace": NS},
+            "status": {
+                "conditions": [
+                    {"type": "Created", "status": "True"},
+                    {"type": "Running", "status": "True", "message": "job is running"},
+                ]
+            },
+        }
+    )
     client.create(_worker(0, phase="Pending", node=None))
     client.create(_master())
-    kube.script_log(f"{JOB}-master-0", "loading model\nkubetune: step 11/100 loss 1.5000 lr 2.00e-04 tokens 1000 "
-                    "tok/s 800.0 eta 5m0s\nkubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 "
-                    "eta 1m20s\n")
+    kube.script_log(
+        f"{JOB}-master-0",
+        "loading model\nkubetune: step 11/100 loss 1.5000 lr 2.00e-04 tokens 1000 "
+        "tok/s 800.0 eta 5m0s\nkubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 "
+        "eta 1m20s\n",
+    )
     result = cli("k8s", "status", JOB)
     assert result.code == 0, result.err
     lines = result.out.splitlines()
     assert lines[0] == f"PyTorchJob {NS}/{JOB}: Running"
-    rows = [l for l in lines if l.split()[0] in ("0", "1")]
+    rows = [line for line in lines if line.split()[0] in ("0", "1")]
     assert rows[0].split()[:3] == ["0", f"{JOB}-master-0", "Running"]  # ordered by rank, not by name
     assert rows[1].split()[:3] == ["1", f"{JOB}-worker-0", "Pending"]
     assert "progress: step 12/100 (12%)  loss 1.2345  lr 2.00e-04  tok/s 850.2  eta 1m20s  (from rank-0 log)" in lines
@@ -118,14 +141,30 @@ def test_doctor_reads_scheduling_events_and_oomkilled_pods(cli, kube, token_file
     assert _submit(cli, token_file).code == 0
     client = kube.client()
     client.create(_worker(0, phase="Pending", node=None))
-    client.create(_master(statuses=[{"name": "pytorch", "restartCount": 2,
-                                     "state": {"running": {}},
-                                     "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}}}]))
+    client.create(
+        _master(
+            statuses=[
+                {
+                    "name": "pytorch",
+                    "restartCount": 2,
+                    "state": {"running": {}},
+                    "lastState": {"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                }
+            ]
+        )
+    )
     kube.script_log(f"{JOB}-master-0", "step\n")
-    client.create({"apiVersion": "v1", "kind": "Event", "metadata": {"name": "ev1", "namespace": NS},
-                   "reason": "FailedScheduling", "type": "Warning",
-                   "involvedObject": {"kind": "Pod", "name": f"{JOB}-worker-0", "namespace": NS},
-                   "message": "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available."})
+    client.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Event",
+            "metadata": {"name": "ev1", "namespace": NS},
+            "reason": "FailedScheduling",
+            "type": "Warning",
+            "involvedObject": {"kind": "Pod", "name": f"{JOB}-worker-0", "namespace": NS},
+            "message": "0/3 nodes are available: 3 Insufficient cpu. preemption: 0/3 nodes are available.",
+        }
+    )
     result = cli("k8s", "doctor", JOB)
     assert result.code == 1  # findings of severity error
     assert f"[error] pod {JOB}-worker-0: Pending: not enough cpu on any node" in result.out
@@ -137,13 +176,25 @@ def test_doctor_reads_scheduling_events_and_oomkilled_pods(cli, kube, token_file
 def test_doctor_healthy_job_has_no_findings(cli, kube, token_file):
     assert _submit(cli, token_file).code == 0
     client = kube.client()
-    client.patch({"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": JOB, "namespace": NS},
-                  "status": {"conditions": [{"type": "Running", "status": "True"}]}})
+    client.patch(
+        {
+            "apiVersion": "kubeflow.org/v1",
+            "kind": "PyTorchJob",
+            "metadata": {"name": JOB, "namespace": NS},
+            "status": {"conditions": [{"type": "Running", "status": "True"}]},
+        }
+    )
     client.create(_master())
     kube.script_log(f"{JOB}-master-0", "kubetune: step 1/10 loss 2.0 lr 1e-4 tokens 10 tok/s 1.0 eta 9s\n")
     pvc = f"{JOB}-data"
-    client.patch({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": pvc, "namespace": NS},
-                  "status": {"phase": "Bound"}})
+    client.patch(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": pvc, "namespace": NS},
+            "status": {"phase": "Bound"},
+        }
+    )
     result = cli("k8s", "doctor", JOB)
     assert result.code == 0, result.out
     assert "[info] job smollm2-135m-lora-cpu: no problems found" in result.out
@@ -166,8 +217,14 @@ def test_delete_keeps_the_pvc_unless_purge(cli, kube, token_file):
 
 def test_purge_never_deletes_an_existing_claim(cli, kube, token_file):
     client = kube.client()
-    client.create({"apiVersion": "v1", "kind": "PersistentVolumeClaim",
-                   "metadata": {"name": "team-nfs", "namespace": NS}, "spec": {}})
+    client.create(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": "team-nfs", "namespace": NS},
+            "spec": {},
+        }
+    )
     assert _submit(cli, token_file, "k8s.storage.existing_claim=team-nfs").code == 0
     assert cli("k8s", "delete", JOB, "--purge").code == 0
     assert list(kube.objects("v1/persistentvolumeclaims")) == [(NS, "team-nfs")]
@@ -182,9 +239,18 @@ def test_status_of_a_missing_job_is_one_line(cli, kube):
 def test_forbidden_is_one_clear_line(cli, kube):
     import kmock
 
-    kube.emulator["get", kmock.resource("kubeflow.org", "v1", "pytorchjobs")] << 403 << {
-        "kind": "Status", "apiVersion": "v1", "status": "Failure", "code": 403, "reason": "Forbidden",
-        "message": 'pytorchjobs.kubeflow.org "x" is forbidden: User "tester" cannot get resource'}
+    (
+        kube.emulator["get", kmock.resource("kubeflow.org", "v1", "pytorchjobs")]
+        << 403
+        << {
+            "kind": "Status",
+            "apiVersion": "v1",
+            "status": "Failure",
+            "code": 403,
+            "reason": "Forbidden",
+            "message": 'pytorchjobs.kubeflow.org "x" is forbidden: User "tester" cannot get resource',
+        }
+    )
     result = cli("k8s", "status", "x")
     assert result.code == 2
     assert result.err.count("\n") == 1

@@ -32,8 +32,22 @@ def test_output_dir_applies_with_kustomize(cli, tmp_path):
     token_file = tmp_path / "token"
     token_file.write_text(TOKEN)
     out = tmp_path / "manifests"
-    result = cli("k8s", "render", SEED, "--profile", "cpu", "--api", "trainjob", "--with-runtime",
-                 "--hf-token-file", str(token_file), "-o", str(out), "k8s.namespace=team-ml", "k8s.quota=true")
+    result = cli(
+        "k8s",
+        "render",
+        SEED,
+        "--profile",
+        "cpu",
+        "--api",
+        "trainjob",
+        "--with-runtime",
+        "--hf-token-file",
+        str(token_file),
+        "-o",
+        str(out),
+        "k8s.namespace=team-ml",
+        "k8s.quota=true",
+    )
     assert result.code == 0, result.err
     assert f"kubectl apply -k {out}" in result.err and result.out == ""
     names = sorted(p.name for p in out.iterdir())
@@ -44,10 +58,21 @@ def test_output_dir_applies_with_kustomize(cli, tmp_path):
     assert built.returncode == 0, built.stderr
     docs = [d for d in yaml.safe_load_all(built.stdout) if d]
     kinds = sorted(d["kind"] for d in docs)
-    assert kinds == sorted(["Namespace", "ResourceQuota", "PersistentVolumeClaim", "Secret", "ConfigMap",
-                            "ClusterTrainingRuntime", "Pod", "TrainJob"])
-    assert {d["metadata"].get("namespace") for d in docs if d["kind"] not in ("Namespace", "ClusterTrainingRuntime")} \
-        == {"team-ml"}
+    assert kinds == sorted(
+        [
+            "Namespace",
+            "ResourceQuota",
+            "PersistentVolumeClaim",
+            "Secret",
+            "ConfigMap",
+            "ClusterTrainingRuntime",
+            "Pod",
+            "TrainJob",
+        ]
+    )
+    assert {
+        d["metadata"].get("namespace") for d in docs if d["kind"] not in ("Namespace", "ClusterTrainingRuntime")
+    } == {"team-ml"}
 
 
 def test_check_validates_and_says_so(cli):
@@ -56,15 +81,18 @@ def test_check_validates_and_says_so(cli):
     assert "checked 6 objects: all valid" in result.err
 
 
-@pytest.mark.parametrize("args,message", [
-    (["--profile", "tpu"], "`k8s.profile`: got 'tpu', expected 'cpu', 'gaudi' or 'nvidia'"),
-    (["--api", "mpijob"], "`k8s.api`: got 'mpijob', expected 'pytorchjob' or 'trainjob'"),
-    (["k8s.resources.shm_size=64Gi"], "shm_size 64Gi must be smaller than k8s.resources.memory 32Gi"),
-    (["k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0"),
-    (["k8s.resources.accelerators=4"], "accelerators=4 on the cpu profile"),
-    (["k8s.replica=3"], "unknown recipe key `k8s.replica`: did you mean `k8s.replicas`?"),
-    (["--hf-token-file", "/nonexistent/token"], "cannot read --hf-token-file /nonexistent/token"),
-])
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--profile", "tpu"], "`k8s.profile`: got 'tpu', expected 'cpu', 'gaudi' or 'nvidia'"),
+        (["--api", "mpijob"], "`k8s.api`: got 'mpijob', expected 'pytorchjob' or 'trainjob'"),
+        (["k8s.resources.shm_size=64Gi"], "shm_size 64Gi must be smaller than k8s.resources.memory 32Gi"),
+        (["k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0"),
+        (["k8s.resources.accelerators=4"], "accelerators=4 on the cpu profile"),
+        (["k8s.replica=3"], "unknown recipe key `k8s.replica`: did you mean `k8s.replicas`?"),
+        (["--hf-token-file", "/nonexistent/token"], "cannot read --hf-token-file /nonexistent/token"),
+    ],
+)
 def test_bad_input_is_exit_2_with_one_line(cli, args, message):
     result = cli("k8s", "render", SEED, *args)
     assert result.code == 2

@@ -17,11 +17,20 @@ def comm(*overrides) -> CommSection:
 def test_defaults_per_kind():
     c = CommSection()
     assert comm_env(c, "cpu", cpus_per_process=8) == {
-        "OMP_NUM_THREADS": "8", "OMP_PROC_BIND": "close", "OMP_PLACES": "cores", "KMP_BLOCKTIME": "1"}
+        "OMP_NUM_THREADS": "8",
+        "OMP_PROC_BIND": "close",
+        "OMP_PLACES": "cores",
+        "KMP_BLOCKTIME": "1",
+    }
     assert comm_env(c, "nvidia", cpus_per_process=4, processes_per_host=8) == {
-        "OMP_NUM_THREADS": "4", "OMP_PROC_BIND": "false", "NCCL_DEBUG": "WARN"}
+        "OMP_NUM_THREADS": "4",
+        "OMP_PROC_BIND": "false",
+        "NCCL_DEBUG": "WARN",
+    }
     assert comm_env(c, "gaudi", cpus_per_process=8, processes_per_host=8) == {
-        "OMP_NUM_THREADS": "8", "OMP_PROC_BIND": "false"}
+        "OMP_NUM_THREADS": "8",
+        "OMP_PROC_BIND": "false",
+    }
 
 
 def test_no_binding_with_several_processes_per_host():
@@ -31,14 +40,29 @@ def test_no_binding_with_several_processes_per_host():
 
 
 def test_the_seed_nccl_table_is_expressible():
-    c = comm("comm.nccl.algo=Ring", "comm.nccl.proto=Simple", "comm.nccl.buffsize=4194304",
-             "comm.nccl.nsocks_perthread=4", "comm.nccl.socket_nthreads=2", "comm.nccl.ib_hca=mlx5_0,mlx5_1",
-             "comm.nccl.ib_disable=false", "comm.nccl.debug=INFO", "comm.nccl.debug_subsys=INIT,NET")
+    c = comm(
+        "comm.nccl.algo=Ring",
+        "comm.nccl.proto=Simple",
+        "comm.nccl.buffsize=4194304",
+        "comm.nccl.nsocks_perthread=4",
+        "comm.nccl.socket_nthreads=2",
+        "comm.nccl.ib_hca=mlx5_0,mlx5_1",
+        "comm.nccl.ib_disable=false",
+        "comm.nccl.debug=INFO",
+        "comm.nccl.debug_subsys=INIT,NET",
+    )
     env = comm_env(c, "nvidia")
     assert {k: env[k] for k in env if k.startswith("NCCL_")} == {
-        "NCCL_IB_HCA": "mlx5_0,mlx5_1", "NCCL_IB_DISABLE": "0", "NCCL_ALGO": "Ring", "NCCL_PROTO": "Simple",
-        "NCCL_BUFFSIZE": "4194304", "NCCL_NSOCKS_PERTHREAD": "4", "NCCL_SOCKET_NTHREADS": "2", "NCCL_DEBUG": "INFO",
-        "NCCL_DEBUG_SUBSYS": "INIT,NET"}
+        "NCCL_IB_HCA": "mlx5_0,mlx5_1",
+        "NCCL_IB_DISABLE": "0",
+        "NCCL_ALGO": "Ring",
+        "NCCL_PROTO": "Simple",
+        "NCCL_BUFFSIZE": "4194304",
+        "NCCL_NSOCKS_PERTHREAD": "4",
+        "NCCL_SOCKET_NTHREADS": "2",
+        "NCCL_DEBUG": "INFO",
+        "NCCL_DEBUG_SUBSYS": "INIT,NET",
+    }
     assert "OMP_NUM_THREADS" not in env  # nothing to size it from: left to the launcher
     assert not any(k.startswith("NCCL_") for k in comm_env(c, "cpu"))  # NCCL only on nvidia
 
@@ -48,16 +72,24 @@ def test_socket_ifname_reaches_every_backend_unless_overridden():
     nv, gaudi = comm_env(c, "nvidia"), comm_env(c, "gaudi")
     assert nv["GLOO_SOCKET_IFNAME"] == "eth0" and nv["NCCL_SOCKET_IFNAME"] == "^docker,lo"
     assert gaudi["HCCL_SOCKET_IFNAME"] == "eth0" and gaudi["GLOO_SOCKET_IFNAME"] == "eth0"
-    assert comm_env(comm("comm.socket_ifname=eth0", "comm.gloo_socket_ifname=ib0"), "cpu")["GLOO_SOCKET_IFNAME"] == "ib0"
+    assert (
+        comm_env(comm("comm.socket_ifname=eth0", "comm.gloo_socket_ifname=ib0"), "cpu")["GLOO_SOCKET_IFNAME"] == "ib0"
+    )
 
 
 def test_hccl_keys():
-    env = comm_env(comm("comm.hccl.over_ofi=true", "comm.hccl.gaudi_direct=true", "comm.hccl.ofi_provider=verbs"), "gaudi")
+    env = comm_env(
+        comm("comm.hccl.over_ofi=true", "comm.hccl.gaudi_direct=true", "comm.hccl.ofi_provider=verbs"), "gaudi"
+    )
     assert (env["HCCL_OVER_OFI"], env["HCCL_GAUDI_DIRECT"], env["FI_PROVIDER"]) == ("1", "1", "verbs")
 
 
 def test_threads_and_extra_env_override():
-    c = comm("comm.threads_per_process=3", "comm.extra_env.OMP_PROC_BIND=master", "comm.extra_env.TORCH_SHOW_CPP_STACKTRACES=1")
+    c = comm(
+        "comm.threads_per_process=3",
+        "comm.extra_env.OMP_PROC_BIND=master",
+        "comm.extra_env.TORCH_SHOW_CPP_STACKTRACES=1",
+    )
     env = comm_env(c, "cpu", cpus_per_process=8)
     assert env["OMP_NUM_THREADS"] == "3"
     assert env["OMP_PROC_BIND"] == "master"  # extra_env is applied last
@@ -65,14 +97,17 @@ def test_threads_and_extra_env_override():
     assert comm_env(CommSection(), "cpu", cpus_per_process=0.5)["OMP_NUM_THREADS"] == "1"
 
 
-@pytest.mark.parametrize("override,message", [
-    ("comm.nccl.algo=Rnig", "unknown NCCL algorithm rnig"),
-    ("comm.nccl.proto=LL256", "unknown NCCL protocol ll256"),
-    ("comm.nccl.buffsize=10", "greater than or equal to 65536"),
-    ("comm.affinity=tight", "expected 'auto', 'none', 'close' or 'spread'"),
-    ("comm.extra_env={'1BAD': x}", "not environment variable names: 1BAD"),
-    ("comm.ncl.algo=Ring", "unknown recipe key `comm.ncl`: did you mean `comm.nccl`?"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("comm.nccl.algo=Rnig", "unknown NCCL algorithm rnig"),
+        ("comm.nccl.proto=LL256", "unknown NCCL protocol ll256"),
+        ("comm.nccl.buffsize=10", "greater than or equal to 65536"),
+        ("comm.affinity=tight", "expected 'auto', 'none', 'close' or 'spread'"),
+        ("comm.extra_env={'1BAD': x}", "not environment variable names: 1BAD"),
+        ("comm.ncl.algo=Ring", "unknown recipe key `comm.ncl`: did you mean `comm.nccl`?"),
+    ],
+)
 def test_bad_values_are_one_line_each(override, message):
     with pytest.raises(RecipeError) as err:
         comm(override)
@@ -104,6 +139,11 @@ def test_reference_lists_comm_keys():
     from kubetune.recipe.loader import reference_markdown
 
     table = reference_markdown()
-    for key in ("comm.socket_ifname", "comm.nccl.algo", "comm.nccl.nsocks_perthread", "comm.hccl.over_ofi",
-                "comm.extra_env"):
+    for key in (
+        "comm.socket_ifname",
+        "comm.nccl.algo",
+        "comm.nccl.nsocks_perthread",
+        "comm.hccl.over_ofi",
+        "comm.extra_env",
+    ):
         assert f"| `{key}` |" in table

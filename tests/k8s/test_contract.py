@@ -42,17 +42,34 @@ def pod_world(tmp_path, tiny_model_dir, qa_file):
     shutil.copytree(tiny_model_dir, pvc / "models" / "tiny")
     (pvc / "datasets").mkdir(parents=True)
     shutil.copy(qa_file, pvc / "datasets" / "qa.jsonl")
-    recipe = load_recipe(None, [
-        "model.name_or_path=/data/models/tiny", "data.train=/data/datasets/qa.jsonl", "data.eval=0.25",
-        "data.max_seq_len=128", "train.precision=fp32", "train.micro_batch_size=2", "train.grad_accum=1",
-        "train.max_steps=8", "train.save_every=2", "train.lr=1e-2", "train.warmup_steps=1", "eval.generate=0",
-        "eval.max_samples=8", "lora.dropout=0.0", "output_dir=/data/runs/contract", "k8s.replicas=2",
-        "k8s.name=contract",
-    ]).recipe
+    recipe = load_recipe(
+        None,
+        [
+            "model.name_or_path=/data/models/tiny",
+            "data.train=/data/datasets/qa.jsonl",
+            "data.eval=0.25",
+            "data.max_seq_len=128",
+            "train.precision=fp32",
+            "train.micro_batch_size=2",
+            "train.grad_accum=1",
+            "train.max_steps=8",
+            "train.save_every=2",
+            "train.lr=1e-2",
+            "train.warmup_steps=1",
+            "eval.generate=0",
+            "eval.max_samples=8",
+            "lora.dropout=0.0",
+            "output_dir=/data/runs/contract",
+            "k8s.replicas=2",
+            "k8s.name=contract",
+        ],
+    ).recipe
     return tmp_path, pvc, recipe
 
 
-def _replica_processes(tmp_path: Path, pvc: Path, recipe, master_addr: str = "127.0.0.1") -> list[tuple[list[str], dict]]:
+def _replica_processes(
+    tmp_path: Path, pvc: Path, recipe, master_addr: str = "127.0.0.1"
+) -> list[tuple[list[str], dict]]:
     rendered = render(recipe)
     objs = {o["kind"]: o for o in rendered.objects}
     job = objs["PyTorchJob"]
@@ -73,15 +90,27 @@ def _replica_processes(tmp_path: Path, pvc: Path, recipe, master_addr: str = "12
         container = next(c for c in specs[rtype]["template"]["spec"]["containers"] if c["name"] == "pytorch")
         command = [mapped(a) for a in container.get("command", []) + container.get("args", [])]
         assert command[0] == "kubetune", command
-        env = {k: v for k, v in os.environ.items()
-               if not k.startswith(("PET_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "KUBETUNE_"))}
+        env = {
+            k: v
+            for k, v in os.environ.items()
+            if not k.startswith(("PET_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_", "KUBETUNE_"))
+        }
         for e in container.get("env", []):
             if "value" in e:
                 env[e["name"]] = mapped(e["value"])
         # What the training operator injects (reference §1); the Service name becomes loopback.
-        env.update(MASTER_ADDR=master_addr, MASTER_PORT=port, WORLD_SIZE=str(world), RANK=str(rank),
-                   PET_MASTER_ADDR=master_addr, PET_MASTER_PORT=port, PET_NNODES=str(world),
-                   PET_NODE_RANK=str(rank), PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+        env.update(
+            MASTER_ADDR=master_addr,
+            MASTER_PORT=port,
+            WORLD_SIZE=str(world),
+            RANK=str(rank),
+            PET_MASTER_ADDR=master_addr,
+            PET_MASTER_PORT=port,
+            PET_NNODES=str(world),
+            PET_NODE_RANK=str(rank),
+            PYTHONUNBUFFERED="1",
+            OMP_NUM_THREADS="1",
+        )
         if job["spec"].get("nprocPerNode"):
             env["PET_NPROC_PER_NODE"] = job["spec"]["nprocPerNode"]
         env["PYTHONPATH"] = str(Path(__file__).resolve().parents[2] / "src")
@@ -90,8 +119,10 @@ def _replica_processes(tmp_path: Path, pvc: Path, recipe, master_addr: str = "12
 
 
 def _start(procs, cwd):
-    return [subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-            for cmd, env in procs]
+    return [
+        subprocess.Popen(cmd, env=env, cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for cmd, env in procs
+    ]
 
 
 def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
@@ -139,8 +170,16 @@ def test_rendered_pytorchjob_across_two_network_namespaces(pod_world, two_hosts)
     pods = []
     for (cmd, env), (ns, _addr, ifname) in zip(procs, two_hosts):
         env = {**env, "GLOO_SOCKET_IFNAME": ifname}
-        pods.append(subprocess.Popen(["ip", "netns", "exec", ns, *cmd], env=env, cwd=tmp_path,
-                                     stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        pods.append(
+            subprocess.Popen(
+                ["ip", "netns", "exec", ns, *cmd],
+                env=env,
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [p.communicate(timeout=300)[0] for p in pods]
     assert all(p.returncode == 0 for p in pods), [o[-3000:] for o in outs]
     assert json.loads((pvc / "runs" / "contract" / "summary.json").read_text())["steps"] == 3

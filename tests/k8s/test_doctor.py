@@ -7,14 +7,25 @@ import pytest
 from kubetune.k8s.doctor import Snapshot, diagnose, report
 
 JOB, NS = "run", "kubetune"
-RECIPE = {"train": {"micro_batch_size": 8, "gradient_checkpointing": "off"}, "parallel": {"timeout_s": 1800},
-          "k8s": {"profile": "cpu", "amx_label": "feature.node.kubernetes.io/cpu-cpuid.AMXBF16", "node_selector": {},
-                  "resources": {"cpu": "200", "memory": "226Gi", "accelerators": 0, "hugepages_2mi": None}}}
+RECIPE = {
+    "train": {"micro_batch_size": 8, "gradient_checkpointing": "off"},
+    "parallel": {"timeout_s": 1800},
+    "k8s": {
+        "profile": "cpu",
+        "amx_label": "feature.node.kubernetes.io/cpu-cpuid.AMXBF16",
+        "node_selector": {},
+        "resources": {"cpu": "200", "memory": "226Gi", "accelerators": 0, "hugepages_2mi": None},
+    },
+}
 
 
 def job(conditions=(), suspend=None, labels=None, status=True):
-    obj = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob",
-           "metadata": {"name": JOB, "namespace": NS, "labels": labels or {}}, "spec": {}}
+    obj = {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": {"name": JOB, "namespace": NS, "labels": labels or {}},
+        "spec": {},
+    }
     if suspend is not None:
         obj["spec"]["runPolicy"] = {"suspend": suspend}
     if status:
@@ -23,8 +34,11 @@ def job(conditions=(), suspend=None, labels=None, status=True):
 
 
 def pod(name="run-master-0", phase="Running", **container_status):
-    statuses = [{"name": "pytorch", "image": "img:1", "restartCount": container_status.pop("restarts", 0),
-                 **container_status}] if container_status else []
+    statuses = (
+        [{"name": "pytorch", "image": "img:1", "restartCount": container_status.pop("restarts", 0), **container_status}]
+        if container_status
+        else []
+    )
     return {"metadata": {"name": name}, "status": {"phase": phase, "containerStatuses": statuses}}
 
 
@@ -44,15 +58,21 @@ def only(found):
     return errors[0]
 
 
-@pytest.mark.parametrize("resource,fix", [
-    ("cpu", "lower k8s.resources.cpu (now 200)"),
-    ("memory", "lower k8s.resources.memory (now 226Gi)"),
-    ("habana.ai/gaudi", "check the device plugin runs"),
-    ("nvidia.com/gpu", "lower k8s.resources.accelerators"),
-    ("hugepages-2Mi", "pre-allocate 2Mi huge pages"),
-])
+@pytest.mark.parametrize(
+    "resource,fix",
+    [
+        ("cpu", "lower k8s.resources.cpu (now 200)"),
+        ("memory", "lower k8s.resources.memory (now 226Gi)"),
+        ("habana.ai/gaudi", "check the device plugin runs"),
+        ("nvidia.com/gpu", "lower k8s.resources.accelerators"),
+        ("hugepages-2Mi", "pre-allocate 2Mi huge pages"),
+    ],
+)
 def test_pending_for_insufficient_resources(resource, fix):
-    message = f"0/4 nodes are available: 4 Insufficient {resource}. preemption: 0/4 nodes are available: 4 No preemption victims found."
+    message = (
+        f"0/4 nodes are available: 4 Insufficient {resource}. "
+        "preemption: 0/4 nodes are available: 4 No preemption victims found."
+    )
     f = only(findings(pods=[pod(phase="Pending")], events=[scheduling("run-master-0", message)]))
     assert f.problem.startswith(f"Pending: not enough {resource} on any node")
     assert fix in f.fix
@@ -61,8 +81,10 @@ def test_pending_for_insufficient_resources(resource, fix):
 def test_several_reasons_in_one_event():
     message = "0/5 nodes are available: 2 Insufficient cpu, 3 Insufficient memory."
     found = findings(pods=[pod(phase="Pending")], events=[scheduling("run-master-0", message)])
-    assert [f.problem.split(" (")[0] for f in found] == ["Pending: not enough cpu on any node",
-                                                       "Pending: not enough memory on any node"]
+    assert [f.problem.split(" (")[0] for f in found] == [
+        "Pending: not enough cpu on any node",
+        "Pending: not enough memory on any node",
+    ]
 
 
 def test_only_the_newest_scheduling_event_counts():
@@ -79,7 +101,7 @@ def test_node_selector_and_amx_label_mismatch():
 
 
 def test_untolerated_taint():
-    message = ("0/3 nodes are available: 3 node(s) had untolerated taint {dedicated: gpu}. preemption: not helpful")
+    message = "0/3 nodes are available: 3 node(s) had untolerated taint {dedicated: gpu}. preemption: not helpful"
     f = only(findings(pods=[pod(phase="Pending")], events=[scheduling("run-master-0", message)]))
     assert "taint {dedicated: gpu}" in f.problem and "key: dedicated, operator: Exists" in f.fix
 
@@ -90,29 +112,59 @@ def test_scheduling_events_of_running_pods_are_history():
 
 
 def pvc(cls="nfs", phase="Pending"):
-    return {"metadata": {"name": "run-data"}, "spec": {"storageClassName": cls} if cls else {}, "status": {"phase": phase}}
+    return {
+        "metadata": {"name": "run-data"},
+        "spec": {"storageClassName": cls} if cls else {},
+        "status": {"phase": phase},
+    }
 
 
 def pvc_event(message, reason="ProvisioningFailed"):
-    return {"reason": reason, "involvedObject": {"kind": "PersistentVolumeClaim", "name": "run-data"}, "message": message}
+    return {
+        "reason": reason,
+        "involvedObject": {"kind": "PersistentVolumeClaim", "name": "run-data"},
+        "message": message,
+    }
 
 
 def test_missing_storage_class():
-    f = only(findings(pvc=pvc("nfs-fast"), storage_class_missing="nfs-fast",
-                      events=[pvc_event('storageclass.storage.k8s.io "nfs-fast" not found')]))
+    f = only(
+        findings(
+            pvc=pvc("nfs-fast"),
+            storage_class_missing="nfs-fast",
+            events=[pvc_event('storageclass.storage.k8s.io "nfs-fast" not found')],
+        )
+    )
     assert f.problem == "StorageClass nfs-fast does not exist"
     assert "k8s.storage.storage_class" in f.fix and "ReadWriteMany" in f.fix
 
 
 def test_no_storage_class_and_no_default():
-    f = only(findings(pvc=pvc(None), events=[pvc_event(
-        "no persistent volumes available for this claim and no storage class is set", reason="FailedBinding")]))
+    f = only(
+        findings(
+            pvc=pvc(None),
+            events=[
+                pvc_event(
+                    "no persistent volumes available for this claim and no storage class is set", reason="FailedBinding"
+                )
+            ],
+        )
+    )
     assert "no StorageClass is set" in f.problem and "k8s.storage.existing_claim" in f.fix
 
 
 def test_storage_class_without_rwx():
-    f = only(findings(pvc=pvc("ebs"), events=[pvc_event(
-        "failed to provision volume with StorageClass \"ebs\": rpc error: access mode ReadWriteMany is not supported")]))
+    f = only(
+        findings(
+            pvc=pvc("ebs"),
+            events=[
+                pvc_event(
+                    'failed to provision volume with StorageClass "ebs": '
+                    "rpc error: access mode ReadWriteMany is not supported"
+                )
+            ],
+        )
+    )
     assert "cannot provide ReadWriteMany" in f.problem
 
 
@@ -121,55 +173,120 @@ def test_bound_pvc_is_fine():
 
 
 def test_image_pull_backoff():
-    f = only(findings(pods=[pod(phase="Pending", state={"waiting": {"reason": "ImagePullBackOff",
-                                                                    "message": "Back-off pulling image"}})]))
+    f = only(
+        findings(
+            pods=[
+                pod(
+                    phase="Pending",
+                    state={"waiting": {"reason": "ImagePullBackOff", "message": "Back-off pulling image"}},
+                )
+            ]
+        )
+    )
     assert f.problem.startswith("ImagePullBackOff: image img:1 cannot be pulled")
     assert "k8s.image" in f.fix and "imagePullSecret" in f.fix
 
 
 def test_oomkilled_suggests_batch_checkpointing_and_memory():
-    f = only(findings(pods=[pod(state={"waiting": {"reason": "CrashLoopBackOff"}}, restarts=3,
-                                lastState={"terminated": {"reason": "OOMKilled", "exitCode": 137}})]))
+    f = only(
+        findings(
+            pods=[
+                pod(
+                    state={"waiting": {"reason": "CrashLoopBackOff"}},
+                    restarts=3,
+                    lastState={"terminated": {"reason": "OOMKilled", "exitCode": 137}},
+                )
+            ]
+        )
+    )
     assert f.problem.startswith("OOMKilled") and "226Gi" in f.problem
     assert "train.micro_batch_size (now 8)" in f.fix
     assert "train.gradient_checkpointing=on (now off)" in f.fix and "k8s.resources.memory" in f.fix
 
 
 def test_crash_loop_quotes_the_last_log_lines():
-    f = only(findings(pods=[pod(state={"waiting": {"reason": "CrashLoopBackOff"}}, restarts=5)],
-                      logs={"run-master-0": ["loading", "Traceback (most recent call last):", "KeyError: 'text'"]}))
+    f = only(
+        findings(
+            pods=[pod(state={"waiting": {"reason": "CrashLoopBackOff"}}, restarts=5)],
+            logs={"run-master-0": ["loading", "Traceback (most recent call last):", "KeyError: 'text'"]},
+        )
+    )
     assert "after 5 restarts" in f.problem and "KeyError: 'text'" in f.problem
     assert "kubetune k8s logs run --rank N" in f.fix
 
 
 def test_create_container_config_error():
-    f = only(findings(pods=[pod(phase="Pending", state={"waiting": {
-        "reason": "CreateContainerConfigError", "message": 'configmap "run-recipe" not found'}})]))
+    f = only(
+        findings(
+            pods=[
+                pod(
+                    phase="Pending",
+                    state={
+                        "waiting": {
+                            "reason": "CreateContainerConfigError",
+                            "message": 'configmap "run-recipe" not found',
+                        }
+                    },
+                )
+            ]
+        )
+    )
     assert "run-recipe" in f.problem and "submit" in f.fix
 
 
-@pytest.mark.parametrize("line", [
-    "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError",
-    "torch.distributed.DistNetworkError: The client socket has timed out after 1800000ms while trying to connect to (run-master-0, 23456).",
-    "[W socket.cpp:464] [c10d] The client socket has timed out after 600s while trying to connect to (run-master-0, 23456)",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "torch.distributed.elastic.rendezvous.api.RendezvousTimeoutError",
+        (
+            "torch.distributed.DistNetworkError: The client socket has timed out after 1800000ms "
+            "while trying to connect to (run-master-0, 23456)."
+        ),
+        (
+            "[W socket.cpp:464] [c10d] The client socket has timed out after 600s "
+            "while trying to connect to (run-master-0, 23456)"
+        ),
+    ],
+)
 def test_rendezvous_timeouts(line):
     f = only(findings(pods=[pod()], logs={"run-master-0": ["start", line]}))
     assert f.problem.startswith("rendezvous failed") and "NetworkPolicies" in f.fix
 
 
-@pytest.mark.parametrize("line", [
-    "[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 1800000 milliseconds before timing out.",
-    "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [10.0.0.5]:23456: Connection reset by peer; Gloo timed out",
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        (
+            "[rank1]:[E ProcessGroupNCCL.cpp:616] [Rank 1] Watchdog caught collective operation timeout: "
+            "WorkNCCL(SeqNum=1, OpType=ALLREDUCE) ran for 1800000 milliseconds before timing out."
+        ),
+        (
+            "RuntimeError: [../third_party/gloo/gloo/transport/tcp/pair.cc:534] Read error [10.0.0.5]:23456: "
+            "Connection reset by peer; Gloo timed out"
+        ),
+    ],
+)
 def test_collective_timeouts(line):
     f = only(findings(pods=[pod()], logs={"run-master-0": [line]}))
     assert f.problem.startswith("collective timeout") and "parallel.timeout_s (now 1800)" in f.fix
 
 
 def test_failed_job():
-    f = only(findings(job=job([{"type": "Failed", "status": "True", "reason": "PyTorchJobFailed",
-                                "message": "job run is failed because 1 Master replica(s) failed."}]), pods=[pod(phase="Failed")]))
+    f = only(
+        findings(
+            job=job(
+                [
+                    {
+                        "type": "Failed",
+                        "status": "True",
+                        "reason": "PyTorchJobFailed",
+                        "message": "job run is failed because 1 Master replica(s) failed.",
+                    }
+                ]
+            ),
+            pods=[pod(phase="Failed")],
+        )
+    )
     assert f.problem.startswith("Failed: PyTorchJobFailed") and "kubetune k8s delete run" in f.fix
 
 
@@ -189,7 +306,9 @@ def test_missing_job():
 
 
 def test_healthy():
-    (f,) = findings(pods=[pod()], logs={"run-master-0": ["kubetune: step 1/10 loss 1.0 lr 1e-4 tokens 1 tok/s 1 eta 9s"]})
+    (f,) = findings(
+        pods=[pod()], logs={"run-master-0": ["kubetune: step 1/10 loss 1.0 lr 1e-4 tokens 1 tok/s 1 eta 9s"]}
+    )
     assert (f.severity, f.problem) == ("info", "no problems found")
 
 

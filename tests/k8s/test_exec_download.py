@@ -37,12 +37,14 @@ def api(tmp_path, monkeypatch):
     seen: dict = {"commands": [], "auth": []}
 
     async def data_pod(request):
-        return web.json_response({"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{JOB}-data"},
-                                  "status": {"phase": "Running"}})
+        return web.json_response(
+            {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{JOB}-data"}, "status": {"phase": "Running"}}
+        )
 
     async def recipe(request):
-        return web.json_response({"apiVersion": "v1", "kind": "ConfigMap", "data": {
-            "recipe.yaml": f"output_dir: /data/runs/{JOB}\n"}})
+        return web.json_response(
+            {"apiVersion": "v1", "kind": "ConfigMap", "data": {"recipe.yaml": f"output_dir: /data/runs/{JOB}\n"}}
+        )
 
     async def exec_(request):
         command = request.query.getall("command")
@@ -53,12 +55,20 @@ def api(tmp_path, monkeypatch):
         if command[:2] == ["tar", "cf"]:
             payload = _tar()
             for i in range(0, len(payload), 65536):  # many frames, like a real stream
-                await ws.send_bytes(b"\x01" + payload[i:i + 65536])
+                await ws.send_bytes(b"\x01" + payload[i : i + 65536])
             await ws.send_bytes(b"\x03" + json.dumps({"metadata": {}, "status": "Success"}).encode())
         else:
             await ws.send_bytes(b"\x02" + b"tail: cannot open '/x': No such file or directory\n")
-            await ws.send_bytes(b"\x03" + json.dumps({"status": "Failure", "reason": "NonZeroExitCode", "details": {
-                "causes": [{"reason": "ExitCode", "message": "1"}]}}).encode())
+            await ws.send_bytes(
+                b"\x03"
+                + json.dumps(
+                    {
+                        "status": "Failure",
+                        "reason": "NonZeroExitCode",
+                        "details": {"causes": [{"reason": "ExitCode", "message": "1"}]},
+                    }
+                ).encode()
+            )
         await ws.close()
         return ws
 
@@ -83,11 +93,18 @@ def api(tmp_path, monkeypatch):
     thread.start()
     assert ready.wait(10)
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(json.dumps({
-        "apiVersion": "v1", "kind": "Config", "current-context": "t",
-        "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{state['port']}"}}],
-        "users": [{"name": "u", "user": {"token": "tok-123"}}],
-        "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}]}))
+    kubeconfig.write_text(
+        json.dumps(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "t",
+                "clusters": [{"name": "t", "cluster": {"server": f"http://127.0.0.1:{state['port']}"}}],
+                "users": [{"name": "u", "user": {"token": "tok-123"}}],
+                "contexts": [{"name": "t", "context": {"cluster": "t", "user": "u"}}],
+            }
+        )
+    )
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     yield seen

@@ -25,10 +25,16 @@ def _rendered(*overrides):
 
 
 def _pod(name, labels, phase="Running"):
-    return {"apiVersion": "v1", "kind": "Pod",
-            "metadata": {"name": name, "namespace": NS,
-                         "labels": {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "trainer", **labels}},
-            "status": {"phase": phase}}
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "name": name,
+            "namespace": NS,
+            "labels": {"app.kubernetes.io/instance": JOB, "app.kubernetes.io/component": "trainer", **labels},
+        },
+        "status": {"phase": phase},
+    }
 
 
 def test_submit_creates_the_namespace_when_missing_and_in_order():
@@ -36,7 +42,12 @@ def test_submit_creates_the_namespace_when_missing_and_in_order():
     lines = follow.submit(fake, _rendered())
     assert lines[0] == "created Namespace kubetune"
     assert [c[1] for c in fake.calls if c[0] == "create"] == [
-        "Namespace", "PersistentVolumeClaim", "ConfigMap", "Pod", "PyTorchJob"]
+        "Namespace",
+        "PersistentVolumeClaim",
+        "ConfigMap",
+        "Pod",
+        "PyTorchJob",
+    ]
 
 
 def test_submit_when_namespaces_cannot_be_read():
@@ -50,8 +61,10 @@ def test_submit_of_a_finished_job_says_how_to_rerun():
     fake = FakeClient()
     rendered = _rendered()
     follow.submit(fake, rendered)
-    job = dict(rendered.job, status={"conditions": [{"type": "Running", "status": "True"},
-                                                    {"type": "Succeeded", "status": "True"}]})
+    job = dict(
+        rendered.job,
+        status={"conditions": [{"type": "Running", "status": "True"}, {"type": "Succeeded", "status": "True"}]},
+    )
     fake._put(job)
     lines = follow.submit(fake, rendered)
     assert lines[-1].startswith(f"note: PyTorchJob {JOB} already finished (Succeeded)")
@@ -61,15 +74,32 @@ def test_status_falls_back_to_metrics_on_the_pvc():
     fake = FakeClient()
     follow.submit(fake, _rendered())
     fake._put(_pod(f"{JOB}-master-0", {"training.kubeflow.org/replica-type": "master"}, phase="Pending"))
-    metrics = "\n".join(json.dumps({"step": s, "total_steps": 40, "epoch": s / 40, "loss": 2.0 - s / 100, "lr": 1e-4,
-                                    "grad_norm": 1.0, "tokens": s * 100, "tokens_per_s": 50.0, "elapsed_s": s * 2.0})
-                        for s in (1, 2, 10)) + '\n{"step": 11, "tot'  # a half-written line is skipped
+    metrics = (
+        "\n".join(
+            json.dumps(
+                {
+                    "step": s,
+                    "total_steps": 40,
+                    "epoch": s / 40,
+                    "loss": 2.0 - s / 100,
+                    "lr": 1e-4,
+                    "grad_norm": 1.0,
+                    "tokens": s * 100,
+                    "tokens_per_s": 50.0,
+                    "elapsed_s": s * 2.0,
+                }
+            )
+            for s in (1, 2, 10)
+        )
+        + '\n{"step": 11, "tot'
+    )  # a half-written line is skipped
     fake.execs[(f"{JOB}-data", ("tail", "-n", "5", f"{OUT}/metrics.jsonl"))] = metrics.encode()
     st = follow.status(fake, JOB, NS)
     assert st.progress.step == 10 and st.progress.total_steps == 40
     assert st.progress.eta_s == pytest.approx(60.0)  # 2 s/step x 30 steps left
-    assert st.lines[-1] == ("progress: step 10/40 (25%)  epoch 0.25  loss 1.9000  lr 1.00e-04  tok/s 50.0  eta 1m"
-                            "  (from metrics.jsonl)")
+    assert st.lines[-1] == (
+        "progress: step 10/40 (25%)  epoch 0.25  loss 1.9000  lr 1.00e-04  tok/s 50.0  eta 1m  (from metrics.jsonl)"
+    )
     assert not any(c[0] == "pod_log" for c in fake.calls)  # a Pending pod has no log to read
 
 
@@ -87,8 +117,12 @@ def test_elastic_workers_are_ranked_from_zero():
     fake = FakeClient()
     follow.submit(fake, _rendered("k8s.elastic.enabled=true", "k8s.replicas=2"))
     for i in (1, 0):
-        fake._put(_pod(f"{JOB}-worker-{i}", {"training.kubeflow.org/replica-type": "worker",
-                                            "training.kubeflow.org/replica-index": str(i)}))
+        fake._put(
+            _pod(
+                f"{JOB}-worker-{i}",
+                {"training.kubeflow.org/replica-type": "worker", "training.kubeflow.org/replica-index": str(i)},
+            )
+        )
     fake.logs[f"{JOB}-worker-0"] = "hello from worker 0"
     assert list(follow.logs(fake, JOB, NS, rank=0)) == ["hello from worker 0"]
 
@@ -125,7 +159,8 @@ def test_download_copies_the_run_directory(tmp_path):
     fake = _with_data_pod()
     weights = bytes(range(256)) * 64  # binary, not UTF-8: must survive the exec stream untouched
     fake.execs[(f"{JOB}-data", ("tar", "cf", "-", "-C", "/data/runs", JOB))] = _tar(
-        {f"{JOB}/adapter/adapter_model.safetensors": weights, f"{JOB}/summary.json": b"{}"})
+        {f"{JOB}/adapter/adapter_model.safetensors": weights, f"{JOB}/summary.json": b"{}"}
+    )
     path = follow.download(fake, JOB, NS, tmp_path / "out")
     assert path == tmp_path / "out" / JOB
     assert (path / "adapter" / "adapter_model.safetensors").read_bytes() == weights
@@ -150,8 +185,13 @@ def test_delete_only_purges_what_kubetune_made():
     fake = FakeClient()
     follow.submit(fake, _rendered())
     fake._put(_pod(f"{JOB}-master-0", {}))
-    fake._put({"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": {"name": f"{JOB}-data", "namespace": NS,
-                                                                                 "labels": {}}})
+    fake._put(
+        {
+            "apiVersion": "v1",
+            "kind": "PersistentVolumeClaim",
+            "metadata": {"name": f"{JOB}-data", "namespace": NS, "labels": {}},
+        }
+    )
     lines = follow.delete(fake, JOB, NS, purge=True)
     assert f"deleted PyTorchJob {NS}/{JOB}" in lines and f"deleted Pod {NS}/{JOB}-master-0" in lines
     assert not any("PersistentVolumeClaim" in line for line in lines)  # unlabelled: not ours

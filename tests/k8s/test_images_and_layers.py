@@ -49,10 +49,12 @@ def test_dockerignore_keeps_the_context_small():
 
 
 def test_k8s_layer_imports_neither_training_nor_torch():
-    code = ("import sys, kubetune.k8s.cli, kubetune.k8s.render, kubetune.k8s.follow, kubetune.k8s.doctor, "
-            "kubetune.k8s.validate, kubetune.k8s.client; "
-            "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'kubetune.training'))); "
-            "print(','.join(bad))")
+    code = (
+        "import sys, kubetune.k8s.cli, kubetune.k8s.render, kubetune.k8s.follow, kubetune.k8s.doctor, "
+        "kubetune.k8s.validate, kubetune.k8s.client; "
+        "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'kubetune.training'))); "
+        "print(','.join(bad))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stderr
     assert result.stdout.strip() == ""
@@ -60,8 +62,10 @@ def test_k8s_layer_imports_neither_training_nor_torch():
 
 def test_registering_the_k8s_commands_does_not_import_kubernetes():
     # what `kubetune --help` pays for this layer
-    code = ("import sys, typer; from kubetune.k8s import cli; cli.register(typer.Typer()); "
-            "print(any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules))")
+    code = (
+        "import sys, typer; from kubetune.k8s import cli; cli.register(typer.Typer()); "
+        "print(any(m == 'kubernetes' or m.startswith('kubernetes.') for m in sys.modules))"
+    )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "False", result.stderr
 
@@ -149,8 +153,13 @@ report(results)
 def _run_blocked(body: str, blocked: tuple[str, ...], tmp_path: Path) -> dict:
     import json
 
-    result = subprocess.run([sys.executable, "-c", _BLOCKER + body, json.dumps(blocked)], capture_output=True,
-                            text=True, timeout=300, cwd=tmp_path)
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCKER + body, json.dumps(blocked)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
     assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-4000:]
     out = json.loads(result.stdout.strip().splitlines()[-1])
     assert out["tried"] == [] and out["loaded"] == [], f"imported while rendering: {out['tried'] or out['loaded']}"
@@ -211,7 +220,9 @@ def test_cluster_components_import_and_run_without_torch_or_the_job_side(tmp_pat
 
     make_gaudi_tree(tmp_path, hls_box())
     # the components share only kubetune.kube with the job side: kubetune.k8s and kubetune.recipe are refused too
-    results = _run_blocked(_CLUSTER_COMPONENTS, (*TRAINING_SIDE, "kubetune.k8s", "kubetune.recipe"), tmp_path)["results"]
+    results = _run_blocked(_CLUSTER_COMPONENTS, (*TRAINING_SIDE, "kubetune.k8s", "kubetune.recipe"), tmp_path)[
+        "results"
+    ]
     assert {"DaemonSet", "Deployment", "Service", "ConfigMap"} <= set(results["manifests"])
     assert results["filter"] == [["hls-0"], ["hls-1"]] and results["prioritize"] == ["hls-0", "hls-1"]
     annotations, labels = results["facts"]

@@ -15,9 +15,23 @@ from kubetune.kube import ClusterError, common_labels, load_config, parse_quanti
 SUFFIXES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"]
 
 
-@pytest.mark.parametrize("text,value", [("8", 8), ("500m", Decimal("0.5")), ("96Gi", 96 * 2**30), ("1e3", 1000),
-                                        ("+.5", Decimal("0.5")), ("5.", 5), ("-2", -2), ("7n", Decimal("7e-9")),
-                                        ("4u", Decimal("4e-6")), (" 8Gi\n", 8 * 2**30), ("1E", 10**18), (3, 3)])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("8", 8),
+        ("500m", Decimal("0.5")),
+        ("96Gi", 96 * 2**30),
+        ("1e3", 1000),
+        ("+.5", Decimal("0.5")),
+        ("5.", 5),
+        ("-2", -2),
+        ("7n", Decimal("7e-9")),
+        ("4u", Decimal("4e-6")),
+        (" 8Gi\n", 8 * 2**30),
+        ("1E", 10**18),
+        (3, 3),
+    ],
+)
 def test_the_grammar_read_both_ways(text, value):
     assert parse_quantity(text) == value
     assert quantity_or_none(text) == pytest.approx(float(value), rel=1e-15)
@@ -35,8 +49,10 @@ def test_api_values_that_are_not_strings():
     assert quantity_or_none(None) is None and quantity_or_none(True) is None and quantity_or_none([]) is None
 
 
-@given(st.from_regex(r"\A[+-]?([0-9]{1,12}(\.[0-9]{0,6})?|\.[0-9]{1,6})([eE][+-]?[0-9]{1,2})?\Z"),
-       st.sampled_from(SUFFIXES))
+@given(
+    st.from_regex(r"\A[+-]?([0-9]{1,12}(\.[0-9]{0,6})?|\.[0-9]{1,6})([eE][+-]?[0-9]{1,2})?\Z"),
+    st.sampled_from(SUFFIXES),
+)
 def test_float_and_decimal_readings_agree(number, suffix):
     exact = parse_quantity(number + suffix)
     assert quantity_or_none(number + suffix) == pytest.approx(float(exact), rel=1e-12, abs=1e-300)
@@ -54,9 +70,16 @@ def test_one_grammar_accepts_the_same_texts(text):
 
 def test_common_labels_keep_one_order_and_leave_unset_ones_out():
     assert list(common_labels("kubetune", "trainer", instance="run", managed_by="kubetune").items()) == [
-        (kube.NAME, "kubetune"), (kube.INSTANCE, "run"), (kube.COMPONENT, "trainer"), (kube.MANAGED_BY, "kubetune")]
+        (kube.NAME, "kubetune"),
+        (kube.INSTANCE, "run"),
+        (kube.COMPONENT, "trainer"),
+        (kube.MANAGED_BY, "kubetune"),
+    ]
     assert list(common_labels("kubetune-device-plugin", "device-plugin", part_of="kubetune")) == [
-        kube.NAME, kube.COMPONENT, kube.PART_OF]
+        kube.NAME,
+        kube.COMPONENT,
+        kube.PART_OF,
+    ]
 
 
 def test_job_and_component_objects_use_the_common_labels():
@@ -64,8 +87,11 @@ def test_job_and_component_objects_use_the_common_labels():
     from kubetune.k8s.names import Names, standard_labels
 
     assert standard_labels(Names.for_job("run", "ns"), "trainer") == {
-        "app.kubernetes.io/name": "kubetune", "app.kubernetes.io/instance": "run",
-        "app.kubernetes.io/component": "trainer", "app.kubernetes.io/managed-by": "kubetune"}
+        "app.kubernetes.io/name": "kubetune",
+        "app.kubernetes.io/instance": "run",
+        "app.kubernetes.io/component": "trainer",
+        "app.kubernetes.io/managed-by": "kubetune",
+    }
     for obj in manifests.render(manifests.ComponentSettings()):
         labels = obj["metadata"]["labels"]
         assert labels[kube.PART_OF] == "kubetune" and labels[kube.NAME].startswith("kubetune-"), obj["kind"]
@@ -75,12 +101,18 @@ def test_job_and_component_objects_use_the_common_labels():
 
 
 def _kubeconfig(path, server):
-    path.write_text(yaml.safe_dump({
-        "apiVersion": "v1", "kind": "Config", "current-context": "c",
-        "clusters": [{"name": "c", "cluster": {"server": server}}],
-        "users": [{"name": "u", "user": {"token": "t0ken"}}],
-        "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-    }))
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "c",
+                "clusters": [{"name": "c", "cluster": {"server": server}}],
+                "users": [{"name": "u", "user": {"token": "t0ken"}}],
+                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
+            }
+        )
+    )
     return path
 
 

@@ -13,8 +13,15 @@ LINE = "kubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 e
 
 def test_log_line_contract():
     p = progress.from_log(["noise", LINE])
-    assert (p.step, p.total_steps, p.loss, p.lr, p.tokens, p.tokens_per_s, p.eta_s) == \
-        (12, 100, 1.2345, 2e-4, 12345, 850.2, 80.0)
+    assert (p.step, p.total_steps, p.loss, p.lr, p.tokens, p.tokens_per_s, p.eta_s) == (
+        12,
+        100,
+        1.2345,
+        2e-4,
+        12345,
+        850.2,
+        80.0,
+    )
 
 
 def test_the_last_line_wins_and_prefixes_are_fine():
@@ -27,9 +34,20 @@ def test_no_progress_lines():
     assert progress.from_log(["starting", "kubetune: loading model"]) is None
 
 
-@pytest.mark.parametrize("text,seconds", [("1m20s", 80), ("45s", 45), ("2h", 7200), ("1d2h3m4s", 93784),
-                                          ("1h05m", 3900), ("2m03s", 123),  # the engine's fmt_duration forms
-                                          ("?", None), ("1m20", None), ("", None)])
+@pytest.mark.parametrize(
+    "text,seconds",
+    [
+        ("1m20s", 80),
+        ("45s", 45),
+        ("2h", 7200),
+        ("1d2h3m4s", 93784),
+        ("1h05m", 3900),
+        ("2m03s", 123),  # the engine's fmt_duration forms
+        ("?", None),
+        ("1m20", None),
+        ("", None),
+    ],
+)
 def test_parse_eta(text, seconds):
     assert progress.parse_eta(text) == seconds
 
@@ -40,8 +58,20 @@ def test_format_eta(seconds, text):
 
 
 def test_metrics_jsonl():
-    rows = [{"step": s, "total_steps": 50, "epoch": 0.1 * s, "loss": 1.0, "lr": 1e-4, "grad_norm": 0.5,
-             "tokens": 100 * s, "tokens_per_s": 20.0, "elapsed_s": 3.0 * s} for s in (1, 5)]
+    rows = [
+        {
+            "step": s,
+            "total_steps": 50,
+            "epoch": 0.1 * s,
+            "loss": 1.0,
+            "lr": 1e-4,
+            "grad_norm": 0.5,
+            "tokens": 100 * s,
+            "tokens_per_s": 20.0,
+            "elapsed_s": 3.0 * s,
+        }
+        for s in (1, 5)
+    ]
     p = progress.from_metrics("\n".join(json.dumps(r) for r in rows) + "\n")
     assert (p.step, p.eta_s, p.source) == (5, 135.0, "metrics.jsonl")
     assert progress.from_metrics("") is None

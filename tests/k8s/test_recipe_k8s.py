@@ -17,8 +17,18 @@ def k8s(*overrides):
     return load_recipe("smollm2-135m-lora-cpu", list(overrides)).recipe.k8s
 
 
-@pytest.mark.parametrize("text,value", [("8", 8), ("500m", Decimal("0.5")), ("32Gi", 32 * 2**30),
-                                        ("1.5G", 1_500_000_000), ("1e3", 1000), (2, 2), ("95000Mi", 95000 * 2**20)])
+@pytest.mark.parametrize(
+    "text,value",
+    [
+        ("8", 8),
+        ("500m", Decimal("0.5")),
+        ("32Gi", 32 * 2**30),
+        ("1.5G", 1_500_000_000),
+        ("1e3", 1000),
+        (2, 2),
+        ("95000Mi", 95000 * 2**20),
+    ],
+)
 def test_parse_quantity(text, value):
     assert parse_quantity(text) == value
 
@@ -38,17 +48,23 @@ def test_profile_defaults_fill_only_null_fields():
     assert k8s("k8s.nproc_per_node=4", "k8s.resources.cpu=8").processes_per_pod() == 4
 
 
-@pytest.mark.parametrize("overrides,problem", [
-    (["k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0 (got 0)"),
-    (["k8s.resources.memory=0"], "k8s.resources.memory must be more than 0"),
-    (["k8s.resources.shm_size=32Gi"], "k8s.resources.shm_size 32Gi must be smaller than k8s.resources.memory 32Gi"),
-    (["k8s.resources.accelerators=1"], "k8s.resources.accelerators=1 on the cpu profile"),
-    (["k8s.profile=nvidia", "k8s.resources.accelerators=0"], "the nvidia profile needs k8s.resources.accelerators >= 1"),
-    (["k8s.profile=gaudi", "k8s.resources.hugepages_2mi=3Mi"], "not a multiple of 2Mi"),
-    (["k8s.profile=gaudi", "k8s.nproc_per_node=9"], "exceeds the 8 accelerators per pod"),
-    (["k8s.elastic.enabled=true", "k8s.api=trainjob"], "elastic is a PyTorchJob feature"),
-    (["k8s.priority_value=10"], "k8s.priority_value needs k8s.priority_class"),
-])
+@pytest.mark.parametrize(
+    "overrides,problem",
+    [
+        (["k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0 (got 0)"),
+        (["k8s.resources.memory=0"], "k8s.resources.memory must be more than 0"),
+        (["k8s.resources.shm_size=32Gi"], "k8s.resources.shm_size 32Gi must be smaller than k8s.resources.memory 32Gi"),
+        (["k8s.resources.accelerators=1"], "k8s.resources.accelerators=1 on the cpu profile"),
+        (
+            ["k8s.profile=nvidia", "k8s.resources.accelerators=0"],
+            "the nvidia profile needs k8s.resources.accelerators >= 1",
+        ),
+        (["k8s.profile=gaudi", "k8s.resources.hugepages_2mi=3Mi"], "not a multiple of 2Mi"),
+        (["k8s.profile=gaudi", "k8s.nproc_per_node=9"], "exceeds the 8 accelerators per pod"),
+        (["k8s.elastic.enabled=true", "k8s.api=trainjob"], "elastic is a PyTorchJob feature"),
+        (["k8s.priority_value=10"], "k8s.priority_value needs k8s.priority_class"),
+    ],
+)
 def test_impossible_resources(overrides, problem):
     problems = section.resource_problems(k8s(*overrides))
     assert len(problems) == 1 and problem in problems[0]
@@ -57,17 +73,19 @@ def test_impossible_resources(overrides, problem):
 def test_possible_resources_have_no_problems():
     for profile in ("cpu", "gaudi", "nvidia"):
         assert section.resource_problems(k8s(f"k8s.profile={profile}")) == []
-    assert section.resource_problems(k8s("k8s.resources.cpu=200", "k8s.resources.memory=226Gi",
-                                         "k8s.replicas=4")) == []
+    assert section.resource_problems(k8s("k8s.resources.cpu=200", "k8s.resources.memory=226Gi", "k8s.replicas=4")) == []
 
 
-@pytest.mark.parametrize("override,message", [
-    ("k8s.namespace=Team_A", "not a DNS-1123 label"),
-    ("k8s.resources.memory=lots", "not a Kubernetes quantity"),
-    ("k8s.profile=tpu", "expected 'cpu', 'gaudi' or 'nvidia'"),
-    ("k8s.gang=slurm", "expected 'none', 'coscheduling' or 'volcano'"),
-    ("k8s.storage.access_mode=ReadOnlyMany", "expected 'ReadWriteMany' or 'ReadWriteOnce'"),
-])
+@pytest.mark.parametrize(
+    "override,message",
+    [
+        ("k8s.namespace=Team_A", "not a DNS-1123 label"),
+        ("k8s.resources.memory=lots", "not a Kubernetes quantity"),
+        ("k8s.profile=tpu", "expected 'cpu', 'gaudi' or 'nvidia'"),
+        ("k8s.gang=slurm", "expected 'none', 'coscheduling' or 'volcano'"),
+        ("k8s.storage.access_mode=ReadOnlyMany", "expected 'ReadWriteMany' or 'ReadWriteOnce'"),
+    ],
+)
 def test_bad_values(override, message):
     with pytest.raises(RecipeError) as err:
         k8s(override)

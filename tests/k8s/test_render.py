@@ -30,7 +30,9 @@ CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterTrainingRuntime"}
 
 def rendered(profile="cpu", api="pytorchjob", *overrides, token=TOKEN, with_runtime=None, recipe=SEED):
     loaded = load_recipe(recipe, [f"k8s.profile={profile}", f"k8s.api={api}", *overrides])
-    return r.render(loaded.recipe, hf_token=token, with_runtime=(api == "trainjob") if with_runtime is None else with_runtime)
+    return r.render(
+        loaded.recipe, hf_token=token, with_runtime=(api == "trainjob") if with_runtime is None else with_runtime
+    )
 
 
 def by_kind(objects, kind):
@@ -53,7 +55,12 @@ def worker_container(objects):
     if job["kind"] == "PyTorchJob":
         return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
     trainer = job["spec"]["trainer"]
-    return {"name": "node", "env": trainer["env"], "resources": trainer["resourcesPerNode"], "command": trainer["command"]}
+    return {
+        "name": "node",
+        "env": trainer["env"],
+        "resources": trainer["resourcesPerNode"],
+        "command": trainer["command"],
+    }
 
 
 def env_of(container):
@@ -86,13 +93,22 @@ def test_both_validators_pass(profile, api, shared_schemas):
     assert validate_objects(objects) == []  # the CRD copies vendored in the package
 
 
-@pytest.mark.parametrize("overrides", [
-    ["k8s.gang=coscheduling", "k8s.quota=true", "k8s.priority_class=train-high", "k8s.priority_value=1000"],
-    ["k8s.gang=volcano", "k8s.queue=research", "k8s.replicas=4"],
-    ["k8s.elastic.enabled=true", "k8s.elastic.min_replicas=2", "k8s.elastic.max_replicas=4", "k8s.replicas=3"],
-    ["k8s.queue=team-a", "k8s.node_selector.pool=train", "k8s.tolerations=[{key: dedicated, operator: Exists}]",
-     "k8s.storage.existing_claim=shared-nfs", "k8s.resources.cpu=16", "k8s.image_pull_policy=Always"],
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        ["k8s.gang=coscheduling", "k8s.quota=true", "k8s.priority_class=train-high", "k8s.priority_value=1000"],
+        ["k8s.gang=volcano", "k8s.queue=research", "k8s.replicas=4"],
+        ["k8s.elastic.enabled=true", "k8s.elastic.min_replicas=2", "k8s.elastic.max_replicas=4", "k8s.replicas=3"],
+        [
+            "k8s.queue=team-a",
+            "k8s.node_selector.pool=train",
+            "k8s.tolerations=[{key: dedicated, operator: Exists}]",
+            "k8s.storage.existing_claim=shared-nfs",
+            "k8s.resources.cpu=16",
+            "k8s.image_pull_policy=Always",
+        ],
+    ],
+)
 @pytest.mark.parametrize("profile", PROFILES)
 def test_variants_validate(profile, overrides, shared_schemas):
     api_choices = ["pytorchjob"] if any("elastic" in o for o in overrides) else list(APIS)
@@ -103,8 +119,15 @@ def test_variants_validate(profile, overrides, shared_schemas):
 
 @pytest.mark.parametrize("profile,api", ALL)
 def test_every_object_in_the_job_namespace(profile, api):
-    objects = rendered(profile, api, "k8s.namespace=team-ml", "k8s.quota=true", "k8s.gang=coscheduling",
-                       "k8s.priority_class=hi", "k8s.priority_value=10").objects
+    objects = rendered(
+        profile,
+        api,
+        "k8s.namespace=team-ml",
+        "k8s.quota=true",
+        "k8s.gang=coscheduling",
+        "k8s.priority_class=hi",
+        "k8s.priority_value=10",
+    ).objects
     for obj in objects:
         if obj["kind"] in CLUSTER_SCOPED:
             assert "namespace" not in obj["metadata"], obj["kind"]
@@ -139,8 +162,9 @@ def test_the_hf_token_is_only_in_the_secret(profile, api):
     assert TOKEN not in r.to_yaml(objects)  # stdout: the Secret is replaced by a comment
     assert "# Secret llama2-7b-medical-flashcards-hf-token: not printed" in r.to_yaml(objects)
     token_env = env_of(worker_container(objects))["HF_TOKEN"]
-    assert token_env == {"secretKeyRef": {"key": "HF_TOKEN", "name": "llama2-7b-medical-flashcards-hf-token",
-                                          "optional": True}}
+    assert token_env == {
+        "secretKeyRef": {"key": "HF_TOKEN", "name": "llama2-7b-medical-flashcards-hf-token", "optional": True}
+    }
 
 
 def test_no_token_no_secret():
@@ -196,11 +220,14 @@ def test_cpu_profile_threads_affinity_and_memory_headroom():
     assert int(env["KUBETUNE_MEMORY_BUDGET"]) == int(226 * 2**30 * 0.95)
     spec = objects[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
     term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
-    assert term["matchExpressions"] == [{"key": "feature.node.kubernetes.io/cpu-cpuid.AMXBF16", "operator": "In",
-                                         "values": ["true"]}]
+    assert term["matchExpressions"] == [
+        {"key": "feature.node.kubernetes.io/cpu-cpuid.AMXBF16", "operator": "In", "values": ["true"]}
+    ]
     assert spec["securityContext"]["runAsNonRoot"] is True
     assert "hostIPC" not in spec
-    two = env_of(worker_container(rendered("cpu", "pytorchjob", "k8s.resources.cpu=16", "k8s.nproc_per_node=2").objects))
+    two = env_of(
+        worker_container(rendered("cpu", "pytorchjob", "k8s.resources.cpu=16", "k8s.nproc_per_node=2").objects)
+    )
     assert two["OMP_NUM_THREADS"] == "8" and two["OMP_PROC_BIND"] == "false"  # no binding with 2 processes
     no_amx = rendered("cpu", "pytorchjob", "k8s.amx_label=null").objects
     assert "affinity" not in no_amx[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
@@ -221,13 +248,24 @@ def test_gaudi_profile():
 
 
 def test_nvidia_profile():
-    objects = rendered("nvidia", "pytorchjob", "k8s.resources.accelerators=4", "comm.nccl.algo=Ring",
-                       "comm.nccl.proto=Simple", "comm.nccl.buffsize=8388608", "comm.nccl.nsocks_perthread=4").objects
+    objects = rendered(
+        "nvidia",
+        "pytorchjob",
+        "k8s.resources.accelerators=4",
+        "comm.nccl.algo=Ring",
+        "comm.nccl.proto=Simple",
+        "comm.nccl.buffsize=8388608",
+        "comm.nccl.nsocks_perthread=4",
+    ).objects
     container = worker_container(objects)
     assert container["resources"]["limits"]["nvidia.com/gpu"] == "4"
     env = env_of(container)
-    assert (env["NCCL_ALGO"], env["NCCL_PROTO"], env["NCCL_BUFFSIZE"], env["NCCL_NSOCKS_PERTHREAD"]) == \
-        ("Ring", "Simple", "8388608", "4")
+    assert (env["NCCL_ALGO"], env["NCCL_PROTO"], env["NCCL_BUFFSIZE"], env["NCCL_NSOCKS_PERTHREAD"]) == (
+        "Ring",
+        "Simple",
+        "8388608",
+        "4",
+    )
     assert env["OMP_NUM_THREADS"] == "2"  # 8 CPUs / 4 processes
     assert not any(k.startswith("HCCL_") for k in env)
 
@@ -237,11 +275,19 @@ def test_pytorchjob_master_workers_and_elastic():
     specs = job["spec"]["pytorchReplicaSpecs"]
     assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 3)
     assert specs["Master"]["restartPolicy"] == "OnFailure"
-    assert specs["Master"]["template"]["spec"]["containers"][0]["ports"] == [{"containerPort": 23456, "name": "pytorchjob-port"}]
+    assert specs["Master"]["template"]["spec"]["containers"][0]["ports"] == [
+        {"containerPort": 23456, "name": "pytorchjob-port"}
+    ]
     single = rendered("cpu", "pytorchjob", "k8s.replicas=1").objects[-1]
     assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
-    elastic = rendered("cpu", "pytorchjob", "k8s.elastic.enabled=true", "k8s.elastic.min_replicas=2",
-                       "k8s.elastic.max_replicas=4", "k8s.replicas=3").objects[-1]["spec"]
+    elastic = rendered(
+        "cpu",
+        "pytorchjob",
+        "k8s.elastic.enabled=true",
+        "k8s.elastic.min_replicas=2",
+        "k8s.elastic.max_replicas=4",
+        "k8s.replicas=3",
+    ).objects[-1]["spec"]
     assert list(elastic["pytorchReplicaSpecs"]) == ["Worker"]
     assert elastic["pytorchReplicaSpecs"]["Worker"]["replicas"] == 3
     assert elastic["elasticPolicy"] == {"maxReplicas": 4, "maxRestarts": 3, "minReplicas": 2, "rdzvBackend": "c10d"}
@@ -249,8 +295,11 @@ def test_pytorchjob_master_workers_and_elastic():
 
 def test_trainjob_refs_runtime_and_patches_volumes():
     job = rendered("cpu", "trainjob", with_runtime=False).objects[-1]
-    assert job["spec"]["runtimeRef"] == {"name": "torch-distributed", "apiGroup": "trainer.kubeflow.org",
-                                         "kind": "ClusterTrainingRuntime"}
+    assert job["spec"]["runtimeRef"] == {
+        "name": "torch-distributed",
+        "apiGroup": "trainer.kubeflow.org",
+        "kind": "ClusterTrainingRuntime",
+    }
     assert job["spec"]["trainer"]["numNodes"] == 2
     (patch,) = job["spec"]["runtimePatches"]
     (rj,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
@@ -260,7 +309,11 @@ def test_trainjob_refs_runtime_and_patches_volumes():
     assert pod["containers"][0]["name"] == "node"
     objects = rendered("gaudi", "trainjob", "k8s.gang=volcano", with_runtime=True).objects
     (runtime,) = by_kind(objects, "ClusterTrainingRuntime")
-    assert objects[-1]["spec"]["runtimeRef"]["name"] == runtime["metadata"]["name"] == "llama2-7b-medical-flashcards-runtime"
+    assert (
+        objects[-1]["spec"]["runtimeRef"]["name"]
+        == runtime["metadata"]["name"]
+        == "llama2-7b-medical-flashcards-runtime"
+    )
     node_spec = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
     assert node_spec["hostIPC"] is True and node_spec["schedulerName"] == "volcano"
     assert runtime["spec"]["podGroupPolicy"] == {"volcano": {}}
@@ -290,8 +343,9 @@ def test_gang_scheduling_and_queues():
 
 
 def test_quota_covers_workers_and_the_data_pod():
-    objects = rendered("gaudi", "pytorchjob", "k8s.quota=true", "k8s.replicas=2", "k8s.resources.cpu=10",
-                       "k8s.resources.memory=100Gi").objects
+    objects = rendered(
+        "gaudi", "pytorchjob", "k8s.quota=true", "k8s.replicas=2", "k8s.resources.cpu=10", "k8s.resources.memory=100Gi"
+    ).objects
     (quota,) = by_kind(objects, "ResourceQuota")
     hard = quota["spec"]["hard"]
     assert hard["requests.cpu"] == hard["limits.cpu"] == "20250m"
@@ -301,17 +355,22 @@ def test_quota_covers_workers_and_the_data_pod():
     assert hard["pods"] == "3" and hard["persistentvolumeclaims"] == "1"
 
 
-@pytest.mark.parametrize("overrides,message", [
-    (["k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0"),
-    (["k8s.resources.shm_size=40Gi", "k8s.resources.memory=32Gi"], "shm_size 40Gi must be smaller than"),
-    (["k8s.resources.accelerators=2"], "accelerators=2 on the cpu profile"),
-    (["k8s.nproc_per_node=16"], "exceeds the 8 CPUs per pod"),
-    (["k8s.storage.access_mode=ReadWriteOnce"], "ReadWriteOnce cannot be shared"),
-    (["k8s.elastic.enabled=true", "k8s.elastic.max_replicas=1"], "must lie within elastic"),
-    (["parallel.tp=4", "k8s.replicas=3"], "k8s.replicas=3 x k8s.nproc_per_node=1 = 3 processes"),
-    (["parallel.pp=2", "k8s.replicas=4", "k8s.elastic.enabled=true", "k8s.elastic.min_replicas=3"],
-     "dp x fsdp x tp x pp = 1 x 1 x 1 x 2 = 2, but 3 process(es)"),
-])
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (["k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0"),
+        (["k8s.resources.shm_size=40Gi", "k8s.resources.memory=32Gi"], "shm_size 40Gi must be smaller than"),
+        (["k8s.resources.accelerators=2"], "accelerators=2 on the cpu profile"),
+        (["k8s.nproc_per_node=16"], "exceeds the 8 CPUs per pod"),
+        (["k8s.storage.access_mode=ReadWriteOnce"], "ReadWriteOnce cannot be shared"),
+        (["k8s.elastic.enabled=true", "k8s.elastic.max_replicas=1"], "must lie within elastic"),
+        (["parallel.tp=4", "k8s.replicas=3"], "k8s.replicas=3 x k8s.nproc_per_node=1 = 3 processes"),
+        (
+            ["parallel.pp=2", "k8s.replicas=4", "k8s.elastic.enabled=true", "k8s.elastic.min_replicas=3"],
+            "dp x fsdp x tp x pp = 1 x 1 x 1 x 2 = 2, but 3 process(es)",
+        ),
+    ],
+)
 def test_impossible_resources_are_one_error(overrides, message):
     with pytest.raises(RecipeError) as err:
         rendered("cpu", "pytorchjob", *overrides)
@@ -355,8 +414,12 @@ def test_crd_validator_catches_wrong_types_and_unknown_fields(shared_schemas):
         objects[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "two"
 
     problems = validate_objects(_mutated(bad_replicas), crd_dir=shared_schemas)
-    assert problems == ["PyTorchJob/llama2-7b-medical-flashcards: spec/pytorchReplicaSpecs/Worker/replicas: "
-                        "'two' is not of type 'integer'"]
+    assert problems == [
+        (
+            "PyTorchJob/llama2-7b-medical-flashcards: spec/pytorchReplicaSpecs/Worker/replicas: "
+            "'two' is not of type 'integer'"
+        )
+    ]
 
     def typo(objects):
         objects[-1]["spec"]["runPolicy"]["cleanPodPolcy"] = "All"

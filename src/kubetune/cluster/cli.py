@@ -10,7 +10,6 @@ import logging
 import signal
 import threading
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -33,18 +32,34 @@ def _stop_on_signals() -> threading.Event:
 
 def device_plugin(
     resource: str = typer.Option("habana.ai/gaudi", "--resource", help="Extended resource to advertise."),
-    discovery: str = typer.Option("sysfs", "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."),
-    plugin_dir: Path = typer.Option(Path("/var/lib/kubelet/device-plugins"), "--plugin-dir", help="Directory with kubelet.sock."),
-    sysfs_root: Path = typer.Option(Path("/sys"), "--sysfs-root", help="Root of the sysfs tree (a fake tree in tests)."),
+    discovery: str = typer.Option(
+        "sysfs", "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."
+    ),
+    plugin_dir: Path = typer.Option(
+        Path("/var/lib/kubelet/device-plugins"), "--plugin-dir", help="Directory with kubelet.sock."
+    ),
+    sysfs_root: Path = typer.Option(
+        Path("/sys"), "--sysfs-root", help="Root of the sysfs tree (a fake tree in tests)."
+    ),
     dev_root: Path = typer.Option(Path("/dev"), "--dev-root", help="Root of the device nodes probed for health."),
     health_interval: float = typer.Option(5.0, "--health-interval", help="Seconds between health probes."),
-    watch_interval: float = typer.Option(1.0, "--watch-interval", help="Seconds between looks at the plugin directory."),
+    watch_interval: float = typer.Option(
+        1.0, "--watch-interval", help="Seconds between looks at the plugin directory."
+    ),
     metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on this port (0 = off)."),
-    publish_node_facts: bool = typer.Option(False, "--publish-node-facts", help="Patch this node's annotations/labels (needs RBAC)."),
-    node_name: Optional[str] = typer.Option(None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."),
-    leaf_label: Optional[str] = typer.Option(None, "--leaf-label", help=f"Node label holding the network leaf; copied to {keys.LEAF_LABEL}."),
+    publish_node_facts: bool = typer.Option(
+        False, "--publish-node-facts", help="Patch this node's annotations/labels (needs RBAC)."
+    ),
+    node_name: str | None = typer.Option(
+        None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
+    ),
+    leaf_label: str | None = typer.Option(
+        None, "--leaf-label", help=f"Node label holding the network leaf; copied to {keys.LEAF_LABEL}."
+    ),
     pod_resources_socket: Path = typer.Option(
-        Path("/var/lib/kubelet/pod-resources/kubelet.sock"), "--pod-resources-socket", help="Kubelet PodResources socket (cards in use)."
+        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
+        "--pod-resources-socket",
+        help="Kubelet PodResources socket (cards in use).",
     ),
     publish_interval: float = typer.Option(30.0, "--publish-interval", help="Seconds between node fact refreshes."),
     log_level: str = typer.Option("info", "--log-level"),
@@ -54,11 +69,15 @@ def device_plugin(
     if health_interval <= 0 or watch_interval <= 0 or publish_interval <= 0:
         raise UserError("--health-interval, --watch-interval and --publish-interval must be > 0 seconds")
     if "/" not in resource:
-        raise UserError(f"--resource {resource!r}: an extended resource looks like vendor.com/name, e.g. habana.ai/gaudi")
+        raise UserError(
+            f"--resource {resource!r}: an extended resource looks like vendor.com/name, e.g. habana.ai/gaudi"
+        )
     if publish_node_facts and not node_name:
         raise UserError("--publish-node-facts needs --node-name (or NODE_NAME from the downward API)")
     if not plugin_dir.is_dir():
-        raise UserError(f"--plugin-dir {plugin_dir}: not a directory; mount the kubelet's device-plugins directory there")
+        raise UserError(
+            f"--plugin-dir {plugin_dir}: not a directory; mount the kubelet's device-plugins directory there"
+        )
 
     from kubetune.cluster.deviceplugin.discovery import make_discovery
     from kubetune.cluster.deviceplugin.server import DevicePlugin
@@ -67,11 +86,19 @@ def device_plugin(
     if not backend.devices():
         raise UserError(f"--discovery {discovery}: no {resource} cards found on this node")
     publisher = None
-    if publish_node_facts:
+    if publish_node_facts and node_name:  # (checked above: --publish-node-facts comes with a node name)
         from kubetune.cluster.deviceplugin.publish import NodePublisher, PodResourcesClient
 
-        publisher = NodePublisher(node_name, resource, leaf_label, PodResourcesClient(pod_resources_socket), interval=publish_interval)
-    plugin = DevicePlugin(backend, plugin_dir, health_interval=health_interval, watch_interval=watch_interval, on_change=publisher.hook if publisher else None)
+        publisher = NodePublisher(
+            node_name, resource, leaf_label, PodResourcesClient(pod_resources_socket), interval=publish_interval
+        )
+    plugin = DevicePlugin(
+        backend,
+        plugin_dir,
+        health_interval=health_interval,
+        watch_interval=watch_interval,
+        on_change=publisher.hook if publisher else None,
+    )
     if metrics_port:
         from prometheus_client import start_http_server
 
@@ -92,9 +119,15 @@ def scheduler_extender(
     host: str = typer.Option("0.0.0.0", "--host"),
     port: int = typer.Option(8888, "--port"),
     weights: str = typer.Option("", "--weights", help="Score weights, e.g. fit=3,hbm=1,closeness=5,rdma=1."),
-    resource: Optional[list[str]] = typer.Option(None, "--resource", help="Managed resources (repeatable; default habana.ai/gaudi, nvidia.com/gpu)."),
-    leaf_label: Optional[list[str]] = typer.Option(None, "--leaf-label", help=f"Node labels naming the network leaf, in order (default {keys.LEAF_LABEL})."),
-    watch_pods: bool = typer.Option(False, "--watch-pods", help="Keep a watch-backed pod cache (needs list/watch on pods and nodes)."),
+    resource: list[str] | None = typer.Option(
+        None, "--resource", help="Managed resources (repeatable; default habana.ai/gaudi, nvidia.com/gpu)."
+    ),
+    leaf_label: list[str] | None = typer.Option(
+        None, "--leaf-label", help=f"Node labels naming the network leaf, in order (default {keys.LEAF_LABEL})."
+    ),
+    watch_pods: bool = typer.Option(
+        False, "--watch-pods", help="Keep a watch-backed pod cache (needs list/watch on pods and nodes)."
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ):
     """Serve the kube-scheduler extender: POST /filter and POST /prioritize."""
@@ -128,13 +161,21 @@ def render_components(
     image: str = typer.Option("ghcr.io/kubetune/kubetune:0.1.0", "--image"),
     resource: str = typer.Option("habana.ai/gaudi", "--resource", help="Resource the device plugin advertises."),
     discovery: str = typer.Option("sysfs", "--discovery", help="sysfs | nvml"),
-    leaf_label: Optional[str] = typer.Option(None, "--leaf-label", help="Node label holding the network leaf (copied by the plugin)."),
+    leaf_label: str | None = typer.Option(
+        None, "--leaf-label", help="Node label holding the network leaf (copied by the plugin)."
+    ),
     extender_port: int = typer.Option(8888, "--extender-port"),
-    extender_weight: int = typer.Option(5, "--extender-weight", help="KubeSchedulerConfiguration weight of the extender (1..100)."),
+    extender_weight: int = typer.Option(
+        5, "--extender-weight", help="KubeSchedulerConfiguration weight of the extender (1..100)."
+    ),
     weights: str = typer.Option("", "--weights", help="Extender score weights, e.g. fit=3,hbm=1,closeness=5,rdma=1."),
-    watch_pods: bool = typer.Option(True, "--watch-pods/--stateless", help="Extender with a pod cache (closeness score) or stateless."),
-    scheduler_config_only: bool = typer.Option(False, "--scheduler-config-only", help="Print only the KubeSchedulerConfiguration."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
+    watch_pods: bool = typer.Option(
+        True, "--watch-pods/--stateless", help="Extender with a pod cache (closeness score) or stateless."
+    ),
+    scheduler_config_only: bool = typer.Option(
+        False, "--scheduler-config-only", help="Print only the KubeSchedulerConfiguration."
+    ),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
 ):
     """Render the device plugin DaemonSet, the extender Deployment/Service and the scheduler config."""
     from kubetune.cluster import manifests
@@ -167,4 +208,3 @@ def register(app: typer.Typer, k8s_app: typer.Typer) -> None:
     app.command("device-plugin")(device_plugin)
     app.command("scheduler-extender")(scheduler_extender)
     k8s_app.command("render-components")(render_components)
-

@@ -42,11 +42,15 @@ class ComponentSettings:
     def __post_init__(self):
         problems = []
         if not 1 <= self.extender_weight <= 100:
-            problems.append(f"--extender-weight {self.extender_weight}: use 1..100 (the scheduler multiplies the 0..10 score by it)")
+            problems.append(
+                f"--extender-weight {self.extender_weight}: use 1..100 (the scheduler multiplies the 0..10 score by it)"
+            )
         if not 1 <= self.extender_port <= 65535:
             problems.append(f"--extender-port {self.extender_port}: not a TCP port")
         if "/" not in self.resource:
-            problems.append(f"--resource {self.resource!r}: an extended resource looks like vendor.com/name, e.g. habana.ai/gaudi")
+            problems.append(
+                f"--resource {self.resource!r}: an extended resource looks like vendor.com/name, e.g. habana.ai/gaudi"
+            )
         if self.discovery.startswith("inventory:"):
             problems.append("--discovery inventory:FILE is for demos on one machine; a DaemonSet uses sysfs or nvml")
         if problems:
@@ -67,7 +71,12 @@ def _meta(name: str, s: ComponentSettings, component: str, namespaced: bool = Tr
 def _rbac(name: str, s: ComponentSettings, component: str, rules: list[dict]) -> list[dict]:
     return [
         {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(name, s, component)},
-        {"apiVersion": "rbac.authorization.k8s.io/v1", "kind": "ClusterRole", "metadata": _meta(name, s, component, False), "rules": rules},
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "ClusterRole",
+            "metadata": _meta(name, s, component, False),
+            "rules": rules,
+        },
         {
             "apiVersion": "rbac.authorization.k8s.io/v1",
             "kind": "ClusterRoleBinding",
@@ -164,7 +173,12 @@ def extender(s: ComponentSettings) -> list[dict]:
                             "readinessProbe": probe,
                             "livenessProbe": dict(probe, initialDelaySeconds=5),
                             "resources": {"requests": {"cpu": "500m", "memory": "512Mi"}, "limits": {"memory": "2Gi"}},
-                            "securityContext": {"runAsNonRoot": True, "runAsUser": 65532, "allowPrivilegeEscalation": False, "readOnlyRootFilesystem": True},
+                            "securityContext": {
+                                "runAsNonRoot": True,
+                                "runAsUser": 65532,
+                                "allowPrivilegeEscalation": False,
+                                "readOnlyRootFilesystem": True,
+                            },
                         }
                     ],
                 },
@@ -175,14 +189,19 @@ def extender(s: ComponentSettings) -> list[dict]:
         "apiVersion": "v1",
         "kind": "Service",
         "metadata": _meta(EXTENDER_NAME, s, "scheduler-extender"),
-        "spec": {"selector": selector, "ports": [{"name": "http", "port": s.extender_port, "targetPort": "http", "protocol": "TCP"}]},
+        "spec": {
+            "selector": selector,
+            "ports": [{"name": "http", "port": s.extender_port, "targetPort": "http", "protocol": "TCP"}],
+        },
     }
     objs = [deployment, service]
     if s.watch_pods:
         rules = [{"apiGroups": [""], "resources": ["pods", "nodes"], "verbs": ["get", "list", "watch"]}]
         objs = _rbac(EXTENDER_NAME, s, "scheduler-extender", rules) + objs
     else:
-        objs = [{"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(EXTENDER_NAME, s, "scheduler-extender")}] + objs
+        objs = [
+            {"apiVersion": "v1", "kind": "ServiceAccount", "metadata": _meta(EXTENDER_NAME, s, "scheduler-extender")}
+        ] + objs
     return objs
 
 

@@ -5,18 +5,25 @@ them from the Node objects the kube-scheduler sends it. Every value is a string,
 annotations are. A missing or unparsable value means "unknown" to the extender, which then
 scores that part neutrally instead of failing.
 
-| key | kind | meaning |
-|---|---|---|
-| `kubetune.io/resource` | annotation | the extended resource the facts describe, e.g. `habana.ai/gaudi` |
-| `kubetune.io/cards-total` | annotation | cards the plugin found on the node |
-| `kubetune.io/cards-healthy` | annotation | of those, healthy now |
-| `kubetune.io/cards-free` | annotation | healthy and not held by a running container (kubelet PodResources API); absent when the plugin cannot know |
-| `kubetune.io/hbm-per-card-mib` | annotation | HBM of one card, MiB |
-| `kubetune.io/numa-layout` | annotation | `numa:healthy/total` per NUMA node, e.g. `0:4/4,1:3/4` |
-| `kubetune.io/rdma-latency-us` | annotation | measured RDMA latency to the leaf switch / peers, microseconds (written by whatever measures it, e.g. a perftest DaemonSet; the plugin never overwrites it) |
-| `kubetune.io/facts-updated` | annotation | RFC 3339 time of the last publish |
-| `kubetune.io/network-leaf` | label | the network leaf (ToR switch) of the node, copied from a configurable node label |
-| `kubetune.io/accelerator` | label | card model, e.g. `gaudi3` (usable in nodeSelectors) |
+Annotations:
+
+- `kubetune.io/resource`: the extended resource the facts describe, e.g. `habana.ai/gaudi`
+- `kubetune.io/cards-total`: cards the plugin found on the node
+- `kubetune.io/cards-healthy`: of those, healthy now
+- `kubetune.io/cards-free`: healthy and not held by a running container (kubelet
+  PodResources API); absent when the plugin cannot know
+- `kubetune.io/hbm-per-card-mib`: HBM of one card, MiB
+- `kubetune.io/numa-layout`: `numa:healthy/total` per NUMA node, e.g. `0:4/4,1:3/4`
+- `kubetune.io/rdma-latency-us`: measured RDMA latency to the leaf switch / peers,
+  microseconds (written by whatever measures it, e.g. a perftest DaemonSet; the plugin
+  never overwrites it)
+- `kubetune.io/facts-updated`: RFC 3339 time of the last publish
+
+Labels:
+
+- `kubetune.io/network-leaf`: the network leaf (ToR switch) of the node, copied from a
+  configurable node label
+- `kubetune.io/accelerator`: card model, e.g. `gaudi3` (usable in nodeSelectors)
 """
 
 from __future__ import annotations

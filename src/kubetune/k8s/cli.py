@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -24,7 +23,7 @@ def _note(text: str) -> None:
     typer.echo(f"kubetune: {text}", err=True)
 
 
-def _read_token(hf_token_file: Optional[Path]) -> Optional[str]:
+def _read_token(hf_token_file: Path | None) -> str | None:
     """--hf-token-file, else $HF_TOKEN, else None. Never echoed anywhere."""
     if hf_token_file is not None:
         try:
@@ -37,12 +36,15 @@ def _read_token(hf_token_file: Optional[Path]) -> Optional[str]:
     return os.environ.get("HF_TOKEN", "").strip() or None
 
 
-def _render(args: list[str], profile: Optional[str], api: Optional[str], token: Optional[str], with_runtime: bool):
+def _render(args: list[str], profile: str | None, api: str | None, token: str | None, with_runtime: bool):
     from kubetune.k8s.render import render
     from kubetune.recipe.loader import load_recipe
 
     if not args:
-        raise UserError("give a recipe: `kubetune k8s render RECIPE [key=value ...]` (`kubetune recipe list` shows the builtin ones)")
+        raise UserError(
+            "give a recipe: `kubetune k8s render RECIPE [key=value ...]` "
+            "(`kubetune recipe list` shows the builtin ones)"
+        )
     recipe, overrides = args[0], list(args[1:])
     if "=" in recipe:
         raise UserError(f"the first argument must be a recipe, not the override `{recipe}`")
@@ -61,22 +63,28 @@ def _check(objects: list[dict]) -> None:
     problems = validate_objects(objects)
     if problems:
         raise UserError(*[f"invalid manifest: {p}" for p in problems])
-    _note(f"checked {len(objects)} objects: all valid (core kinds: kubernetes-validate {KUBERNETES_VERSION} strict; "
-          "Kubeflow kinds: vendored CRD schemas)")
+    _note(
+        f"checked {len(objects)} objects: all valid (core kinds: kubernetes-validate {KUBERNETES_VERSION} strict; "
+        "Kubeflow kinds: vendored CRD schemas)"
+    )
 
 
 _profile_opt = typer.Option(None, "--profile", help="cpu | gaudi | nvidia (default: the recipe's k8s.profile).")
 _api_opt = typer.Option(None, "--api", help="pytorchjob | trainjob (default: the recipe's k8s.api).")
 _token_opt = typer.Option(None, "--hf-token-file", help="File holding the Hugging Face token (default: $HF_TOKEN).")
-_runtime_opt = typer.Option(False, "--with-runtime", help="trainjob: also render a ClusterTrainingRuntime for this job.")
+_runtime_opt = typer.Option(
+    False, "--with-runtime", help="trainjob: also render a ClusterTrainingRuntime for this job."
+)
 
 
 def render_cmd(
     args: list[str] = typer.Argument(None, help=RECIPE_ARGS_HELP),
-    profile: Optional[str] = _profile_opt,
-    api: Optional[str] = _api_opt,
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Write one file per object + kustomization.yaml here."),
-    hf_token_file: Optional[Path] = _token_opt,
+    profile: str | None = _profile_opt,
+    api: str | None = _api_opt,
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Write one file per object + kustomization.yaml here."
+    ),
+    hf_token_file: Path | None = _token_opt,
     check: bool = typer.Option(False, "--check", help="Validate every object offline; fail if any cannot be checked."),
     with_runtime: bool = _runtime_opt,
 ):
@@ -99,9 +107,9 @@ def render_cmd(
 
 def submit_cmd(
     args: list[str] = typer.Argument(None, help=RECIPE_ARGS_HELP),
-    profile: Optional[str] = _profile_opt,
-    api: Optional[str] = _api_opt,
-    hf_token_file: Optional[Path] = _token_opt,
+    profile: str | None = _profile_opt,
+    api: str | None = _api_opt,
+    hf_token_file: Path | None = _token_opt,
     with_runtime: bool = _runtime_opt,
 ):
     """Create or update every rendered object in the cluster (idempotent), after validating them."""
@@ -117,8 +125,10 @@ def submit_cmd(
     typer.echo(f"follow it: kubetune k8s status {rendered.names.job} -n {rendered.names.namespace}")
 
 
-def status_cmd(name: str = typer.Argument(..., help="Job name."),
-               namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP)):
+def status_cmd(
+    name: str = typer.Argument(..., help="Job name."),
+    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+):
     """Job conditions, each replica's pod, and training progress (step, loss, tokens/s, ETA)."""
     from kubetune.k8s import client, follow
 
@@ -126,11 +136,13 @@ def status_cmd(name: str = typer.Argument(..., help="Job name."),
         typer.echo(line)
 
 
-def logs_cmd(name: str = typer.Argument(..., help="Job name."),
-             namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
-             follow_: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines."),
-             rank: int = typer.Option(0, "--rank", help="Node rank (0 = master-0 / node 0)."),
-             tail: Optional[int] = typer.Option(None, "--tail", help="Only the last N lines.")):
+def logs_cmd(
+    name: str = typer.Argument(..., help="Job name."),
+    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+    follow_: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines."),
+    rank: int = typer.Option(0, "--rank", help="Node rank (0 = master-0 / node 0)."),
+    tail: int | None = typer.Option(None, "--tail", help="Only the last N lines."),
+):
     """Print a replica's log (rank 0 by default)."""
     from kubetune.k8s import client, follow
 
@@ -138,18 +150,22 @@ def logs_cmd(name: str = typer.Argument(..., help="Job name."),
         typer.echo(line)
 
 
-def download_cmd(name: str = typer.Argument(..., help="Job name."),
-                 namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
-                 output: Path = typer.Option(Path("."), "-o", "--output", help="Local directory to copy into.")):
+def download_cmd(
+    name: str = typer.Argument(..., help="Job name."),
+    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+    output: Path = typer.Option(Path("."), "-o", "--output", help="Local directory to copy into."),
+):
     """Copy the run's output directory (adapter, checkpoints, metrics) out of the data-access pod."""
     from kubetune.k8s import client, follow
 
     typer.echo(str(follow.download(client.connect(), name, namespace, output)))
 
 
-def delete_cmd(name: str = typer.Argument(..., help="Job name."),
-               namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
-               purge: bool = typer.Option(False, "--purge", help="Also the PVC (data, checkpoints!), data pod and quota.")):
+def delete_cmd(
+    name: str = typer.Argument(..., help="Job name."),
+    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+    purge: bool = typer.Option(False, "--purge", help="Also the PVC (data, checkpoints!), data pod and quota."),
+):
     """Delete the job and its pods (the PVC only with --purge)."""
     from kubetune.k8s import client, follow
 
@@ -157,8 +173,10 @@ def delete_cmd(name: str = typer.Argument(..., help="Job name."),
         typer.echo(line)
 
 
-def doctor_cmd(name: str = typer.Argument(..., help="Job name."),
-               namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP)):
+def doctor_cmd(
+    name: str = typer.Argument(..., help="Job name."),
+    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+):
     """Explain why the job is Pending, crashing or hanging, with the fix for each finding."""
     from kubetune.k8s import client, doctor
 

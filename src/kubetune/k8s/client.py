@@ -14,7 +14,7 @@ configuration, unreachable server, 401/403, missing CRDs. `get` returns None on 
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
 
@@ -40,24 +40,34 @@ class Kind:
         return f"/api/{self.api_version}" if "/" not in self.api_version else f"/apis/{self.api_version}"
 
 
-KINDS = {(k.api_version, k.kind): k for k in (
-    Kind("v1", "Namespace", "namespaces", False),
-    Kind("v1", "ConfigMap", "configmaps", True),
-    Kind("v1", "Secret", "secrets", True),
-    Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
-    Kind("v1", "Pod", "pods", True),
-    Kind("v1", "ResourceQuota", "resourcequotas", True),
-    Kind("v1", "Event", "events", True),
-    Kind("v1", "Node", "nodes", False),
-    Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
-    Kind("storage.k8s.io/v1", "StorageClass", "storageclasses", False),
-    Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True, "the Kubeflow training operator (v1.9)"),
-    Kind("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs", True, "Kubeflow Trainer v2"),
-    Kind("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", "clustertrainingruntimes", False,
-         "Kubeflow Trainer v2"),
-    Kind("scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups", True, "the scheduler-plugins coscheduling plugin"),
-    Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups", True, "Volcano"),
-)}
+KINDS = {
+    (k.api_version, k.kind): k
+    for k in (
+        Kind("v1", "Namespace", "namespaces", False),
+        Kind("v1", "ConfigMap", "configmaps", True),
+        Kind("v1", "Secret", "secrets", True),
+        Kind("v1", "PersistentVolumeClaim", "persistentvolumeclaims", True),
+        Kind("v1", "Pod", "pods", True),
+        Kind("v1", "ResourceQuota", "resourcequotas", True),
+        Kind("v1", "Event", "events", True),
+        Kind("v1", "Node", "nodes", False),
+        Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),
+        Kind("storage.k8s.io/v1", "StorageClass", "storageclasses", False),
+        Kind("kubeflow.org/v1", "PyTorchJob", "pytorchjobs", True, "the Kubeflow training operator (v1.9)"),
+        Kind("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjobs", True, "Kubeflow Trainer v2"),
+        Kind(
+            "trainer.kubeflow.org/v1alpha1",
+            "ClusterTrainingRuntime",
+            "clustertrainingruntimes",
+            False,
+            "Kubeflow Trainer v2",
+        ),
+        Kind(
+            "scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups", True, "the scheduler-plugins coscheduling plugin"
+        ),
+        Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups", True, "Volcano"),
+    )
+}
 
 
 def kind_of(api_version: str, kind: str) -> Kind:
@@ -75,7 +85,7 @@ def _path(kind: Kind, namespace: str | None, name: str | None = None) -> str:
     return f"{path}/{name}" if name else path
 
 
-def connect() -> "KubeClient":
+def connect() -> KubeClient:
     """The client the CLI uses (tests replace this function or point KUBECONFIG elsewhere)."""
     return KubeClient(load_config())
 
@@ -97,17 +107,33 @@ class KubeClient:
         self.host = self._api.configuration.host
 
     # ------------------------------------------------------------------ the one HTTP funnel
-    def _call(self, method: str, path: str, *, body=None, query=None, content_type="application/json",
-              what: str = "", preload: bool = True):
+    def _call(
+        self,
+        method: str,
+        path: str,
+        *,
+        body=None,
+        query=None,
+        content_type="application/json",
+        what: str = "",
+        preload: bool = True,
+    ):
         from kubernetes.client.exceptions import ApiException
         from urllib3.exceptions import HTTPError
 
         headers = {"Accept": "application/json", "Content-Type": content_type}
         try:
             return self._api.call_api(
-                path, method, query_params=list((query or {}).items()), header_params=headers, body=body,
-                response_type="object" if preload else None, auth_settings=["BearerToken"],
-                _return_http_data_only=True, _preload_content=preload, _request_timeout=(10, None if not preload else 60),
+                path,
+                method,
+                query_params=list((query or {}).items()),
+                header_params=headers,
+                body=body,
+                response_type="object" if preload else None,
+                auth_settings=["BearerToken"],
+                _return_http_data_only=True,
+                _preload_content=preload,
+                _request_timeout=(10, None if not preload else 60),
             )
         except ApiException as e:
             raise self._api_error(e, what or f"{method} {path}") from None
@@ -122,8 +148,10 @@ class KubeClient:
         if e.status == 404:
             return NotFound(f"{what}: not found ({message})")
         if e.status in (401, 403):
-            return ClusterError(f"{what}: {'forbidden' if e.status == 403 else 'unauthorized'} ({message}); "
-                                "check your kubeconfig user and its RBAC permissions in this namespace")
+            return ClusterError(
+                f"{what}: {'forbidden' if e.status == 403 else 'unauthorized'} ({message}); "
+                "check your kubeconfig user and its RBAC permissions in this namespace"
+            )
         return ClusterError(f"{what}: the API server answered {e.status} {e.reason} ({message})")
 
     # ------------------------------------------------------------------ objects
@@ -147,8 +175,13 @@ class KubeClient:
         """JSON merge patch of the whole rendered object (no resourceVersion, no replace)."""
         k = kind_of(obj["apiVersion"], obj["kind"])
         meta = obj["metadata"]
-        return self._call("PATCH", _path(k, meta.get("namespace"), meta["name"]), body=obj,
-                          content_type="application/merge-patch+json", what=f"update {k.kind} {meta['name']}")
+        return self._call(
+            "PATCH",
+            _path(k, meta.get("namespace"), meta["name"]),
+            body=obj,
+            content_type="application/merge-patch+json",
+            what=f"update {k.kind} {meta['name']}",
+        )
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:
         """Delete (pods of a job go with it: propagation Background); False if it was absent."""
@@ -160,8 +193,9 @@ class KubeClient:
             return False
         return True
 
-    def list(self, api_version: str, kind: str, namespace: str | None = None,
-             labels: dict[str, str] | None = None) -> list[dict]:
+    def list(
+        self, api_version: str, kind: str, namespace: str | None = None, labels: dict[str, str] | None = None
+    ) -> list[dict]:
         k = kind_of(api_version, kind)
         query = {"labelSelector": ",".join(f"{a}={b}" for a, b in labels.items())} if labels else None
         try:
@@ -186,16 +220,27 @@ class KubeClient:
         return "configured"
 
     # ------------------------------------------------------------------ pods
-    def pod_log(self, pod: str, namespace: str, container: str | None = None, tail_lines: int | None = None,
-                follow: bool = False) -> Iterator[str]:
+    def pod_log(
+        self,
+        pod: str,
+        namespace: str,
+        container: str | None = None,
+        tail_lines: int | None = None,
+        follow: bool = False,
+    ) -> Iterator[str]:
         """The container's log, line by line (follows until the container ends with follow=True)."""
         query: dict = {"follow": "true" if follow else "false"}
         if container:
             query["container"] = container
         if tail_lines:
             query["tailLines"] = str(tail_lines)
-        response = self._call("GET", _path(KINDS[("v1", "Pod")], namespace, pod) + "/log", query=query,
-                              what=f"logs of pod {pod}", preload=False)
+        response = self._call(
+            "GET",
+            _path(KINDS[("v1", "Pod")], namespace, pod) + "/log",
+            query=query,
+            what=f"logs of pod {pod}",
+            preload=False,
+        )
         pending = b""
         try:
             for chunk in response.stream(4096):
@@ -207,8 +252,9 @@ class KubeClient:
         finally:
             response.release_conn()
 
-    def exec_to(self, pod: str, namespace: str, command: list[str], sink: IO[bytes],
-                container: str | None = None) -> str:
+    def exec_to(
+        self, pod: str, namespace: str, command: Sequence[str], sink: IO[bytes], container: str | None = None
+    ) -> str:
         """Run `command` in the pod, stdout (binary) into `sink`; returns stderr. Like `kubectl exec`.
 
         Built on the client's WSClient directly rather than `kubernetes.stream.stream`, which
@@ -243,5 +289,7 @@ class KubeClient:
         finally:
             ws.close()
         if code:
-            raise ClusterError(f"`{' '.join(command)}` in pod {pod} exited {code}: {stderr.decode(errors='replace').strip()}")
+            raise ClusterError(
+                f"`{' '.join(command)}` in pod {pod} exited {code}: {stderr.decode(errors='replace').strip()}"
+            )
         return stderr.decode(errors="replace")

@@ -5,7 +5,7 @@ so every rule is tested with plain dicts. The rules, in the order they are repor
 
 | symptom (where it is seen) | finding |
 |---|---|
-| FailedScheduling "Insufficient cpu/memory/<accelerator>/hugepages-2Mi" (events) | the pod asks for more than any node has free |
+| FailedScheduling "Insufficient cpu/memory/<accelerator>/hugepages-2Mi" (events) | more asked than any node has free |
 | FailedScheduling "didn't match Pod's node affinity/selector" | no node carries k8s.node_selector / the AMX label |
 | FailedScheduling "untolerated taint {k: v}" | the nodes are tainted; add k8s.tolerations |
 | PVC Pending; ProvisioningFailed / FailedBinding (events), missing StorageClass | storage cannot be provisioned |
@@ -21,8 +21,10 @@ so every rule is tested with plain dicts. The rules, in the order they are repor
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
+from typing import Any
 
 from kubetune.k8s.names import KUEUE_LABEL, Names
 
@@ -50,7 +52,8 @@ class Snapshot:
     recipe: dict = field(default_factory=dict)  # the ConfigMap's recipe (for the values fixes mention)
 
 
-def _get(d: dict, dotted: str, default="?"):
+def _get(d: object, dotted: str, default: object = "?") -> Any:
+    """`d["a"]["b"]` for dotted="a.b", or `default` where a level is missing or not a mapping."""
     for part in dotted.split("."):
         if not isinstance(d, dict) or part not in d:
             return default
@@ -66,41 +69,76 @@ _TAINT = re.compile(r"untolerated taint[s]? \{([^}]*)\}")
 
 def _insufficient_fix(resource: str, recipe: dict) -> str:
     if resource == "cpu":
-        return (f"lower k8s.resources.cpu (now {_get(recipe, 'k8s.resources.cpu')}) or add nodes with more allocatable "
-                "CPU (`kubectl describe nodes`, Allocatable minus Allocated)")
+        return (
+            f"lower k8s.resources.cpu (now {_get(recipe, 'k8s.resources.cpu')}) or add nodes with more allocatable "
+            "CPU (`kubectl describe nodes`, Allocatable minus Allocated)"
+        )
     if resource == "memory":
-        return (f"lower k8s.resources.memory (now {_get(recipe, 'k8s.resources.memory')}) or add nodes with more "
-                "allocatable memory")
+        return (
+            f"lower k8s.resources.memory (now {_get(recipe, 'k8s.resources.memory')}) or add nodes with more "
+            "allocatable memory"
+        )
     if resource.startswith("hugepages"):
-        return ("pre-allocate 2Mi huge pages on the nodes (sysctl vm.nr_hugepages, then restart the kubelet) or lower "
-                f"k8s.resources.hugepages_2mi (now {_get(recipe, 'k8s.resources.hugepages_2mi')})")
+        return (
+            "pre-allocate 2Mi huge pages on the nodes (sysctl vm.nr_hugepages, then restart the kubelet) or lower "
+            f"k8s.resources.hugepages_2mi (now {_get(recipe, 'k8s.resources.hugepages_2mi')})"
+        )
     if "/" in resource:
-        return (f"no node has {resource} free: check the device plugin runs on the accelerator nodes "
-                f"(`kubectl get nodes -o custom-columns=NAME:.metadata.name,{resource}:.status.allocatable`), wait for "
-                f"other jobs, or lower k8s.resources.accelerators (now {_get(recipe, 'k8s.resources.accelerators')})")
+        return (
+            f"no node has {resource} free: check the device plugin runs on the accelerator nodes "
+            f"(`kubectl get nodes -o custom-columns=NAME:.metadata.name,{resource}:.status.allocatable`), wait for "
+            f"other jobs, or lower k8s.resources.accelerators (now {_get(recipe, 'k8s.resources.accelerators')})"
+        )
     return f"free or add {resource} on the nodes, or ask for less"
 
 
 def _scheduling_findings(pod: str, message: str, recipe: dict) -> list[Finding]:
     out = []
     for resource in dict.fromkeys(_INSUFFICIENT.findall(message)):
-        out.append(Finding("error", f"pod {pod}", f"Pending: not enough {resource} on any node ({message.strip()})",
-                           _insufficient_fix(resource, recipe)))
+        out.append(
+            Finding(
+                "error",
+                f"pod {pod}",
+                f"Pending: not enough {resource} on any node ({message.strip()})",
+                _insufficient_fix(resource, recipe),
+            )
+        )
     if "didn't match Pod's node affinity/selector" in message or "node(s) didn't match node selector" in message:
         amx = _get(recipe, "k8s.amx_label", None)
         profile = _get(recipe, "k8s.profile", "cpu")
-        hint = (f"; on the cpu profile the workers also require {amx}=true (Node Feature Discovery sets it on "
-                "AMX Xeons): install NFD or set k8s.amx_label=null") if amx and profile == "cpu" else ""
-        out.append(Finding("error", f"pod {pod}", "Pending: no node matches the pod's node selector / affinity",
-                           f"check k8s.node_selector (now {_get(recipe, 'k8s.node_selector', {})}) against "
-                           f"`kubectl get nodes --show-labels`{hint}"))
+        hint = (
+            (
+                f"; on the cpu profile the workers also require {amx}=true (Node Feature Discovery sets it on "
+                "AMX Xeons): install NFD or set k8s.amx_label=null"
+            )
+            if amx and profile == "cpu"
+            else ""
+        )
+        out.append(
+            Finding(
+                "error",
+                f"pod {pod}",
+                "Pending: no node matches the pod's node selector / affinity",
+                f"check k8s.node_selector (now {_get(recipe, 'k8s.node_selector', {})}) against "
+                f"`kubectl get nodes --show-labels`{hint}",
+            )
+        )
     for taint in dict.fromkeys(_TAINT.findall(message)):
         key = taint.split(":")[0].strip()
-        out.append(Finding("error", f"pod {pod}", f"Pending: the nodes carry the taint {{{taint}}}",
-                           f"tolerate it: k8s.tolerations='[{{key: {key}, operator: Exists}}]' (or schedule elsewhere)"))
+        out.append(
+            Finding(
+                "error",
+                f"pod {pod}",
+                f"Pending: the nodes carry the taint {{{taint}}}",
+                f"tolerate it: k8s.tolerations='[{{key: {key}, operator: Exists}}]' (or schedule elsewhere)",
+            )
+        )
     if "unbound immediate PersistentVolumeClaims" in message:
-        out.append(Finding("error", f"pod {pod}", "Pending: its PersistentVolumeClaim is not bound",
-                           "see the PVC finding below"))
+        out.append(
+            Finding(
+                "error", f"pod {pod}", "Pending: its PersistentVolumeClaim is not bound", "see the PVC finding below"
+            )
+        )
     return out
 
 
@@ -112,21 +150,44 @@ def _storage_findings(snap: Snapshot, events: list[dict]) -> list[Finding]:
     cls = _get(pvc, "spec.storageClassName", None)
     msgs = [e.get("message", "") for e in events if _involved(e) == ("PersistentVolumeClaim", name)]
     if snap.storage_class_missing:
-        return [Finding("error", f"pvc {name}", f"StorageClass {snap.storage_class_missing} does not exist",
-                        "set k8s.storage.storage_class to a class from `kubectl get storageclass` that offers "
-                        "ReadWriteMany (NFS, CephFS, Azure Files, EFS, Filestore...)")]
+        return [
+            Finding(
+                "error",
+                f"pvc {name}",
+                f"StorageClass {snap.storage_class_missing} does not exist",
+                "set k8s.storage.storage_class to a class from `kubectl get storageclass` that offers "
+                "ReadWriteMany (NFS, CephFS, Azure Files, EFS, Filestore...)",
+            )
+        ]
     text = " ".join(msgs)
     if "no storage class is set" in text or (cls is None and "no persistent volumes available" in text):
-        return [Finding("error", f"pvc {name}", "no StorageClass is set and no default class provisions the claim",
-                        "set k8s.storage.storage_class (an RWX class), or mark one default, or use "
-                        "k8s.storage.existing_claim")]
+        return [
+            Finding(
+                "error",
+                f"pvc {name}",
+                "no StorageClass is set and no default class provisions the claim",
+                "set k8s.storage.storage_class (an RWX class), or mark one default, or use k8s.storage.existing_claim",
+            )
+        ]
     if "access mode" in text.lower() or "ReadWriteMany" in text:
-        return [Finding("error", f"pvc {name}", f"StorageClass {cls} cannot provide ReadWriteMany ({text.strip()})",
-                        "use an RWX-capable class for k8s.storage.storage_class (block storage is ReadWriteOnce)")]
+        return [
+            Finding(
+                "error",
+                f"pvc {name}",
+                f"StorageClass {cls} cannot provide ReadWriteMany ({text.strip()})",
+                "use an RWX-capable class for k8s.storage.storage_class (block storage is ReadWriteOnce)",
+            )
+        ]
     detail = f" ({msgs[-1].strip()})" if msgs else ""
-    return [Finding("warning", f"pvc {name}", f"the claim is still Pending{detail}",
-                    "check the provisioner of StorageClass "
-                    f"{cls or '(default)'}: `kubectl describe pvc {name} -n {snap.namespace}`")]
+    return [
+        Finding(
+            "warning",
+            f"pvc {name}",
+            f"the claim is still Pending{detail}",
+            "check the provisioner of StorageClass "
+            f"{cls or '(default)'}: `kubectl describe pvc {name} -n {snap.namespace}`",
+        )
+    ]
 
 
 # ----------------------------------------------------------------------------- containers
@@ -134,10 +195,14 @@ def _storage_findings(snap: Snapshot, events: list[dict]) -> list[Finding]:
 _RENDEZVOUS = re.compile(
     r"RendezvousTimeoutError|RendezvousConnectionError|rendezvous.{0,80}(timed out|timeout)|DistNetworkError|"
     r"TCPStore.{0,120}(timed out|Connection refused|failed)|client socket has timed out|"
-    r"connect\(\) to .{0,80}(timed out|failed)|Name or service not known", re.IGNORECASE)
+    r"connect\(\) to .{0,80}(timed out|failed)|Name or service not known",
+    re.IGNORECASE,
+)
 _COLLECTIVE = re.compile(
     r"Watchdog caught collective operation timeout|collective operation timeout|"
-    r"(NCCL|HCCL|Gloo|gloo).{0,120}(timed out|timeout|Timeout)|ProcessGroup\w*.{0,80}timed out", re.IGNORECASE)
+    r"(NCCL|HCCL|Gloo|gloo).{0,120}(timed out|timeout|Timeout)|ProcessGroup\w*.{0,80}timed out",
+    re.IGNORECASE,
+)
 
 
 def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str) -> list[Finding]:
@@ -148,43 +213,78 @@ def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str) -> 
         waiting = (state.get("waiting") or {}).get("reason")
         terminated = [(s.get("terminated") or {}) for s in (state, last)]
         if waiting in ("ImagePullBackOff", "ErrImagePull", "InvalidImageName"):
-            out.append(Finding("error", f"pod {name}", f"{waiting}: image {cs.get('image')} cannot be pulled "
-                               f"({(state.get('waiting') or {}).get('message', '').strip()})",
-                               "check k8s.image (name and tag exist, e.g. `docker manifest inspect IMAGE`), and for a "
-                               "private registry add an imagePullSecret to the namespace's service account"))
+            out.append(
+                Finding(
+                    "error",
+                    f"pod {name}",
+                    f"{waiting}: image {cs.get('image')} cannot be pulled "
+                    f"({(state.get('waiting') or {}).get('message', '').strip()})",
+                    "check k8s.image (name and tag exist, e.g. `docker manifest inspect IMAGE`), and for a "
+                    "private registry add an imagePullSecret to the namespace's service account",
+                )
+            )
         if waiting == "CreateContainerConfigError":
-            out.append(Finding("error", f"pod {name}", "CreateContainerConfigError: "
-                               f"{(state.get('waiting') or {}).get('message', '')}",
-                               "a ConfigMap or Secret it mounts is missing: run `kubetune k8s submit` again"))
+            out.append(
+                Finding(
+                    "error",
+                    f"pod {name}",
+                    f"CreateContainerConfigError: {(state.get('waiting') or {}).get('message', '')}",
+                    "a ConfigMap or Secret it mounts is missing: run `kubetune k8s submit` again",
+                )
+            )
         oom = any(t.get("reason") == "OOMKilled" for t in terminated)
         if oom:
-            out.append(Finding("error", f"pod {name}", "OOMKilled: the training process reached the memory limit "
-                               f"(k8s.resources.memory={_get(recipe, 'k8s.resources.memory')})",
-                               f"lower train.micro_batch_size (now {_get(recipe, 'train.micro_batch_size')}) and raise "
-                               "train.grad_accum to keep the batch, set train.gradient_checkpointing=on (now "
-                               f"{_get(recipe, 'train.gradient_checkpointing')}), or raise k8s.resources.memory"))
+            out.append(
+                Finding(
+                    "error",
+                    f"pod {name}",
+                    "OOMKilled: the training process reached the memory limit "
+                    f"(k8s.resources.memory={_get(recipe, 'k8s.resources.memory')})",
+                    f"lower train.micro_batch_size (now {_get(recipe, 'train.micro_batch_size')}) and raise "
+                    "train.grad_accum to keep the batch, set train.gradient_checkpointing=on (now "
+                    f"{_get(recipe, 'train.gradient_checkpointing')}), or raise k8s.resources.memory",
+                )
+            )
         if waiting == "CrashLoopBackOff" and not oom:  # OOM already explains the crash loop
-            tail = " | ".join(l.strip() for l in lines[-3:] if l.strip()) or "no log lines"
-            out.append(Finding("error", f"pod {name}", f"CrashLoopBackOff after {cs.get('restartCount', 0)} restarts; "
-                               f"last log: {tail}", f"read `kubetune k8s logs {job} --rank N`; fix the cause, then submit "
-                               "again (it resumes from the last checkpoint)"))
+            tail = " | ".join(line.strip() for line in lines[-3:] if line.strip()) or "no log lines"
+            out.append(
+                Finding(
+                    "error",
+                    f"pod {name}",
+                    f"CrashLoopBackOff after {cs.get('restartCount', 0)} restarts; last log: {tail}",
+                    f"read `kubetune k8s logs {job} --rank N`; fix the cause, then submit "
+                    "again (it resumes from the last checkpoint)",
+                )
+            )
     return out
 
 
 def _log_findings(pod: str, lines: list[str], recipe: dict) -> list[Finding]:
     out = []
-    rdzv = next((l for l in lines if _RENDEZVOUS.search(l)), None)
+    rdzv = next((line for line in lines if _RENDEZVOUS.search(line)), None)
     if rdzv:
-        out.append(Finding("error", f"pod {pod}", f"rendezvous failed: {rdzv.strip()[:200]}",
-                           "the workers cannot reach the master: check that every replica was scheduled (gang scheduling "
-                           "helps: k8s.gang=coscheduling|volcano), that NetworkPolicies allow pod-to-pod traffic on "
-                           "ports 23456/29500, and that comm.socket_ifname names the pod network interface"))
-    coll = next((l for l in lines if _COLLECTIVE.search(l)), None)
+        out.append(
+            Finding(
+                "error",
+                f"pod {pod}",
+                f"rendezvous failed: {rdzv.strip()[:200]}",
+                "the workers cannot reach the master: check that every replica was scheduled (gang scheduling "
+                "helps: k8s.gang=coscheduling|volcano), that NetworkPolicies allow pod-to-pod traffic on "
+                "ports 23456/29500, and that comm.socket_ifname names the pod network interface",
+            )
+        )
+    coll = next((line for line in lines if _COLLECTIVE.search(line)), None)
     if coll:
-        out.append(Finding("error", f"pod {pod}", f"collective timeout: {coll.strip()[:200]}",
-                           f"raise parallel.timeout_s (now {_get(recipe, 'parallel.timeout_s')}) if one rank is slow "
-                           "(e.g. first-time tokenization), check comm.socket_ifname / comm.nccl.socket_ifname, and "
-                           "set comm.nccl.debug=INFO (nvidia) to see which peer is missing"))
+        out.append(
+            Finding(
+                "error",
+                f"pod {pod}",
+                f"collective timeout: {coll.strip()[:200]}",
+                f"raise parallel.timeout_s (now {_get(recipe, 'parallel.timeout_s')}) if one rank is slow "
+                "(e.g. first-time tokenization), check comm.socket_ifname / comm.nccl.socket_ifname, and "
+                "set comm.nccl.debug=INFO (nvidia) to see which peer is missing",
+            )
+        )
     return out
 
 
@@ -199,29 +299,52 @@ def _involved(event: dict) -> tuple[str | None, str | None]:
 def _job_findings(snap: Snapshot) -> list[Finding]:
     job = snap.job
     if job is None:
-        return [Finding("error", f"job {snap.name}", f"no PyTorchJob or TrainJob {snap.name} in {snap.namespace}",
-                        "check the name and namespace (-n), or `kubetune k8s submit` it")]
+        return [
+            Finding(
+                "error",
+                f"job {snap.name}",
+                f"no PyTorchJob or TrainJob {snap.name} in {snap.namespace}",
+                "check the name and namespace (-n), or `kubetune k8s submit` it",
+            )
+        ]
     out = []
     conditions = _get(job, "status.conditions", []) or []
     failed = [c for c in conditions if c.get("type") == "Failed" and c.get("status") == "True"]
     if failed:
-        out.append(Finding("error", f"{job['kind']} {snap.name}", f"Failed: {failed[-1].get('reason', '')} "
-                           f"{failed[-1].get('message', '')}".strip(),
-                           "see the pod findings; after fixing, `kubetune k8s delete NAME` and submit again "
-                           "(checkpoints on the PVC are kept)".replace("NAME", snap.name)))
+        out.append(
+            Finding(
+                "error",
+                f"{job['kind']} {snap.name}",
+                f"Failed: {failed[-1].get('reason', '')} {failed[-1].get('message', '')}".strip(),
+                "see the pod findings; after fixing, `kubetune k8s delete NAME` and submit again "
+                "(checkpoints on the PVC are kept)".replace("NAME", snap.name),
+            )
+        )
     suspended = _get(job, "spec.suspend", False) is True or _get(job, "spec.runPolicy.suspend", False) is True
     queue = (job["metadata"].get("labels") or {}).get(KUEUE_LABEL)
     if not snap.pods and not failed:
         if suspended and queue:
-            out.append(Finding("warning", f"{job['kind']} {snap.name}", f"suspended, waiting for admission in Kueue queue {queue}",
-                               f"the ClusterQueue behind LocalQueue {queue} lacks quota for the job: "
-                               f"`kubectl describe localqueue {queue} -n {snap.namespace}` and the Workload's events"))
+            out.append(
+                Finding(
+                    "warning",
+                    f"{job['kind']} {snap.name}",
+                    f"suspended, waiting for admission in Kueue queue {queue}",
+                    f"the ClusterQueue behind LocalQueue {queue} lacks quota for the job: "
+                    f"`kubectl describe localqueue {queue} -n {snap.namespace}` and the Workload's events",
+                )
+            )
         elif suspended:
             out.append(Finding("warning", f"{job['kind']} {snap.name}", "the job is suspended", "unsuspend it"))
         elif not _get(job, "status", None):
-            out.append(Finding("error", f"{job['kind']} {snap.name}", "no status and no pods: no controller handles it",
-                               "install and start the Kubeflow training operator (PyTorchJob) or Trainer v2 (TrainJob): "
-                               "`kubectl get pods -n kubeflow` / `-n kubeflow-system`"))
+            out.append(
+                Finding(
+                    "error",
+                    f"{job['kind']} {snap.name}",
+                    "no status and no pods: no controller handles it",
+                    "install and start the Kubeflow training operator (PyTorchJob) or Trainer v2 (TrainJob): "
+                    "`kubectl get pods -n kubeflow` / `-n kubeflow-system`",
+                )
+            )
     return out
 
 
@@ -231,7 +354,7 @@ def diagnose(snap: Snapshot) -> list[Finding]:
     by_pod: dict[str, list[dict]] = {}
     for event in snap.events:
         kind, name = _involved(event)
-        if kind == "Pod" and event.get("reason") == "FailedScheduling":
+        if kind == "Pod" and name and event.get("reason") == "FailedScheduling":
             by_pod.setdefault(name, []).append(event)
     for pod in snap.pods:
         name = pod["metadata"]["name"]
@@ -242,7 +365,9 @@ def diagnose(snap: Snapshot) -> list[Finding]:
         findings += _log_findings(name, snap.logs.get(name, []), snap.recipe)
     findings += _storage_findings(snap, snap.events)
     if not findings:
-        findings.append(Finding("info", f"job {snap.name}", "no problems found", "`kubetune k8s status " + snap.name + "`"))
+        findings.append(
+            Finding("info", f"job {snap.name}", "no problems found", "`kubetune k8s status " + snap.name + "`")
+        )
     return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])
 
 
@@ -275,11 +400,10 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
     for pod in snap.pods:
         if _get(pod, "status.phase", "") == "Pending" and not _get(pod, "status.containerStatuses", None):
             continue  # never started: no log to read
-        try:
-            snap.logs[pod["metadata"]["name"]] = list(client.pod_log(pod["metadata"]["name"], namespace, container,
-                                                                    tail_lines=log_lines))
-        except ClusterError:
-            pass
+        with contextlib.suppress(ClusterError):  # no log yet, or no permission: diagnose without it
+            snap.logs[pod["metadata"]["name"]] = list(
+                client.pod_log(pod["metadata"]["name"], namespace, container, tail_lines=log_lines)
+            )
     return snap
 
 

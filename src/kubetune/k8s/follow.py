@@ -22,8 +22,8 @@ from kubetune.errors import UserError
 from kubetune.k8s import progress
 from kubetune.k8s.client import KubeClient
 from kubetune.k8s.names import CONTAINER, DATA_DIR, RECIPE_KEY, Names, trainer_selector
-from kubetune.kube import INSTANCE, KUBETUNE, MANAGED_BY
 from kubetune.k8s.render import Rendered
+from kubetune.kube import INSTANCE, KUBETUNE, MANAGED_BY
 
 JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))
 POD_GROUP_KINDS = (("scheduling.x-k8s.io/v1alpha1", "PodGroup"), ("scheduling.volcano.sh/v1beta1", "PodGroup"))
@@ -45,13 +45,18 @@ def submit(client: KubeClient, rendered: Rendered) -> list[str]:
         action = client.apply(obj, immutable=obj["kind"] in IMMUTABLE_KINDS)
         note = ""
         if action == "kept":
-            note = f" (a {obj['kind']} cannot change in place; `kubetune k8s delete {rendered.names.job} --purge` recreates it)"
+            note = (
+                f" (a {obj['kind']} cannot change in place; "
+                f"`kubetune k8s delete {rendered.names.job} --purge` recreates it)"
+            )
         lines.append(f"{action} {where}{note}")
     job = rendered.job
     state = job_state(client.get(job["apiVersion"], job["kind"], job["metadata"]["name"], rendered.names.namespace))
     if state in FINISHED:
-        lines.append(f"note: {job['kind']} {rendered.names.job} already finished ({state}); "
-                     f"`kubetune k8s delete {rendered.names.job}` and submit again to rerun (the PVC and its checkpoints stay)")
+        lines.append(
+            f"note: {job['kind']} {rendered.names.job} already finished ({state}); "
+            f"`kubetune k8s delete {rendered.names.job}` and submit again to rerun (the PVC and its checkpoints stay)"
+        )
     return lines
 
 
@@ -82,8 +87,10 @@ def find_job(client: KubeClient, name: str, namespace: str) -> dict:
         job = client.get(api_version, kind, name, namespace)
         if job is not None:
             return job
-    raise UserError(f"no PyTorchJob or TrainJob named {name} in namespace {namespace} "
-                    "(check the name with `kubectl get pytorchjobs,trainjobs -A`, or pass -n NAMESPACE)")
+    raise UserError(
+        f"no PyTorchJob or TrainJob named {name} in namespace {namespace} "
+        "(check the name with `kubectl get pytorchjobs,trainjobs -A`, or pass -n NAMESPACE)"
+    )
 
 
 def job_api(job: dict) -> str:
@@ -146,12 +153,14 @@ def run_output_dir(client: KubeClient, name: str, namespace: str) -> str:
     """output_dir as the pods see it, from the recipe ConfigMap (render's default otherwise)."""
     cm = client.get("v1", "ConfigMap", Names.for_job(name, namespace).recipe, namespace)
     try:
-        return str(yaml.safe_load(cm["data"][RECIPE_KEY])["output_dir"])
+        return str(yaml.safe_load((cm or {})["data"][RECIPE_KEY])["output_dir"])
     except (TypeError, KeyError, yaml.YAMLError):
         return f"{DATA_DIR}/runs/{name}"
 
 
-def read_progress(client: KubeClient, name: str, namespace: str, job: dict, pods: list[dict]) -> progress.Progress | None:
+def read_progress(
+    client: KubeClient, name: str, namespace: str, job: dict, pods: list[dict]
+) -> progress.Progress | None:
     """From the rank-0 log tail; else from metrics.jsonl on the PVC through the data-access pod."""
     from kubetune.k8s.client import ClusterError
 
@@ -159,13 +168,17 @@ def read_progress(client: KubeClient, name: str, namespace: str, job: dict, pods
     rank0 = next((p for p in pods if pod_rank(p, has_master(job)) == 0), None)
     if rank0 and (rank0.get("status") or {}).get("phase") in ("Running", "Succeeded", "Failed"):
         try:
-            found = progress.from_log(client.pod_log(rank0["metadata"]["name"], namespace, CONTAINER[api], tail_lines=400))
+            found = progress.from_log(
+                client.pod_log(rank0["metadata"]["name"], namespace, CONTAINER[api], tail_lines=400)
+            )
             if found:
                 return found
         except ClusterError:
             pass
     try:
-        text = exec_text(client, name, namespace, ["tail", "-n", "5", f"{run_output_dir(client, name, namespace)}/metrics.jsonl"])
+        text = exec_text(
+            client, name, namespace, ["tail", "-n", "5", f"{run_output_dir(client, name, namespace)}/metrics.jsonl"]
+        )
     except ClusterError:
         return None
     return progress.from_metrics(text)
@@ -202,22 +215,26 @@ def status(client: KubeClient, name: str, namespace: str) -> Status:
         rank = pod_rank(pod, has_master(job))
         phase = (pod.get("status") or {}).get("phase", "?")
         node = (pod.get("spec") or {}).get("nodeName") or "-"
-        st.lines.append(f"{'?' if rank is None else rank:<5} {pod['metadata']['name']:<44} {phase:<10} {node:<20} "
-                        f"{_restarts(pod):<8} {_pod_detail(pod)}".rstrip())
+        st.lines.append(
+            f"{'?' if rank is None else rank:<5} {pod['metadata']['name']:<44} {phase:<10} {node:<20} "
+            f"{_restarts(pod):<8} {_pod_detail(pod)}".rstrip()
+        )
     if not pods:
         st.lines.append("(no training pods yet: `kubetune k8s doctor " + name + "` explains why)")
     st.lines.append("progress: " + (progress.describe(st.progress) if st.progress else "no progress reported yet"))
     return st
 
 
-def logs(client: KubeClient, name: str, namespace: str, rank: int = 0, follow: bool = False,
-         tail_lines: int | None = None) -> Iterator[str]:
+def logs(
+    client: KubeClient, name: str, namespace: str, rank: int = 0, follow: bool = False, tail_lines: int | None = None
+) -> Iterator[str]:
     job = find_job(client, name, namespace)
     pods = [p for p in trainer_pods(client, name, namespace, job) if pod_rank(p, has_master(job)) == rank]
     if not pods:
         raise UserError(f"no pod of rank {rank} for {name} in {namespace} (see `kubetune k8s status {name}`)")
-    return client.pod_log(pods[0]["metadata"]["name"], namespace, CONTAINER[job_api(job)], tail_lines=tail_lines,
-                          follow=follow)
+    return client.pod_log(
+        pods[0]["metadata"]["name"], namespace, CONTAINER[job_api(job)], tail_lines=tail_lines, follow=follow
+    )
 
 
 # ------------------------------------------------------------------------------ download / delete
@@ -229,13 +246,16 @@ def download(client: KubeClient, name: str, namespace: str, out_dir: Path) -> Pa
     pod = client.get("v1", "Pod", names.data_pod, namespace)
     phase = (pod or {}).get("status", {}).get("phase")
     if phase != "Running":
-        raise UserError(f"the data-access pod {namespace}/{names.data_pod} is {phase or 'missing'}: "
-                        f"`kubetune k8s submit` (re)creates it")
+        raise UserError(
+            f"the data-access pod {namespace}/{names.data_pod} is {phase or 'missing'}: "
+            f"`kubetune k8s submit` (re)creates it"
+        )
     remote = PurePosixPath(run_output_dir(client, name, namespace))
     out_dir.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryFile() as sink:  # on disk, not in memory: runs hold GBs of checkpoints
-        client.exec_to(names.data_pod, namespace, ["tar", "cf", "-", "-C", str(remote.parent), remote.name], sink,
-                       container="data")
+        client.exec_to(
+            names.data_pod, namespace, ["tar", "cf", "-", "-C", str(remote.parent), remote.name], sink, container="data"
+        )
         sink.seek(0)
         try:
             with tarfile.open(fileobj=sink, mode="r:") as tar:
@@ -253,10 +273,12 @@ def _ours(obj: dict | None, name: str) -> bool:
 def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -> list[str]:
     """Job, its pods, PodGroup, recipe and token; with purge also the data pod, PVC, quota, runtime."""
     names = Names.for_job(name, namespace)
-    targets = [(av, kind, name, namespace) for av, kind, _ in JOB_KINDS]
+    targets: list[tuple[str, str, str, str | None]] = [(av, kind, name, namespace) for av, kind, _ in JOB_KINDS]
     targets += [(av, kind, name, namespace) for av, kind in POD_GROUP_KINDS]
-    targets += [("v1", "Pod", p["metadata"]["name"], namespace)
-                for p in client.list("v1", "Pod", namespace, trainer_selector(name))]
+    targets += [
+        ("v1", "Pod", p["metadata"]["name"], namespace)
+        for p in client.list("v1", "Pod", namespace, trainer_selector(name))
+    ]
     targets += [("v1", "ConfigMap", names.recipe, namespace), ("v1", "Secret", names.secret, namespace)]
     if purge:
         targets += [("v1", "Pod", names.data_pod, namespace), ("v1", "ResourceQuota", names.quota, namespace)]
@@ -272,7 +294,8 @@ def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -
         if client.delete(api_version, kind, obj_name, ns):
             lines.append(f"deleted {kind} {ns + '/' if ns else ''}{obj_name}")
     if not purge and lines:
-        lines.append(f"kept the PVC and data-access pod {names.data_pod} (download with `kubetune k8s download {name}`; "
-                     f"remove with --purge)")
+        lines.append(
+            f"kept the PVC and data-access pod {names.data_pod} (download with `kubetune k8s download {name}`; "
+            f"remove with --purge)"
+        )
     return lines or [f"nothing named {name} in namespace {namespace}"]
-

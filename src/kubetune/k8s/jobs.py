@@ -3,29 +3,39 @@
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from kubetune.k8s.names import CONTAINER, KUEUE_LABEL, TRAIN_COMMAND, Names
 from kubetune.k8s.objects import object_meta, to_dict, worker_container, worker_pod_template
+from kubetune.kube import KubeObject
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
 
+if TYPE_CHECKING:  # the Kubeflow SDK is untyped: the name documents intent (it is Any to mypy)
+    from kubeflow.training.models import KubeflowOrgV1ReplicaSpec
 
 # ------------------------------------------------------------------------------------- jobs
 
 
-def _job_labels(k8s: K8sSection, names: Names) -> dict:
+def _job_labels(k8s: K8sSection, names: Names) -> dict[str, str]:
     # With Volcano the queue is Volcano's (PodGroup/schedulingPolicy); otherwise it is Kueue's.
     return {KUEUE_LABEL: k8s.queue} if k8s.queue and k8s.gang != "volcano" else {}
 
 
-def pytorchjob(recipe: Recipe, names: Names) -> dict:
-    from kubeflow.training.models import (KubeflowOrgV1ElasticPolicy, KubeflowOrgV1PyTorchJob,
-                                          KubeflowOrgV1PyTorchJobSpec, KubeflowOrgV1ReplicaSpec,
-                                          KubeflowOrgV1RunPolicy, KubeflowOrgV1SchedulingPolicy)
+def pytorchjob(recipe: Recipe, names: Names) -> KubeObject:
+    from kubeflow.training.models import (
+        KubeflowOrgV1ElasticPolicy,
+        KubeflowOrgV1PyTorchJob,
+        KubeflowOrgV1PyTorchJobSpec,
+        KubeflowOrgV1ReplicaSpec,
+        KubeflowOrgV1RunPolicy,
+        KubeflowOrgV1SchedulingPolicy,
+    )
 
     k8s = recipe.k8s
     template = worker_pod_template(recipe, names, CONTAINER["pytorchjob"])
 
-    def replicas(n: int):
+    def replicas(n: int) -> KubeflowOrgV1ReplicaSpec:
         # OnFailure: a crashed container restarts in place and resumes from the last checkpoint.
         return KubeflowOrgV1ReplicaSpec(replicas=n, restart_policy="OnFailure", template=template)
 
@@ -33,62 +43,89 @@ def pytorchjob(recipe: Recipe, names: Names) -> dict:
     if k8s.elastic.enabled:
         lo, hi = k8s.elastic_range()
         specs = {"Worker": replicas(k8s.replicas)}
-        elastic = KubeflowOrgV1ElasticPolicy(min_replicas=lo, max_replicas=hi, rdzv_backend="c10d",
-                                             max_restarts=k8s.elastic.max_restarts)
+        elastic = KubeflowOrgV1ElasticPolicy(
+            min_replicas=lo, max_replicas=hi, rdzv_backend="c10d", max_restarts=k8s.elastic.max_restarts
+        )
     else:
         specs = {"Master": replicas(1)}
         if k8s.replicas > 1:
             specs["Worker"] = replicas(k8s.replicas - 1)
     scheduling = None
     if k8s.gang == "volcano":
-        scheduling = KubeflowOrgV1SchedulingPolicy(min_available=k8s.elastic_range()[0] if elastic else k8s.replicas,
-                                                   queue=k8s.queue, priority_class=k8s.priority_class)
+        scheduling = KubeflowOrgV1SchedulingPolicy(
+            min_available=k8s.elastic_range()[0] if elastic else k8s.replicas,
+            queue=k8s.queue,
+            priority_class=k8s.priority_class,
+        )
     # cleanPodPolicy Running: finished and failed pods stay for `logs` and `doctor`, while
     # pods still running when the job ends give their nodes back.
-    run_policy = KubeflowOrgV1RunPolicy(clean_pod_policy="Running", backoff_limit=k8s.backoff_limit,
-                                        scheduling_policy=scheduling)
+    run_policy = KubeflowOrgV1RunPolicy(
+        clean_pod_policy="Running", backoff_limit=k8s.backoff_limit, scheduling_policy=scheduling
+    )
     job = KubeflowOrgV1PyTorchJob(
-        api_version="kubeflow.org/v1", kind="PyTorchJob",
+        api_version="kubeflow.org/v1",
+        kind="PyTorchJob",
         metadata=object_meta(names, names.job, "job", labels=_job_labels(k8s, names)),
-        spec=KubeflowOrgV1PyTorchJobSpec(pytorch_replica_specs=specs, run_policy=run_policy, elastic_policy=elastic,
-                                         nproc_per_node=str(k8s.processes_per_pod())),
+        spec=KubeflowOrgV1PyTorchJobSpec(
+            pytorch_replica_specs=specs,
+            run_policy=run_policy,
+            elastic_policy=elastic,
+            nproc_per_node=str(k8s.processes_per_pod()),
+        ),
     )
     return to_dict(job)
 
 
-def _runtime_patch(recipe: Recipe, names: Names) -> dict:
+def _runtime_patch(recipe: Recipe, names: Names) -> KubeObject:
     """What the TrainJob adds to the runtime's `node` pods: volumes, mounts, placement, security."""
     pod = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))
     spec = pod["spec"]
     container = spec["containers"][0]
     # Only the fields a v2.3 runtime patch accepts; image, command, env and resources travel
     # in spec.trainer, hostIPC / priority / scheduler in the runtime (see `cluster_runtime`).
-    patch_spec = {k: spec[k] for k in ("volumes", "nodeSelector", "tolerations", "affinity",
-                                       "securityContext", "serviceAccountName") if k in spec}
-    patch_spec["containers"] = [{k: container[k] for k in ("name", "volumeMounts", "securityContext") if k in container}]
+    patch_spec = {
+        k: spec[k]
+        for k in ("volumes", "nodeSelector", "tolerations", "affinity", "securityContext", "serviceAccountName")
+        if k in spec
+    }
+    patch_spec["containers"] = [
+        {k: container[k] for k in ("name", "volumeMounts", "securityContext") if k in container}
+    ]
     replicated = {"name": "node", "template": {"spec": {"template": {"metadata": pod["metadata"], "spec": patch_spec}}}}
     return {"manager": "kubetune", "trainingRuntimeSpec": {"template": {"spec": {"replicatedJobs": [replicated]}}}}
 
 
-def trainjob(recipe: Recipe, names: Names, runtime_name: str) -> dict:
+def trainjob(recipe: Recipe, names: Names, runtime_name: str) -> KubeObject:
     from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
     k8s = recipe.k8s
     container = to_dict(worker_container(recipe, names, CONTAINER["trainjob"]))
-    trainer = {"image": k8s.image, "command": container["command"], "env": container["env"],
-               "numNodes": k8s.replicas, "resourcesPerNode": container["resources"]}
+    trainer = {
+        "image": k8s.image,
+        "command": container["command"],
+        "env": container["env"],
+        "numNodes": k8s.replicas,
+        "resourcesPerNode": container["resources"],
+    }
     if k8s.nproc_per_node != "auto":
         trainer["numProcPerNode"] = int(k8s.nproc_per_node)
     meta = to_dict(object_meta(names, names.job, "job", labels=_job_labels(k8s, names)))
-    job = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "TrainJob", "metadata": meta,
-           "spec": {"runtimeRef": {"name": runtime_name, "apiGroup": "trainer.kubeflow.org",
-                                   "kind": "ClusterTrainingRuntime"},
-                    "trainer": trainer, "runtimePatches": [_runtime_patch(recipe, names)]}}
+    job = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "TrainJob",
+        "metadata": meta,
+        "spec": {
+            "runtimeRef": {"name": runtime_name, "apiGroup": "trainer.kubeflow.org", "kind": "ClusterTrainingRuntime"},
+            "trainer": trainer,
+            "runtimePatches": [_runtime_patch(recipe, names)],
+        },
+    }
     # Round-trip through the Trainer SDK model: it fails loudly if the SDK disagrees on shape.
-    return TrainerV1alpha1TrainJob.from_dict(job).to_dict()
+    checked: KubeObject = TrainerV1alpha1TrainJob.from_dict(job).to_dict()
+    return checked
 
 
-def cluster_runtime(recipe: Recipe, names: Names) -> dict:
+def cluster_runtime(recipe: Recipe, names: Names) -> KubeObject:
     """A ClusterTrainingRuntime carrying what a TrainJob cannot patch (hostIPC, priority, gang)."""
     from kubeflow_trainer_api.models import TrainerV1alpha1ClusterTrainingRuntime
 
@@ -96,20 +133,37 @@ def cluster_runtime(recipe: Recipe, names: Names) -> dict:
     pod = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))["spec"]
     pod_spec = {"containers": [{"name": "node", "image": k8s.image, "command": list(TRAIN_COMMAND)}]}
     pod_spec.update({k: pod[k] for k in ("hostIPC", "priorityClassName", "schedulerName") if k in pod})
-    spec: dict = {
+    spec: KubeObject = {
         "mlPolicy": {"numNodes": k8s.replicas, "torch": {}},
-        "template": {"spec": {"replicatedJobs": [{
-            "name": "node",
-            # The Trainer injects spec.trainer (image, command, env, resources) into this step.
-            "template": {"metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
-                         "spec": {"template": {"spec": pod_spec}}},
-        }]}},
+        "template": {
+            "spec": {
+                "replicatedJobs": [
+                    {
+                        "name": "node",
+                        # The Trainer injects spec.trainer (image, command, env, resources) into this step.
+                        "template": {
+                            "metadata": {"labels": {"trainer.kubeflow.org/trainjob-ancestor-step": "trainer"}},
+                            "spec": {"template": {"spec": pod_spec}},
+                        },
+                    }
+                ]
+            }
+        },
     }
     if k8s.gang == "coscheduling":
         spec["podGroupPolicy"] = {"coscheduling": {"scheduleTimeoutSeconds": 600}}
     elif k8s.gang == "volcano":
         spec["podGroupPolicy"] = {"volcano": {}}
-    meta = to_dict(object_meta(names, names.runtime, "runtime", namespaced=False,
-                          labels={"trainer.kubeflow.org/framework": "torch"}))
-    obj = {"apiVersion": "trainer.kubeflow.org/v1alpha1", "kind": "ClusterTrainingRuntime", "metadata": meta, "spec": spec}
-    return TrainerV1alpha1ClusterTrainingRuntime.from_dict(obj).to_dict()
+    meta = to_dict(
+        object_meta(
+            names, names.runtime, "runtime", namespaced=False, labels={"trainer.kubeflow.org/framework": "torch"}
+        )
+    )
+    obj = {
+        "apiVersion": "trainer.kubeflow.org/v1alpha1",
+        "kind": "ClusterTrainingRuntime",
+        "metadata": meta,
+        "spec": spec,
+    }
+    checked: KubeObject = TrainerV1alpha1ClusterTrainingRuntime.from_dict(obj).to_dict()
+    return checked

@@ -40,10 +40,18 @@ class Names:
     owns_pvc: bool
 
     @classmethod
-    def for_job(cls, job: str, namespace: str, existing_claim: str | None = None) -> "Names":
-        return cls(job=job, namespace=namespace, recipe=f"{job}-recipe", secret=f"{job}-hf-token",
-                   pvc=existing_claim or f"{job}-data", data_pod=f"{job}-data", quota=f"{job}-quota",
-                   runtime=f"{job}-runtime", owns_pvc=existing_claim is None)
+    def for_job(cls, job: str, namespace: str, existing_claim: str | None = None) -> Names:
+        return cls(
+            job=job,
+            namespace=namespace,
+            recipe=f"{job}-recipe",
+            secret=f"{job}-hf-token",
+            pvc=existing_claim or f"{job}-data",
+            data_pod=f"{job}-data",
+            quota=f"{job}-quota",
+            runtime=f"{job}-runtime",
+            owns_pvc=existing_claim is None,
+        )
 
 
 def standard_labels(names: Names, component: str) -> dict[str, str]:

@@ -9,11 +9,21 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
+from typing import TYPE_CHECKING
 
-from kubetune.recipe.comm import comm_env
 from kubetune.kube import parse_quantity
+from kubetune.recipe.comm import comm_env
 from kubetune.recipe.k8s import ACCELERATOR_RESOURCE, K8sSection
 from kubetune.recipe.schema import Recipe
+
+if TYPE_CHECKING:  # the kubernetes client is untyped: these names document intent (they are Any to mypy)
+    from kubernetes.client import (
+        V1Affinity,
+        V1PodSecurityContext,
+        V1ResourceRequirements,
+        V1SecurityContext,
+        V1Toleration,
+    )
 
 # The training process may use 95% of the pod's memory limit: the rest is headroom for the
 # page cache of the checkpoint writes, allocator fragmentation and short spikes, so the
@@ -32,7 +42,9 @@ class Profile:
 
 PROFILES = {
     "cpu": Profile("cpu", None, host_ipc=False, capabilities_add=(), non_root=True),
-    "gaudi": Profile("gaudi", ACCELERATOR_RESOURCE["gaudi"], host_ipc=True, capabilities_add=("SYS_NICE",), non_root=False),
+    "gaudi": Profile(
+        "gaudi", ACCELERATOR_RESOURCE["gaudi"], host_ipc=True, capabilities_add=("SYS_NICE",), non_root=False
+    ),
     "nvidia": Profile("nvidia", ACCELERATOR_RESOURCE["nvidia"], host_ipc=False, capabilities_add=(), non_root=True),
 }
 
@@ -49,7 +61,7 @@ def resource_list(k8s: K8sSection) -> dict[str, str]:
     return limits
 
 
-def worker_resources(k8s: K8sSection):
+def worker_resources(k8s: K8sSection) -> V1ResourceRequirements:
     from kubernetes.client import V1ResourceRequirements
 
     limits = resource_list(k8s)
@@ -73,7 +85,7 @@ def comm_environment(recipe: Recipe) -> dict[str, str]:
     return comm_env(recipe.comm, k8s.profile, cpus_per_process(k8s), k8s.processes_per_pod())
 
 
-def pod_security(k8s: K8sSection):
+def pod_security(k8s: K8sSection) -> V1PodSecurityContext | None:
     from kubernetes.client import V1PodSecurityContext, V1SeccompProfile
 
     if not PROFILES[k8s.profile].non_root:
@@ -81,12 +93,15 @@ def pod_security(k8s: K8sSection):
     uid = k8s.run_as_user
     # fsGroup makes the shared volume writable for the non-root user on most provisioners.
     return V1PodSecurityContext(
-        run_as_non_root=True, run_as_user=uid, run_as_group=uid, fs_group=uid,
+        run_as_non_root=True,
+        run_as_user=uid,
+        run_as_group=uid,
+        fs_group=uid,
         seccomp_profile=V1SeccompProfile(type="RuntimeDefault"),
     )
 
 
-def container_security(k8s: K8sSection):
+def container_security(k8s: K8sSection) -> V1SecurityContext:
     from kubernetes.client import V1Capabilities, V1SecurityContext
 
     profile = PROFILES[k8s.profile]
@@ -95,19 +110,29 @@ def container_security(k8s: K8sSection):
     return V1SecurityContext(capabilities=V1Capabilities(add=list(profile.capabilities_add)))
 
 
-def node_affinity(k8s: K8sSection):
+def node_affinity(k8s: K8sSection) -> V1Affinity | None:
     """cpu: require AMX-capable nodes (bf16 matmuls on AMX tiles), by the configured label."""
-    from kubernetes.client import (V1Affinity, V1NodeAffinity, V1NodeSelector, V1NodeSelectorRequirement,
-                                   V1NodeSelectorTerm)
+    from kubernetes.client import (
+        V1Affinity,
+        V1NodeAffinity,
+        V1NodeSelector,
+        V1NodeSelectorRequirement,
+        V1NodeSelectorTerm,
+    )
 
     if k8s.profile != "cpu" or not k8s.amx_label:
         return None
-    term = V1NodeSelectorTerm(match_expressions=[V1NodeSelectorRequirement(key=k8s.amx_label, operator="In", values=["true"])])
-    return V1Affinity(node_affinity=V1NodeAffinity(
-        required_during_scheduling_ignored_during_execution=V1NodeSelector(node_selector_terms=[term])))
+    term = V1NodeSelectorTerm(
+        match_expressions=[V1NodeSelectorRequirement(key=k8s.amx_label, operator="In", values=["true"])]
+    )
+    return V1Affinity(
+        node_affinity=V1NodeAffinity(
+            required_during_scheduling_ignored_during_execution=V1NodeSelector(node_selector_terms=[term])
+        )
+    )
 
 
-def tolerations(k8s: K8sSection):
+def tolerations(k8s: K8sSection) -> list[V1Toleration] | None:
     """The recipe's tolerations plus the accelerator taint that Gaudi/GPU node pools often carry."""
     from kubernetes.client import V1Toleration
 

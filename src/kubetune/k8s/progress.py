@@ -53,7 +53,7 @@ def parse_eta(text: str) -> float | None:
 def format_eta(seconds: float | None) -> str:
     if seconds is None or math.isnan(seconds):
         return "?"
-    seconds = int(round(seconds))
+    seconds = round(seconds)
     days, rest = divmod(seconds, 86400)
     hours, rest = divmod(rest, 3600)
     minutes, secs = divmod(rest, 60)
@@ -71,8 +71,14 @@ def from_log(lines) -> Progress | None:
     if last is None:
         return None
     return Progress(
-        step=int(last["step"]), total_steps=int(last["total"]), loss=float(last["loss"]), lr=float(last["lr"]),
-        tokens=int(last["tokens"]), tokens_per_s=float(last["tps"]), eta_s=parse_eta(last["eta"]), source="rank-0 log",
+        step=int(last["step"]),
+        total_steps=int(last["total"]),
+        loss=float(last["loss"]),
+        lr=float(last["lr"]),
+        tokens=int(last["tokens"]),
+        tokens_per_s=float(last["tps"]),
+        eta_s=parse_eta(last["eta"]),
+        source="rank-0 log",
     )
 
 
@@ -86,8 +92,17 @@ def from_metrics(text: str) -> Progress | None:
             continue
         elapsed = rec.get("elapsed_s")
         eta = elapsed / step * (total - step) if elapsed and step else None
-        return Progress(step=step, total_steps=total, loss=rec.get("loss"), lr=rec.get("lr"), tokens=rec.get("tokens"),
-                        tokens_per_s=rec.get("tokens_per_s"), eta_s=eta, epoch=rec.get("epoch"), source="metrics.jsonl")
+        return Progress(
+            step=step,
+            total_steps=total,
+            loss=rec.get("loss"),
+            lr=rec.get("lr"),
+            tokens=rec.get("tokens"),
+            tokens_per_s=rec.get("tokens_per_s"),
+            eta_s=eta,
+            epoch=rec.get("epoch"),
+            source="metrics.jsonl",
+        )
     return None
 
 

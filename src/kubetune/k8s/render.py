@@ -22,21 +22,24 @@ import yaml
 from kubetune.errors import RecipeError
 from kubetune.k8s import jobs, objects
 from kubetune.k8s.names import DATA_DIR, Names
+from kubetune.kube import KubeObject
 from kubetune.recipe.k8s import resource_problems
 from kubetune.recipe.layout import layout_for
 from kubetune.recipe.schema import Recipe
 
-TOKEN_REDACTED_NOTE = "# Secret {name}: not printed (it holds the Hugging Face token); use -o DIR or `kubetune k8s submit`"
+TOKEN_REDACTED_NOTE = (
+    "# Secret {name}: not printed (it holds the Hugging Face token); use -o DIR or `kubetune k8s submit`"
+)
 
 
 @dataclass
 class Rendered:
-    objects: list[dict]
+    objects: list[KubeObject]
     names: Names
     warnings: list[str] = field(default_factory=list)
 
     @property
-    def job(self) -> dict:
+    def job(self) -> KubeObject:
         return self.objects[-1]
 
 
@@ -62,22 +65,35 @@ def cluster_recipe(recipe: Recipe, names: Names) -> Recipe:
 
 def _portability_warnings(recipe: Recipe, with_runtime: bool) -> list[str]:
     k8s, warnings = recipe.k8s, []
-    for key, value in (("data.train", recipe.data.train), ("data.eval", recipe.data.eval),
-                       ("model.name_or_path", recipe.model.name_or_path)):
+    for key, value in (
+        ("data.train", recipe.data.train),
+        ("data.eval", recipe.data.eval),
+        ("model.name_or_path", recipe.model.name_or_path),
+    ):
         if isinstance(value, str) and not value.startswith(DATA_DIR + "/") and Path(value).exists():
-            warnings.append(f"{key}={value} is a local path the pods cannot see: copy it to the PVC "
-                            f"(kubetune k8s download's data pod, /data/...) and point {key} there")
+            warnings.append(
+                f"{key}={value} is a local path the pods cannot see: copy it to the PVC "
+                f"(kubetune k8s download's data pod, /data/...) and point {key} there"
+            )
     if recipe.train.resume != "auto":
         warnings.append(f"train.resume={recipe.train.resume}: a restarted pod will not resume from its last checkpoint")
     if with_runtime and k8s.api != "trainjob":
         warnings.append("--with-runtime only applies to --api trainjob; ignored for a PyTorchJob")
     if k8s.api == "trainjob" and not with_runtime:
-        missing = [what for what, needed in (("hostIPC (gaudi)", k8s.profile == "gaudi"),
-                                             ("k8s.priority_class", bool(k8s.priority_class)),
-                                             (f"k8s.gang={k8s.gang}", k8s.gang != "none")) if needed]
+        missing = [
+            what
+            for what, needed in (
+                ("hostIPC (gaudi)", k8s.profile == "gaudi"),
+                ("k8s.priority_class", bool(k8s.priority_class)),
+                (f"k8s.gang={k8s.gang}", k8s.gang != "none"),
+            )
+            if needed
+        ]
         if missing:
-            warnings.append(f"a TrainJob cannot set {', '.join(missing)} itself: add --with-runtime "
-                            f"or use a ClusterTrainingRuntime `{k8s.runtime}` that has them")
+            warnings.append(
+                f"a TrainJob cannot set {', '.join(missing)} itself: add --with-runtime "
+                f"or use a ClusterTrainingRuntime `{k8s.runtime}` that has them"
+            )
     return warnings
 
 
@@ -121,21 +137,24 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
         out.append(jobs.cluster_runtime(resolved, names))
         runtime_name = names.runtime
     out.append(objects.data_pod(k8s, names))
-    out.append(jobs.pytorchjob(resolved, names) if k8s.api == "pytorchjob"
-               else jobs.trainjob(resolved, names, runtime_name))
+    out.append(
+        jobs.pytorchjob(resolved, names) if k8s.api == "pytorchjob" else jobs.trainjob(resolved, names, runtime_name)
+    )
     if hf_token:
         _refuse_token_leak(out, hf_token)
     return Rendered(objects=out, names=names, warnings=_portability_warnings(recipe, with_runtime))
 
 
-def _refuse_token_leak(objects: list[dict], token: str) -> None:
+def _refuse_token_leak(objects: list[KubeObject], token: str) -> None:
     """The token may only live in the Secret (e.g. not in comm.extra_env or a recipe value)."""
     if len(token) < 8:  # too short to search for without false alarms (real tokens are ~37 chars)
         return
     for obj in objects:
         if obj["kind"] != "Secret" and token in yaml.safe_dump(obj):
-            raise RecipeError(f"the Hugging Face token appears in {obj['kind']} {obj['metadata']['name']}; "
-                              "pass it only with --hf-token-file or HF_TOKEN, never in the recipe")
+            raise RecipeError(
+                f"the Hugging Face token appears in {obj['kind']} {obj['metadata']['name']}; "
+                "pass it only with --hf-token-file or HF_TOKEN, never in the recipe"
+            )
 
 
 # ---------------------------------------------------------------------------------- output
@@ -144,11 +163,11 @@ def _refuse_token_leak(objects: list[dict], token: str) -> None:
 class _Dumper(yaml.SafeDumper):
     """Multi-line strings (the recipe in the ConfigMap) as readable `|` blocks; no `&anchors`."""
 
-    def ignore_aliases(self, data):
+    def ignore_aliases(self, data: object) -> bool:
         return True
 
 
-def _str_representer(dumper: yaml.SafeDumper, value: str):
+def _str_representer(dumper: yaml.SafeDumper, value: str) -> yaml.ScalarNode:
     style = "|" if "\n" in value else None
     return dumper.represent_scalar("tag:yaml.org,2002:str", value, style=style)
 
@@ -156,11 +175,11 @@ def _str_representer(dumper: yaml.SafeDumper, value: str):
 _Dumper.add_representer(str, _str_representer)
 
 
-def _dump(obj: dict) -> str:
+def _dump(obj: KubeObject) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-def to_yaml(objects: list[dict], redact_secrets: bool = True) -> str:
+def to_yaml(objects: list[KubeObject], redact_secrets: bool = True) -> str:
     """Multi-document YAML. Secrets are replaced by a comment unless `redact_secrets=False`."""
     docs = []
     for obj in objects:
@@ -171,11 +190,11 @@ def to_yaml(objects: list[dict], redact_secrets: bool = True) -> str:
     return "---\n" + "---\n".join(docs)
 
 
-def file_name(obj: dict) -> str:
+def file_name(obj: KubeObject) -> str:
     return f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
 
 
-def write_dir(objects: list[dict], out_dir: Path) -> list[Path]:
+def write_dir(objects: list[KubeObject], out_dir: Path) -> list[Path]:
     """One file per object plus kustomization.yaml (`kubectl apply -k DIR`). Secrets are 0600."""
     import os
 
@@ -192,7 +211,10 @@ def write_dir(objects: list[dict], out_dir: Path) -> list[Path]:
         else:
             path.write_text(_dump(obj), encoding="utf-8")
         written.append(path)
-    kustomization = {"apiVersion": "kustomize.config.k8s.io/v1beta1", "kind": "Kustomization",
-                     "resources": [p.name for p in written]}
+    kustomization = {
+        "apiVersion": "kustomize.config.k8s.io/v1beta1",
+        "kind": "Kustomization",
+        "resources": [p.name for p in written],
+    }
     (out_dir / "kustomization.yaml").write_text(_dump(kustomization), encoding="utf-8")
     return written + [out_dir / "kustomization.yaml"]

@@ -28,22 +28,47 @@ CRD_FILES = {
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
 }
 
-_META = {"type": "object", "required": ["name", "namespace"],
-         "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": {"type": "object"}}}
+_META = {
+    "type": "object",
+    "required": ["name", "namespace"],
+    "properties": {"name": {"type": "string"}, "namespace": {"type": "string"}, "labels": {"type": "object"}},
+}
 MINIMAL_SCHEMAS = {
     ("scheduling.x-k8s.io/v1alpha1", "PodGroup"): {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {"metadata": _META, "spec": {
-            "type": "object", "required": ["minMember"], "additionalProperties": False,
-            "properties": {"minMember": {"type": "integer", "minimum": 1},
-                           "scheduleTimeoutSeconds": {"type": "integer", "minimum": 1},
-                           "minResources": {"type": "object"}}}}},
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "required": ["minMember"],
+                "additionalProperties": False,
+                "properties": {
+                    "minMember": {"type": "integer", "minimum": 1},
+                    "scheduleTimeoutSeconds": {"type": "integer", "minimum": 1},
+                    "minResources": {"type": "object"},
+                },
+            },
+        },
+    },
     ("scheduling.volcano.sh/v1beta1", "PodGroup"): {
-        "type": "object", "required": ["apiVersion", "kind", "metadata", "spec"],
-        "properties": {"metadata": _META, "spec": {
-            "type": "object", "required": ["minMember"], "additionalProperties": False,
-            "properties": {"minMember": {"type": "integer", "minimum": 1}, "queue": {"type": "string"},
-                           "priorityClassName": {"type": "string"}, "minResources": {"type": "object"}}}}},
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "metadata": _META,
+            "spec": {
+                "type": "object",
+                "required": ["minMember"],
+                "additionalProperties": False,
+                "properties": {
+                    "minMember": {"type": "integer", "minimum": 1},
+                    "queue": {"type": "string"},
+                    "priorityClassName": {"type": "string"},
+                    "minResources": {"type": "object"},
+                },
+            },
+        },
+    },
 }
 
 
@@ -51,7 +76,7 @@ def vendored_crd_dir() -> Path:
     return Path(str(importlib.resources.files("kubetune.k8s").joinpath("crds")))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _crd_schema(path: str, version: str) -> dict:
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # the CRDs are ~1 MB: libyaml is 10x faster
     with open(path, encoding="utf-8") as f:
@@ -62,7 +87,7 @@ def _crd_schema(path: str, version: str) -> dict:
     raise LookupError(f"{path} has no version {version}")
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _validator(schema_key: tuple):
     import jsonschema
 

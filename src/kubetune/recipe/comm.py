@@ -49,7 +49,9 @@ class NcclSection(Section):
         "`=eth0`, `^docker,lo`); default: comm.socket_ifname.",
     )
     ib_hca: str | None = Field(None, description="NCCL_IB_HCA: InfiniBand/RoCE adapters to use (e.g. `mlx5_0,mlx5_1`).")
-    ib_disable: bool | None = Field(None, description="NCCL_IB_DISABLE: true = never use InfiniBand/RoCE, sockets only.")
+    ib_disable: bool | None = Field(
+        None, description="NCCL_IB_DISABLE: true = never use InfiniBand/RoCE, sockets only."
+    )
     algo: str | None = Field(None, description="NCCL_ALGO: Ring | Tree | NVLS | PAT | ... (a list; `^` excludes).")
     proto: str | None = Field(None, description="NCCL_PROTO: LL | LL128 | Simple (a list; `^` excludes).")
     buffsize: int | None = Field(
@@ -68,16 +70,16 @@ class NcclSection(Section):
 
     @field_validator("algo")
     @classmethod
-    def _algo(cls, v):
+    def _algo(cls, v: str | None) -> str | None:
         return _check_nccl_words(v, _NCCL_ALGOS, "NCCL algorithm")
 
     @field_validator("proto")
     @classmethod
-    def _proto(cls, v):
+    def _proto(cls, v: str | None) -> str | None:
         return _check_nccl_words(v, _NCCL_PROTOS, "NCCL protocol")
 
     @model_validator(mode="after")
-    def _socket_budget(self):
+    def _socket_budget(self) -> NcclSection:
         # NCCL refuses more than 64 sockets per connection (threads x sockets per thread).
         if self.nsocks_perthread and self.socket_nthreads and self.nsocks_perthread * self.socket_nthreads > 64:
             raise ValueError("nccl.nsocks_perthread x nccl.socket_nthreads must be at most 64 (NCCL's limit)")
@@ -137,7 +139,7 @@ class CommSection(Section):
 
     @field_validator("extra_env", mode="before")
     @classmethod
-    def _env_names(cls, v):
+    def _env_names(cls, v: object) -> object:
         if isinstance(v, dict):
             bad = [k for k in v if not isinstance(k, str) or not _ENV_NAME.match(k)]
             if bad:
@@ -147,7 +149,7 @@ class CommSection(Section):
         return v
 
 
-def _env_str(value) -> str:
+def _env_str(value: object) -> str:
     if isinstance(value, bool):
         return "1" if value else "0"
     return str(value)

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Literal
+from typing import Literal, TypedDict
 
 from pydantic import Field, field_validator
 
@@ -30,7 +30,20 @@ ACCELERATOR_RESOURCE = {"gaudi": "habana.ai/gaudi", "nvidia": "nvidia.com/gpu"}
 # Per-profile defaults for null resource fields. cpu: a mid-size Xeon worker; gaudi: a whole
 # 8-card node (every card pair is equivalent, so whole nodes pack best), memory and hugepages
 # as in Intel's Gaudi Kubernetes example; nvidia: one GPU.
-PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
+Quantity = str | int | float
+
+
+class WorkerResources(TypedDict):
+    """One worker pod's resources, every field resolved (`K8sSection.worker_resources`)."""
+
+    cpu: Quantity
+    memory: Quantity
+    accelerators: int
+    hugepages_2mi: Quantity | None
+    shm_size: Quantity | None
+
+
+PROFILE_DEFAULTS: dict[str, WorkerResources] = {
     "cpu": {"cpu": "8", "memory": "32Gi", "accelerators": 0, "hugepages_2mi": None, "shm_size": "4Gi"},
     "gaudi": {"cpu": "64", "memory": "400Gi", "accelerators": 8, "hugepages_2mi": "95000Mi", "shm_size": "64Gi"},
     "nvidia": {"cpu": "8", "memory": "64Gi", "accelerators": 1, "hugepages_2mi": None, "shm_size": "16Gi"},
@@ -38,13 +51,13 @@ PROFILE_DEFAULTS: dict[str, dict[str, object]] = {
 
 _DNS_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 
-Quantity = str | int | float
-
 
 class ResourcesSection(Section):
     """Per-worker (per pod) resources; requests always equal limits (Guaranteed QoS)."""
 
-    cpu: Quantity | None = Field(None, description="CPU cores per worker pod (e.g. 200, 7500m); null = profile default.")
+    cpu: Quantity | None = Field(
+        None, description="CPU cores per worker pod (e.g. 200, 7500m); null = profile default."
+    )
     memory: Quantity | None = Field(None, description="Memory per worker pod (e.g. 226Gi); null = profile default.")
     accelerators: int | None = Field(
         None, ge=0, description="habana.ai/gaudi or nvidia.com/gpu per pod (must be 0 on cpu); null = profile default."
@@ -58,7 +71,7 @@ class ResourcesSection(Section):
 
     @field_validator("cpu", "memory", "hugepages_2mi", "shm_size")
     @classmethod
-    def _quantity(cls, v):
+    def _quantity(cls, v: Quantity | None) -> Quantity | None:
         if v is not None:
             parse_quantity(v)
         return v
@@ -80,7 +93,7 @@ class StorageSection(Section):
 
     @field_validator("size")
     @classmethod
-    def _size(cls, v):
+    def _size(cls, v: Quantity) -> Quantity:
         parse_quantity(v)
         return v
 
@@ -137,35 +150,48 @@ class K8sSection(Section):
     priority_value: int | None = Field(
         None, description="Also render PriorityClass `priority_class` with this value (cluster-scoped)."
     )
-    queue: str | None = Field(None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name); Volcano queue with gang=volcano.")
+    queue: str | None = Field(
+        None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name); Volcano queue with gang=volcano."
+    )
     gang: Literal["none", "coscheduling", "volcano"] = Field(
         "none", description="Gang scheduling: all workers start together or none (PodGroup of minMember = replicas)."
     )
     scheduler_name: str | None = Field(
-        None, description="schedulerName; null = volcano for gang=volcano, scheduler-plugins-scheduler for coscheduling."
+        None,
+        description="schedulerName; null = volcano for gang=volcano, scheduler-plugins-scheduler for coscheduling.",
     )
     elastic: ElasticSection = Field(default_factory=ElasticSection, description="Elastic training (pytorchjob).")
-    backoff_limit: int = Field(3, ge=0, description="Pod failures before the job is marked Failed (runPolicy.backoffLimit).")
+    backoff_limit: int = Field(
+        3, ge=0, description="Pod failures before the job is marked Failed (runPolicy.backoffLimit)."
+    )
     quota: bool = Field(False, description="Render a ResourceQuota sized to this job (workers + data-access pod).")
     runtime: str = Field(
         "torch-distributed",
-        description="trainjob: ClusterTrainingRuntime to reference; `--with-runtime` renders and references <name>-runtime.",
+        description="trainjob: ClusterTrainingRuntime to reference; "
+        "`--with-runtime` renders and references <name>-runtime.",
     )
     service_account: str | None = Field(None, description="serviceAccountName of the pods (null = namespace default).")
-    run_as_user: int = Field(1000, ge=1, description="UID of the non-root containers (cpu, nvidia); Gaudi images run as root.")
+    run_as_user: int = Field(
+        1000, ge=1, description="UID of the non-root containers (cpu, nvidia); Gaudi images run as root."
+    )
 
     @field_validator("namespace", "name")
     @classmethod
-    def _dns_label(cls, v):
+    def _dns_label(cls, v: str | None) -> str | None:
         if v is not None and (len(v) > 63 or not _DNS_LABEL.match(v)):
             raise ValueError(f"{v!r} is not a DNS-1123 label (lower-case letters, digits and '-', at most 63)")
         return v
 
-    def worker_resources(self) -> dict[str, object]:
+    def worker_resources(self) -> WorkerResources:
         """Resources with the profile's defaults filled in (keys as in ResourcesSection)."""
-        defaults = PROFILE_DEFAULTS[self.profile]
-        given = self.resources.model_dump()
-        return {k: (given[k] if given[k] is not None else defaults[k]) for k in defaults}
+        default, given = PROFILE_DEFAULTS[self.profile], self.resources
+        return {
+            "cpu": given.cpu if given.cpu is not None else default["cpu"],
+            "memory": given.memory if given.memory is not None else default["memory"],
+            "accelerators": given.accelerators if given.accelerators is not None else default["accelerators"],
+            "hugepages_2mi": given.hugepages_2mi if given.hugepages_2mi is not None else default["hugepages_2mi"],
+            "shm_size": given.shm_size if given.shm_size is not None else default["shm_size"],
+        }
 
     def processes_per_pod(self) -> int:
         if self.nproc_per_node != "auto":
@@ -193,7 +219,9 @@ def resource_problems(k8s: K8sSection) -> list[str]:
             "(memory-backed /dev/shm counts against the memory limit)"
         )
     if k8s.profile == "cpu" and accel:
-        problems.append(f"k8s.resources.accelerators={accel} on the cpu profile; use --profile gaudi|nvidia or set it to 0")
+        problems.append(
+            f"k8s.resources.accelerators={accel} on the cpu profile; use --profile gaudi|nvidia or set it to 0"
+        )
     if k8s.profile != "cpu" and accel < 1:
         problems.append(f"the {k8s.profile} profile needs k8s.resources.accelerators >= 1")
     if res["hugepages_2mi"] and parse_quantity(res["hugepages_2mi"]) % (2 * 2**20):
@@ -209,11 +237,15 @@ def resource_problems(k8s: K8sSection) -> list[str]:
     if k8s.elastic.enabled:
         lo, hi = k8s.elastic_range()
         if not lo <= k8s.replicas <= hi:
-            problems.append(f"k8s.replicas={k8s.replicas} must lie within elastic min_replicas..max_replicas ({lo}..{hi})")
+            problems.append(
+                f"k8s.replicas={k8s.replicas} must lie within elastic min_replicas..max_replicas ({lo}..{hi})"
+            )
         if k8s.api == "trainjob":
             problems.append("k8s.elastic is a PyTorchJob feature; use --api pytorchjob or k8s.elastic.enabled=false")
     if k8s.storage.access_mode == "ReadWriteOnce" and k8s.replicas > 1:
-        problems.append("k8s.storage.access_mode=ReadWriteOnce cannot be shared by several worker pods; use ReadWriteMany")
+        problems.append(
+            "k8s.storage.access_mode=ReadWriteOnce cannot be shared by several worker pods; use ReadWriteMany"
+        )
     if k8s.priority_value is not None and not k8s.priority_class:
         problems.append("k8s.priority_value needs k8s.priority_class (the PriorityClass name)")
     return problems

@@ -35,7 +35,7 @@ def preferred_allocation(available: list[Card], must_include: list[Card], size: 
     pool = [c for c in available if c.id not in must_ids]
     need = size - len(must_include)
     if need <= 0:
-        return list(must_include)[:max(size, len(must_include))]
+        return list(must_include)[: max(size, len(must_include))]
     if need >= len(pool):
         return list(must_include) + pool
     per_numa: dict[int | None, int] = {}
@@ -52,6 +52,11 @@ def _greedy(pool: list[Card], must_include: list[Card], need: int, per_numa: dic
     must_numas = {c.numa_node for c in must_include}
 
     def key(c: Card):
-        return (c.numa_node not in must_numas, -per_numa[c.numa_node], str(c.numa_node), c.module_id if c.module_id is not None else c.index)
+        return (
+            c.numa_node not in must_numas,
+            -per_numa[c.numa_node],
+            str(c.numa_node),
+            c.module_id if c.module_id is not None else c.index,
+        )
 
     return sorted(pool, key=key)[:need]

@@ -13,6 +13,7 @@ NVML (`nvidia-ml-py`, imported only when chosen), and an inventory YAML for demo
 
 from __future__ import annotations
 
+import contextlib
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -115,7 +116,9 @@ class SysfsGaudiDiscovery:
     DBDF directory exists) and both device nodes exist under `<dev_root>/accel/`.
     """
 
-    def __init__(self, resource: str = "habana.ai/gaudi", sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")):
+    def __init__(
+        self, resource: str = "habana.ai/gaudi", sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")
+    ):
         self.resource = resource
         self.sysfs_root = Path(sysfs_root)
         self.dev_root = Path(dev_root)
@@ -168,7 +171,10 @@ class SysfsGaudiDiscovery:
         health = {}
         for card in self.devices():
             bound = (self.driver_dir / card.id).is_dir()
-            nodes = all((self.dev_root / "accel" / name).exists() for name in (f"accel{card.index}", f"accel_controlD{card.index}"))
+            nodes = all(
+                (self.dev_root / "accel" / name).exists()
+                for name in (f"accel{card.index}", f"accel_controlD{card.index}")
+            )
             health[card.id] = HEALTHY if bound and nodes else UNHEALTHY
         return health
 
@@ -221,7 +227,9 @@ class InventoryDiscovery:
                     hbm_mib=None if raw.get("hbm_mib") is None else int(raw["hbm_mib"]),
                 )
             except (KeyError, TypeError, ValueError) as e:
-                problems.append(f"--discovery inventory:{self.path}: cards[{i}] is invalid ({e!r}); each card needs `id`")
+                problems.append(
+                    f"--discovery inventory:{self.path}: cards[{i}] is invalid ({e!r}); each card needs `id`"
+                )
                 continue
             if len(card.id) > 63:
                 problems.append(f"--discovery inventory:{self.path}: cards[{i}].id is longer than 63 characters")
@@ -271,11 +279,15 @@ class NvmlDiscovery:
         try:
             import pynvml
         except ImportError:
-            raise UserError("--discovery nvml: the nvidia-ml-py package is not installed; pip install 'kubetune[cluster]'") from None
+            raise UserError(
+                "--discovery nvml: the nvidia-ml-py package is not installed; pip install 'kubetune[cluster]'"
+            ) from None
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
-            raise UserError(f"--discovery nvml: NVML is not usable on this node ({e}); is the NVIDIA driver installed?") from None
+            raise UserError(
+                f"--discovery nvml: NVML is not usable on this node ({e}); is the NVIDIA driver installed?"
+            ) from None
         self._nvml = pynvml
         self._cards = self._scan()
         self._unhealthy: set[str] = set()
@@ -309,10 +321,8 @@ class NvmlDiscovery:
         events = nv.nvmlEventSetCreate()
         for card in self._cards:
             handle = nv.nvmlDeviceGetHandleByUUID(card.id)
-            try:
+            with contextlib.suppress(nv.NVMLError):  # some GPUs (e.g. MIG-enabled) have no events: stay Healthy
                 nv.nvmlDeviceRegisterEvents(handle, nv.nvmlEventTypeXidCriticalError, events)
-            except nv.NVMLError:
-                pass  # some GPUs (e.g. MIG-enabled) do not support events: stay Healthy
         return events
 
     def devices(self) -> list[Card]:
@@ -340,7 +350,9 @@ class NvmlDiscovery:
             pass
 
 
-def make_discovery(spec: str, resource: str, sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")) -> Discovery:
+def make_discovery(
+    spec: str, resource: str, sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")
+) -> Discovery:
     """`sysfs` | `nvml` | `inventory:FILE` -> a backend (the CLI's --discovery)."""
     if spec == "sysfs":
         return SysfsGaudiDiscovery(resource, sysfs_root, dev_root)

@@ -27,7 +27,7 @@ class HealthEvent:
 class HealthMonitor:
     """Polls `discovery.probe()` every `interval` seconds in a daemon thread."""
 
-    def __init__(self, discovery: Discovery, events: "queue.Queue[HealthEvent]", interval: float = 5.0):
+    def __init__(self, discovery: Discovery, events: queue.Queue[HealthEvent], interval: float = 5.0):
         self.discovery = discovery
         self.events = events
         self.interval = interval

@@ -22,7 +22,9 @@ log = logging.getLogger(__name__)
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
-def node_facts(resource: str, cards: list[Card], health: dict[str, str], in_use: set[str] | None, leaf: str | None) -> tuple[dict, dict]:
+def node_facts(
+    resource: str, cards: list[Card], health: dict[str, str], in_use: set[str] | None, leaf: str | None
+) -> tuple[dict, dict]:
     """-> (annotations, labels). `in_use` None = unknown, so no `cards-free` is published."""
     healthy = [c for c in cards if health.get(c.id) == HEALTHY]
     annotations = {
@@ -134,7 +136,9 @@ class NodePublisher:
             annotations, labels = node_facts(self.resource, cards, health, in_use, self._leaf())
             if self._last == (annotations, labels):
                 return False
-            stamped = dict(annotations, **{keys.FACTS_UPDATED: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")})
+            stamped = dict(
+                annotations, **{keys.FACTS_UPDATED: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+            )
             self.api.patch_node(self.node_name, {"metadata": {"annotations": stamped, "labels": labels}})
             self._last = (annotations, labels)
             log.info("published node facts on %s: %s", self.node_name, annotations)
@@ -156,5 +160,3 @@ class NodePublisher:
 
     def stop(self) -> None:
         self._stop.set()
-
-

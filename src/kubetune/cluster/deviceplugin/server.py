@@ -13,14 +13,15 @@ Pieces, in the order the data flows:
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import queue
 import threading
 import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
-from typing import Callable
 
 import grpc
 
@@ -169,7 +170,7 @@ class DevicePlugin:
         health_interval: float = 5.0,
         watch_interval: float = 1.0,
         metrics: PluginMetrics | None = None,
-        on_change: Callable[["PluginState"], None] | None = None,
+        on_change: Callable[[PluginState], None] | None = None,
     ):
         self.discovery = discovery
         self.resource = discovery.resource
@@ -305,11 +306,8 @@ class DevicePlugin:
         self.state.close()
         self.monitor.stop()
         self._stop_server()
-        if self.socket_path.exists():
-            try:
-                self.socket_path.unlink()
-            except OSError:
-                pass
+        with contextlib.suppress(OSError):
+            self.socket_path.unlink(missing_ok=True)
         self._drainer.join(timeout=2)
         self.discovery.close()
 

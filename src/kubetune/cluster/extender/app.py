@@ -66,7 +66,11 @@ def decode_call(body: bytes, config: ExtenderConfig, fast=None) -> Call:
         except Exception:
             pass  # let pydantic accept it or explain what is wrong, in its words
     args = ExtenderArgs.model_validate_json(body)
-    nodes = [raw_node(n, config.resources, config.leaf_labels) for n in args.Nodes.items] if args.Nodes is not None else None
+    nodes = (
+        [raw_node(n, config.resources, config.leaf_labels) for n in args.Nodes.items]
+        if args.Nodes is not None
+        else None
+    )
     return Call(args.Pod, nodes, args.NodeNames)
 
 
@@ -133,7 +137,15 @@ def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None =
 
     def do_filter(args: Call) -> Response:
         if args.nodes is None:  # nodeCacheCapable mode: no node data to judge, keep every name
-            return _json({"Nodes": None, "NodeNames": args.node_names or [], "FailedNodes": {}, "FailedAndUnresolvableNodes": {}, "Error": ""})
+            return _json(
+                {
+                    "Nodes": None,
+                    "NodeNames": args.node_names or [],
+                    "FailedNodes": {},
+                    "FailedAndUnresolvableNodes": {},
+                    "Error": "",
+                }
+            )
         req, facts = inputs(args)
         kept, failed, unresolvable = policy.filter_nodes(req, facts)
         # The scheduler reads back only the names of the nodes it gets (extender.go), so

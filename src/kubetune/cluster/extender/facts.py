@@ -12,7 +12,7 @@ from typing import NamedTuple, Protocol
 
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.extender.policy import NodeFacts, Peers, Request
-from kubetune.cluster.extender.protocol import Container, Node, Pod, parse_count
+from kubetune.cluster.extender.protocol import Container, Node, Pod, Quantity, parse_count
 from kubetune.kube import quantity_or_none
 
 JOB_LABELS = (keys.KUBEFLOW_JOB_LABEL, keys.JOBSET_LABEL)
@@ -23,7 +23,7 @@ class PodView(Protocol):
 
     def used_cards(self, node: str, resource: str) -> int | None: ...
 
-    def peers(self, namespace: str, job: str) -> Counter:
+    def peers(self, namespace: str, job: str) -> Counter[str]:
         """Node name -> number of running pods of that job."""
         ...
 
@@ -76,6 +76,7 @@ _count = lru_cache(maxsize=4096)(parse_count)
 def _positive_float(text: str | None) -> float | None:
     if text is None:
         return None
+    q: float | None
     try:
         q = float(text)  # the common case; "96Gi"-style quantities fall through to the parser
     except ValueError:
@@ -88,7 +89,7 @@ class RawNode(NamedTuple):
 
     name: str
     leaf: str | None  # value of the first configured leaf label that is set
-    allocatable: tuple  # status.allocatable of each managed resource, in config order
+    allocatable: tuple[Quantity | None, ...]  # status.allocatable of each managed resource, in config order
     resource: str | None  # the plugin's annotations:
     cards_healthy: str | None
     cards_free: str | None
@@ -143,7 +144,7 @@ def peers_of(req: Request, nodes: list[NodeFacts], pods: PodView | None) -> Peer
     namespace, _, job = req.job.partition("/")
     per_node = pods.peers(namespace, job)
     leaf_of = {n.name: n.leaf for n in nodes}
-    leaves: Counter = Counter()
+    leaves: Counter[str] = Counter()
     for node_name, count in per_node.items():
         leaf = leaf_of.get(node_name)
         if leaf is None:

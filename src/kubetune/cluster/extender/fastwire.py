@@ -13,7 +13,8 @@ the body with pydantic, so error messages have one format whichever path is in u
 
 from __future__ import annotations
 
-from typing import Optional, Union
+import types
+from typing import Any
 
 import msgspec
 from msgspec.structs import astuple
@@ -25,7 +26,7 @@ from kubetune.cluster.extender.protocol import Pod
 # In RawNode's order, so a decoded Annotations struct unpacks straight into it.
 ANNOTATIONS = (keys.RESOURCE, keys.CARDS_HEALTHY, keys.CARDS_FREE, keys.HBM_PER_CARD_MIB, keys.RDMA_LATENCY_US)
 _NO_ANNOTATIONS = (None,) * len(ANNOTATIONS)
-_Quantity = Union[str, int, float, None]
+_Quantity = str | int | float | None
 
 
 def _struct(name: str, json_keys: tuple[str, ...], value_type) -> type:
@@ -43,8 +44,8 @@ class FastDecoder:
     def __init__(self, resources: tuple[str, ...], leaf_labels: tuple[str, ...]):
         if len(set(leaf_labels)) != len(leaf_labels) or len(set(resources)) != len(resources):
             raise ValueError("leaf labels and resources must not repeat")  # one struct field per key
-        labels = _struct("Labels", leaf_labels, Optional[str])
-        annotations = _struct("Annotations", ANNOTATIONS, Optional[str])
+        labels = _struct("Labels", leaf_labels, str | None)
+        annotations = _struct("Annotations", ANNOTATIONS, str | None)
         allocatable = _struct("Allocatable", resources, _Quantity)
         self._n_resources = len(resources)
 
@@ -52,21 +53,35 @@ class FastDecoder:
         # would otherwise walk them all several times per request.
         # Nullability mirrors protocol.py, so both paths refuse the same malformed values in
         # the fields the policy reads; fields it does not read are skipped unchecked here.
-        meta = msgspec.defstruct("Meta", [("name", str, ""), ("labels", Optional[labels], None), ("annotations", Optional[annotations], None)], gc=False)
-        status = msgspec.defstruct("Status", [("allocatable", Optional[allocatable], None)], gc=False)
-        node = msgspec.defstruct("Node", [("metadata", meta, msgspec.field(default_factory=meta)), ("status", status, msgspec.field(default_factory=status))], gc=False)
-        node_list = msgspec.defstruct("NodeList", [("items", list[node], msgspec.field(default_factory=list))])
-        args = msgspec.defstruct(
-            "ExtenderArgs", [("Pod", msgspec.Raw), ("Nodes", Optional[node_list], None), ("NodeNames", Optional[list[str]], None)]
+        meta = msgspec.defstruct(
+            "Meta",
+            [("name", str, ""), ("labels", labels | None, None), ("annotations", annotations | None, None)],
+            gc=False,
         )
-        self._decoder = msgspec.json.Decoder(args)
+        status = msgspec.defstruct("Status", [("allocatable", allocatable | None, None)], gc=False)
+        node = msgspec.defstruct(
+            "Node",
+            [
+                ("metadata", meta, msgspec.field(default_factory=meta)),
+                ("status", status, msgspec.field(default_factory=status)),
+            ],
+            gc=False,
+        )
+        node_items = types.GenericAlias(list, (node,))  # list[node], with `node` a class made at runtime
+        node_list = msgspec.defstruct("NodeList", [("items", node_items, msgspec.field(default_factory=list))])
+        args = msgspec.defstruct(
+            "ExtenderArgs",
+            [("Pod", msgspec.Raw), ("Nodes", node_list | None, None), ("NodeNames", list[str] | None, None)],
+        )
+        # Any: the structs are made at runtime, so their fields are unknown to a type checker.
+        self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(args)
 
-    def decode(self, body: bytes):
+    def decode(self, body: bytes) -> tuple[Pod, list[RawNode] | None, list[str] | None]:
         """-> (Pod, [RawNode] or None, NodeNames). Any error (a Pod pydantic refuses too)
         propagates; the caller then re-validates with pydantic for the message."""
         args = self._decoder.decode(body)
         pod = Pod.model_validate_json(bytes(args.Pod))
-        nodes = None
+        nodes: list[RawNode] | None = None
         if args.Nodes is not None:
             empty_alloc = (None,) * self._n_resources
             nodes = []
@@ -80,5 +95,7 @@ class FastDecoder:
                             leaf = value
                             break
                 alloc_values = astuple(alloc) if alloc is not None else empty_alloc
-                nodes.append(RawNode(meta.name, leaf, alloc_values, *(astuple(ann) if ann is not None else _NO_ANNOTATIONS)))
+                nodes.append(
+                    RawNode(meta.name, leaf, alloc_values, *(astuple(ann) if ann is not None else _NO_ANNOTATIONS))
+                )
         return pod, nodes, args.NodeNames

@@ -74,7 +74,7 @@ class PodCache:
         with self._lock:
             return sum(p.cards.get(resource, 0) for p in self._pods.values() if p.node == node)
 
-    def peers(self, namespace: str, job: str) -> Counter:
+    def peers(self, namespace: str, job: str) -> Counter[str]:
         with self._lock:
             return Counter(p.node for p in self._pods.values() if p.job == job and p.namespace == namespace)
 
@@ -104,7 +104,10 @@ class PodCache:
             core_api = core_v1_api()
         for kind, lister in (("pods", core_api.list_pod_for_all_namespaces), ("nodes", core_api.list_node)):
             threading.Thread(
-                target=self._watch, args=(kind, lister, core_api.api_client, relist_seconds), name=f"watch-{kind}", daemon=True
+                target=self._watch,
+                args=(kind, lister, core_api.api_client, relist_seconds),
+                name=f"watch-{kind}",
+                daemon=True,
             ).start()
 
     def _watch(self, kind, lister, api_client, relist_seconds: float) -> None:

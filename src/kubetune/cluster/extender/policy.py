@@ -4,12 +4,17 @@ Filter: a node stays only if the pod's whole-card request fits on it now.
 
 Prioritize: four component scores, each 0..10, combined as a weighted mean and rounded:
 
-| component | what it rewards | score | neutral (5) when |
-|---|---|---|---|
-| `fit` | whole-card bin packing: the node the request leaves least fragmented | `10 * (1 - left/total)`, `left` = free cards after placing; a node filled exactly scores 10, an empty 8-card node given 1 card 1.25 | free or total cards unknown |
-| `hbm` | memory per card | `10 * hbm / max hbm of the candidate nodes` | the node's HBM per card unknown |
-| `closeness` | workers of one job on one node / one network leaf | a peer on this node: 10; else `9 * share of placed peers in this node's leaf`; first worker of a gang: `10 * min(1, free cards in the leaf / cards the gang still needs)` | no job label, no leaf label, or (first worker) no gang size |
-| `rdma` | low RDMA latency | `10 * min latency of the candidates / this node's latency` | no latency annotation |
+- `fit` rewards whole-card bin packing (the node the request leaves least fragmented):
+  `10 * (1 - left/total)`, `left` = free cards after placing; a node filled exactly
+  scores 10, an empty 8-card node given 1 card 1.25. Neutral (5): free or total cards unknown.
+- `hbm` rewards memory per card: `10 * hbm / max hbm of the candidate nodes`.
+  Neutral: the node's HBM per card unknown.
+- `closeness` rewards workers of one job on one node / one network leaf: a peer on this
+  node: 10; else `9 * share of placed peers in this node's leaf`; first worker of a gang:
+  `10 * min(1, free cards in the leaf / cards the gang still needs)`. Neutral: no job
+  label, no leaf label, or (first worker) no gang size.
+- `rdma` rewards low RDMA latency: `10 * min latency of the candidates / this node's
+  latency`. Neutral: no latency annotation.
 
 A component that is equal on every candidate node (e.g. no node has an RDMA annotation)
 cannot change the order and is left out of the mean for that request, so the coarse 0..10
@@ -43,7 +48,7 @@ class Weights:
     closeness: float = 5.0
     rdma: float = 1.0
 
-    def __post_init__(self):
+    def __post_init__(self) -> None:
         bad = [f"`{f.name}`={getattr(self, f.name)!r}" for f in fields(self) if not (getattr(self, f.name) >= 0)]
         if bad:
             raise UserError(f"--weights: {', '.join(bad)} must be >= 0")
@@ -51,7 +56,7 @@ class Weights:
             raise UserError("--weights: at least one weight must be > 0, e.g. fit=3,hbm=1,closeness=5,rdma=1")
 
     @classmethod
-    def parse(cls, text: str) -> "Weights":
+    def parse(cls, text: str) -> Weights:
         """`fit=3,hbm=1,closeness=5,rdma=1` (any subset; the rest keep their defaults)."""
         names = {f.name for f in fields(cls)}
         values, problems = {}, []
@@ -95,8 +100,8 @@ class NodeFacts(NamedTuple):
 class Peers:
     """Where the job's other workers already run: pods per node and per leaf."""
 
-    nodes: Counter = field(default_factory=Counter)
-    leaves: Counter = field(default_factory=Counter)
+    nodes: Counter[str] = field(default_factory=Counter)
+    leaves: Counter[str] = field(default_factory=Counter)
 
     @property
     def count(self) -> int:
@@ -119,7 +124,9 @@ def filter_nodes(req: Request, nodes: list[NodeFacts]) -> tuple[list[str], dict[
         if n.cards_total is None or n.cards_total == 0:
             unresolvable[n.name] = f"node offers no healthy {req.resource}"
         elif n.cards_total < req.cards:
-            unresolvable[n.name] = f"node has {n.cards_total} healthy {req.resource} in total; the pod needs {req.cards} on one node"
+            unresolvable[n.name] = (
+                f"node has {n.cards_total} healthy {req.resource} in total; the pod needs {req.cards} on one node"
+            )
         elif n.cards_free is not None and n.cards_free < req.cards:
             failed[n.name] = f"{n.cards_free} of {n.cards_total} {req.resource} free; the pod needs {req.cards}"
         else:
@@ -192,7 +199,9 @@ def _columns(req: Request, nodes: list[NodeFacts], peers: Peers) -> list[list[fl
     return [
         [fit_score(req, n) for n in nodes],  # 0..10 by construction
         [_clamp(hbm_score(n, best_hbm)) for n in nodes] if best_hbm else neutral,
-        [closeness_score(req, n, peers, leaf_free) for n in nodes] if req.job is not None else neutral,  # 0..10 by construction
+        [closeness_score(req, n, peers, leaf_free) for n in nodes]
+        if req.job is not None
+        else neutral,  # 0..10 by construction
         [_clamp(rdma_score(n, best_lat)) for n in nodes] if best_lat else neutral,
     ]
 
@@ -210,14 +219,21 @@ def _combine(columns: list[list[float]], weights: Weights) -> list[int]:
     return [int(_clamp(floor(w0 * a + w1 * b + w2 * c + w3 * d + 0.5))) for a, b, c, d in zip(*columns)]
 
 
-def explain(req: Request, nodes: list[NodeFacts], peers: Peers | None = None, weights: Weights = Weights()) -> dict[str, Breakdown]:
+def explain(
+    req: Request, nodes: list[NodeFacts], peers: Peers | None = None, weights: Weights = Weights()
+) -> dict[str, Breakdown]:
     """Every component per node, and the combined 0..10 integer the scheduler gets."""
     columns = _columns(req, nodes, peers or Peers())
     totals = _combine(columns, weights)
-    return {n.name: Breakdown(*parts, total=t) for n, t, *parts in zip(nodes, totals, *columns)}
+    fit, hbm, closeness, rdma = columns
+    return {
+        n.name: Breakdown(f, h, c, r, total=t) for n, t, f, h, c, r in zip(nodes, totals, fit, hbm, closeness, rdma)
+    }
 
 
-def prioritize(req: Request, nodes: list[NodeFacts], peers: Peers | None = None, weights: Weights = Weights()) -> dict[str, int]:
+def prioritize(
+    req: Request, nodes: list[NodeFacts], peers: Peers | None = None, weights: Weights = Weights()
+) -> dict[str, int]:
     """Node name -> score 0..10 (see the table in the module docstring)."""
     if req.cards <= 0 or req.resource is None:
         return {n.name: int(NEUTRAL) for n in nodes}

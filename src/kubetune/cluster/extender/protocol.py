@@ -12,11 +12,10 @@ validating every field would cost more than the whole policy.
 from __future__ import annotations
 
 import math
-from typing import Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kubetune.kube import quantity_or_none
+from kubetune.kube import KubeObject, quantity_or_none
 
 
 class _Lenient(BaseModel):
@@ -26,32 +25,32 @@ class _Lenient(BaseModel):
 class ObjectMeta(_Lenient):
     name: str = ""
     namespace: str = ""
-    labels: Optional[dict[str, str]] = None
-    annotations: Optional[dict[str, str]] = None
+    labels: dict[str, str] | None = None
+    annotations: dict[str, str] | None = None
 
 
-Quantity = Union[str, int, float]
+Quantity = str | int | float
 
 
 class ResourceRequirements(_Lenient):
-    limits: Optional[dict[str, Quantity]] = None
-    requests: Optional[dict[str, Quantity]] = None
+    limits: dict[str, Quantity] | None = None
+    requests: dict[str, Quantity] | None = None
 
 
 class EnvVar(_Lenient):
     name: str = ""
-    value: Optional[str] = None
+    value: str | None = None
 
 
 class Container(_Lenient):
     name: str = ""
-    resources: Optional[ResourceRequirements] = None
-    env: Optional[list[EnvVar]] = None
+    resources: ResourceRequirements | None = None
+    env: list[EnvVar] | None = None
 
 
 class PodSpec(_Lenient):
     containers: list[Container] = Field(default_factory=list)
-    init_containers: Optional[list[Container]] = Field(None, alias="initContainers")
+    init_containers: list[Container] | None = Field(None, alias="initContainers")
     node_name: str = Field("", alias="nodeName")
 
 
@@ -61,8 +60,8 @@ class Pod(_Lenient):
 
 
 class NodeStatus(_Lenient):
-    capacity: Optional[dict[str, Quantity]] = None
-    allocatable: Optional[dict[str, Quantity]] = None
+    capacity: dict[str, Quantity] | None = None
+    allocatable: dict[str, Quantity] | None = None
 
 
 class Node(_Lenient):
@@ -78,8 +77,8 @@ class ExtenderArgs(_Lenient):
     """POST body of /filter and /prioritize. `Nodes` when nodeCacheCapable=false, else `NodeNames`."""
 
     Pod: Pod
-    Nodes: Optional[NodeList] = None
-    NodeNames: Optional[list[str]] = None
+    Nodes: NodeList | None = None
+    NodeNames: list[str] | None = None
 
 
 class HostPriority(BaseModel):
@@ -90,8 +89,8 @@ class HostPriority(BaseModel):
 class ExtenderFilterResult(BaseModel):
     """The /filter answer. Only node *names* of `Nodes` are read back by the scheduler."""
 
-    Nodes: Optional[dict] = None
-    NodeNames: Optional[list[str]] = None
+    Nodes: KubeObject | None = None
+    NodeNames: list[str] | None = None
     FailedNodes: dict[str, str] = Field(default_factory=dict)
     FailedAndUnresolvableNodes: dict[str, str] = Field(default_factory=dict)
     Error: str = ""

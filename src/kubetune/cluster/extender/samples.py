@@ -64,7 +64,14 @@ def gaudi_node(
     }
     allocatable = dict(capacity, cpu="223", memory="2102790676Ki", **{resource: str(healthy)})
     conditions = [
-        {"type": t, "status": s, "lastHeartbeatTime": "2025-06-01T12:00:00Z", "lastTransitionTime": "2025-05-01T08:00:00Z", "reason": r, "message": m}
+        {
+            "type": t,
+            "status": s,
+            "lastHeartbeatTime": "2025-06-01T12:00:00Z",
+            "lastTransitionTime": "2025-05-01T08:00:00Z",
+            "reason": r,
+            "message": m,
+        }
         for t, s, r, m in (
             ("MemoryPressure", "False", "KubeletHasSufficientMemory", "kubelet has sufficient memory available"),
             ("DiskPressure", "False", "KubeletHasNoDiskPressure", "kubelet has no disk pressure"),
@@ -73,7 +80,12 @@ def gaudi_node(
         )
     ]
     images = [
-        {"names": [f"vault.habana.ai/gaudi-docker/1.21.0/ubuntu22.04/habanalabs/pytorch-installer-2.6.0@sha256:{i:064x}"], "sizeBytes": 9_800_000_000 + i}
+        {
+            "names": [
+                f"vault.habana.ai/gaudi-docker/1.21.0/ubuntu22.04/habanalabs/pytorch-installer-2.6.0@sha256:{i:064x}"
+            ],
+            "sizeBytes": 9_800_000_000 + i,
+        }
         for i in range(6)
     ]
     return {
@@ -124,7 +136,15 @@ def training_pod(
 ) -> dict:
     """A PyTorchJob worker pod as the Kubeflow training operator creates it."""
     spec = {
-        "volumes": [{"name": "kube-api-access-x1", "projected": {"defaultMode": 420, "sources": [{"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}]}}],
+        "volumes": [
+            {
+                "name": "kube-api-access-x1",
+                "projected": {
+                    "defaultMode": 420,
+                    "sources": [{"serviceAccountToken": {"expirationSeconds": 3607, "path": "token"}}],
+                },
+            }
+        ],
         "containers": [
             {
                 "name": "pytorch",
@@ -144,7 +164,13 @@ def training_pod(
                     "limits": {resource: str(cards), "memory": "400Gi", "hugepages-2Mi": "9800Mi", "cpu": "80"},
                     "requests": {resource: str(cards), "memory": "400Gi", "hugepages-2Mi": "9800Mi", "cpu": "80"},
                 },
-                "volumeMounts": [{"name": "kube-api-access-x1", "readOnly": True, "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount"}],
+                "volumeMounts": [
+                    {
+                        "name": "kube-api-access-x1",
+                        "readOnly": True,
+                        "mountPath": "/var/run/secrets/kubernetes.io/serviceaccount",
+                    }
+                ],
                 "terminationMessagePath": "/dev/termination-log",
                 "terminationMessagePolicy": "File",
                 "imagePullPolicy": "IfNotPresent",
@@ -178,7 +204,16 @@ def training_pod(
                 "training.kubeflow.org/replica-index": str(index),
                 "training.kubeflow.org/replica-type": role,
             },
-            "ownerReferences": [{"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": job, "uid": "aa-bb", "controller": True, "blockOwnerDeletion": True}],
+            "ownerReferences": [
+                {
+                    "apiVersion": "kubeflow.org/v1",
+                    "kind": "PyTorchJob",
+                    "name": job,
+                    "uid": "aa-bb",
+                    "controller": True,
+                    "blockOwnerDeletion": True,
+                }
+            ],
         },
         "spec": spec,
         "status": {"phase": phase, "qosClass": "Guaranteed"},

@@ -5,8 +5,8 @@ from __future__ import annotations
 import socket
 import threading
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
-from typing import Iterator
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 
@@ -54,7 +54,9 @@ def running(app, host: str = "127.0.0.1", port: int | None = None, timeout: floa
     import uvicorn
 
     port = port or free_port(host)
-    server = uvicorn.Server(uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off"))
+    server = uvicorn.Server(
+        uvicorn.Config(app, host=host, port=port, log_level="warning", access_log=False, lifespan="off")
+    )
     thread = threading.Thread(target=server.run, name="extender-http", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

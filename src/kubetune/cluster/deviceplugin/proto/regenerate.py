@@ -22,7 +22,14 @@ def main() -> int:
 
     for proto in PROTOS:
         rc = protoc.main(
-            ["grpc_tools.protoc", f"-I{HERE}", f"--python_out={HERE}", f"--pyi_out={HERE}", f"--grpc_python_out={HERE}", str(HERE / proto)]
+            [
+                "grpc_tools.protoc",
+                f"-I{HERE}",
+                f"--python_out={HERE}",
+                f"--pyi_out={HERE}",
+                f"--grpc_python_out={HERE}",
+                str(HERE / proto),
+            ]
         )
         if rc != 0:
             print(f"protoc failed on {proto} (exit {rc})", file=sys.stderr)
