@@ -241,6 +241,7 @@ def main() -> int:
     ap.add_argument("--loads", default="0.3,0.6,0.9", help="offered loads (share of all cards busy on average)")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--weights", default="", help="extender --weights, e.g. fit=3,closeness=5")
+    # not formatted: the option's name, type and default on one line
     ap.add_argument(
         "--percentage-to-score", type=int, default=100,
         help="percentageOfNodesToScore of the kubetune arms (render-components sets 100; 0 = adaptive default)",

@@ -26,11 +26,12 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "src"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))  # run from a checkout, installed or not
 
-from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod  # noqa: E402
-from kubetune.cluster.extender.server import free_port  # noqa: E402
+from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
+from kubetune.cluster.extender.server import free_port
+
+ROOT = Path(__file__).resolve().parents[1]
 
 TARGET_P99_MS = 100.0
 

@@ -50,6 +50,7 @@ KubeObject = dict[str, Any]
 # plus an exponent before a suffix ("1e3Ki"), which the recipe has always accepted.
 _NUMBER = r"[+-]?(?:[0-9]+\.?[0-9]*|\.[0-9]+)(?:[eE][+-]?[0-9]+)?"
 _QUANTITY = re.compile(rf"\s*({_NUMBER})([KMGTPE]i|[numkMGTPE]?)\s*")  # surrounding blanks: as UnmarshalJSON
+# not formatted: a row per family (binary, decimal fractions, decimal multiples)
 _FACTOR: dict[str, Decimal] = {
     "Ki": Decimal(2**10), "Mi": Decimal(2**20), "Gi": Decimal(2**30),
     "Ti": Decimal(2**40), "Pi": Decimal(2**50), "Ei": Decimal(2**60),

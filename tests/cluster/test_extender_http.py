@@ -6,6 +6,8 @@ import json
 
 import httpx
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 pytest.importorskip("fastapi")
 
@@ -159,9 +161,6 @@ def test_metrics_count_calls(url, http):
     assert 'kubetune_extender_request_seconds_count{code="200",verb="filter"}' in text
     assert json.loads(http.get(f"{url}/healthz").text) == {"ok": True, "pod_cache": False}
 
-
-from hypothesis import HealthCheck, given, settings  # noqa: E402
-from hypothesis import strategies as st  # noqa: E402
 
 _values = st.one_of(
     st.none(), st.sampled_from(["0", "1", "3", "8", "16", "-2", "2.5", "96Gi", "x", ""]), st.integers(-1, 12)

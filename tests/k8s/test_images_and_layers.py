@@ -96,7 +96,7 @@ class _Refuse:
 assert not [m for m in sys.modules if m.split(".")[0] in ("torch", "transformers") or m.startswith("kubetune")]
 sys.meta_path.insert(0, _Refuse())
 try:
-    import torch  # noqa: F401
+    import torch  # noqa: F401  (imported only to see the blocker refuse it)
 except ImportError:
     TRIED.clear()
 else:

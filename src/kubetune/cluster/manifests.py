@@ -88,6 +88,7 @@ def _rbac(name: str, s: ComponentSettings, component: str, rules: list[dict]) ->
 
 
 def device_plugin(s: ComponentSettings) -> list[dict]:
+    # not formatted: one flag and its value per line
     args = [
         "device-plugin",
         "--resource", s.resource,
