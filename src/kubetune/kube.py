@@ -4,8 +4,8 @@
   `parse_quantity` gives the exact Decimal and raises ValueError on a malformed value (recipe
   checks, render arithmetic); `quantity_or_none` gives a float, None when absent or malformed
   (the scheduler extender reading Node and Pod objects, where bad data means "unknown").
-- Labels: the `app.kubernetes.io/*` keys and `common_labels`, the one place their order and
-  values are decided for every object kubetune renders.
+- Labels: the `app.kubernetes.io/*` keys, and `common_labels`, which builds the set that
+  every job object and every cluster component carries (always in the same key order).
 - `load_config`: the one kubeconfig loader (and `core_v1_api` on top of it).
 
 Standard library and `kubetune.errors` only at module level; the kubernetes client is imported

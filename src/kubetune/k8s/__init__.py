@@ -5,5 +5,8 @@ Pure: `names` (object names, paths), `profiles` (cpu / gaudi / nvidia pod settin
 (offline schema checks), `progress` and `doctor.diagnose` (reading what a job reports).
 Side effects: `client` is the only module that talks to an API server; `follow` (submit,
 status, logs, download, delete) and `doctor.collect` go through it; `cli` is the command
-table. Nothing here imports torch or `kubetune.training`.
+table. The kubeconfig loader, the quantity parser and the common labels come from
+`kubetune.kube`, shared with `kubetune.cluster`. Nothing here imports torch, transformers,
+`kubetune.training` or `kubetune.models`: tests/k8s/test_images_and_layers.py renders every
+shipped recipe on every profile and api with those made unimportable.
 """
