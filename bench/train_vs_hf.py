@@ -87,14 +87,18 @@ def eval_loss(model, tokenizer, eval_rows) -> dict:
     import torch
 
     from kubetune.data import Batcher
-    from kubetune.models.finetune import TargetLoss
+    from kubetune.models.finetune import ModelParts
+    from kubetune.recipe.layout import data_parallel_only
     from kubetune.training.dist import DistEnv
-    from kubetune.training.run import evaluate
+    from kubetune.training.runner import LocalRunner
+    from kubetune.training.step import evaluate
 
     data = tokenized(eval_rows, tokenizer)
     batcher = Batcher(data, max_seq_len=512, micro_batch_size=8, packing=True, seed=0,
                       pad_id=tokenizer.pad_token_id, shuffle=False)
-    return evaluate(TargetLoss(model), batcher, DistEnv(), lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    loss = ModelParts.of(model).loss
+    runner = LocalRunner(loss, loss, torch.device("cpu"), lambda: torch.autocast("cpu", dtype=torch.bfloat16))
+    return evaluate(runner, batcher, data_parallel_only(1, 0), DistEnv()).as_dict()
 
 
 def arm_hf(args, precision: str) -> dict:
@@ -157,7 +161,8 @@ def arm_kubetune(args, precision: str) -> dict:
 
     with tempfile.TemporaryDirectory() as tmp:
         summary = train_from_recipe(None, kubetune_overrides(args, precision, tmp, args.threads, args.kt_micro))
-    return _kubetune_result(summary)
+    assert summary is not None
+    return _kubetune_result(summary.as_dict())
 
 
 def arm_kubetune_per_core(args, precision: str) -> dict:

@@ -24,13 +24,13 @@ SUMMARY_KEYS = {"eval_loss_before", "eval_loss_after", "perplexity_before", "per
 def test_lora_training_learns_reports_and_exports(tmp_path, tiny_overrides, tiny_model_dir):
     out = tmp_path / "run"
     summary = train_from_recipe(None, tiny_overrides + [f"output_dir={out}", "train.max_steps=12"])
-    assert SUMMARY_KEYS <= set(summary)
-    assert summary["eval_loss_after"] < summary["eval_loss_before"]
-    assert summary["perplexity_after"] < summary["perplexity_before"]
+    assert SUMMARY_KEYS <= set(summary.as_dict())
+    assert summary.eval_loss_after < summary.eval_loss_before
+    assert summary.perplexity_after < summary.perplexity_before
     records = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in records] == list(range(1, 13))
     assert all(METRIC_KEYS <= set(r) for r in records)
-    assert records[-1]["tokens"] == summary["train_tokens"] > 0
+    assert records[-1]["tokens"] == summary.train_tokens > 0
     assert records[-1]["loss"] < records[0]["loss"]
     assert (out / "loss_curve.png").stat().st_size > 1000
     # PEFT adapter: every LoRA B matrix moved away from its zero init
@@ -88,7 +88,7 @@ def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, tiny_overrid
     assert resumed.returncode == 0, log
     assert "resumed from" in log
     final = json.loads((out / "summary.json").read_text())
-    assert abs(final["eval_loss_after"] - straight["eval_loss_after"]) < 1e-3
+    assert abs(final["eval_loss_after"] - straight.eval_loss_after) < 1e-3
     a = [json.loads(ln) for ln in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
     b = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in b] == list(range(1, 11))
@@ -116,7 +116,7 @@ def test_fp16_with_loss_scaling_and_bf16_train(tmp_path, tiny_overrides):
                                                       f"output_dir={tmp_path / precision}"])
         losses = _loss_curve(tmp_path / precision)
         assert all(x == x and x < 20 for x in losses), losses  # finite
-        assert s["eval_loss_after"] < s["eval_loss_before"]
+        assert s.eval_loss_after < s.eval_loss_before
 
 
 def test_compile_runs_and_matches_eager(tmp_path, tiny_overrides):
@@ -128,12 +128,12 @@ def test_compile_runs_and_matches_eager(tmp_path, tiny_overrides):
 
 
 def test_eval_and_recipe_show_commands(tmp_path, tiny_overrides, capsys):
-    from kubetune.training.run import eval_target
+    from kubetune.evaluate import eval_target
 
     out = tmp_path / "run"
     s = train_from_recipe(None, tiny_overrides + ["train.max_steps=2", "eval.generate=0", f"output_dir={out}"])
     res = eval_target(str(out), [])
-    assert abs(res["loss"] - s["eval_loss_after"]) < 1e-4
+    assert abs(res.loss - s.eval_loss_after) < 1e-4
     shown = run_cli_inproc(["recipe", "show", "train.lr=3e-4"], capsys)
     assert "train.lr" in shown and "command line" in shown and "0.0003" in shown
 

@@ -53,10 +53,11 @@ def train(
         nproc_per_node = local_processes(nproc_per_node)
     if nproc_per_node or nnodes:
         world = (nproc_per_node or 1) * int(nnodes or 1) if nnodes is None or str(nnodes).isdigit() else None
-        comm = precheck(recipe, overrides, world or 0, nproc_per_node or 1) if world else {}
+        _worker_environment(precheck(recipe, overrides, world or 0, nproc_per_node or 1) if world else {})
         raise typer.Exit(launch_torchrun(recipe, overrides, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint,
-                                         max_restarts, extra_env=comm))
+                                         max_restarts))
     if needs_agent():  # a Kubeflow pod that asks for torchrun (PET_* variables)
+        _worker_environment({})
         raise typer.Exit(launch_torchrun(recipe, overrides, None, None, None, None, max_restarts))
     from kubetune.training.run import train_from_recipe
 
@@ -69,7 +70,7 @@ def eval_cmd(
     overrides: list[str] = typer.Argument(None, help="key=value overrides (recipe only)."),
 ):
     """Evaluation loss and perplexity on the recipe's eval data."""
-    from kubetune.training.run import eval_target
+    from kubetune.evaluate import eval_target
 
     eval_target(target, overrides or [])
 
@@ -154,12 +155,30 @@ _register_optional("kubetune.k8s.cli", k8s_app)
 _register_optional("kubetune.cluster.cli", app, k8s_app)
 
 
-def _quiet_libraries() -> None:
-    """kubetune prints its own progress; library progress bars and deprecation chatter would
-    bury the one line that matters (an error, or the step log)."""
+def _worker_environment(comm_env: dict[str, str]) -> None:
+    """The environment torchrun's workers inherit: the recipe's communication settings
+    (where the user has not set them), and none of the operator's single-process variables,
+    which would leak into the workers' rendezvous (torchrun sets them for each worker)."""
+    import os
+
+    for key, value in comm_env.items():
+        os.environ.setdefault(key, value)
+    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
+        os.environ.pop(key, None)
+
+
+def _process_environment() -> None:
+    """Every process kubetune starts (and torchrun's workers, which run this entry point too):
+    libraries stay quiet, since kubetune prints its own progress and library progress bars
+    and deprecation chatter would bury the one line that matters (an error, or the step
+    log); compiled kernels are cached in the kubetune cache so they outlive the process."""
     import os
     import warnings
 
+    from kubetune.fsutil import cache_root
+
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
+    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
@@ -170,7 +189,7 @@ def _quiet_libraries() -> None:
 
 
 def main() -> None:
-    _quiet_libraries()
+    _process_environment()
     try:
         app()
     except UserError as e:

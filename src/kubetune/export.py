@@ -1,41 +1,57 @@
-"""Export a run: the adapter (PEFT format) or a merged HF model directory (safetensors)."""
+"""The weights of a run, in and out: the trained adapter (PEFT format) or full model (HF
+directory) that training writes, loading them back, and a merged HF model directory.
+
+Training calls `save_trained` at the end of a run; `kubetune export`, `eval`, `generate`
+and serving read through `load_trained`. Nothing here imports the training engine.
+"""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import torch
 
-from kubetune.errors import RunDirError
 from kubetune.fsutil import atomic_dir
 from kubetune.models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model
-from kubetune.recipe import Recipe, load_recipe
+from kubetune.recipe import Recipe
+from kubetune.rundir import RunDir
 
 
-def _run_recipe(run_dir: Path) -> Recipe:
-    if not (run_dir / "recipe.yaml").is_file():
-        raise RunDirError(f"{run_dir} is not a kubetune run directory (no recipe.yaml); "
-                          f"pass the output_dir of `kubetune train`")
-    return load_recipe(run_dir / "recipe.yaml").recipe
+def save_trained(model: Any, lm: Any, tokenizer: Any, method: str, target: Path,
+                 full_state: dict[str, torch.Tensor] | None = None) -> None:
+    """LoRA: the adapter in PEFT format. Full: the HF model directory. Written atomically.
+
+    `full_state` holds gathered weights when `model`'s own tensors are shards (FSDP2,
+    tensor parallel): they are written instead of the model's tensors.
+    """
+    with atomic_dir(target) as tmp:
+        if full_state is None:
+            model.save_pretrained(tmp, safe_serialization=True)
+        elif method == "lora":
+            from peft.utils import get_peft_model_state_dict
+            from safetensors.torch import save_file
+
+            adapter = get_peft_model_state_dict(model, state_dict=full_state)
+            save_file({k: v.contiguous() for k, v in adapter.items()}, tmp / "adapter_model.safetensors")
+            model.peft_config["default"].save_pretrained(tmp)
+        else:
+            lm.save_pretrained(tmp, state_dict=full_state, safe_serialization=True)
+        tokenizer.save_pretrained(tmp)
 
 
-def _weights_dir(run_dir: Path, recipe: Recipe) -> Path:
-    name = "adapter" if recipe.finetune.method == "lora" else "model"
-    path = run_dir / name
-    if not path.is_dir():
-        raise RunDirError(f"{run_dir} has no {name}/ yet (the run has not finished); "
-                          f"rerun `kubetune train` with the same recipe to finish it")
-    return path
+def load_trained(run_dir: Path | RunDir, recipe: Recipe | None = None, dtype: torch.dtype | None = None,
+                 for_training: bool = False) -> tuple[Any, Any]:
+    """(model, tokenizer) of a finished run: base + adapter (LoRA) or the full model.
 
-
-def load_trained(run_dir: Path, recipe: Recipe | None = None, dtype: torch.dtype | None = None,
-                 for_training: bool = False):
-    """(model, tokenizer) of a finished run: base + adapter (LoRA) or the full model."""
+    `for_training` loads with kubetune's packed-sample attention (for evaluating on packed
+    rows); otherwise with the stock attention that generation uses.
+    """
     from kubetune.models.attention import register
 
-    run_dir = Path(run_dir)
-    recipe = recipe or _run_recipe(run_dir)
-    weights = _weights_dir(run_dir, recipe)
+    run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+    recipe = recipe or run.recipe()
+    weights = run.finished_weights(recipe)
     dtype = dtype or DTYPES[recipe.base_dtype_name()]
     attn = register() if for_training else "sdpa"
     tokenizer = load_tokenizer(str(weights))
@@ -49,9 +65,11 @@ def load_trained(run_dir: Path, recipe: Recipe | None = None, dtype: torch.dtype
 
 
 def export_run(run_dir: Path, merged: bool, output: Path | None = None) -> Path:
-    run_dir = Path(run_dir)
-    recipe = _run_recipe(run_dir)
-    weights = _weights_dir(run_dir, recipe)
+    """`kubetune export`: the trained weights as they are (copied to `output`, if given), or
+    merged into the base model as an HF safetensors directory (default RUN_DIR/merged)."""
+    run = RunDir(Path(run_dir))
+    recipe = run.recipe()
+    weights = run.finished_weights(recipe)
     if not merged:
         if output is None:
             return weights
@@ -59,9 +77,9 @@ def export_run(run_dir: Path, merged: bool, output: Path | None = None) -> Path:
             for f in weights.iterdir():
                 (tmp / f.name).write_bytes(f.read_bytes())
         return output
-    output = Path(output) if output else run_dir / "merged"
+    output = Path(output) if output else run.merged
     # Merge in fp32 so the adapter's update isn't rounded away, then save in that precision.
-    model, tokenizer = load_trained(run_dir, recipe, dtype=torch.float32)
+    model, tokenizer = load_trained(run, recipe, dtype=torch.float32)
     if recipe.finetune.method == "lora":
         model = model.merge_and_unload()
     model.config.use_cache = True

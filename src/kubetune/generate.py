@@ -9,20 +9,21 @@ import torch
 
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError
+from kubetune.export import load_trained
+from kubetune.models.finetune import ModelParts
+from kubetune.models.generate import generate_text
 from kubetune.models.load import load_causal_lm, load_tokenizer
-from kubetune.recipe import load_recipe
+from kubetune.rundir import RunDir
 
 
 def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0) -> str:
-    from kubetune.export import load_trained
-    from kubetune.training.run import generate_text
-
     path = Path(target)
+    run = RunDir(path)
     template, system = "chat", None
-    if (path / "run.json").is_file():
-        recipe = load_recipe(path / "recipe.yaml").recipe
+    if run.is_run():
+        recipe = run.recipe()
         template, system = recipe.data.template, recipe.data.system_prompt
-        model, tokenizer = load_trained(path, recipe)
+        model, tokenizer = load_trained(run, recipe)
     elif (path / "config.json").is_file():
         tokenizer = load_tokenizer(str(path))
         model = load_causal_lm(str(path), torch.float32)
@@ -33,7 +34,6 @@ def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperatur
     renderer = PromptRenderer(template, tokenizer, system)
     text = renderer.prompt({"instruction": prompt, "input": ""})
     model.eval()
-    lm = model.get_base_model() if hasattr(model, "get_base_model") else model
-    with torch.no_grad():
-        return generate_text(lm, tokenizer, text, max_new_tokens, add_special_tokens=not renderer.uses_chat_template,
-                             device=torch.device("cpu"), temperature=temperature)
+    return generate_text(ModelParts.of(model).lm, tokenizer, text, max_new_tokens,
+                         add_special_tokens=not renderer.uses_chat_template, device=torch.device("cpu"),
+                         temperature=temperature)

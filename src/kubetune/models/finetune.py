@@ -4,24 +4,66 @@ and the loss that only looks at target positions."""
 from __future__ import annotations
 
 import math
-import os
 import zlib
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from kubetune.errors import ModelError
-from kubetune.fsutil import cache_root
 from kubetune.models.attention import SEQLENS_KWARG, seqlens_from_cu
+from kubetune.models.attention import register as register_attention
+from kubetune.models.load import DTYPES, load_causal_lm, load_causal_lm_stage
+from kubetune.models.stages import Stage, decoder_layers
 from kubetune.recipe.schema import Recipe
+
+
+@dataclass(frozen=True)
+class ModelParts:
+    """Every handle on one built model, taken once, so that each consumer is handed the one
+    it needs instead of unwrapping: the optimizer and export take `model`, generation and
+    the config `lm`, training and checkpoints `loss` (its state-dict names are the
+    checkpoint's), parallel wrappers `layers`."""
+
+    model: nn.Module  # the PEFT model (LoRA) or the *ForCausalLM itself (full)
+    lm: Any  # the transformers *ForCausalLM inside; under a pipeline, this rank's stage of it
+    loss: TargetLoss
+
+    @classmethod
+    def of(cls, model: nn.Module, lm: Any | None = None) -> ModelParts:
+        """`lm` defaults to the base model of a PEFT model, else `model` itself."""
+        if lm is None:
+            lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+        return cls(model=model, lm=lm, loss=TargetLoss(model, lm))
+
+    @property
+    def layers(self) -> list[nn.Module]:
+        return decoder_layers(self.lm)
+
+    def trainable(self) -> list[nn.Parameter]:
+        return [p for p in self.model.parameters() if p.requires_grad]
+
+
+def build_model(recipe: Recipe, source: str, device: torch.device, stage: Stage | None = None) -> ModelParts:
+    """The model to train, on `device`: the whole model, or only `stage` of it."""
+    attn = register_attention() if recipe.model.attn_implementation == "sdpa" else recipe.model.attn_implementation
+    dtype = DTYPES[recipe.base_dtype_name()]
+    revision, remote = recipe.model.revision, recipe.model.trust_remote_code
+    if stage is not None and stage.count > 1:
+        lm = load_causal_lm_stage(source, dtype, attn, stage, revision, remote)
+    else:
+        lm = load_causal_lm(source, dtype, attn, revision, remote)
+    model = prepare_for_training(lm, recipe).to(device)
+    return ModelParts.of(model, lm)
 
 
 def linear_module_names(model: nn.Module) -> set[str]:
     return {name.rsplit(".", 1)[-1] for name, m in model.named_modules() if isinstance(m, nn.Linear)}
 
 
-def apply_lora(model, recipe: Recipe):
+def apply_lora(model: Any, recipe: Recipe) -> Any:
     from peft import LoraConfig, get_peft_model
 
     lora = recipe.lora
@@ -57,54 +99,38 @@ def apply_lora(model, recipe: Recipe):
     return model
 
 
-def prepare_for_training(model, recipe: Recipe):
+def prepare_for_training(lm: Any, recipe: Recipe) -> Any:
+    """LoRA adapters (or every weight trainable), checkpointing and compiled regions on a
+    loaded *ForCausalLM; returns the model to train (the PEFT model for LoRA)."""
     if recipe.finetune.method == "lora":
-        model = apply_lora(model, recipe)
+        model = apply_lora(lm, recipe)
     else:
+        model = lm
         for p in model.parameters():
-            p.requires_grad_(True)
-        # tied embeddings stay tied; the trainable copy is the same tensor
+            p.requires_grad_(True)  # tied embeddings stay tied: the trainable copy is the same tensor
     if recipe.train.gradient_checkpointing == "on":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if recipe.train.compile:
         # A tensor-parallel MLP runs DTensor hooks that the compiled region's backward does
         # not survive (recursion in autograd): compile only the norms then.
-        compile_regions(model, mlp=recipe.parallel.tp == 1)
+        compile_regions(lm, mlp=recipe.parallel.tp == 1)
     return model
 
 
-def compile_regions(model, mlp: bool = True) -> None:
+def compile_regions(lm: Any, mlp: bool = True) -> None:
     """Regional torch.compile: each decoder layer's MLP and norms.
 
     The attention runs a Python loop over packed samples whose count changes every batch;
     compiling the whole model would recompile on every batch. The MLP and norms have
     static structure, hold most of the elementwise work (SiLU*up, RMSNorm, casts), and one
-    compiled graph serves all layers. The inductor cache persists in the kubetune cache.
+    compiled graph serves all layers. The CLI points the inductor cache at the kubetune
+    cache (kubetune.cli), so that compiled code outlives the process.
     """
-    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(cache_root() / "inductor"))
-    os.environ.setdefault("TORCHINDUCTOR_FX_GRAPH_CACHE", "1")
-    decoder = causal_lm(model).model
-    for layer in decoder.layers:
+    for layer in decoder_layers(lm):
         if mlp:
             layer.mlp.compile(dynamic=True)
         layer.input_layernorm.compile(dynamic=True)
         layer.post_attention_layernorm.compile(dynamic=True)
-
-
-def causal_lm(model):
-    """The transformers *ForCausalLM inside TargetLoss / PEFT / DDP / compile wrappers."""
-    m = model
-    while True:
-        if isinstance(m, TargetLoss):
-            m = m.model
-        elif hasattr(m, "module") and isinstance(m.module, nn.Module):  # DDP
-            m = m.module
-        elif hasattr(m, "get_base_model"):  # PEFT
-            m = m.get_base_model()
-        elif hasattr(m, "_orig_mod"):
-            m = m._orig_mod
-        else:
-            return m
 
 
 class TargetLoss(nn.Module):
@@ -116,12 +142,16 @@ class TargetLoss(nn.Module):
     target tokens across micro-batches and ranks.
     """
 
-    def __init__(self, model):
+    def __init__(self, model: nn.Module, lm: Any):
         super().__init__()
         self.model = model  # keeps PEFT's module tree (and its state-dict names)
+        # The *ForCausalLM inside `model`, kept outside nn.Module's registry so that its
+        # parameters are not listed (and checkpointed) a second time under another name.
+        self.__dict__["lm"] = lm
 
-    def forward(self, input_ids, position_ids, targets, cu_seqlens=None):
-        lm = causal_lm(self.model)
+    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor,
+                cu_seqlens: list[int] | None = None) -> torch.Tensor:
+        lm = self.lm
         kwargs = {}
         if cu_seqlens is not None:  # packed rows: per-sample attention
             kwargs[SEQLENS_KWARG] = seqlens_from_cu(cu_seqlens)

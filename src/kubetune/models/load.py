@@ -10,14 +10,17 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import json
 import logging
 import os
 from pathlib import Path
+from typing import Any
 
 import torch
 
 from kubetune.errors import ModelError
 from kubetune.fsutil import atomic_dir, cache_root, file_lock
+from kubetune.models.stages import Stage, keep_stage
 from kubetune.recipe.schema import DEFAULT_MODEL
 
 log = logging.getLogger(__name__)
@@ -128,40 +131,59 @@ def load_causal_lm(source: str, dtype: torch.dtype, attn_implementation: str = "
     return model
 
 
-def load_causal_lm_part(source: str, dtype: torch.dtype, attn_implementation: str, keep, revision=None,
-                        trust_remote_code: bool = False):
-    """Only part of a model: built on the meta device, cut by `keep(model)` (which drops
-    modules), then just the remaining tensors are read from the safetensors files. A
-    pipeline stage of a model that does not fit in one process's memory loads this way.
-    Returns None when `source` is not a local directory of safetensors (a hub id loads whole).
-    """
-    import json
-    from pathlib import Path
+def load_causal_lm_stage(source: str, dtype: torch.dtype, attn_implementation: str, stage: Stage,
+                         revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    """One pipeline stage of a model. From a local safetensors directory only the stage's
+    tensors are read (`_load_part`); a hub id loads whole and is cut."""
+    model = _load_part(source, dtype, attn_implementation, stage, revision, trust_remote_code)
+    if model is None:
+        model = load_causal_lm(source, dtype, attn_implementation, revision, trust_remote_code)
+        keep_stage(model, stage)
+    return model
 
+
+def _safetensors_map(root: Path) -> dict[str, Path] | None:
+    """Tensor name -> file, for a local directory of safetensors (None otherwise)."""
     from safetensors import safe_open
-    from transformers import AutoConfig, AutoModelForCausalLM
 
-    root = Path(source)
     index = root / "model.safetensors.index.json"
     if index.is_file():
-        where = {k: root / f for k, f in json.loads(index.read_text())["weight_map"].items()}
-    elif (root / "model.safetensors").is_file():
+        return {k: root / f for k, f in json.loads(index.read_text())["weight_map"].items()}
+    if (root / "model.safetensors").is_file():
         with safe_open(root / "model.safetensors", "pt") as f:
-            where = {k: root / "model.safetensors" for k in f.keys()}
-    else:
+            return {k: root / "model.safetensors" for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+    return None
+
+
+def _load_part(source: str, dtype: torch.dtype, attn_implementation: str, stage: Stage, revision: str | None,
+               trust_remote_code: bool) -> Any:
+    """Built on the meta device, cut to `stage`, then just the remaining tensors are read
+    from the safetensors files: a stage of a model that does not fit in one process's memory
+    loads this way. None when `source` is not a local directory of safetensors."""
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    where = _safetensors_map(Path(source))
+    if where is None:
         return None
     config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
                                                  trust_remote_code=trust_remote_code)
-    keep(model)
+    keep_stage(model, stage)
     model.to_empty(device="cpu")
     # non-persistent buffers (the rotary frequencies) are not in the files: compute them again
     for name, module in list(model.named_modules()):
         if type(module).__name__.endswith("RotaryEmbedding"):
             parent, _, attr = name.rpartition(".")
             setattr(model.get_submodule(parent), attr, type(module)(config=config))
-    tied = getattr(config, "tie_word_embeddings", False)
+    _copy_from_files(model, where, tied=getattr(config, "tie_word_embeddings", False), source=source)
+    model.config.use_cache = False
+    return model
+
+
+def _copy_from_files(model: Any, where: dict[str, Path], tied: bool, source: str) -> None:
+    from safetensors import safe_open
+
     state = model.state_dict()
     by_file: dict[Path, list[tuple[str, str]]] = {}
     for name in state:
@@ -174,8 +196,6 @@ def load_causal_lm_part(source: str, dtype: torch.dtype, attn_implementation: st
             with safe_open(path, "pt") as f:
                 for name, key in names:
                     state[name].copy_(f.get_tensor(key))
-    model.config.use_cache = False
-    return model
 
 
 def _first_line(e: BaseException) -> str:

@@ -17,7 +17,9 @@ import json
 import random
 import re
 import shutil
+from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,8 +32,47 @@ from torch.distributed.checkpoint.state_dict import (
 
 from kubetune.fsutil import atomic_write_json, atomic_write_text, fsync_dir, fsync_tree
 from kubetune.training.dist import DistEnv, barrier
+from kubetune.training.optim import restore_schedule
 
 STEP_DIR = re.compile(r"^step-(\d+)$")
+
+
+@dataclass
+class TrainState:
+    """Where the run is: what a checkpoint must carry to continue step-exact."""
+
+    step: int = 0
+    epoch: int = 0
+    row: int = 0  # first unread row of `epoch`, counted over all data-parallel ranks
+    tokens: int = 0  # real (non-padding) tokens trained on, all ranks
+    train_time_s: float = 0.0
+    eval_before: dict[str, Any] | None = None  # loss, perplexity, tokens, answers
+    eval_history: list[list[float]] = field(default_factory=list)  # [step, eval loss] pairs
+
+
+@dataclass(frozen=True)
+class CheckpointMeta:
+    """meta.json of a checkpoint: the state, and the schedule it was planned with."""
+
+    state: TrainState
+    total_steps: int
+    seed: int
+    length: tuple[int | None, float]  # (train.max_steps, train.epochs) the schedule was planned for
+    world_size: int = 1
+    scheduler: dict[str, Any] = field(default_factory=dict)
+
+    def to_json(self) -> dict[str, Any]:
+        # flat, as earlier kubetune versions wrote it, so that their checkpoints still resume
+        return {**asdict(self.state), "total_steps": self.total_steps, "seed": self.seed,
+                "length": list(self.length), "world_size": self.world_size, "scheduler": self.scheduler}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> CheckpointMeta:
+        state = TrainState(**{f.name: d[f.name] for f in fields(TrainState) if f.name in d})
+        length = d.get("length") or [None, 0.0]
+        return cls(state=state, total_steps=int(d["total_steps"]), seed=int(d.get("seed", 0)),
+                   length=(length[0], float(length[1])), world_size=int(d.get("world_size", 1)),
+                   scheduler=d.get("scheduler", {}))
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
@@ -69,7 +110,7 @@ def _options(strict: bool = True) -> StateDictOptions:
     return StateDictOptions(ignore_frozen_params=True, strict=strict)
 
 
-def _state(model, optimizer) -> tuple[dict, dict]:
+def _state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     """Trainable weights and optimizer state, as DCP state dicts.
 
     `ignore_frozen_params` looks at deduplicated parameters only, so a frozen weight tied
@@ -82,9 +123,10 @@ def _state(model, optimizer) -> tuple[dict, dict]:
     return {k: v for k, v in model_sd.items() if k not in frozen}, optim_sd
 
 
-def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, meta: dict, recipe_yaml: str,
+def save_checkpoint(root: Path, model: Any, optimizer: Any, scheduler: Any, meta: CheckpointMeta, recipe_yaml: str,
                     env: DistEnv, keep_last: int) -> Path:
-    root = Path(run_dir) / "checkpoints"
+    """Write checkpoints/step-N atomically (every rank its shards), keep the newest `keep_last`."""
+    step = meta.state.step
     final = root / f"step-{step}"
     tmp = root / f".step-{step}.tmp"
     if env.is_main:
@@ -98,25 +140,26 @@ def save_checkpoint(run_dir: Path, step: int, model, optimizer, scheduler, meta:
     torch.save(_rng_state(), tmp / f"rng-rank{env.rank}.pt")
     barrier(env)
     if env.is_main:
-        atomic_write_json(tmp / "meta.json", {**meta, "step": step, "world_size": env.world_size,
-                                               "scheduler": scheduler.state_dict()})
+        meta = CheckpointMeta(state=meta.state, total_steps=meta.total_steps, seed=meta.seed, length=meta.length,
+                              world_size=env.world_size, scheduler=scheduler.state_dict())
+        atomic_write_json(tmp / "meta.json", meta.to_json())
         atomic_write_text(tmp / "recipe.yaml", recipe_yaml)
         fsync_tree(tmp)
         if final.exists():
             shutil.rmtree(final)
         tmp.rename(final)
         fsync_dir(root)
-        for old in list_checkpoints(run_dir)[:-keep_last]:
+        for old in list_checkpoints(root.parent)[:-keep_last]:
             shutil.rmtree(old, ignore_errors=True)
     barrier(env)
     return final
 
 
-def read_meta(path: Path) -> dict:
-    return json.loads((Path(path) / "meta.json").read_text())
+def read_meta(path: Path) -> CheckpointMeta:
+    return CheckpointMeta.from_json(json.loads((Path(path) / "meta.json").read_text()))
 
 
-def load_checkpoint(path: Path, model, optimizer, scheduler, env: DistEnv) -> dict:
+def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, env: DistEnv) -> CheckpointMeta:
     """Load weights, optimizer, scheduler and RNG; return meta. Works across world sizes
     and parallel layouts (the tensors are resharded by DCP)."""
     path = Path(path)
@@ -131,18 +174,12 @@ def load_checkpoint(path: Path, model, optimizer, scheduler, env: DistEnv) -> di
     for g, kind in zip(optimizer.param_groups, impl):
         g.update(kind)
     meta = read_meta(path)
-    scheduler.load_state_dict(meta["scheduler"])
-    # The loaded groups hold the learning rate of the saving run's schedule; the schedule
-    # (and its length) is this run's.
-    lrs = [base * fn(scheduler.last_epoch) for base, fn in zip(scheduler.base_lrs, scheduler.lr_lambdas)]
-    for g, lr in zip(optimizer.param_groups, lrs):
-        g["lr"] = lr
-    scheduler._last_lr = lrs
+    restore_schedule(scheduler, optimizer, meta.scheduler)
     rng_file = path / f"rng-rank{env.rank}.pt"
-    if rng_file.is_file() and meta.get("world_size") == env.world_size:
+    if rng_file.is_file() and meta.world_size == env.world_size:
         # Same world size: every rank continues its own random stream (dropout), step-exact.
         _set_rng_state(torch.load(rng_file, weights_only=False))
     else:
         # Different world size: streams can't map 1:1; reseed deterministically per rank.
-        torch.manual_seed(meta.get("seed", 0) + 1000 * meta["step"] + env.rank)
+        torch.manual_seed(meta.seed + 1000 * meta.state.step + env.rank)
     return meta

@@ -14,6 +14,7 @@ from __future__ import annotations
 import datetime
 import os
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.distributed as torch_dist
@@ -121,3 +122,38 @@ def barrier(env: DistEnv) -> None:
 def shutdown(env: DistEnv) -> None:
     if env.distributed and torch_dist.is_initialized():
         torch_dist.destroy_process_group()
+
+
+# --- gathering ----------------------------------------------------------------------------
+
+def gather_objects(value: Any, env: DistEnv) -> list[Any]:
+    """`value` of every rank, in rank order, on every rank."""
+    if not env.distributed:
+        return [value]
+    out: list[Any] = [None] * env.world_size
+    torch_dist.all_gather_object(out, value)
+    return out
+
+
+def gather_trainable(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """Full (unsharded) trainable weights of a sharded loss module, on CPU, names without
+    the loss module's `model.` prefix (a collective: every rank calls it)."""
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
+                                                               ignore_frozen_params=True))
+    return {k.removeprefix("model."): v for k, v in sd.items()}
+
+
+def gather_stages(module: torch.nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:
+    """Every pipeline stage's trainable weights (whole tensors, on CPU), merged on every rank."""
+    local = {}
+    for name, p in module.named_parameters():
+        if p.requires_grad:
+            t = p.detach()
+            t = t.full_tensor() if hasattr(t, "full_tensor") else t  # tensor-parallel slices
+            local[name.removeprefix("model.")] = t.cpu()
+    merged: dict[str, torch.Tensor] = {}
+    for part in gather_objects(local, env):
+        merged.update(part)
+    return merged

@@ -33,8 +33,8 @@ def needs_agent(env: dict[str, str] | None = None) -> bool:
 
 def local_processes(value: str) -> int:
     """`--nproc-per-node`: a number, or `auto`: one process per accelerator, else one per
-    physical CPU core (each with one thread: on the 2-core machine of BENCHMARKS.md, 2
-    processes x 1 thread train 16% faster than 1 process x 2 threads)."""
+    physical CPU core, each with one thread (BENCHMARKS.md measures this against one
+    process with several threads)."""
     if value == "auto":
         import psutil
         import torch
@@ -86,9 +86,9 @@ def _accelerator_kind() -> str:
 
 
 def launch_torchrun(recipe: str | None, overrides: list[str], nproc_per_node: int | str | None,
-                    nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None, max_restarts: int,
-                    extra_env: dict[str, str] | None = None) -> int:
-    """Run torchrun's elastic agent in this process; returns the agent's exit code."""
+                    nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None, max_restarts: int) -> int:
+    """Run torchrun's elastic agent in this process; returns the agent's exit code. The
+    workers inherit this process's environment (the CLI prepares it)."""
     from torch.distributed.run import get_args_parser, run
 
     argv: list[str] = []
@@ -104,12 +104,6 @@ def launch_torchrun(recipe: str | None, overrides: list[str], nproc_per_node: in
         argv += ["--standalone"]  # one node: a private rendezvous on a free local port
     argv += ["--max-restarts", str(max_restarts)]
     argv += ["-m", "kubetune", "train"] + ([recipe] if recipe else []) + list(overrides)
-    for key, value in (extra_env or {}).items():
-        os.environ.setdefault(key, value)
-    # Stale single-process variables from the operator must not leak into the workers'
-    # rendezvous: torchrun sets RANK / WORLD_SIZE / LOCAL_RANK for each worker itself.
-    for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
-        os.environ.pop(key, None)
     args = get_args_parser().parse_args(argv)
     try:
         run(args)

@@ -11,8 +11,13 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubetune.fsutil import atomic_write_text
+
+if TYPE_CHECKING:
+    from kubetune.training.checkpoint import TrainState
+    from kubetune.training.step import StepResult
 
 
 def fmt_duration(seconds: float) -> str:
@@ -93,3 +98,28 @@ def plot_loss_curve(metrics_path: Path, out_png: Path, eval_points: list[tuple[i
     fig.savefig(tmp)
     plt.close(fig)
     tmp.replace(out_png)
+
+
+class RunLog:
+    """Rank 0's record of the fit: a metrics.jsonl line and a progress update per logged step."""
+
+    def __init__(self, metrics_path: Path, total_steps: int, start_step: int, enabled: bool):
+        self.enabled = enabled
+        self.total_steps = total_steps
+        self.metrics = MetricsLog(metrics_path, start_step) if enabled else None
+        self.progress = Progress(total_steps, start_step, enabled=enabled)
+
+    def step(self, state: TrainState, result: StepResult, lr: float, epoch: float, elapsed_s: float) -> None:
+        if self.metrics is None:
+            return
+        tps = state.tokens / max(state.train_time_s, 1e-9)
+        self.metrics.write({"step": state.step, "total_steps": self.total_steps, "epoch": round(epoch, 4),
+                            "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm, "tokens": state.tokens,
+                            "tokens_per_s": round(tps, 2), "elapsed_s": round(elapsed_s, 2)})
+        self.progress.update(state.step, result.loss, lr, state.tokens, tps)
+
+    def close(self) -> None:
+        self.progress.close()
+        if self.metrics is not None:
+            self.metrics.close()
+            self.metrics = None

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
 from kubetune.recipe.schema import TrainSection
+from kubetune.training.parallel import MeshLayout, clip_grad_norm, needs_replica_sync, sync_replicas
 
 
-def build_optimizer(model, train: TrainSection, impl: str = "fused") -> torch.optim.Optimizer:
+def build_optimizer(model: torch.nn.Module, train: TrainSection, impl: str = "fused") -> torch.optim.Optimizer:
     """AdamW over the trainable parameters; `impl` is fused | foreach | loop.
 
     fused: one kernel for all parameters (CPU and CUDA), for plain tensors. foreach: for
@@ -37,7 +40,65 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer, train: TrainSection, total_steps: int):
+def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainSection,
+                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_lambda(s, train.warmup_steps, total_steps, train.lr_schedule)
     )
+
+
+def restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, optimizer: torch.optim.Optimizer,
+                     state: dict[str, Any]) -> None:
+    """Continue the schedule at a checkpoint's step, with this run's length.
+
+    The loaded optimizer groups hold the learning rate of the saving run's schedule (whose
+    length may differ); set each group's rate from this run's schedule at the saved step.
+    The loop reads the rate from the groups (`Optimization.lr`), never the scheduler's cache.
+    """
+    scheduler.load_state_dict(state)
+    for group, base, fn in zip(optimizer.param_groups, scheduler.base_lrs, scheduler.lr_lambdas):
+        group["lr"] = base * fn(scheduler.last_epoch)
+
+
+@dataclass(frozen=True)
+class Optimization:
+    """What turns gradients into a step: optimizer, schedule, loss scaler, clipping."""
+
+    optimizer: torch.optim.Optimizer
+    scheduler: torch.optim.lr_scheduler.LambdaLR
+    scaler: torch.amp.GradScaler | None
+    params: list[torch.nn.Parameter]
+    max_grad_norm: float  # inf = no clipping
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def step(self, layout: MeshLayout) -> float:
+        """Average replicas' gradients where no wrapper did, clip, step, advance the
+        schedule; returns the global gradient norm (before clipping)."""
+        if needs_replica_sync(layout):
+            sync_replicas(self.params, layout)
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        grad_norm = clip_grad_norm(self.params, self.max_grad_norm, layout)
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.scheduler.step()
+        return float(grad_norm)
+
+
+def build_optimization(params_of: torch.nn.Module, train: TrainSection, layout: MeshLayout, device: torch.device,
+                       total_steps: int) -> Optimization:
+    # fused AdamW takes plain tensors; FSDP2's sharded DTensors need foreach; tensor
+    # parallelism mixes DTensors and plain tensors, which only the loop accepts
+    impl = "loop" if layout.tp > 1 else "foreach" if layout.sharded else "fused"
+    optimizer = build_optimizer(params_of, train, impl=impl)
+    scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
+    return Optimization(optimizer=optimizer, scheduler=build_scheduler(optimizer, train, total_steps), scaler=scaler,
+                        params=[p for p in params_of.parameters() if p.requires_grad],
+                        max_grad_norm=train.max_grad_norm or float("inf"))

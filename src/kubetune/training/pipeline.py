@@ -7,35 +7,34 @@ step's `train.grad_accum` micro-batches: all forwards flow down the pipeline, th
 backwards flow up, and the stages' gradients accumulate exactly as they would in one
 process with the same grad_accum.
 
-Each rank loads only its stage from the safetensors files (`load_causal_lm_part`; a hub
-id loads whole and is cut): the other layers never exist in its memory, and the ones it
+Each rank loads only its stage from the safetensors files (`models.load.load_causal_lm_stage`;
+a hub id loads whole and is cut): the other layers never exist in its memory, and the ones it
 keeps have their original parameter names (`...layers.7...` stays layer 7 on any stage), so DCP
 checkpoints reshard between pipeline layouts, and the optimizer, clipping and export see
 only this stage's weights.
 
 The schedule needs the same tensor shapes on every step (receive buffers are sized from
 the first micro-batch), so micro-batches are padded to [micro_batch_size, max_seq_len]
-and steps to grad_accum micro-batches; padding is a sample of its own without targets,
+and steps to grad_accum micro-batches (`PipelineRunner.micro_batches`); padding is a sample of its own without targets,
 so it changes no number. Packed rows keep their per-sample attention: the segments are
 read back from the position ids, which restart at 0 at every sample.
 """
 
 from __future__ import annotations
 
-import numpy as np
+from typing import Any
+
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from kubetune.data.packing import IGNORE, Batch
 from kubetune.models.attention import SEQLENS_KWARG
-from kubetune.models.finetune import causal_lm
+from kubetune.models.finetune import ModelParts
+from kubetune.models.generate import AutocastFactory
+from kubetune.training.dist import DistEnv
 from kubetune.training.parallel import MeshLayout
-
-
-def stage_layers(num_layers: int, stages: int) -> list[range]:
-    """Consecutive, as-even-as-possible layer ranges, earlier stages taking the remainder."""
-    return [range(int(c[0]), int(c[-1]) + 1) for c in np.array_split(np.arange(num_layers), stages)]
+from kubetune.training.runner import activation_offload
 
 
 def seqlens_from_positions(position_ids: torch.Tensor) -> list[int]:
@@ -45,31 +44,16 @@ def seqlens_from_positions(position_ids: torch.Tensor) -> list[int]:
     return [e - s for s, e in zip(starts[:-1], starts[1:])]
 
 
-def keep_stage(lm, stage: int, stages: int) -> None:
-    """Cut a *ForCausalLM down to one stage, in place: its layers (under their original
-    indices), the embedding on the first stage, the norm and head on the last."""
-    decoder = lm.model
-    if isinstance(decoder.layers, nn.ModuleDict):
-        return  # already cut (loaded as a stage)
-    owned = stage_layers(len(decoder.layers), stages)[stage]
-    decoder.layers = nn.ModuleDict({str(i): decoder.layers[i] for i in owned})
-    if stage != 0:
-        decoder.embed_tokens = nn.Identity()  # no weights; PEFT asks every model for its input embeddings
-    if stage != stages - 1:
-        decoder.norm = None
-        lm.lm_head = None
-
-
 class StageModule(nn.Module):
     """The layers of one stage: (ids | hidden, positions) -> (hidden, positions) | normed hidden."""
 
-    def __init__(self, decoder, first: bool, last: bool):
+    def __init__(self, decoder: nn.Module, first: bool, last: bool):
         super().__init__()
         self.decoder = decoder  # the pruned LlamaModel-like module (shared, not copied)
         self.first, self.last = first, last
 
-    def forward(self, x, position_ids):
-        d = self.decoder
+    def forward(self, x: torch.Tensor, position_ids: torch.Tensor) -> Any:
+        d: Any = self.decoder
         h = d.embed_tokens(x) if self.first else x
         position_embeddings = d.rotary_emb(h, position_ids=position_ids)
         seqlens = seqlens_from_positions(position_ids)
@@ -81,21 +65,21 @@ class StageModule(nn.Module):
         return h, position_ids
 
 
-class Pipeline:
-    """This rank's stage and its GPipe schedule; `step` trains, `loss_sum` evaluates."""
+class PipelineRunner:
+    """This rank's stage (already cut, see models.stages) and its schedule: a StepRunner."""
 
-    def __init__(self, loss_module, layout: MeshLayout, env, micro_batch_size: int, max_seq_len: int, n_micro: int,
-                 pad_id: int, autocast, hidden_dtype: torch.dtype, schedule: str = "gpipe"):
+    def __init__(self, model: ModelParts, layout: MeshLayout, env: DistEnv, micro_batch_size: int, max_seq_len: int,
+                 n_micro: int, pad_id: int, autocast: AutocastFactory, hidden_dtype: torch.dtype,
+                 schedule: str = "gpipe", offload: bool = False):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
-        self.layout, self.device = layout, env.device
-        self.mbs, self.seq, self.n_micro, self.pad_id = micro_batch_size, max_seq_len, n_micro, pad_id
+        self.layout, self.device, self.offload = layout, env.device, offload
+        self.mbs, self.seq, self.micro_batches, self.pad_id = micro_batch_size, max_seq_len, n_micro, pad_id
         self.autocast = autocast
-        lm = causal_lm(loss_module)
+        lm = model.lm
         decoder = lm.model
         stage, stages = layout.pp_rank, layout.pp
         self.first, self.last = stage == 0, stage == stages - 1
-        keep_stage(lm, stage, stages)
         self.lm_head = lm.lm_head
         self.module = StageModule(decoder, self.first, self.last)
         self.scale = 1.0
@@ -109,14 +93,14 @@ class Pipeline:
         stage_module = PipelineStage(self.module, stage, stages, env.device, group=layout.group("pp"),
                                      input_args=(ids, ids) if self.first else (hidden, ids),
                                      output_args=hidden if self.last else (hidden, ids))
-        # GPipe runs every forward, then every backward: it holds all n_micro micro-batches'
+        # GPipe runs every forward, then every backward: it holds all the step's micro-batches'
         # activations. 1F1B starts backwards as soon as the last stage can: at most `stages`.
         schedule_cls = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
         self.schedule = schedule_cls(
             stage_module,
             n_microbatches=n_micro, loss_fn=self._loss, scale_grads=False)
 
-    def _loss(self, hidden, targets):
+    def _loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of the target positions (the last stage only)."""
         mask = targets != IGNORE
         with self.autocast():
@@ -125,10 +109,10 @@ class Pipeline:
         self.sums.append(loss.detach())
         return loss * self.scale
 
-    def _inputs(self, batches: list[Batch]):
-        """Concatenate the step's micro-batches, each padded to [mbs, seq], the step to n_micro."""
-        ids = torch.full((self.n_micro * self.mbs, self.seq), self.pad_id, dtype=torch.long)
-        pos = torch.arange(self.seq).repeat(self.n_micro * self.mbs, 1)
+    def _inputs(self, batches: list[Batch]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Concatenate the step's micro-batches, each padded to [mbs, seq], the step to `micro_batches`."""
+        ids = torch.full((self.micro_batches * self.mbs, self.seq), self.pad_id, dtype=torch.long)
+        pos = torch.arange(self.seq).repeat(self.micro_batches * self.mbs, 1)
         tgt = torch.full_like(ids, IGNORE)
         for i, b in enumerate(batches):
             rows, t = b.input_ids.shape
@@ -140,8 +124,8 @@ class Pipeline:
         return ids.to(self.device), pos.to(self.device), tgt.to(self.device)
 
     def _run(self, batches: list[Batch], train: bool) -> float:
-        if len(batches) > self.n_micro:
-            raise ValueError(f"{len(batches)} micro-batches for a pipeline of {self.n_micro}")
+        if len(batches) > self.micro_batches:
+            raise ValueError(f"{len(batches)} micro-batches for a pipeline of {self.micro_batches}")
         ids, pos, tgt = self._inputs(batches)
         self.sums = []
         args = (ids, pos) if self.first else ()
@@ -151,15 +135,20 @@ class Pipeline:
             run(*args, **kwargs, return_outputs=False)
         return float(sum(s.double() for s in self.sums)) if self.last else 0.0
 
-    def step(self, batches: list[Batch], scale: float) -> float:
+    def forward_backward(self, batches: list[Batch], scale: float) -> float:
         """Forward and backward of one optimizer step; returns the summed loss (last stage, else 0)."""
         self.scale = scale
-        return self._run(batches, train=True)
+        with activation_offload(self.offload, self.device):
+            return self._run(batches, train=True)
 
     @torch.no_grad()
     def loss_sum(self, batches: list[Batch]) -> float:
         self.scale = 1.0
         return self._run(batches, train=False)
 
-    def train(self, mode: bool = True):
+    def train(self, mode: bool = True) -> None:
         self.module.train(mode)
+
+    @property
+    def training(self) -> bool:
+        return self.module.training

@@ -1,0 +1,44 @@
+"""`kubetune eval RUN_DIR|RECIPE`: loss and perplexity of a trained run (or of the base
+model a recipe names) on the recipe's eval data, with the same code as training's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from kubetune.data import prepare_data
+from kubetune.export import load_trained
+from kubetune.models.attention import register as register_attention
+from kubetune.models.finetune import ModelParts
+from kubetune.models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model
+from kubetune.recipe import load_recipe
+from kubetune.recipe.layout import data_parallel_only
+from kubetune.rundir import RunDir
+from kubetune.training.dist import init_distributed
+from kubetune.training.report import fmt_number, setup_logging
+from kubetune.training.runner import LocalRunner
+from kubetune.training.setup import autocast_context, configure_threads, eval_batcher
+from kubetune.training.step import EvalResult, evaluate
+
+
+def eval_target(target: str, overrides: list[str]) -> EvalResult:
+    env = init_distributed("auto")
+    setup_logging(env)
+    run = RunDir(Path(target))
+    if run.is_run():
+        recipe = run.recipe(overrides)
+        model, tokenizer = load_trained(run, recipe, for_training=True)
+    else:
+        recipe = load_recipe(target, overrides).recipe
+        source = resolve_model(recipe.model.name_or_path)
+        tokenizer = load_tokenizer(source, recipe.model.revision, recipe.model.trust_remote_code)
+        model = load_causal_lm(source, DTYPES[recipe.base_dtype_name()], register_attention())
+    configure_threads(recipe.train.num_threads, env)
+    parts = ModelParts.of(model.to(env.device))
+    data = prepare_data(recipe, tokenizer)
+    layout = data_parallel_only(env.world_size, env.rank)
+    autocast = autocast_context(recipe.train.precision, env.device)
+    runner = LocalRunner(parts.loss, parts.loss, env.device, autocast)
+    result = evaluate(runner, eval_batcher(recipe, data, tokenizer.pad_token_id, layout), layout, env)
+    print(f"eval loss {fmt_number(result.loss)}  perplexity {fmt_number(result.perplexity)}  "
+          f"({result.tokens} target tokens)")
+    return result

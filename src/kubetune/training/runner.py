@@ -1,0 +1,89 @@
+"""Step runners: how one rank runs forward and backward over a step's micro-batches.
+
+`train_step` and `evaluate` take a `StepRunner` and never ask which layout runs under it:
+- `LocalRunner`: the model (whole, or its DDP / FSDP2 / tensor-parallel wrapping) on this
+  rank, one micro-batch at a time, gradients synchronised on the last one only;
+- `PipelineRunner` (pipeline.py): this rank's stage in a GPipe / 1F1B schedule over the
+  whole step.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Protocol
+
+import torch
+
+from kubetune.data.packing import Batch
+from kubetune.models.generate import AutocastFactory
+
+
+class StepRunner(Protocol):
+    micro_batches: int  # micro-batches one `loss_sum` call takes at most (eval groups them so)
+
+    def forward_backward(self, batches: list[Batch], scale: float) -> float:
+        """Gradients of `scale` x the summed target loss of `batches`, accumulated into the
+        parameters' .grad; returns the summed loss this rank saw (0 where it has none)."""
+        ...
+
+    def loss_sum(self, batches: list[Batch]) -> float:
+        """The summed target loss of `batches`, without gradients."""
+        ...
+
+    def train(self, mode: bool = True) -> None: ...
+
+    @property
+    def training(self) -> bool: ...
+
+
+def activation_offload(enabled: bool, device: torch.device) -> contextlib.AbstractContextManager[Any]:
+    """`train.gradient_checkpointing=offload`: saved activations wait in CPU memory."""
+    if not enabled:
+        return contextlib.nullcontext()
+    return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")
+
+
+class LocalRunner:
+    """The whole model's loss on this rank.
+
+    `module` is what trains (the loss module, or its DDP wrapper); `eval_module` what
+    evaluates (the unwrapped loss module: DDP has nothing to synchronise without gradients).
+    FSDP2 and tensor parallelism wrap the loss module in place, so both are the same object.
+    """
+
+    micro_batches = 1
+
+    def __init__(self, module: torch.nn.Module, eval_module: torch.nn.Module, device: torch.device,
+                 autocast: AutocastFactory, scaler: torch.amp.GradScaler | None = None, offload: bool = False):
+        self.module, self.eval_module, self.device = module, eval_module, device
+        self.autocast, self.scaler, self.offload = autocast, scaler, offload
+
+    def _loss(self, module: torch.nn.Module, b: Batch) -> torch.Tensor:
+        with self.autocast():
+            loss: torch.Tensor = module(b.input_ids.to(self.device), b.position_ids.to(self.device),
+                                        b.targets.to(self.device), b.cu_seqlens)
+        return loss
+
+    def forward_backward(self, batches: list[Batch], scale: float) -> float:
+        total = torch.zeros((), dtype=torch.float64, device=self.device)
+        for i, b in enumerate(batches):
+            # DDP all-reduces on every backward unless told not to: only the last one syncs
+            sync = i == len(batches) - 1 or not hasattr(self.module, "no_sync")
+            no_sync = contextlib.nullcontext() if sync else self.module.no_sync()
+            with no_sync, activation_offload(self.offload, self.device):
+                loss = self._loss(self.module, b)
+                scaled = loss * scale
+                (self.scaler.scale(scaled) if self.scaler else scaled).backward()
+            total += loss.detach()
+        return float(total.item())
+
+    @torch.no_grad()
+    def loss_sum(self, batches: list[Batch]) -> float:
+        return sum(float(self._loss(self.eval_module, b)) for b in batches)
+
+    def train(self, mode: bool = True) -> None:
+        self.module.train(mode)
+
+    @property
+    def training(self) -> bool:
+        return self.module.training
