@@ -37,7 +37,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data" / "medical_flashcards"
-LORA = dict(r=8, alpha=16, dropout=0.05, targets=["q_proj", "v_proj"])
+LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "targets": ["q_proj", "v_proj"]}
 LR, WARMUP, SEED = 2e-4, 5, 42
 
 
@@ -94,8 +94,9 @@ def eval_loss(model, tokenizer, eval_rows) -> dict:
     from kubetune.training.step import evaluate
 
     data = tokenized(eval_rows, tokenizer)
-    batcher = Batcher(data, max_seq_len=512, micro_batch_size=8, packing=True, seed=0,
-                      pad_id=tokenizer.pad_token_id, shuffle=False)
+    batcher = Batcher(
+        data, max_seq_len=512, micro_batch_size=8, packing=True, seed=0, pad_id=tokenizer.pad_token_id, shuffle=False
+    )
     loss = ModelParts.of(model).loss
     runner = LocalRunner(loss, loss, torch.device("cpu"), lambda: torch.autocast("cpu", dtype=torch.bfloat16))
     return evaluate(runner, batcher, data_parallel_only(1, 0), DistEnv()).as_dict()
@@ -120,39 +121,83 @@ def arm_hf(args, precision: str) -> dict:
         labels.append([t if tr else -100 for t, tr in zip(s_ids.tolist(), s_tr.tolist())])
     ds = Dataset.from_dict({"input_ids": ids, "labels": labels, "attention_mask": [[1] * len(x) for x in ids]})
     model = AutoModelForCausalLM.from_pretrained(src, dtype=torch.float32, attn_implementation="sdpa")
-    model = get_peft_model(model, LoraConfig(r=LORA["r"], lora_alpha=LORA["alpha"], lora_dropout=LORA["dropout"],
-                                             target_modules=LORA["targets"], task_type="CAUSAL_LM"))
+    model = get_peft_model(
+        model,
+        LoraConfig(
+            r=LORA["r"],
+            lora_alpha=LORA["alpha"],
+            lora_dropout=LORA["dropout"],
+            target_modules=LORA["targets"],
+            task_type="CAUSAL_LM",
+        ),
+    )
     collator = DataCollatorForSeq2Seq(tokenizer, padding=True, label_pad_token_id=-100)
     real_tokens = int(sum(len(x) for x in ids))
     with tempfile.TemporaryDirectory() as tmp:
         targs = TrainingArguments(
-            output_dir=tmp, per_device_train_batch_size=args.batch, gradient_accumulation_steps=1,
-            num_train_epochs=1, learning_rate=LR, lr_scheduler_type="cosine", warmup_steps=WARMUP,
-            weight_decay=0.0, max_grad_norm=1.0, logging_steps=10, save_strategy="no", report_to=[],
-            bf16=precision == "bf16", use_cpu=True, dataloader_num_workers=0, seed=SEED, disable_tqdm=True,
+            output_dir=tmp,
+            per_device_train_batch_size=args.batch,
+            gradient_accumulation_steps=1,
+            num_train_epochs=1,
+            learning_rate=LR,
+            lr_scheduler_type="cosine",
+            warmup_steps=WARMUP,
+            weight_decay=0.0,
+            max_grad_norm=1.0,
+            logging_steps=10,
+            save_strategy="no",
+            report_to=[],
+            bf16=precision == "bf16",
+            use_cpu=True,
+            dataloader_num_workers=0,
+            seed=SEED,
+            disable_tqdm=True,
         )
         trainer = Trainer(model=model, args=targs, train_dataset=ds, data_collator=collator)
         t0 = time.perf_counter()
         trainer.train()
         train_s = time.perf_counter() - t0
-    padded = sum(len(b["input_ids"]) * max(len(x) for x in b["input_ids"])
-                 for b in [ds[i:i + args.batch] for i in range(0, len(ds), args.batch)])
+    padded = sum(
+        len(b["input_ids"]) * max(len(x) for x in b["input_ids"])
+        for b in [ds[i : i + args.batch] for i in range(0, len(ds), args.batch)]
+    )
     model.eval()
     ev = eval_loss(model, tokenizer, load_rows(args.eval_rows, SHARED / "test.jsonl"))
-    return {"train_tokens": real_tokens, "padded_tokens": padded, "train_s": train_s,
-            "tokens_per_s": real_tokens / train_s, "eval_loss": ev["loss"], "perplexity": ev["perplexity"]}
+    return {
+        "train_tokens": real_tokens,
+        "padded_tokens": padded,
+        "train_s": train_s,
+        "tokens_per_s": real_tokens / train_s,
+        "eval_loss": ev["loss"],
+        "perplexity": ev["perplexity"],
+    }
 
 
 def kubetune_overrides(args, precision: str, tmp: str, threads: int, micro: int) -> list[str]:
     return [
-            f"data.train={SHARED / 'train.jsonl'}", f"data.eval={SHARED / 'test.jsonl'}",
-            f"data.max_train_samples={args.rows}", f"eval.max_samples={args.eval_rows}", "eval.generate=0",
-            "eval.batch_size=8", f"lora.r={LORA['r']}", f"lora.alpha={LORA['alpha']}",
-            f"lora.dropout={LORA['dropout']}", f"lora.target_modules=[{','.join(LORA['targets'])}]",
-            "train.epochs=1", f"train.micro_batch_size={micro}", "train.grad_accum=1", f"train.lr={LR}",
-            "train.lr_schedule=cosine", f"train.warmup_steps={WARMUP}", f"train.precision={precision}",
-            f"train.seed={SEED}", "train.save_every=0", f"train.num_threads={threads}",
-            f"data.cache_dir={tmp}/cache", f"output_dir={tmp}/run", "train.log_every=1000",
+        f"data.train={SHARED / 'train.jsonl'}",
+        f"data.eval={SHARED / 'test.jsonl'}",
+        f"data.max_train_samples={args.rows}",
+        f"eval.max_samples={args.eval_rows}",
+        "eval.generate=0",
+        "eval.batch_size=8",
+        f"lora.r={LORA['r']}",
+        f"lora.alpha={LORA['alpha']}",
+        f"lora.dropout={LORA['dropout']}",
+        f"lora.target_modules=[{','.join(LORA['targets'])}]",
+        "train.epochs=1",
+        f"train.micro_batch_size={micro}",
+        "train.grad_accum=1",
+        f"train.lr={LR}",
+        "train.lr_schedule=cosine",
+        f"train.warmup_steps={WARMUP}",
+        f"train.precision={precision}",
+        f"train.seed={SEED}",
+        "train.save_every=0",
+        f"train.num_threads={threads}",
+        f"data.cache_dir={tmp}/cache",
+        f"output_dir={tmp}/run",
+        "train.log_every=1000",
     ]
 
 
@@ -170,8 +215,15 @@ def arm_kubetune_per_core(args, precision: str) -> dict:
     the micro-batch rows (the same global batch, so the same math as `kubetune-bf16`)."""
     procs = args.threads
     with tempfile.TemporaryDirectory() as tmp:
-        cmd = [sys.executable, "-m", "kubetune", "train", "--nproc-per-node", str(procs),
-               *kubetune_overrides(args, precision, tmp, 1, max(1, args.kt_micro // procs))]
+        cmd = [
+            sys.executable,
+            "-m",
+            "kubetune",
+            "train",
+            "--nproc-per-node",
+            str(procs),
+            *kubetune_overrides(args, precision, tmp, 1, max(1, args.kt_micro // procs)),
+        ]
         res = subprocess.run(cmd, capture_output=True, text=True, env={**os.environ, "OMP_NUM_THREADS": "1"})
         if res.returncode != 0:
             raise SystemExit(res.stdout[-2000:] + res.stderr[-2000:])
@@ -183,10 +235,16 @@ def arm_kubetune_per_core(args, precision: str) -> dict:
 
 def _kubetune_result(summary: dict) -> dict:
     # eval in summary uses the same evaluate() on the same rows as the HF arms
-    return {"train_tokens": summary["train_tokens"], "padded_tokens": summary["train_tokens"],
-            "train_s": summary["train_time_s"], "tokens_per_s": summary["tokens_per_s"],
-            "eval_loss": summary["eval_loss_after"], "perplexity": summary["perplexity_after"],
-            "eval_loss_before": summary["eval_loss_before"], "perplexity_before": summary["perplexity_before"]}
+    return {
+        "train_tokens": summary["train_tokens"],
+        "padded_tokens": summary["train_tokens"],
+        "train_s": summary["train_time_s"],
+        "tokens_per_s": summary["tokens_per_s"],
+        "eval_loss": summary["eval_loss_after"],
+        "perplexity": summary["perplexity_after"],
+        "eval_loss_before": summary["eval_loss_before"],
+        "perplexity_before": summary["perplexity_before"],
+    }
 
 
 ARMS = {
@@ -198,8 +256,22 @@ ARMS = {
 
 
 def run_arm(name: str, args) -> dict:
-    cmd = [sys.executable, __file__, "--arm", name, "--rows", str(args.rows), "--eval-rows", str(args.eval_rows),
-           "--threads", str(args.threads), "--batch", str(args.batch), "--kt-micro", str(args.kt_micro)]
+    cmd = [
+        sys.executable,
+        __file__,
+        "--arm",
+        name,
+        "--rows",
+        str(args.rows),
+        "--eval-rows",
+        str(args.eval_rows),
+        "--threads",
+        str(args.threads),
+        "--batch",
+        str(args.batch),
+        "--kt-micro",
+        str(args.kt_micro),
+    ]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode != 0:
@@ -230,27 +302,41 @@ def main() -> None:
     results = {name: run_arm(name, args) for name in ARMS}
     config = AutoConfig.from_pretrained(resolve_model("smollm2-135m-instruct"))
     kt = results["kubetune-bf16"]
-    print(f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-          f"({_cpu_model()}), torch threads {args.threads}")
+    print(
+        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
+        f"({_cpu_model()}), torch threads {args.threads}"
+    )
     print(f"matmul peak (2048^3): bf16 {peak['bf16'] / 1e12:.3f} TFLOP/s, fp32 {peak['fp32'] / 1e12:.3f} TFLOP/s")
-    print(f"budget: {args.rows} rows of train.jsonl = {kt['train_tokens']:,} real tokens, one epoch; "
-          f"eval on {args.eval_rows} rows of test.jsonl")
-    print(f"{'arm':17s} {'tokens/s':>9s} {'x hf-fp32':>9s} {'x hf-bf16':>9s} {'pad%':>5s} {'peak RSS':>9s} "
-          f"{'eval loss':>9s} {'ppl':>7s} {'% bf16 peak':>11s}")
+    print(
+        f"budget: {args.rows} rows of train.jsonl = {kt['train_tokens']:,} real tokens, one epoch; "
+        f"eval on {args.eval_rows} rows of test.jsonl"
+    )
+    print(
+        f"{'arm':17s} {'tokens/s':>9s} {'x hf-fp32':>9s} {'x hf-bf16':>9s} {'pad%':>5s} {'peak RSS':>9s} "
+        f"{'eval loss':>9s} {'ppl':>7s} {'% bf16 peak':>11s}"
+    )
     from kubetune.models.load import load_tokenizer
 
-    tok_data = tokenized(load_rows(args.rows, SHARED / "train.jsonl"), load_tokenizer(resolve_model("smollm2-135m-instruct")))
+    tok_data = tokenized(
+        load_rows(args.rows, SHARED / "train.jsonl"), load_tokenizer(resolve_model("smollm2-135m-instruct"))
+    )
     target_frac = float(tok_data.trainable.mean())
-    print(f"useful model FLOPs per trained token: {flops_per_token(config, target_frac) / 1e6:.0f} M "
-          f"(frozen base: forward + backward to activations; LM head on the {target_frac:.0%} target tokens)")
+    print(
+        f"useful model FLOPs per trained token: {flops_per_token(config, target_frac) / 1e6:.0f} M "
+        f"(frozen base: forward + backward to activations; LM head on the {target_frac:.0%} target tokens)"
+    )
     for name, r in results.items():
         fpt = flops_per_token(config, target_frac)
         frac = r["tokens_per_s"] * fpt / peak["bf16"] * 100
         pad = 100 * (1 - r["train_tokens"] / r["padded_tokens"])
-        print(f"{name:17s} {r['tokens_per_s']:9.1f} {r['tokens_per_s'] / results['hf-fp32']['tokens_per_s']:9.2f} "
-              f"{r['tokens_per_s'] / results['hf-bf16']['tokens_per_s']:9.2f} {pad:5.1f} {r['peak_rss_mb']:7.0f}MB "
-              f"{r['eval_loss']:9.4f} {r['perplexity']:7.3f} {frac:10.1f}%")
-    print(f"base model before training: eval loss {kt['eval_loss_before']:.4f}, perplexity {kt['perplexity_before']:.3f}")
+        print(
+            f"{name:17s} {r['tokens_per_s']:9.1f} {r['tokens_per_s'] / results['hf-fp32']['tokens_per_s']:9.2f} "
+            f"{r['tokens_per_s'] / results['hf-bf16']['tokens_per_s']:9.2f} {pad:5.1f} {r['peak_rss_mb']:7.0f}MB "
+            f"{r['eval_loss']:9.4f} {r['perplexity']:7.3f} {frac:10.1f}%"
+        )
+    print(
+        f"base model before training: eval loss {kt['eval_loss_before']:.4f}, perplexity {kt['perplexity_before']:.3f}"
+    )
     print(json.dumps({"peak": peak, "results": results}))
 
 

@@ -31,8 +31,15 @@ def base_env(**extra) -> dict:
 
 
 def kubetune(args, env=None, **kw) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "kubetune", *args], env=env or base_env(), cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, "-m", "kubetune", *args],
+        env=env or base_env(),
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def finish(proc, timeout=300) -> str:
@@ -55,13 +62,18 @@ def losses(run: Path) -> list[float]:
 @pytest.fixture
 def dist_overrides(tiny_overrides):
     return [o for o in tiny_overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
-        "eval.generate=0", "train.max_steps=4"]
+        "eval.generate=0",
+        "train.max_steps=4",
+    ]
 
 
 def test_two_processes_equal_one_with_grad_accum_two(tmp_path, dist_overrides):
     one = finish(kubetune(["train", *dist_overrides, "train.grad_accum=2", f"output_dir={tmp_path / 'one'}"]))
-    two = finish(kubetune(["train", "--nproc-per-node", "2", *dist_overrides, "train.grad_accum=1",
-                           f"output_dir={tmp_path / 'two'}"]))
+    two = finish(
+        kubetune(
+            ["train", "--nproc-per-node", "2", *dist_overrides, "train.grad_accum=1", f"output_dir={tmp_path / 'two'}"]
+        )
+    )
     assert "2 process(es)" in two and "1 process(es)" in one
     a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
     assert len(a) == len(b) == 4
@@ -78,8 +90,18 @@ def test_nproc_per_node_auto_is_one_process_per_core(tmp_path, dist_overrides):
 
     n = local_processes("auto")
     assert 1 <= n <= os.cpu_count()
-    out = finish(kubetune(["train", "--nproc-per-node", "auto", *dist_overrides, "train.max_steps=2",
-                           f"output_dir={tmp_path / 'auto'}"]))
+    out = finish(
+        kubetune(
+            [
+                "train",
+                "--nproc-per-node",
+                "auto",
+                *dist_overrides,
+                "train.max_steps=2",
+                f"output_dir={tmp_path / 'auto'}",
+            ]
+        )
+    )
     assert f"{n} process(es)" in out
     bad = kubetune(["train", "--nproc-per-node", "two", *dist_overrides, f"output_dir={tmp_path / 'bad'}"])
     text, _ = bad.communicate(timeout=60)
@@ -90,10 +112,21 @@ def test_pytorchjob_contract_one_process_per_pod(tmp_path, dist_overrides):
     """What the Kubeflow training operator injects: MASTER_ADDR/PORT, WORLD_SIZE, RANK."""
     port = str(free_port())
     run = tmp_path / "job"
-    procs = [kubetune(["train", *dist_overrides, f"output_dir={run}"],
-                      env=base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK=str(r),
-                                   PET_NNODES="2", PET_NODE_RANK=str(r), PYTHONUNBUFFERED="1"))
-             for r in range(2)]
+    procs = [
+        kubetune(
+            ["train", *dist_overrides, f"output_dir={run}"],
+            env=base_env(
+                MASTER_ADDR="127.0.0.1",
+                MASTER_PORT=port,
+                WORLD_SIZE="2",
+                RANK=str(r),
+                PET_NNODES="2",
+                PET_NODE_RANK=str(r),
+                PYTHONUNBUFFERED="1",
+            ),
+        )
+        for r in range(2)
+    ]
     outs = [finish(p) for p in procs]
     assert "2 process(es)" in outs[0]
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
@@ -104,10 +137,19 @@ def test_trainjob_contract_starts_torchrun_from_pet_variables(tmp_path, dist_ove
     """Trainer v2 sets only PET_NNODES/NODE_RANK/MASTER_ADDR/MASTER_PORT/NPROC_PER_NODE."""
     port = str(free_port())
     run = tmp_path / "trainjob"
-    procs = [kubetune(["train", *dist_overrides, f"output_dir={run}"],
-                      env=base_env(PET_NNODES="2", PET_NODE_RANK=str(r), PET_MASTER_ADDR="127.0.0.1",
-                                   PET_MASTER_PORT=port, PET_NPROC_PER_NODE="1"))
-             for r in range(2)]
+    procs = [
+        kubetune(
+            ["train", *dist_overrides, f"output_dir={run}"],
+            env=base_env(
+                PET_NNODES="2",
+                PET_NODE_RANK=str(r),
+                PET_MASTER_ADDR="127.0.0.1",
+                PET_MASTER_PORT=port,
+                PET_NPROC_PER_NODE="1",
+            ),
+        )
+        for r in range(2)
+    ]
     [finish(p) for p in procs]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4
@@ -115,8 +157,10 @@ def test_trainjob_contract_starts_torchrun_from_pet_variables(tmp_path, dist_ove
 
 def test_rescaled_resume_two_one_two(tmp_path, dist_overrides):
     run = tmp_path / "elastic"
-    common = [o for o in dist_overrides if not o.startswith("train.max_steps")] + ["train.save_every=2",
-                                                                                   f"output_dir={run}"]
+    common = [o for o in dist_overrides if not o.startswith("train.max_steps")] + [
+        "train.save_every=2",
+        f"output_dir={run}",
+    ]
     finish(kubetune(["train", "--nproc-per-node", "2", *common, "train.max_steps=4"]))
     out1 = finish(kubetune(["train", *common, "train.max_steps=6"]))
     assert "resumed from" in out1 and "step-4" in out1
@@ -129,7 +173,10 @@ def test_rescaled_resume_two_one_two(tmp_path, dist_overrides):
 def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
     run = tmp_path / "restart"
     args = [o for o in dist_overrides if not o.startswith("train.max_steps")] + [
-        "train.max_steps=12", "train.save_every=2", f"output_dir={run}"]
+        "train.max_steps=12",
+        "train.save_every=2",
+        f"output_dir={run}",
+    ]
     agent = kubetune(["train", "--nproc-per-node", "2", "--max-restarts", "2", *args])
     deadline = time.time() + 240
     while not (run / "checkpoints" / "step-4" / "meta.json").exists():
@@ -150,8 +197,19 @@ def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_
     one = tmp_path / "one"
     fsdp = tmp_path / "fsdp"
     finish(kubetune(["train", *dist_overrides, "train.grad_accum=2", f"output_dir={one}"]))
-    out = finish(kubetune(["train", "--nproc-per-node", "2", *dist_overrides, "train.grad_accum=1",
-                           "parallel.fsdp=2", f"output_dir={fsdp}"]))
+    out = finish(
+        kubetune(
+            [
+                "train",
+                "--nproc-per-node",
+                "2",
+                *dist_overrides,
+                "train.grad_accum=1",
+                "parallel.fsdp=2",
+                f"output_dir={fsdp}",
+            ]
+        )
+    )
     assert "2 process(es)" in out
     a, b = losses(one), losses(fsdp)
     for x, y in zip(a, b):
@@ -163,8 +221,17 @@ def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_
         assert ad_one[k].shape == ad_fsdp[k].shape
         assert (ad_one[k] - ad_fsdp[k]).abs().max() < 1e-3
     # a sharded checkpoint resumes in one process
-    more = finish(kubetune(["train", *[o for o in dist_overrides if "max_steps" not in o], "train.max_steps=6",
-                            "train.grad_accum=2", f"output_dir={fsdp}"]))
+    more = finish(
+        kubetune(
+            [
+                "train",
+                *[o for o in dist_overrides if "max_steps" not in o],
+                "train.max_steps=6",
+                "train.grad_accum=2",
+                f"output_dir={fsdp}",
+            ]
+        )
+    )
     assert "resumed from" in more
 
 
@@ -197,8 +264,7 @@ def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides):
         one, tp = tmp_path / f"one-{method}", tmp_path / f"tp-{method}"
         common = [*dist_overrides, f"finetune.method={method}", "train.grad_accum=2", "eval.generate=1"]
         finish(kubetune(["train", *common, f"output_dir={one}"]))
-        out = finish(kubetune(["train", "--nproc-per-node", "2", *common, *extra, "parallel.tp=2",
-                               f"output_dir={tp}"]))
+        out = finish(kubetune(["train", "--nproc-per-node", "2", *common, *extra, "parallel.tp=2", f"output_dir={tp}"]))
         assert "tp 2" in out
         assert_same_run(one, tp)
     # the exported full model is whole (gathered from the slices) and loads
@@ -217,8 +283,19 @@ def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overri
     assert "pp 2" in out
     assert_same_run(one, pp)
     f1b = tmp_path / "1f1b"  # the 1F1B schedule: other order, same math
-    finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", "parallel.pp_schedule=1f1b",
-                     f"output_dir={f1b}"]))
+    finish(
+        kubetune(
+            [
+                "train",
+                "--nproc-per-node",
+                "2",
+                *common,
+                "parallel.pp=2",
+                "parallel.pp_schedule=1f1b",
+                f"output_dir={f1b}",
+            ]
+        )
+    )
     assert_same_run(one, f1b)
     ckpt = pp / "checkpoints" / "step-2"
     assert (ckpt / "meta.json").is_file()
@@ -238,19 +315,25 @@ def test_four_processes_in_two_dimensions(tmp_path, dist_overrides):
     ddp, one = tmp_path / "ddp", tmp_path / "one"
     finish(kubetune(["train", "--nproc-per-node", "2", *common, f"output_dir={ddp}"]))
     finish(kubetune(["train", *common, f"output_dir={one}"]))
-    for layout, same_as in ((["parallel.tp=2"], ddp), (["parallel.fsdp=2", "parallel.tp=2"], ddp),
-                            (["parallel.pp=2"], ddp), (["parallel.tp=2", "parallel.pp=2"], one)):
+    for layout, same_as in (
+        (["parallel.tp=2"], ddp),
+        (["parallel.fsdp=2", "parallel.tp=2"], ddp),
+        (["parallel.pp=2"], ddp),
+        (["parallel.tp=2", "parallel.pp=2"], one),
+    ):
         run = tmp_path / "-".join(layout)
         finish(kubetune(["train", "--nproc-per-node", "4", *common, *layout, f"output_dir={run}"]))
         assert_same_run(same_as, run)
 
 
 def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
-    for bad, words in ((["parallel.fsdp=3"], "dp x fsdp x tp x pp"),
-                       (["parallel.tp=2", "model.name_or_path=smollm2-135m-instruct"], "9 attention heads"),
-                       (["parallel.pp=2", "finetune.method=full"], "ties its input embedding"),
-                       (["parallel.pp=2", "parallel.fsdp=2", "parallel.dp=1"], "parallel.fsdp=1"),
-                       (["parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=1"], "train.grad_accum>=2")):
+    for bad, words in (
+        (["parallel.fsdp=3"], "dp x fsdp x tp x pp"),
+        (["parallel.tp=2", "model.name_or_path=smollm2-135m-instruct"], "9 attention heads"),
+        (["parallel.pp=2", "finetune.method=full"], "ties its input embedding"),
+        (["parallel.pp=2", "parallel.fsdp=2", "parallel.dp=1"], "parallel.fsdp=1"),
+        (["parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=1"], "train.grad_accum>=2"),
+    ):
         proc = kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *bad, f"output_dir={tmp_path / 'x'}"])
         out, _ = proc.communicate(timeout=120)
         assert proc.returncode == 2 and words in out, out[-2000:]
@@ -263,12 +346,36 @@ def test_two_hosts_in_network_namespaces_pytorchjob_contract(tmp_path, dist_over
     run = tmp_path / "netns"
     procs = []
     for rank, (ns, _ip_addr, ifname) in enumerate(two_hosts):
-        env = base_env(MASTER_ADDR=master_ip, MASTER_PORT="29512", WORLD_SIZE="2", RANK=str(rank),
-                       GLOO_SOCKET_IFNAME=ifname, PYTHONUNBUFFERED="1")
-        procs.append(subprocess.Popen(
-            ["ip", "netns", "exec", ns, sys.executable, "-m", "kubetune", "train", *dist_overrides,
-             "parallel.timeout_s=120", f"output_dir={run}"],
-            env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True))
+        env = base_env(
+            MASTER_ADDR=master_ip,
+            MASTER_PORT="29512",
+            WORLD_SIZE="2",
+            RANK=str(rank),
+            GLOO_SOCKET_IFNAME=ifname,
+            PYTHONUNBUFFERED="1",
+        )
+        procs.append(
+            subprocess.Popen(
+                [
+                    "ip",
+                    "netns",
+                    "exec",
+                    ns,
+                    sys.executable,
+                    "-m",
+                    "kubetune",
+                    "train",
+                    *dist_overrides,
+                    "parallel.timeout_s=120",
+                    f"output_dir={run}",
+                ],
+                env=env,
+                cwd=REPO,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+        )
     outs = [finish(p) for p in procs]
     assert "2 process(es)" in outs[0]
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
@@ -278,10 +385,20 @@ def test_pytorchjob_with_torchrun_per_pod(tmp_path, dist_overrides):
     """nprocPerNode=2 on one pod: the operator sets PET_* and kubetune starts torchrun itself."""
     port = str(free_port())
     run = tmp_path / "pet"
-    proc = kubetune(["train", *dist_overrides, f"output_dir={run}"],
-                    env=base_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=port, WORLD_SIZE="2", RANK="0",
-                                 PET_MASTER_ADDR="127.0.0.1", PET_MASTER_PORT=port, PET_NNODES="1",
-                                 PET_NODE_RANK="0", PET_NPROC_PER_NODE="2"))
+    proc = kubetune(
+        ["train", *dist_overrides, f"output_dir={run}"],
+        env=base_env(
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=port,
+            WORLD_SIZE="2",
+            RANK="0",
+            PET_MASTER_ADDR="127.0.0.1",
+            PET_MASTER_PORT=port,
+            PET_NNODES="1",
+            PET_NODE_RANK="0",
+            PET_NPROC_PER_NODE="2",
+        ),
+    )
     out = finish(proc)
     assert "2 process(es)" in out
     assert json.loads((run / "summary.json").read_text())["steps"] == 4

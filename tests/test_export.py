@@ -13,7 +13,7 @@ def _greedy(model, tokenizer, prompt, n=12):
     enc = tokenizer(prompt, return_tensors="pt")
     with torch.no_grad():
         out = model.generate(**enc, max_new_tokens=n, do_sample=False, pad_token_id=tokenizer.pad_token_id)
-    return out[0, enc["input_ids"].shape[1]:].tolist()
+    return out[0, enc["input_ids"].shape[1] :].tolist()
 
 
 def test_merged_export_matches_base_plus_adapter(tmp_path, tiny_overrides):
@@ -40,9 +40,18 @@ def test_real_model_train_resume_export_generate(tmp_path):
     """SmolLM2-135M end to end through the CLI: train, resume to more steps, export, generate."""
     data = SHARED_DATA / "train.jsonl" if (SHARED_DATA / "train.jsonl").is_file() else None
     run = tmp_path / "smol"
-    args = ["train", "train.max_steps=2", "train.save_every=1", "train.micro_batch_size=2", "train.grad_accum=1",
-            "eval.max_samples=8", "eval.generate=1", "eval.max_new_tokens=12", f"output_dir={run}",
-            f"data.cache_dir={tmp_path / 'cache'}"]
+    args = [
+        "train",
+        "train.max_steps=2",
+        "train.save_every=1",
+        "train.micro_batch_size=2",
+        "train.grad_accum=1",
+        "eval.max_samples=8",
+        "eval.generate=1",
+        "eval.max_new_tokens=12",
+        f"output_dir={run}",
+        f"data.cache_dir={tmp_path / 'cache'}",
+    ]
     if data:
         args += [f"data.train={data}", "data.max_train_samples=64"]
     first = run_cli(args, timeout=600)
@@ -52,9 +61,12 @@ def test_real_model_train_resume_export_generate(tmp_path):
     assert again.returncode == 0 and "resumed from" in again.stderr
     exp = run_cli(["export", str(run), "--merged", "-o", str(tmp_path / "merged")], timeout=600)
     assert exp.returncode == 0, exp.stderr[-2000:]
-    gen = run_cli(["generate", str(tmp_path / "merged"), "--prompt", "What does insulin do?",
-                   "--max-new-tokens", "12"], timeout=600)
+    gen = run_cli(
+        ["generate", str(tmp_path / "merged"), "--prompt", "What does insulin do?", "--max-new-tokens", "12"],
+        timeout=600,
+    )
     assert gen.returncode == 0 and len(gen.stdout.strip()) > 0, gen.stderr[-2000:]
-    gen_run = run_cli(["generate", str(run), "--prompt", "What does insulin do?", "--max-new-tokens", "12"],
-                      timeout=600)
+    gen_run = run_cli(
+        ["generate", str(run), "--prompt", "What does insulin do?", "--max-new-tokens", "12"], timeout=600
+    )
     assert gen_run.returncode == 0 and gen_run.stdout.strip() == gen.stdout.strip()

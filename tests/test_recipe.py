@@ -83,3 +83,10 @@ def test_reference_lists_every_leaf_key():
         assert f"`{key}`" in ref
     assert len(all_keys()) > 40
     assert yaml.safe_load(yaml.safe_dump({"a": 1}))  # PyYAML present for users' recipes
+
+
+def test_readme_recipe_reference_is_the_generated_table():
+    from pathlib import Path
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    assert reference_markdown().strip() in readme, "regenerate README's table with `kubetune recipe reference`"

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Optional
 
 import typer
 
@@ -27,7 +26,7 @@ app.add_typer(recipe_app, name="recipe")
 app.add_typer(k8s_app, name="k8s")
 
 
-def _split_recipe_args(args: list[str]) -> tuple[Optional[str], list[str]]:
+def _split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
     """`[RECIPE] [key=value ...]`: the first argument is a recipe unless it has an `=`."""
     if args and "=" not in args[0]:
         return args[0], list(args[1:])
@@ -37,25 +36,25 @@ def _split_recipe_args(args: list[str]) -> tuple[Optional[str], list[str]]:
 @app.command(context_settings={"allow_extra_args": False})
 def train(
     args: list[str] = typer.Argument(None, help="[RECIPE] [key=value ...]; no recipe = the embedded default."),
-    nproc_per_node: Optional[str] = typer.Option(
-        None, "--nproc-per-node",
-        help="Start torchrun with N local processes; auto = one per accelerator, or one per CPU core."),
-    nnodes: Optional[str] = typer.Option(None, "--nnodes", help="torchrun --nnodes (N or MIN:MAX)."),
-    node_rank: Optional[int] = typer.Option(None, "--node-rank", help="torchrun --node-rank."),
-    rdzv_endpoint: Optional[str] = typer.Option(None, "--rdzv-endpoint", help="torchrun --rdzv-endpoint HOST:PORT."),
+    nproc_per_node: str | None = typer.Option(
+        None,
+        "--nproc-per-node",
+        help="Start torchrun with N local processes; auto = one per accelerator, or one per CPU core.",
+    ),
+    nnodes: str | None = typer.Option(None, "--nnodes", help="torchrun --nnodes (N or MIN:MAX)."),
+    node_rank: int | None = typer.Option(None, "--node-rank", help="torchrun --node-rank."),
+    rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="torchrun --rdzv-endpoint HOST:PORT."),
     max_restarts: int = typer.Option(0, "--max-restarts", help="torchrun --max-restarts (elastic agent)."),
 ):
     """Fine-tune (LoRA or full) as the recipe says; resumes from the newest checkpoint."""
     recipe, overrides = _split_recipe_args(args or [])
     from kubetune.training.launch import launch_torchrun, local_processes, needs_agent, precheck
 
-    if nproc_per_node is not None:
-        nproc_per_node = local_processes(nproc_per_node)
-    if nproc_per_node or nnodes:
-        world = (nproc_per_node or 1) * int(nnodes or 1) if nnodes is None or str(nnodes).isdigit() else None
-        _worker_environment(precheck(recipe, overrides, world or 0, nproc_per_node or 1) if world else {})
-        raise typer.Exit(launch_torchrun(recipe, overrides, nproc_per_node or 1, nnodes, node_rank, rdzv_endpoint,
-                                         max_restarts))
+    nproc = local_processes(nproc_per_node) if nproc_per_node is not None else None
+    if nproc or nnodes:
+        world = (nproc or 1) * int(nnodes or 1) if nnodes is None or str(nnodes).isdigit() else None
+        _worker_environment(precheck(recipe, overrides, world or 0, nproc or 1) if world else {})
+        raise typer.Exit(launch_torchrun(recipe, overrides, nproc or 1, nnodes, node_rank, rdzv_endpoint, max_restarts))
     if needs_agent():  # a Kubeflow pod that asks for torchrun (PET_* variables)
         _worker_environment({})
         raise typer.Exit(launch_torchrun(recipe, overrides, None, None, None, None, max_restarts))
@@ -79,7 +78,7 @@ def eval_cmd(
 def export(
     run_dir: Path = typer.Argument(..., help="A finished (or checkpointed) run directory."),
     merged: bool = typer.Option(False, "--merged", help="Merge LoRA into the base weights (HF safetensors dir)."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Target directory (default RUN_DIR/merged)."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Target directory (default RUN_DIR/merged)."),
 ):
     """Export the adapter (PEFT format) or a merged HF model directory."""
     from kubetune.export import export_run

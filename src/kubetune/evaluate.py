@@ -39,6 +39,8 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     autocast = autocast_context(recipe.train.precision, env.device)
     runner = LocalRunner(parts.loss, parts.loss, env.device, autocast)
     result = evaluate(runner, eval_batcher(recipe, data, tokenizer.pad_token_id, layout), layout, env)
-    print(f"eval loss {fmt_number(result.loss)}  perplexity {fmt_number(result.perplexity)}  "
-          f"({result.tokens} target tokens)")
+    print(
+        f"eval loss {fmt_number(result.loss)}  perplexity {fmt_number(result.perplexity)}  "
+        f"({result.tokens} target tokens)"
+    )
     return result

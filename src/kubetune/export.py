@@ -18,8 +18,9 @@ from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir
 
 
-def save_trained(model: Any, lm: Any, tokenizer: Any, method: str, target: Path,
-                 full_state: dict[str, torch.Tensor] | None = None) -> None:
+def save_trained(
+    model: Any, lm: Any, tokenizer: Any, method: str, target: Path, full_state: dict[str, torch.Tensor] | None = None
+) -> None:
     """LoRA: the adapter in PEFT format. Full: the HF model directory. Written atomically.
 
     `full_state` holds gathered weights when `model`'s own tensors are shards (FSDP2,
@@ -40,8 +41,9 @@ def save_trained(model: Any, lm: Any, tokenizer: Any, method: str, target: Path,
         tokenizer.save_pretrained(tmp)
 
 
-def load_trained(run_dir: Path | RunDir, recipe: Recipe | None = None, dtype: torch.dtype | None = None,
-                 for_training: bool = False) -> tuple[Any, Any]:
+def load_trained(
+    run_dir: Path | RunDir, recipe: Recipe | None = None, dtype: torch.dtype | None = None, for_training: bool = False
+) -> tuple[Any, Any]:
     """(model, tokenizer) of a finished run: base + adapter (LoRA) or the full model.
 
     `for_training` loads with kubetune's packed-sample attention (for evaluating on packed
@@ -59,8 +61,9 @@ def load_trained(run_dir: Path | RunDir, recipe: Recipe | None = None, dtype: to
         return load_causal_lm(str(weights), dtype, attn), tokenizer
     from peft import PeftModel
 
-    base = load_causal_lm(resolve_model(recipe.model.name_or_path), dtype, attn, recipe.model.revision,
-                          recipe.model.trust_remote_code)
+    base = load_causal_lm(
+        resolve_model(recipe.model.name_or_path), dtype, attn, recipe.model.revision, recipe.model.trust_remote_code
+    )
     return PeftModel.from_pretrained(base, str(weights)), tokenizer
 
 

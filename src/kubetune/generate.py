@@ -34,6 +34,12 @@ def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperatur
     renderer = PromptRenderer(template, tokenizer, system)
     text = renderer.prompt({"instruction": prompt, "input": ""})
     model.eval()
-    return generate_text(ModelParts.of(model).lm, tokenizer, text, max_new_tokens,
-                         add_special_tokens=not renderer.uses_chat_template, device=torch.device("cpu"),
-                         temperature=temperature)
+    return generate_text(
+        ModelParts.of(model).lm,
+        tokenizer,
+        text,
+        max_new_tokens,
+        add_special_tokens=not renderer.uses_chat_template,
+        device=torch.device("cpu"),
+        temperature=temperature,
+    )

@@ -23,11 +23,25 @@ from kubetune.recipe.schema import Recipe
 
 # Fields that don't change what is learned: changing them keeps the run resumable.
 NEUTRAL: dict[str, set[str] | None] = {
-    "output_dir": None, "k8s": None, "parallel": None, "eval": None,
+    "output_dir": None,
+    "k8s": None,
+    "parallel": None,
+    "eval": None,
     # max_steps / epochs: training longer (or stopping earlier) continues the same run.
     # grad_accum: resuming with another world size keeps the global batch by changing it.
-    "train": {"resume", "log_every", "save_every", "keep_last", "eval_every", "device", "num_threads", "compile",
-              "max_steps", "epochs", "grad_accum"},
+    "train": {
+        "resume",
+        "log_every",
+        "save_every",
+        "keep_last",
+        "eval_every",
+        "device",
+        "num_threads",
+        "compile",
+        "max_steps",
+        "epochs",
+        "grad_accum",
+    },
     "data": {"cache_dir"},
 }
 
@@ -100,8 +114,9 @@ class RunDir:
                 f"choose another output_dir=... or delete that directory"
             )
         if prev is None and self.path.is_dir() and any(self.path.iterdir()):
-            raise RunDirError(f"output_dir={self.path} is not empty and is not a kubetune run; "
-                              f"choose another output_dir=...")
+            raise RunDirError(
+                f"output_dir={self.path} is not empty and is not a kubetune run; choose another output_dir=..."
+            )
         return prev
 
     def write_record(self, recipe: Recipe, status: str) -> None:
@@ -112,13 +127,16 @@ class RunDir:
     # --- reading a finished run -----------------------------------------------------
     def recipe(self, overrides: list[str] | None = None) -> Recipe:
         if not self.recipe_file.is_file():
-            raise RunDirError(f"{self.path} is not a kubetune run directory (no recipe.yaml); "
-                              f"pass the output_dir of `kubetune train`")
+            raise RunDirError(
+                f"{self.path} is not a kubetune run directory (no recipe.yaml); pass the output_dir of `kubetune train`"
+            )
         return load_recipe(self.recipe_file, overrides or []).recipe
 
     def finished_weights(self, recipe: Recipe) -> Path:
         path = self.weights(recipe.finetune.method)
         if not path.is_dir():
-            raise RunDirError(f"{self.path} has no {path.name}/ yet (the run has not finished); "
-                              f"rerun `kubetune train` with the same recipe to finish it")
+            raise RunDirError(
+                f"{self.path} has no {path.name}/ yet (the run has not finished); "
+                f"rerun `kubetune train` with the same recipe to finish it"
+            )
         return path

@@ -19,6 +19,8 @@ Without it (generation, plain batches) the stock SDPA path runs.
 
 from __future__ import annotations
 
+import itertools
+
 import torch
 import torch.nn.functional as F
 
@@ -28,7 +30,7 @@ SEQLENS_KWARG = "kubetune_seqlens"
 
 def seqlens_from_cu(cu: list[int]) -> list[int]:
     """Segment lengths from cumulative boundaries over the flattened batch."""
-    return [e - s for s, e in zip(cu[:-1], cu[1:]) if e > s]
+    return [e - s for s, e in itertools.pairwise(cu) if e > s]
 
 
 def packed_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
@@ -37,8 +39,9 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout=
     if lengths is None or query.shape[2] == 1:
         from transformers.integrations.sdpa_attention import sdpa_attention_forward
 
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        return sdpa_attention_forward(
+            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+        )
     b, h, t, d = query.shape
     if key.shape[1] != h:  # grouped-query attention: CPU flash backward is slow with enable_gqa
         key = key.repeat_interleave(h // key.shape[1], dim=1)
@@ -50,7 +53,9 @@ def packed_attention_forward(module, query, key, value, attention_mask, dropout=
 
     p = dropout if module.training else 0.0
     outs = [
-        F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=p).squeeze(0).transpose(0, 1)
+        F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=p)
+        .squeeze(0)
+        .transpose(0, 1)
         for qi, ki, vi in zip(segments(query), segments(key), segments(value))
     ]
     return torch.cat(outs).reshape(b, t, h, d).to(dtype), None

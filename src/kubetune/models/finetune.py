@@ -35,7 +35,8 @@ class ModelParts:
     def of(cls, model: nn.Module, lm: Any | None = None) -> ModelParts:
         """`lm` defaults to the base model of a PEFT model, else `model` itself."""
         if lm is None:
-            lm = model.get_base_model() if hasattr(model, "get_base_model") else model
+            base_of = getattr(model, "get_base_model", None)
+            lm = base_of() if base_of is not None else model
         return cls(model=model, lm=lm, loss=TargetLoss(model, lm))
 
     @property
@@ -76,8 +77,14 @@ def apply_lora(model: Any, recipe: Recipe) -> Any:
                 f"lora.target_modules: {', '.join(missing)} not in this model; its linear modules are "
                 f"{', '.join(sorted(available))} (or use all-linear)"
             )
-    config = LoraConfig(r=lora.r, lora_alpha=lora.alpha, lora_dropout=lora.dropout,
-                        target_modules=targets, task_type="CAUSAL_LM", bias="none")
+    config = LoraConfig(
+        r=lora.r,
+        lora_alpha=lora.alpha,  # type: ignore[arg-type]  # PEFT annotates int; scale = alpha / r takes any number
+        lora_dropout=lora.dropout,
+        target_modules=targets,
+        task_type="CAUSAL_LM",
+        bias="none",
+    )
     model = get_peft_model(model, config)
     # PEFT draws each lora_A from the global generator in module order, so a pipeline stage
     # that holds layers 15-29 would draw what layer 0 gets in one process. Draw each from a
@@ -142,6 +149,8 @@ class TargetLoss(nn.Module):
     target tokens across micro-batches and ranks.
     """
 
+    lm: Any  # set in __init__, outside the module registry
+
     def __init__(self, model: nn.Module, lm: Any):
         super().__init__()
         self.model = model  # keeps PEFT's module tree (and its state-dict names)
@@ -149,8 +158,13 @@ class TargetLoss(nn.Module):
         # parameters are not listed (and checkpointed) a second time under another name.
         self.__dict__["lm"] = lm
 
-    def forward(self, input_ids: torch.Tensor, position_ids: torch.Tensor, targets: torch.Tensor,
-                cu_seqlens: list[int] | None = None) -> torch.Tensor:
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        position_ids: torch.Tensor,
+        targets: torch.Tensor,
+        cu_seqlens: list[int] | None = None,
+    ) -> torch.Tensor:
         lm = self.lm
         kwargs = {}
         if cu_seqlens is not None:  # packed rows: per-sample attention

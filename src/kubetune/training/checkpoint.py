@@ -47,7 +47,7 @@ class TrainState:
     tokens: int = 0  # real (non-padding) tokens trained on, all ranks
     train_time_s: float = 0.0
     eval_before: dict[str, Any] | None = None  # loss, perplexity, tokens, answers
-    eval_history: list[list[float]] = field(default_factory=list)  # [step, eval loss] pairs
+    eval_history: list[list[float | None]] = field(default_factory=list)  # [step, eval loss] pairs
 
 
 @dataclass(frozen=True)
@@ -63,23 +63,36 @@ class CheckpointMeta:
 
     def to_json(self) -> dict[str, Any]:
         # flat, as earlier kubetune versions wrote it, so that their checkpoints still resume
-        return {**asdict(self.state), "total_steps": self.total_steps, "seed": self.seed,
-                "length": list(self.length), "world_size": self.world_size, "scheduler": self.scheduler}
+        return {
+            **asdict(self.state),
+            "total_steps": self.total_steps,
+            "seed": self.seed,
+            "length": list(self.length),
+            "world_size": self.world_size,
+            "scheduler": self.scheduler,
+        }
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> CheckpointMeta:
         state = TrainState(**{f.name: d[f.name] for f in fields(TrainState) if f.name in d})
         length = d.get("length") or [None, 0.0]
-        return cls(state=state, total_steps=int(d["total_steps"]), seed=int(d.get("seed", 0)),
-                   length=(length[0], float(length[1])), world_size=int(d.get("world_size", 1)),
-                   scheduler=d.get("scheduler", {}))
+        return cls(
+            state=state,
+            total_steps=int(d["total_steps"]),
+            seed=int(d.get("seed", 0)),
+            length=(length[0], float(length[1])),
+            world_size=int(d.get("world_size", 1)),
+            scheduler=d.get("scheduler", {}),
+        )
 
 
 def list_checkpoints(run_dir: Path) -> list[Path]:
     root = Path(run_dir) / "checkpoints"
     if not root.is_dir():
         return []
-    found = [(int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / "meta.json").is_file()]
+    found = [
+        (int(m.group(1)), p) for p in root.iterdir() if (m := STEP_DIR.match(p.name)) and (p / "meta.json").is_file()
+    ]
     return [p for _, p in sorted(found)]
 
 
@@ -123,8 +136,16 @@ def _state(model: Any, optimizer: Any) -> tuple[dict[str, Any], dict[str, Any]]:
     return {k: v for k, v in model_sd.items() if k not in frozen}, optim_sd
 
 
-def save_checkpoint(root: Path, model: Any, optimizer: Any, scheduler: Any, meta: CheckpointMeta, recipe_yaml: str,
-                    env: DistEnv, keep_last: int) -> Path:
+def save_checkpoint(
+    root: Path,
+    model: Any,
+    optimizer: Any,
+    scheduler: Any,
+    meta: CheckpointMeta,
+    recipe_yaml: str,
+    env: DistEnv,
+    keep_last: int,
+) -> Path:
     """Write checkpoints/step-N atomically (every rank its shards), keep the newest `keep_last`."""
     step = meta.state.step
     final = root / f"step-{step}"
@@ -140,8 +161,14 @@ def save_checkpoint(root: Path, model: Any, optimizer: Any, scheduler: Any, meta
     torch.save(_rng_state(), tmp / f"rng-rank{env.rank}.pt")
     barrier(env)
     if env.is_main:
-        meta = CheckpointMeta(state=meta.state, total_steps=meta.total_steps, seed=meta.seed, length=meta.length,
-                              world_size=env.world_size, scheduler=scheduler.state_dict())
+        meta = CheckpointMeta(
+            state=meta.state,
+            total_steps=meta.total_steps,
+            seed=meta.seed,
+            length=meta.length,
+            world_size=env.world_size,
+            scheduler=scheduler.state_dict(),
+        )
         atomic_write_json(tmp / "meta.json", meta.to_json())
         atomic_write_text(tmp / "recipe.yaml", recipe_yaml)
         fsync_tree(tmp)
@@ -169,8 +196,13 @@ def load_checkpoint(path: Path, model: Any, optimizer: Any, scheduler: Any, env:
     # The saved param groups carry the saving run's AdamW implementation (fused for whole
     # tensors, a loop for tensor-parallel ones): keep this run's.
     impl = [{k: g.get(k) for k in ("fused", "foreach")} for g in optimizer.param_groups]
-    set_state_dict(model, optimizer, model_state_dict=state["model"], optim_state_dict=state["optim"],
-                   options=_options(strict=False))
+    set_state_dict(
+        model,
+        optimizer,
+        model_state_dict=state["model"],
+        optim_state_dict=state["optim"],
+        options=_options(strict=False),
+    )
     for g, kind in zip(optimizer.param_groups, impl):
         g.update(kind)
     meta = read_meta(path)

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -26,7 +26,7 @@ class DistEnv:
     world_size: int = 1
     local_rank: int = 0
     local_world_size: int = 1
-    device: torch.device = torch.device("cpu")
+    device: torch.device = field(default_factory=lambda: torch.device("cpu"))
 
     @property
     def is_main(self) -> bool:
@@ -57,7 +57,7 @@ def pick_device(name: str, local_rank: int) -> torch.device:
 
 def _hpu_available() -> bool:
     try:
-        import habana_frameworks.torch.hpu as hthpu  # noqa: F401
+        import habana_frameworks.torch.hpu as hthpu
     except ImportError:
         return False
     return hthpu.is_available()
@@ -84,8 +84,13 @@ def init_distributed(device_name: str = "auto", backend: str = "auto", timeout_s
     env = DistEnv(rank, world, local_rank, local_world, device)
     if world > 1 and not torch_dist.is_initialized():
         timeout = datetime.timedelta(seconds=timeout_s)
-        torch_dist.init_process_group(backend=backend_for(device, backend), timeout=timeout, rank=rank,
-                                      world_size=world, store=_restart_store(rank, world, timeout))
+        torch_dist.init_process_group(
+            backend=backend_for(device, backend),
+            timeout=timeout,
+            rank=rank,
+            world_size=world,
+            store=_restart_store(rank, world, timeout),
+        )
     return env
 
 
@@ -101,8 +106,13 @@ def _restart_store(rank: int, world: int, timeout: datetime.timedelta):
     if attempt is None:
         return None
     agent_store = os.environ.get("TORCHELASTIC_USE_AGENT_STORE", "").lower() == "true"
-    store = torch_dist.TCPStore(os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world_size=world,
-                                is_master=not agent_store and rank == 0, timeout=timeout)
+    store = torch_dist.TCPStore(
+        os.environ["MASTER_ADDR"],
+        int(os.environ["MASTER_PORT"]),
+        world_size=world,
+        is_master=not agent_store and rank == 0,
+        timeout=timeout,
+    )
     return torch_dist.PrefixStore(f"kubetune/attempt-{attempt}/", store)
 
 
@@ -126,6 +136,7 @@ def shutdown(env: DistEnv) -> None:
 
 # --- gathering ----------------------------------------------------------------------------
 
+
 def gather_objects(value: Any, env: DistEnv) -> list[Any]:
     """`value` of every rank, in rank order, on every rank."""
     if not env.distributed:
@@ -140,9 +151,10 @@ def gather_trainable(module: torch.nn.Module) -> dict[str, torch.Tensor]:
     the loss module's `model.` prefix (a collective: every rank calls it)."""
     from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 
-    sd = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True,
-                                                               ignore_frozen_params=True))
-    return {k.removeprefix("model."): v for k, v in sd.items()}
+    sd = get_model_state_dict(
+        module, options=StateDictOptions(full_state_dict=True, cpu_offload=True, ignore_frozen_params=True)
+    )
+    return {k.removeprefix("model."): v for k, v in sd.items() if isinstance(v, torch.Tensor)}
 
 
 def gather_stages(module: torch.nn.Module, env: DistEnv) -> dict[str, torch.Tensor]:

@@ -64,12 +64,17 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
 
         from kubetune.models.load import resolve_model
 
-        config = AutoConfig.from_pretrained(resolve_model(r.model.name_or_path), revision=r.model.revision,
-                                            trust_remote_code=r.model.trust_remote_code)
+        config = AutoConfig.from_pretrained(
+            resolve_model(r.model.name_or_path), revision=r.model.revision, trust_remote_code=r.model.trust_remote_code
+        )
         check_model(layout, config, r)
     check_recipe(layout, r)
-    return comm_env(r.comm, _accelerator_kind(), cpus_per_process=max(1, (os.cpu_count() or 1) // nproc_per_node),
-                    processes_per_host=nproc_per_node)
+    return comm_env(
+        r.comm,
+        _accelerator_kind(),
+        cpus_per_process=max(1, (os.cpu_count() or 1) // nproc_per_node),
+        processes_per_host=nproc_per_node,
+    )
 
 
 def _accelerator_kind() -> str:
@@ -85,8 +90,15 @@ def _accelerator_kind() -> str:
         return "cpu"
 
 
-def launch_torchrun(recipe: str | None, overrides: list[str], nproc_per_node: int | str | None,
-                    nnodes: str | None, node_rank: int | None, rdzv_endpoint: str | None, max_restarts: int) -> int:
+def launch_torchrun(
+    recipe: str | None,
+    overrides: list[str],
+    nproc_per_node: int | str | None,
+    nnodes: str | None,
+    node_rank: int | None,
+    rdzv_endpoint: str | None,
+    max_restarts: int,
+) -> int:
     """Run torchrun's elastic agent in this process; returns the agent's exit code. The
     workers inherit this process's environment (the CLI prepares it)."""
     from torch.distributed.run import get_args_parser, run

@@ -20,8 +20,10 @@ import psutil
 
 ENV = "KUBETUNE_MEMORY_BUDGET"
 # cgroup v2, then v1: the unreclaimable part of the group's memory
-CGROUP_STATS = ((Path("/sys/fs/cgroup/memory.stat"), ("anon", "shmem")),
-                (Path("/sys/fs/cgroup/memory/memory.stat"), ("total_rss", "total_shmem")))
+CGROUP_STATS = (
+    (Path("/sys/fs/cgroup/memory.stat"), ("anon", "shmem")),
+    (Path("/sys/fs/cgroup/memory/memory.stat"), ("total_rss", "total_shmem")),
+)
 
 
 def budget_bytes() -> int | None:
@@ -55,12 +57,14 @@ def over_budget(local_world_size: int) -> str | None:
     used = used_bytes(local_world_size)
     if used <= budget:
         return None
-    gib = 1024 ** 3
-    return (f"memory: {used / gib:.2f} GiB in use, over {ENV}={budget / gib:.2f} GiB (95% of the pod's limit)")
+    gib = 1024**3
+    return f"memory: {used / gib:.2f} GiB in use, over {ENV}={budget / gib:.2f} GiB (95% of the pod's limit)"
 
 
 def advice(step: int, saved: str) -> str:
-    return (f"stopped after step {step} and saved {saved} before the OOM killer would; lower "
-            f"train.micro_batch_size (raise train.grad_accum to keep the batch), set "
-            f"train.gradient_checkpointing=on, lower data.max_seq_len, or raise k8s.resources.memory; "
-            f"then rerun to resume")
+    return (
+        f"stopped after step {step} and saved {saved} before the OOM killer would; lower "
+        f"train.micro_batch_size (raise train.grad_accum to keep the batch), set "
+        f"train.gradient_checkpointing=on, lower data.max_seq_len, or raise k8s.resources.memory; "
+        f"then rerun to resume"
+    )

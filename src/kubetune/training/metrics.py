@@ -31,9 +31,11 @@ class MetricsLog:
     def __init__(self, path: Path, resume_step: int):
         self.path = Path(path)
         if self.path.exists():
-            kept = [ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= resume_step]
+            kept = [
+                ln for ln in self.path.read_text().splitlines() if ln.strip() and json.loads(ln)["step"] <= resume_step
+            ]
             atomic_write_text(self.path, "".join(ln + "\n" for ln in kept))
-        self._f = open(self.path, "a", encoding="utf-8")
+        self._f = open(self.path, "a", encoding="utf-8")  # noqa: SIM115 (held open for the whole run, closed by close())
 
     def write(self, record: dict) -> None:
         self._f.write(json.dumps(record) + "\n")
@@ -53,13 +55,26 @@ class Progress:
         self.t0 = time.monotonic()
         self._bar = None
         if enabled and sys.stdout.isatty():
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as RichProgress, TextColumn, TimeRemainingColumn
+            from rich.progress import (
+                BarColumn,
+                MofNCompleteColumn,
+                TextColumn,
+                TimeRemainingColumn,
+            )
+            from rich.progress import (
+                Progress as RichProgress,
+            )
 
             self._bar = RichProgress(
-                TextColumn("[bold]train"), BarColumn(), MofNCompleteColumn(),
-                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:.0f} tok/s"), TimeRemainingColumn(),
+                TextColumn("[bold]train"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("loss {task.fields[loss]:.4f}  {task.fields[tps]:.0f} tok/s"),
+                TimeRemainingColumn(),
             )
-            self._task = self._bar.add_task("train", total=total_steps, completed=start_step, loss=float("nan"), tps=0.0)
+            self._task = self._bar.add_task(
+                "train", total=total_steps, completed=start_step, loss=float("nan"), tps=0.0
+            )
             self._bar.start()
 
     def update(self, step: int, loss: float, lr: float, tokens: int, tps: float) -> None:
@@ -70,15 +85,18 @@ class Progress:
             return
         done = step - self.start_step
         eta = (time.monotonic() - self.t0) / max(done, 1) * (self.total - step)
-        print(f"kubetune: step {step}/{self.total} loss {loss:.4f} lr {lr:.2e} tokens {tokens} "
-              f"tok/s {tps:.1f} eta {fmt_duration(eta)}", flush=True)
+        print(
+            f"kubetune: step {step}/{self.total} loss {loss:.4f} lr {lr:.2e} tokens {tokens} "
+            f"tok/s {tps:.1f} eta {fmt_duration(eta)}",
+            flush=True,
+        )
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
 
 
-def plot_loss_curve(metrics_path: Path, out_png: Path, eval_points: list[tuple[int, float]]) -> None:
+def plot_loss_curve(metrics_path: Path, out_png: Path, eval_points: list[list[float | None]]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
@@ -87,8 +105,9 @@ def plot_loss_curve(metrics_path: Path, out_png: Path, eval_points: list[tuple[i
     records = [json.loads(ln) for ln in Path(metrics_path).read_text().splitlines() if ln.strip()]
     fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
     ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss")
-    if eval_points:
-        ax.plot([s for s, _ in eval_points], [v for _, v in eval_points], "o--", label="eval loss")
+    scored = [(s, v) for s, v in eval_points if s is not None and v is not None]
+    if scored:
+        ax.plot([s for s, _ in scored], [v for _, v in scored], "o--", label="eval loss")
     ax.set_xlabel("optimizer step")
     ax.set_ylabel("loss (nats / target token)")
     ax.grid(alpha=0.3)
@@ -113,9 +132,19 @@ class RunLog:
         if self.metrics is None:
             return
         tps = state.tokens / max(state.train_time_s, 1e-9)
-        self.metrics.write({"step": state.step, "total_steps": self.total_steps, "epoch": round(epoch, 4),
-                            "loss": result.loss, "lr": lr, "grad_norm": result.grad_norm, "tokens": state.tokens,
-                            "tokens_per_s": round(tps, 2), "elapsed_s": round(elapsed_s, 2)})
+        self.metrics.write(
+            {
+                "step": state.step,
+                "total_steps": self.total_steps,
+                "epoch": round(epoch, 4),
+                "loss": result.loss,
+                "lr": lr,
+                "grad_norm": result.grad_norm,
+                "tokens": state.tokens,
+                "tokens_per_s": round(tps, 2),
+                "elapsed_s": round(elapsed_s, 2),
+            }
+        )
         self.progress.update(state.step, result.loss, lr, state.tokens, tps)
 
     def close(self) -> None:

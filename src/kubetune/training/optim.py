@@ -19,7 +19,8 @@ def build_optimizer(model: torch.nn.Module, train: TrainSection, impl: str = "fu
     sharded DTensor parameters (FSDP2). loop: for a mix of DTensor and plain parameters
     (tensor parallel), which neither multi-tensor path accepts.
     """
-    decay, no_decay = [], []
+    decay: list[torch.nn.Parameter] = []
+    no_decay: list[torch.nn.Parameter] = []
     for p in model.parameters():
         if p.requires_grad:
             (decay if p.ndim >= 2 else no_decay).append(p)  # no decay on norms and biases
@@ -40,15 +41,17 @@ def lr_lambda(step: int, warmup: int, total: int, schedule: str) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * progress))
 
 
-def build_scheduler(optimizer: torch.optim.Optimizer, train: TrainSection,
-                    total_steps: int) -> torch.optim.lr_scheduler.LambdaLR:
+def build_scheduler(
+    optimizer: torch.optim.Optimizer, train: TrainSection, total_steps: int
+) -> torch.optim.lr_scheduler.LambdaLR:
     return torch.optim.lr_scheduler.LambdaLR(
         optimizer, lambda s: lr_lambda(s, train.warmup_steps, total_steps, train.lr_schedule)
     )
 
 
-def restore_schedule(scheduler: torch.optim.lr_scheduler.LambdaLR, optimizer: torch.optim.Optimizer,
-                     state: dict[str, Any]) -> None:
+def restore_schedule(
+    scheduler: torch.optim.lr_scheduler.LambdaLR, optimizer: torch.optim.Optimizer, state: dict[str, Any]
+) -> None:
     """Continue the schedule at a checkpoint's step, with this run's length.
 
     The loaded optimizer groups hold the learning rate of the saving run's schedule (whose
@@ -92,13 +95,18 @@ class Optimization:
         return float(grad_norm)
 
 
-def build_optimization(params_of: torch.nn.Module, train: TrainSection, layout: MeshLayout, device: torch.device,
-                       total_steps: int) -> Optimization:
+def build_optimization(
+    params_of: torch.nn.Module, train: TrainSection, layout: MeshLayout, device: torch.device, total_steps: int
+) -> Optimization:
     # fused AdamW takes plain tensors; FSDP2's sharded DTensors need foreach; tensor
     # parallelism mixes DTensors and plain tensors, which only the loop accepts
     impl = "loop" if layout.tp > 1 else "foreach" if layout.sharded else "fused"
     optimizer = build_optimizer(params_of, train, impl=impl)
     scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
-    return Optimization(optimizer=optimizer, scheduler=build_scheduler(optimizer, train, total_steps), scaler=scaler,
-                        params=[p for p in params_of.parameters() if p.requires_grad],
-                        max_grad_norm=train.max_grad_norm or float("inf"))
+    return Optimization(
+        optimizer=optimizer,
+        scheduler=build_scheduler(optimizer, train, total_steps),
+        scaler=scaler,
+        params=[p for p in params_of.parameters() if p.requires_grad],
+        max_grad_norm=train.max_grad_norm or float("inf"),
+    )

@@ -42,15 +42,15 @@ class MeshLayout(Layout):
 
 def plan_layout(parallel: ParallelSection, env: DistEnv) -> MeshLayout:
     layout = layout_for(parallel, env.world_size)
-    degrees = {"dp": layout.dp, "fsdp": layout.fsdp, "tp": layout.tp, "pp": layout.pp}
     if env.world_size == 1:
-        return MeshLayout(**degrees)
+        return MeshLayout(dp=layout.dp, fsdp=layout.fsdp, tp=layout.tp, pp=layout.pp)
     from torch.distributed.device_mesh import init_device_mesh
 
-    mesh = init_device_mesh(env.device.type, (layout.pp, layout.dp, layout.fsdp, layout.tp),
-                            mesh_dim_names=MESH_DIMS)
-    pp, dp, fsdp, tp = mesh.get_coordinate()
-    return MeshLayout(**degrees, coord=(pp, dp, fsdp, tp), mesh=mesh)
+    mesh = init_device_mesh(env.device.type, (layout.pp, layout.dp, layout.fsdp, layout.tp), mesh_dim_names=MESH_DIMS)
+    coord = mesh.get_coordinate()
+    assert coord is not None  # every rank of the world is on the mesh
+    pp, dp, fsdp, tp = coord
+    return MeshLayout(dp=layout.dp, fsdp=layout.fsdp, tp=layout.tp, pp=layout.pp, coord=(pp, dp, fsdp, tp), mesh=mesh)
 
 
 def single_process() -> MeshLayout:
@@ -98,6 +98,7 @@ def apply_tensor_parallel(decoder_layers, layout: MeshLayout) -> None:
 
 
 # --- wrapping ---------------------------------------------------------------------------
+
 
 def wrap(module: nn.Module, decoder_layers, layout: MeshLayout, env: DistEnv, precision: str) -> nn.Module:
     """Tensor parallel first, then FSDP2 (per decoder layer, then the root), HSDP over dp,
@@ -148,7 +149,7 @@ def sync_replicas(params: list[torch.nn.Parameter], layout: MeshLayout) -> None:
         flat /= layout.dp
         offset = 0
         for g in same:
-            g.copy_(flat[offset:offset + g.numel()].view_as(g))
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
             offset += g.numel()
 
 
@@ -166,7 +167,7 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, layout: Me
         groups.setdefault(getattr(g, "device_mesh", None), []).append(g)
     sq = torch.zeros((), dtype=torch.float32, device=grads[0].device if grads else "cpu")
     for mesh, same in groups.items():
-        norm = torch.nn.utils.get_total_norm(same, 2.0)
+        norm: Any = torch.nn.utils.get_total_norm(same, 2.0)  # a DTensor when the grads are
         sq = sq + (norm.full_tensor() if mesh is not None else norm).float() ** 2
     if layout.pp > 1:
         import torch.distributed as dist

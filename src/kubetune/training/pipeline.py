@@ -22,6 +22,7 @@ read back from the position ids, which restart at 0 at every sample.
 
 from __future__ import annotations
 
+import itertools
 from typing import Any
 
 import torch
@@ -41,7 +42,7 @@ def seqlens_from_positions(position_ids: torch.Tensor) -> list[int]:
     """Segment lengths of a [B, T] batch whose positions restart at 0 for every sample."""
     flat = position_ids.reshape(-1)
     starts = torch.nonzero(flat == 0).flatten().tolist() + [flat.numel()]
-    return [e - s for s, e in zip(starts[:-1], starts[1:])]
+    return [e - s for s, e in itertools.pairwise(starts)]
 
 
 class StageModule(nn.Module):
@@ -58,8 +59,14 @@ class StageModule(nn.Module):
         position_embeddings = d.rotary_emb(h, position_ids=position_ids)
         seqlens = seqlens_from_positions(position_ids)
         for layer in d.layers.values():
-            h = layer(h, attention_mask=None, position_ids=position_ids, position_embeddings=position_embeddings,
-                      use_cache=False, **{SEQLENS_KWARG: seqlens})
+            h = layer(
+                h,
+                attention_mask=None,
+                position_ids=position_ids,
+                position_embeddings=position_embeddings,
+                use_cache=False,
+                **{SEQLENS_KWARG: seqlens},
+            )
         if self.last:
             return d.norm(h)
         return h, position_ids
@@ -68,9 +75,20 @@ class StageModule(nn.Module):
 class PipelineRunner:
     """This rank's stage (already cut, see models.stages) and its schedule: a StepRunner."""
 
-    def __init__(self, model: ModelParts, layout: MeshLayout, env: DistEnv, micro_batch_size: int, max_seq_len: int,
-                 n_micro: int, pad_id: int, autocast: AutocastFactory, hidden_dtype: torch.dtype,
-                 schedule: str = "gpipe", offload: bool = False):
+    def __init__(
+        self,
+        model: ModelParts,
+        layout: MeshLayout,
+        env: DistEnv,
+        micro_batch_size: int,
+        max_seq_len: int,
+        n_micro: int,
+        pad_id: int,
+        autocast: AutocastFactory,
+        hidden_dtype: torch.dtype,
+        schedule: str = "gpipe",
+        offload: bool = False,
+    ):
         from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
 
         self.layout, self.device, self.offload = layout, env.device, offload
@@ -88,17 +106,22 @@ class PipelineRunner:
         # it cannot run on the placeholder tensors that shape inference would feed it.
         ids = torch.empty(micro_batch_size, max_seq_len, dtype=torch.long, device="meta")
         # the residual stream's dtype is the embedding's (the base weights' dtype)
-        hidden = torch.empty(micro_batch_size, max_seq_len, lm.config.hidden_size, dtype=hidden_dtype, device="meta",
-                             requires_grad=True)  # gradients flow back through it
-        stage_module = PipelineStage(self.module, stage, stages, env.device, group=layout.group("pp"),
-                                     input_args=(ids, ids) if self.first else (hidden, ids),
-                                     output_args=hidden if self.last else (hidden, ids))
+        hidden = torch.empty(
+            micro_batch_size, max_seq_len, lm.config.hidden_size, dtype=hidden_dtype, device="meta", requires_grad=True
+        )  # gradients flow back through it
+        stage_module = PipelineStage(
+            self.module,
+            stage,
+            stages,
+            env.device,
+            group=layout.group("pp"),
+            input_args=(ids, ids) if self.first else (hidden, ids),
+            output_args=hidden if self.last else (hidden, ids),
+        )
         # GPipe runs every forward, then every backward: it holds all the step's micro-batches'
         # activations. 1F1B starts backwards as soon as the last stage can: at most `stages`.
         schedule_cls = Schedule1F1B if schedule == "1f1b" else ScheduleGPipe
-        self.schedule = schedule_cls(
-            stage_module,
-            n_microbatches=n_micro, loss_fn=self._loss, scale_grads=False)
+        self.schedule = schedule_cls(stage_module, n_microbatches=n_micro, loss_fn=self._loss, scale_grads=False)
 
     def _loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of the target positions (the last stage only)."""
@@ -117,10 +140,10 @@ class PipelineRunner:
         for i, b in enumerate(batches):
             rows, t = b.input_ids.shape
             r0 = i * self.mbs
-            ids[r0:r0 + rows, :t] = b.input_ids
-            pos[r0:r0 + rows, :t] = b.position_ids
-            pos[r0:r0 + rows, t:] = torch.arange(self.seq - t)  # the padding tail: one segment of its own
-            tgt[r0:r0 + rows, :t] = b.targets
+            ids[r0 : r0 + rows, :t] = b.input_ids
+            pos[r0 : r0 + rows, :t] = b.position_ids
+            pos[r0 : r0 + rows, t:] = torch.arange(self.seq - t)  # the padding tail: one segment of its own
+            tgt[r0 : r0 + rows, :t] = b.targets
         return ids.to(self.device), pos.to(self.device), tgt.to(self.device)
 
     def _run(self, batches: list[Batch], train: bool) -> float:
@@ -129,10 +152,10 @@ class PipelineRunner:
         ids, pos, tgt = self._inputs(batches)
         self.sums = []
         args = (ids, pos) if self.first else ()
-        kwargs = {"target": tgt} if self.last else {}
+        target = tgt if self.last else None  # the loss's targets live on the last stage
         with self.autocast():
             run = self.schedule.step if train else self.schedule.eval
-            run(*args, **kwargs, return_outputs=False)
+            run(*args, target=target, return_outputs=False)
         return float(sum(s.double() for s in self.sums)) if self.last else 0.0
 
     def forward_backward(self, batches: list[Batch], scale: float) -> float:

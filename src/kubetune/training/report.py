@@ -55,18 +55,34 @@ class Summary:
     samples: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
-    def of(cls, model: str, method: str, state: TrainState, after: EvalResult, answers: list[dict[str, Any]],
-           started_at: float, rss_per_rank: list[float]) -> Summary:
+    def of(
+        cls,
+        model: str,
+        method: str,
+        state: TrainState,
+        after: EvalResult,
+        answers: list[dict[str, Any]],
+        started_at: float,
+        rss_per_rank: list[float],
+    ) -> Summary:
         before = state.eval_before or {}
         before_answers = {a["prompt"]: a["answer"] for a in before.get("answers", [])}
         return cls(
-            model=model, method=method, steps=state.step,
-            eval_loss_before=before.get("loss"), eval_loss_after=after.loss,
-            perplexity_before=before.get("perplexity"), perplexity_after=after.perplexity,
-            eval_tokens=after.tokens, train_tokens=state.tokens,
+            model=model,
+            method=method,
+            steps=state.step,
+            eval_loss_before=before.get("loss"),
+            eval_loss_after=after.loss,
+            perplexity_before=before.get("perplexity"),
+            perplexity_after=after.perplexity,
+            eval_tokens=after.tokens,
+            train_tokens=state.tokens,
             tokens_per_s=round(state.tokens / max(state.train_time_s, 1e-9), 2),
-            train_time_s=round(state.train_time_s, 2), wall_s=round(time.monotonic() - started_at, 2),
-            peak_rss_mb=rss_per_rank[0], peak_rss_mb_per_rank=rss_per_rank, world_size=len(rss_per_rank),
+            train_time_s=round(state.train_time_s, 2),
+            wall_s=round(time.monotonic() - started_at, 2),
+            peak_rss_mb=rss_per_rank[0],
+            peak_rss_mb_per_rank=rss_per_rank,
+            world_size=len(rss_per_rank),
             samples=[{**a, "answer_before": before_answers.get(a["prompt"])} for a in answers],
         )
 
@@ -89,16 +105,20 @@ def print_report(summary: Summary, run_dir: RunDir) -> None:
     table.add_row("eval loss", fmt_number(summary.eval_loss_before), fmt_number(summary.eval_loss_after))
     table.add_row("perplexity", fmt_number(summary.perplexity_before), fmt_number(summary.perplexity_after))
     console.print(table)
-    console.print(f"trained on {summary.train_tokens:,} tokens at {summary.tokens_per_s:.0f} tokens/s; "
-                  f"wall {summary.wall_s:.0f} s; peak RSS {summary.peak_rss_mb:.0f} MB")
+    console.print(
+        f"trained on {summary.train_tokens:,} tokens at {summary.tokens_per_s:.0f} tokens/s; "
+        f"wall {summary.wall_s:.0f} s; peak RSS {summary.peak_rss_mb:.0f} MB"
+    )
     for s in summary.samples[:1]:
         console.print(f"\n[bold]question:[/bold] {_question(s['prompt'])}")
         if s.get("answer_before") is not None:
             console.print(f"[bold]before:[/bold]   {s['answer_before']}")
         console.print(f"[bold]after:[/bold]    {s['answer']}")
         console.print(f"[bold]reference:[/bold] {s['reference']}")
-    console.print(f"\noutputs in {run_dir.path}/ (summary.json, metrics.jsonl, loss_curve.png, "
-                  f"{run_dir.weights(summary.method).name}/, checkpoints/)")
+    console.print(
+        f"\noutputs in {run_dir.path}/ (summary.json, metrics.jsonl, loss_curve.png, "
+        f"{run_dir.weights(summary.method).name}/, checkpoints/)"
+    )
 
 
 def _question(prompt: str) -> str:

@@ -67,8 +67,9 @@ def claim_run_dir(recipe: Recipe, env: DistEnv) -> RunDir:
 def resume_or_start(parts: TrainParts) -> TrainState:
     """The state to continue from: a checkpoint's, or a fresh one evaluated before training."""
     if parts.resume_from is not None:
-        meta = ckpt.load_checkpoint(parts.resume_from, parts.model.loss, parts.optim.optimizer,
-                                    parts.optim.scheduler, parts.env)
+        meta = ckpt.load_checkpoint(
+            parts.resume_from, parts.model.loss, parts.optim.optimizer, parts.optim.scheduler, parts.env
+        )
         log.info("resumed from %s (step %d/%d)", parts.resume_from, meta.state.step, parts.total_steps)
         state = meta.state
     else:
@@ -122,10 +123,17 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
     rss_per_rank = gather_objects(peak_rss_mb(), env)
     if not env.is_main or whole.parts is None:
         return None
-    save_trained(whole.parts.model, whole.parts.lm, parts.tokenizer, recipe.finetune.method,
-                 run_dir.weights(recipe.finetune.method), whole.state)
-    summary = Summary.of(recipe.model.name_or_path, recipe.finetune.method, state, after, answers,
-                         parts.started_at, rss_per_rank)
+    save_trained(
+        whole.parts.model,
+        whole.parts.lm,
+        parts.tokenizer,
+        recipe.finetune.method,
+        run_dir.weights(recipe.finetune.method),
+        whole.state,
+    )
+    summary = Summary.of(
+        recipe.model.name_or_path, recipe.finetune.method, state, after, answers, parts.started_at, rss_per_rank
+    )
     summary.write(run_dir)
     plot_loss_curve(run_dir.metrics_file, run_dir.loss_curve, state.eval_history)
     run_dir.write_record(recipe, "finished")
@@ -136,10 +144,19 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
 def save(parts: TrainParts, state: TrainState) -> int:
     """A checkpoint of this step (every rank takes part); returns the step saved."""
     train = parts.recipe.train
-    meta = CheckpointMeta(state=state, total_steps=parts.total_steps, seed=train.seed,
-                          length=(train.max_steps, train.epochs))
-    ckpt.save_checkpoint(parts.run_dir.checkpoints, parts.model.loss, parts.optim.optimizer, parts.optim.scheduler,
-                         meta, recipe_to_yaml(parts.recipe), parts.env, train.keep_last)
+    meta = CheckpointMeta(
+        state=state, total_steps=parts.total_steps, seed=train.seed, length=(train.max_steps, train.epochs)
+    )
+    ckpt.save_checkpoint(
+        parts.run_dir.checkpoints,
+        parts.model.loss,
+        parts.optim.optimizer,
+        parts.optim.scheduler,
+        meta,
+        recipe_to_yaml(parts.recipe),
+        parts.env,
+        train.keep_last,
+    )
     return state.step
 
 
@@ -152,8 +169,10 @@ def stop_if_over_budget(parts: TrainParts, state: TrainState, last_saved: int, r
     if last_saved != state.step:
         save(parts, state)
     run_log.close()
-    raise MemoryBudgetError(f"{over or 'memory: another process of this job is over its budget'}; "
-                            f"{memory.advice(state.step, parts.run_dir.checkpoint(state.step))}")
+    raise MemoryBudgetError(
+        f"{over or 'memory: another process of this job is over its budget'}; "
+        f"{memory.advice(state.step, str(parts.run_dir.checkpoint(state.step)))}"
+    )
 
 
 def describe_run(parts: TrainParts) -> str:
@@ -161,8 +180,10 @@ def describe_run(parts: TrainParts) -> str:
     rows_per_step = recipe.train.micro_batch_size * recipe.train.grad_accum * layout.data_parallel_size
     trainable = sum(p.numel() for p in parts.optim.params)
     mean_row = int(sum(parts.batcher.data.lengths) / max(1, len(parts.batcher.epoch_rows(0))))
-    return (f"model {recipe.model.name_or_path} ({recipe.finetune.method}, {trainable:,} trainable params"
-            f"{' on this stage' if layout.pp > 1 else ''}) | {len(data.train)} train / "
-            f"{len(data.eval) if data.eval else 0} eval samples | {parts.total_steps} steps x {rows_per_step} rows "
-            f"of <= {recipe.data.max_seq_len} tokens (global batch: {rows_per_step} rows, ~{rows_per_step * mean_row} "
-            f"tokens) | {env.world_size} process(es) on {env.device}, {layout.describe()}")
+    return (
+        f"model {recipe.model.name_or_path} ({recipe.finetune.method}, {trainable:,} trainable params"
+        f"{' on this stage' if layout.pp > 1 else ''}) | {len(data.train)} train / "
+        f"{len(data.eval) if data.eval else 0} eval samples | {parts.total_steps} steps x {rows_per_step} rows "
+        f"of <= {recipe.data.max_seq_len} tokens (global batch: {rows_per_step} rows, ~{rows_per_step * mean_row} "
+        f"tokens) | {env.world_size} process(es) on {env.device}, {layout.describe()}"
+    )

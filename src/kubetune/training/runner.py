@@ -53,15 +53,23 @@ class LocalRunner:
 
     micro_batches = 1
 
-    def __init__(self, module: torch.nn.Module, eval_module: torch.nn.Module, device: torch.device,
-                 autocast: AutocastFactory, scaler: torch.amp.GradScaler | None = None, offload: bool = False):
+    def __init__(
+        self,
+        module: torch.nn.Module,
+        eval_module: torch.nn.Module,
+        device: torch.device,
+        autocast: AutocastFactory,
+        scaler: torch.amp.GradScaler | None = None,
+        offload: bool = False,
+    ):
         self.module, self.eval_module, self.device = module, eval_module, device
         self.autocast, self.scaler, self.offload = autocast, scaler, offload
 
     def _loss(self, module: torch.nn.Module, b: Batch) -> torch.Tensor:
         with self.autocast():
-            loss: torch.Tensor = module(b.input_ids.to(self.device), b.position_ids.to(self.device),
-                                        b.targets.to(self.device), b.cu_seqlens)
+            loss: torch.Tensor = module(
+                b.input_ids.to(self.device), b.position_ids.to(self.device), b.targets.to(self.device), b.cu_seqlens
+            )
         return loss
 
     def forward_backward(self, batches: list[Batch], scale: float) -> float:
@@ -69,7 +77,7 @@ class LocalRunner:
         for i, b in enumerate(batches):
             # DDP all-reduces on every backward unless told not to: only the last one syncs
             sync = i == len(batches) - 1 or not hasattr(self.module, "no_sync")
-            no_sync = contextlib.nullcontext() if sync else self.module.no_sync()
+            no_sync = contextlib.nullcontext() if sync else getattr(self.module, "no_sync")()  # noqa: B009 (DDP only)
             with no_sync, activation_offload(self.offload, self.device):
                 loss = self._loss(self.module, b)
                 scaled = loss * scale

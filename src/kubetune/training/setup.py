@@ -28,7 +28,7 @@ from kubetune.rundir import RunDir
 from kubetune.training import checkpoint as ckpt
 from kubetune.training.dist import DistEnv
 from kubetune.training.optim import Optimization, build_optimization
-from kubetune.training.parallel import MeshLayout, plan_layout
+from kubetune.training.parallel import MeshLayout
 from kubetune.training.parallel import wrap as wrap_parallel
 from kubetune.training.pipeline import PipelineRunner
 from kubetune.training.runner import LocalRunner, StepRunner
@@ -70,26 +70,60 @@ def setup(recipe: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, sta
     pipeline = pipeline_runner(recipe, model, layout, env, autocast, tokenizer.pad_token_id) if layout.pp > 1 else None
     wrapped = wrap_parallel(model.loss, model.layers, layout, env, recipe.train.precision)
     optim = build_optimization(model.model, recipe.train, layout, env.device, total_steps)
-    runner = pipeline or LocalRunner(wrapped, model.loss, env.device, autocast, optim.scaler,
-                                     offload=recipe.train.gradient_checkpointing == "offload")
-    return TrainParts(recipe=recipe, env=env, layout=layout, run_dir=run_dir, source=source, tokenizer=tokenizer,
-                      data=data, model=model, runner=runner, optim=optim, batcher=batcher,
-                      eval_batcher=eval_batcher(recipe, data, tokenizer.pad_token_id, layout),
-                      autocast=autocast, total_steps=total_steps, resume_from=resume_from, started_at=started_at)
+    runner = pipeline or LocalRunner(
+        wrapped,
+        model.loss,
+        env.device,
+        autocast,
+        optim.scaler,
+        offload=recipe.train.gradient_checkpointing == "offload",
+    )
+    return TrainParts(
+        recipe=recipe,
+        env=env,
+        layout=layout,
+        run_dir=run_dir,
+        source=source,
+        tokenizer=tokenizer,
+        data=data,
+        model=model,
+        runner=runner,
+        optim=optim,
+        batcher=batcher,
+        eval_batcher=eval_batcher(recipe, data, tokenizer.pad_token_id, layout),
+        autocast=autocast,
+        total_steps=total_steps,
+        resume_from=resume_from,
+        started_at=started_at,
+    )
 
 
-def pipeline_runner(recipe: Recipe, model: ModelParts, layout: MeshLayout, env: DistEnv, autocast: AutocastFactory,
-                    pad_id: int) -> PipelineRunner:
-    return PipelineRunner(model, layout, env, recipe.train.micro_batch_size, recipe.data.max_seq_len,
-                          recipe.train.grad_accum, pad_id, autocast, DTYPES[recipe.base_dtype_name()],
-                          recipe.parallel.pp_schedule, offload=recipe.train.gradient_checkpointing == "offload")
+def pipeline_runner(
+    recipe: Recipe, model: ModelParts, layout: MeshLayout, env: DistEnv, autocast: AutocastFactory, pad_id: int
+) -> PipelineRunner:
+    return PipelineRunner(
+        model,
+        layout,
+        env,
+        recipe.train.micro_batch_size,
+        recipe.data.max_seq_len,
+        recipe.train.grad_accum,
+        pad_id,
+        autocast,
+        DTYPES[recipe.base_dtype_name()],
+        recipe.parallel.pp_schedule,
+        offload=recipe.train.gradient_checkpointing == "offload",
+    )
 
 
 def configure_threads(num_threads: int | None, env: DistEnv) -> None:
     if env.device.type != "cpu":
         return
-    n = num_threads or int(os.environ.get("OMP_NUM_THREADS", "0")) or max(
-        1, (os.cpu_count() or 1) // max(1, env.local_world_size))
+    n = (
+        num_threads
+        or int(os.environ.get("OMP_NUM_THREADS", "0"))
+        or max(1, (os.cpu_count() or 1) // max(1, env.local_world_size))
+    )
     torch.set_num_threads(n)
 
 
@@ -101,12 +135,21 @@ def autocast_context(precision: str, device: torch.device) -> AutocastFactory:
 
 
 def train_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout) -> Batcher:
-    batcher = Batcher(data.train, max_seq_len=recipe.data.max_seq_len, micro_batch_size=recipe.train.micro_batch_size,
-                      packing=recipe.data.packing, seed=recipe.train.seed, pad_id=pad_id,
-                      dp_rank=layout.data_parallel_rank, dp_size=layout.data_parallel_size)
+    batcher = Batcher(
+        data.train,
+        max_seq_len=recipe.data.max_seq_len,
+        micro_batch_size=recipe.train.micro_batch_size,
+        packing=recipe.data.packing,
+        seed=recipe.train.seed,
+        pad_id=pad_id,
+        dp_rank=layout.data_parallel_rank,
+        dp_size=layout.data_parallel_size,
+    )
     if batcher.micro_batches_left(0, 0) == 0:
-        raise DataError(f"data.train: {len(batcher.epoch_rows(0))} packed rows cannot feed "
-                        f"{layout.data_parallel_size} processes; use more data or fewer processes")
+        raise DataError(
+            f"data.train: {len(batcher.epoch_rows(0))} packed rows cannot feed "
+            f"{layout.data_parallel_size} processes; use more data or fewer processes"
+        )
     return batcher
 
 
@@ -118,9 +161,17 @@ def eval_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout
         ev = ev.subset(range(recipe.eval.max_samples))
     # A pipeline's micro-batches have one shape, the training one.
     rows = recipe.train.micro_batch_size if layout.pp > 1 else recipe.eval.batch_size
-    return Batcher(ev, max_seq_len=recipe.data.max_seq_len, micro_batch_size=rows, packing=True, seed=0,
-                   pad_id=pad_id, dp_rank=layout.data_parallel_rank, dp_size=layout.data_parallel_size,
-                   shuffle=False)
+    return Batcher(
+        ev,
+        max_seq_len=recipe.data.max_seq_len,
+        micro_batch_size=rows,
+        packing=True,
+        seed=0,
+        pad_id=pad_id,
+        dp_rank=layout.data_parallel_rank,
+        dp_size=layout.data_parallel_size,
+        shuffle=False,
+    )
 
 
 def plan_steps(recipe: Recipe, batcher: Batcher, resume_from: Path | None) -> int:
@@ -139,13 +190,17 @@ def resume_path(mode: str, run_dir: RunDir) -> Path | None:
     """`train.resume`: auto (the newest checkpoint, if any), never, or a checkpoint directory."""
     if mode == "never":
         if ckpt.latest_checkpoint(run_dir.path) is not None:
-            raise RunDirError(f"train.resume=never but {run_dir.path} already holds checkpoints; "
-                              f"choose another output_dir=... or use train.resume=auto")
+            raise RunDirError(
+                f"train.resume=never but {run_dir.path} already holds checkpoints; "
+                f"choose another output_dir=... or use train.resume=auto"
+            )
         return None
     if mode == "auto":
         return ckpt.latest_checkpoint(run_dir.path)
     path = Path(mode)
     if not (path / "meta.json").is_file():
-        raise RunDirError(f"train.resume={mode}: not a kubetune checkpoint (no meta.json); "
-                          f"use auto, never, or a checkpoints/step-N directory")
+        raise RunDirError(
+            f"train.resume={mode}: not a kubetune checkpoint (no meta.json); "
+            f"use auto, never, or a checkpoints/step-N directory"
+        )
     return path

@@ -47,8 +47,9 @@ def next_micro_batches(batcher: Batcher, state: TrainState, n: int) -> list[Batc
     return out
 
 
-def train_step(runner: StepRunner, optim: Optimization, batches: list[Batch], layout: MeshLayout,
-               env: DistEnv) -> StepResult:
+def train_step(
+    runner: StepRunner, optim: Optimization, batches: list[Batch], layout: MeshLayout, env: DistEnv
+) -> StepResult:
     """One optimizer step over `batches` (this rank's share of the step)."""
     # Normalise by the target tokens of the whole step on all replicas, so that N replicas
     # with grad_accum k compute exactly the gradient of 1 process with grad_accum N*k.
@@ -82,7 +83,7 @@ def evaluate(runner: StepRunner, batcher: Batcher | None, layout: Layout, env: D
     runner.train(False)
     loss_sum, n, row = 0.0, 0, 0
     while batcher.micro_batches_left(0, row) > 0:
-        batches = []
+        batches: list[Batch] = []
         while batcher.micro_batches_left(0, row) > 0 and len(batches) < runner.micro_batches:
             b, row = batcher.micro_batch(0, row)
             batches.append(b)
