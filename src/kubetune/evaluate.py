@@ -9,6 +9,8 @@ from kubetune.data import prepare_data
 from kubetune.export import load_trained
 from kubetune.models.attention import register as register_attention
 from kubetune.models.finetune import ModelParts
+from kubetune.models.kernels import ModelShapes
+from kubetune.models.kernels import choose as choose_kernels
 from kubetune.models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model
 from kubetune.recipe import load_recipe
 from kubetune.recipe.layout import data_parallel_only
@@ -16,7 +18,7 @@ from kubetune.rundir import RunDir
 from kubetune.training.dist import init_distributed
 from kubetune.training.report import fmt_number, setup_logging
 from kubetune.training.runner import LocalRunner
-from kubetune.training.setup import autocast_context, configure_threads, eval_batcher
+from kubetune.training.setup import autocast_context, configure_threads, eval_batcher, first_row_samples
 from kubetune.training.step import EvalResult, evaluate
 
 
@@ -36,9 +38,13 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     parts = ModelParts.of(model.to(env.device))
     data = prepare_data(recipe, tokenizer)
     layout = data_parallel_only(env.world_size, env.rank)
-    autocast = autocast_context(recipe.train.precision, env.device)
-    runner = LocalRunner(parts.loss, parts.loss, env.device, autocast)
-    result = evaluate(runner, eval_batcher(recipe, data, tokenizer.pad_token_id, layout), layout, env)
+    batcher = eval_batcher(recipe, data, tokenizer.pad_token_id, layout)
+    precision: str = recipe.train.precision
+    if precision == "auto":  # what training would choose on this machine (measured once, then cached)
+        shapes = ModelShapes.of(parts.lm.config, first_row_samples(batcher) if batcher else [recipe.data.max_seq_len])
+        precision = choose_kernels(precision, "fp32", shapes, env.device).precision
+    runner = LocalRunner(parts.loss, parts.loss, env.device, autocast_context(precision, env.device))
+    result = evaluate(runner, batcher, layout, env)
     print(
         f"eval loss {fmt_number(result.loss)}  perplexity {fmt_number(result.perplexity)}  "
         f"({result.tokens} target tokens)"

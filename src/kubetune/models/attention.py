@@ -6,11 +6,8 @@ mask is correct but computes all 512x512 scores and leaves the fast causal kerne
 each sample's slice (the CPU analogue of flash-attention's varlen kernel): attention costs
 sum(len_i^2) instead of 512^2, and a sample never sees another one.
 
-Measured per layer on this project's 2-core machine, 4 rows x 512 tokens, 19 samples,
-forward + backward (bench/attention_kernels.py): block-diagonal mask 60 ms; samples gathered
-into padded length buckets 43-57 ms (the gathers cost more than they save); one causal
-call per sample, in fp32, 31 ms. PyTorch's CPU flash kernel is several times faster in
-fp32 than in bf16 at these lengths, and the tensors are small, hence the upcast.
+Which kernel and dtype is fastest depends on the CPU; the measurements behind the choice
+are in BENCHMARKS.md ("Attention kernel for packed rows", `bench/attention_kernels.py`).
 
 The segment lengths reach this function through the keyword `kubetune_seqlens`: transformers
 forwards unknown keyword arguments from the model's forward down to the attention function.
@@ -20,6 +17,7 @@ Without it (generation, plain batches) the stock SDPA path runs.
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -33,37 +31,75 @@ def seqlens_from_cu(cu: list[int]) -> list[int]:
     return [e - s for s, e in itertools.pairwise(cu) if e > s]
 
 
-def packed_attention_forward(module, query, key, value, attention_mask, dropout=0.0, scaling=None, **kwargs):
-    """query [B, H, T, D], key/value [B, KVH, T, D] -> ([B, T, H, D], None)."""
-    lengths = kwargs.get(SEQLENS_KWARG)
-    if lengths is None or query.shape[2] == 1:
-        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+def per_sample_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    lengths: list[int],
+    scaling: float | None,
+    dropout: float,
+    upcast: bool,
+) -> torch.Tensor:
+    """Causal attention of each packed sample with itself: [B, H, T, D] x3 -> [B, T, H, D].
 
-        return sdpa_attention_forward(
-            module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
-        )
+    `upcast` runs the kernel in fp32 (the inputs' dtype otherwise); which is faster depends
+    on the CPU, so kubetune.models.kernels measures it.
+    """
     b, h, t, d = query.shape
     if key.shape[1] != h:  # grouped-query attention: CPU flash backward is slow with enable_gqa
         key = key.repeat_interleave(h // key.shape[1], dim=1)
         value = value.repeat_interleave(h // value.shape[1], dim=1)
     dtype = query.dtype
 
-    def segments(x):  # [B, H, T, D] -> per sample [1, H, len, D]; split, so backward is one cat
-        return [s.transpose(0, 1).unsqueeze(0) for s in x.transpose(1, 2).reshape(b * t, h, d).float().split(lengths)]
+    def segments(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
+        # [B, H, T, D] -> per sample [1, H, len, D]; split, so that backward is one cat
+        flat = x.transpose(1, 2).reshape(b * t, h, d)
+        return tuple(s.transpose(0, 1).unsqueeze(0) for s in (flat.float() if upcast else flat).split(lengths))
 
-    p = dropout if module.training else 0.0
     outs = [
-        F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=p)
+        F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=dropout)
         .squeeze(0)
         .transpose(0, 1)
         for qi, ki, vi in zip(segments(query), segments(key), segments(value))
     ]
-    return torch.cat(outs).reshape(b, t, h, d).to(dtype), None
+    return torch.cat(outs).reshape(b, t, h, d).to(dtype)
 
 
-def register() -> str:
-    """Make the implementation known to transformers (idempotent); returns its name."""
+def _packed_forward(upcast: bool) -> Any:
+    def forward(
+        module: Any,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        attention_mask: torch.Tensor | None,
+        dropout: float = 0.0,
+        scaling: float | None = None,
+        **kwargs: Any,
+    ) -> tuple[torch.Tensor, None]:
+        """query [B, H, T, D], key/value [B, KVH, T, D] -> ([B, T, H, D], None)."""
+        lengths = kwargs.get(SEQLENS_KWARG)
+        if lengths is None or query.shape[2] == 1:
+            from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+            return sdpa_attention_forward(
+                module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
+            )
+        p = dropout if module.training else 0.0
+        return per_sample_attention(query, key, value, lengths, scaling, p, upcast), None
+
+    return forward
+
+
+packed_attention_forward = _packed_forward(upcast=True)  # the fp32 kernel, as benchmarks call it
+
+# attention kind (kubetune.models.kernels) -> the name transformers knows the implementation by
+IMPLEMENTATIONS = {"fp32": ATTN_IMPLEMENTATION, "native": ATTN_IMPLEMENTATION + "_native"}
+
+
+def register(kind: str = "fp32") -> str:
+    """Make the implementation of `kind` known to transformers (idempotent); returns its name."""
     from transformers import AttentionInterface
 
-    AttentionInterface.register(ATTN_IMPLEMENTATION, packed_attention_forward)
-    return ATTN_IMPLEMENTATION
+    name = IMPLEMENTATIONS[kind]
+    AttentionInterface.register(name, _packed_forward(upcast=kind == "fp32"))
+    return name

@@ -48,8 +48,11 @@ class ModelParts:
 
 
 def build_model(recipe: Recipe, source: str, device: torch.device, stage: Stage | None = None) -> ModelParts:
-    """The model to train, on `device`: the whole model, or only `stage` of it."""
-    attn = register_attention() if recipe.model.attn_implementation == "sdpa" else recipe.model.attn_implementation
+    """The model to train, on `device`: the whole model, or only `stage` of it. The recipe's
+    `auto` kernel choices must be resolved (Recipe.with_kernels) before."""
+    attn: str = recipe.model.attn_implementation
+    if attn == "sdpa":  # kubetune's per-sample attention for packed rows (stock SDPA otherwise)
+        attn = register_attention("native" if recipe.model.packed_attention == "native" else "fp32")
     dtype = DTYPES[recipe.base_dtype_name()]
     revision, remote = recipe.model.revision, recipe.model.trust_remote_code
     if stage is not None and stage.count > 1:

@@ -115,6 +115,15 @@ def load_tokenizer(source: str, revision: str | None = None, trust_remote_code: 
     return tok
 
 
+def load_config(source: str, revision: str | None = None, trust_remote_code: bool = False) -> Any:
+    from transformers import AutoConfig
+
+    try:
+        return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    except OSError as e:
+        raise ModelError(f"model.name_or_path={source}: cannot load the model's config ({_first_line(e)})") from None
+
+
 def load_causal_lm(
     source: str,
     dtype: torch.dtype,

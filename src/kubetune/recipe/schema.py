@@ -31,6 +31,11 @@ class ModelSection(Section):
         description="dtype the frozen base weights are held in. auto = bf16 for LoRA with "
         "bf16 precision (trainable LoRA weights stay fp32), fp32 otherwise.",
     )
+    packed_attention: Literal["auto", "fp32", "native"] = Field(
+        "auto",
+        description="Per-sample attention of packed rows under bf16/fp16: fp32 (samples upcast for the flash "
+        "kernel), native (the compute dtype), or auto = measured on this machine at start-up (cached).",
+    )
     revision: str | None = Field(None, description="Hub revision (branch, tag or commit).")
     attn_implementation: Literal["sdpa", "eager", "flash_attention_2"] = Field(
         "sdpa", description="Attention kernel passed to transformers."
@@ -125,8 +130,11 @@ class TrainSection(Section):
     warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")
     weight_decay: float = Field(0.0, ge=0, description="AdamW weight decay.")
     max_grad_norm: float | None = Field(1.0, description="Gradient clipping norm (null = off).")
-    precision: Literal["bf16", "fp32", "fp16"] = Field(
-        "bf16", description="Compute precision: bf16 autocast (AMX on Xeon), fp32, or fp16 with loss scaling."
+    precision: Literal["auto", "bf16", "fp32", "fp16"] = Field(
+        "auto",
+        description="Compute precision: bf16 autocast (AMX on Xeon, AVX-512-BF16), fp32, fp16 with loss scaling, "
+        "or auto = bf16 where a start-up probe on the model's shapes finds it faster than fp32 (cached per CPU; "
+        "on CPUs without bf16 units it is many times slower), else fp32; bf16 on GPUs and Gaudi.",
     )
     gradient_checkpointing: OnOff = Field(
         "off", description="off | on (recompute activations) | offload (save activations to CPU memory)."
@@ -182,9 +190,16 @@ class Recipe(Section):
         return self
 
     def base_dtype_name(self) -> str:
-        """The dtype the (frozen) base weights are loaded in."""
+        """The dtype the (frozen) base weights are loaded in (fp32 while precision is still auto:
+        training resolves it first, see kubetune.models.kernels)."""
         if self.model.dtype != "auto":
             return self.model.dtype
         if self.finetune.method == "lora" and self.train.precision == "bf16":
             return "bf16"
         return "fp32"
+
+    def with_kernels(self, precision: str, packed_attention: str) -> Recipe:
+        """This recipe with the machine's resolved choices in place of `auto`."""
+        train = self.train.model_copy(update={"precision": precision})
+        model = self.model.model_copy(update={"packed_attention": packed_attention})
+        return self.model_copy(update={"train": train, "model": model})

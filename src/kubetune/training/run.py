@@ -75,7 +75,7 @@ def resume_or_start(parts: TrainParts) -> TrainState:
     else:
         state = TrainState()
     if parts.env.is_main:
-        parts.run_dir.write_record(parts.recipe, "running")
+        parts.run_dir.write_record(parts.recipe_as_given, "running")
     log.info("%s", describe_run(parts))
     if state.eval_before is None:
         answers = sample_answers(parts, whole_model(parts, trained=False)) if parts.recipe.eval.generate else []
@@ -136,7 +136,7 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
     )
     summary.write(run_dir)
     plot_loss_curve(run_dir.metrics_file, run_dir.loss_curve, state.eval_history)
-    run_dir.write_record(recipe, "finished")
+    run_dir.write_record(parts.recipe_as_given, "finished")
     print_report(summary, run_dir)
     return summary
 

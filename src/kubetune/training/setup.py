@@ -8,6 +8,7 @@ optimizer over the wrapped parameters.
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -18,25 +19,32 @@ import torch
 
 from kubetune.data import Batcher, PreparedData, prepare_data
 from kubetune.errors import DataError, RunDirError
+from kubetune.models.attention import seqlens_from_cu
 from kubetune.models.finetune import ModelParts, build_model
 from kubetune.models.generate import AutocastFactory
-from kubetune.models.load import DTYPES, load_tokenizer, resolve_model
+from kubetune.models.kernels import KernelPlan, ModelShapes
+from kubetune.models.kernels import choose as choose_kernels
+from kubetune.models.load import DTYPES, load_config, load_tokenizer, resolve_model
 from kubetune.models.stages import Stage
 from kubetune.recipe import Recipe
 from kubetune.recipe.layout import Layout, check_model
 from kubetune.rundir import RunDir
 from kubetune.training import checkpoint as ckpt
-from kubetune.training.dist import DistEnv
+from kubetune.training.dist import DistEnv, gather_objects
 from kubetune.training.optim import Optimization, build_optimization
 from kubetune.training.parallel import MeshLayout
 from kubetune.training.parallel import wrap as wrap_parallel
 from kubetune.training.pipeline import PipelineRunner
 from kubetune.training.runner import LocalRunner, StepRunner
 
+log = logging.getLogger("kubetune")
+
 
 @dataclass(frozen=True)
 class TrainParts:
-    recipe: Recipe
+    recipe: Recipe  # with this machine's kernel choices in place of `auto`
+    recipe_as_given: Recipe  # what the run record and its fingerprint hold
+    kernels: KernelPlan
     env: DistEnv
     layout: MeshLayout
     run_dir: RunDir
@@ -54,17 +62,20 @@ class TrainParts:
     started_at: float  # time.monotonic() when the command started
 
 
-def setup(recipe: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, started_at: float) -> TrainParts:
-    configure_threads(recipe.train.num_threads, env)
-    torch.manual_seed(recipe.train.seed)
-    source = resolve_model(recipe.model.name_or_path)
-    tokenizer = load_tokenizer(source, recipe.model.revision, recipe.model.trust_remote_code)
-    data = prepare_data(recipe, tokenizer)
+def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, started_at: float) -> TrainParts:
+    configure_threads(given.train.num_threads, env)
+    torch.manual_seed(given.train.seed)
+    source = resolve_model(given.model.name_or_path)
+    tokenizer = load_tokenizer(source, given.model.revision, given.model.trust_remote_code)
+    data = prepare_data(given, tokenizer)
+    batcher = train_batcher(given, data, tokenizer.pad_token_id, layout)
+    config = load_config(source, given.model.revision, given.model.trust_remote_code)
+    check_model(layout, config, given)
+    kernels = resolve_kernels(given, config, batcher, env)
+    recipe = given.with_kernels(kernels.precision, kernels.attention)
     model = build_model(recipe, source, env.device, Stage(layout.pp_rank, layout.pp) if layout.pp > 1 else None)
-    check_model(layout, model.lm.config, recipe)
     autocast = autocast_context(recipe.train.precision, env.device)
     resume_from = resume_path(recipe.train.resume, run_dir)
-    batcher = train_batcher(recipe, data, tokenizer.pad_token_id, layout)
     total_steps = plan_steps(recipe, batcher, resume_from)
     # a pipeline stage is set up on the unwrapped layers; tensor parallelism then splits them in place
     pipeline = pipeline_runner(recipe, model, layout, env, autocast, tokenizer.pad_token_id) if layout.pp > 1 else None
@@ -80,6 +91,8 @@ def setup(recipe: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, sta
     )
     return TrainParts(
         recipe=recipe,
+        recipe_as_given=given,
+        kernels=kernels,
         env=env,
         layout=layout,
         run_dir=run_dir,
@@ -114,6 +127,33 @@ def pipeline_runner(
         recipe.parallel.pp_schedule,
         offload=recipe.train.gradient_checkpointing == "offload",
     )
+
+
+def resolve_kernels(recipe: Recipe, config: Any, batcher: Batcher, env: DistEnv) -> KernelPlan:
+    """The recipe's `auto` precision and attention kernel, measured on this machine (see
+    kubetune.models.kernels). Rank 0 decides alone (its probe is not disturbed by the others,
+    which wait here) and every rank takes its choice: ranks must agree on dtypes."""
+    plan = None
+    if env.is_main:
+        shapes = ModelShapes.of(config, first_row_samples(batcher))
+        plan = choose_kernels(recipe.train.precision, recipe.model.packed_attention, shapes, env.device)
+        log.info("%s", plan.describe())
+    plan = gather_objects(plan, env)[0]
+    assert plan is not None
+    return plan
+
+
+def first_row_samples(batcher: Batcher) -> list[int]:
+    """The sample lengths of the first packed row of the data: what attention really sees."""
+    lengths = seqlens_from_cu(batcher.micro_batch(0, 0)[0].cu_seqlens)
+    row: list[int] = []
+    total = 0
+    for n in lengths:
+        if row and total + n > batcher.max_seq_len:
+            break
+        row.append(n)
+        total += n
+    return row
 
 
 def configure_threads(num_threads: int | None, env: DistEnv) -> None:
