@@ -5,14 +5,20 @@ dropout 0.05 on q_proj/v_proj), same rows (the first N of medical_flashcards tra
 one epoch), same tokens (kubetune's tokenizer pipeline: chat template, labels on the
 response, one EOS), same optimizer settings. HF Trainer gets padded batches (the usual
 DataCollatorForSeq2Seq dynamic padding), in fp32 and with bf16=True (CPU autocast).
-kubetune runs its defaults (packed rows, bf16 base weights, fp32 adapters), once as one
-process with all threads and once as one single-thread process per core
-(`--nproc-per-node`, same global batch: the layout kubetune recommends on CPU).
+kubetune runs its defaults (packed rows, precision and attention kernel chosen by its
+start-up probe: bf16 base weights with fp32 adapters where this CPU has bf16 units, fp32
+where it has not), once as one process with all threads and once as one single-thread
+process per core (`--nproc-per-node`, same global batch).
 
 Reported per arm: real (non-padding) tokens per second over the whole training loop, peak
 RSS of the process, eval loss and perplexity on the first M rows of test.jsonl (the same
 evaluation code for every arm: mean cross-entropy over response tokens), and the fraction
-of this machine's bf16 matmul peak, measured at the start of the run.
+of this machine's matmul peak in the dtype the arm computes in, measured at the start of
+the run twice: on 2048^3 and on the step's own shape ([tokens x hidden] @ [hidden x MLP]).
+The header names the CPU model and its ISA flags (AMX, AVX-512-BF16, ...).
+
+An arm whose compute dtype runs at under a tenth of the fp32 peak on this CPU (HF's bf16=True
+on a CPU without bf16 units) is not run: its line says so and gives the measured peaks.
 
     .venv/bin/python bench/train_vs_hf.py                       # defaults below
     .venv/bin/python bench/train_vs_hf.py --rows 96 --eval-rows 100
@@ -27,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import resource
 import subprocess
 import sys
@@ -41,23 +46,42 @@ LORA = {"r": 8, "alpha": 16, "dropout": 0.05, "targets": ["q_proj", "v_proj"]}
 LR, WARMUP, SEED = 2e-4, 5, 42
 
 
-def matmul_peak(threads: int) -> dict:
+def matmul_peak(threads: int, m: int = 2048, k: int = 2048, n: int = 2048) -> dict:
+    """FLOP/s of [m x k] @ [k x n] per dtype: best of 5 rounds (fewer when a round takes > 2 s)."""
     import torch
 
     torch.set_num_threads(threads)
     out = {}
     for dtype, name in ((torch.bfloat16, "bf16"), (torch.float32, "fp32")):
-        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
-        for _ in range(3):
-            a @ b
+        a, b = torch.randn(m, k, dtype=dtype), torch.randn(k, n, dtype=dtype)
+        a @ b
         best = float("inf")
         for _ in range(5):
             t = time.perf_counter()
-            for _ in range(5):
+            for _ in range(3):
                 a @ b
-            best = min(best, (time.perf_counter() - t) / 5)
-        out[name] = 2 * 2048**3 / best
+            best = min(best, (time.perf_counter() - t) / 3)
+            if best > 2.0:  # a slow dtype on this CPU: one round says enough
+                break
+        out[name] = 2 * m * k * n / best
     return out
+
+
+def isa_flags() -> str:
+    """The CPU flags that decide bf16 speed, and torch's view of the ISA."""
+    import torch
+
+    wanted = ("avx2", "avx512f", "avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16", "amx_int8")
+    flags: set[str] = set()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("flags"):
+                flags = set(line.split(":", 1)[1].split())
+                break
+    except OSError:
+        pass
+    present = [f for f in wanted if f in flags]
+    return f"{' '.join(present) or 'none of ' + ','.join(wanted)}; torch ISA {torch.backends.cpu.get_cpu_capability()}"
 
 
 def flops_per_token(config, target_fraction: float) -> float:
@@ -212,7 +236,7 @@ def arm_kubetune(args, precision: str) -> dict:
 
 def arm_kubetune_per_core(args, precision: str) -> dict:
     """`--nproc-per-node <threads>`: one single-thread process per core, each taking half of
-    the micro-batch rows (the same global batch, so the same math as `kubetune-bf16`)."""
+    the micro-batch rows (the same global batch, so the same math as `kubetune`)."""
     procs = args.threads
     with tempfile.TemporaryDirectory() as tmp:
         cmd = [
@@ -244,15 +268,18 @@ def _kubetune_result(summary: dict) -> dict:
         "perplexity": summary["perplexity_after"],
         "eval_loss_before": summary["eval_loss_before"],
         "perplexity_before": summary["perplexity_before"],
+        "dtype": summary.get("precision") or "bf16",
+        "kernels": summary.get("kernels", ""),
     }
 
 
 ARMS = {
     "hf-fp32": lambda a: arm_hf(a, "fp32"),
     "hf-bf16": lambda a: arm_hf(a, "bf16"),
-    "kubetune-bf16": lambda a: arm_kubetune(a, "bf16"),
-    "kubetune-per-core": lambda a: arm_kubetune_per_core(a, "bf16"),
+    "kubetune": lambda a: arm_kubetune(a, "auto"),
+    "kubetune-per-core": lambda a: arm_kubetune_per_core(a, "auto"),
 }
+FIXED_DTYPE = {"hf-fp32": "fp32", "hf-bf16": "bf16"}  # kubetune's arms report the dtype they chose
 
 
 def run_arm(name: str, args) -> dict:
@@ -286,58 +313,73 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=8, help="HF per-device batch (rows)")
     p.add_argument("--kt-micro", type=int, default=2, help="kubetune micro batch (packed rows of 512 tokens)")
+    p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms to run")
     p.add_argument("--arm", choices=sorted(ARMS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.arm:
         result = ARMS[args.arm](args)
         result.setdefault("peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
+        result.setdefault("dtype", FIXED_DTYPE.get(args.arm, "fp32"))
         print(json.dumps(result))
         return
 
     from transformers import AutoConfig
 
-    from kubetune.models.load import resolve_model
+    from kubetune.models.load import load_tokenizer, resolve_model
 
-    peak = matmul_peak(args.threads)
-    results = {name: run_arm(name, args) for name in ARMS}
     config = AutoConfig.from_pretrained(resolve_model("smollm2-135m-instruct"))
-    kt = results["kubetune-bf16"]
-    print(
-        f"machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores "
-        f"({_cpu_model()}), torch threads {args.threads}"
-    )
-    print(f"matmul peak (2048^3): bf16 {peak['bf16'] / 1e12:.3f} TFLOP/s, fp32 {peak['fp32'] / 1e12:.3f} TFLOP/s")
-    print(
-        f"budget: {args.rows} rows of train.jsonl = {kt['train_tokens']:,} real tokens, one epoch; "
-        f"eval on {args.eval_rows} rows of test.jsonl"
-    )
-    print(
-        f"{'arm':17s} {'tokens/s':>9s} {'x hf-fp32':>9s} {'x hf-bf16':>9s} {'pad%':>5s} {'peak RSS':>9s} "
-        f"{'eval loss':>9s} {'ppl':>7s} {'% bf16 peak':>11s}"
-    )
-    from kubetune.models.load import load_tokenizer
-
+    peak = matmul_peak(args.threads)
+    step_tokens = args.kt_micro * 512  # the rows of one kubetune micro-batch: the step's real matmul
+    shape_peak = matmul_peak(args.threads, step_tokens, config.hidden_size, config.intermediate_size)
+    results, skipped = {}, {}
+    for name in args.arms.split(","):
+        dtype = FIXED_DTYPE.get(name)
+        if dtype and peak[dtype] < 0.1 * peak["fp32"]:
+            skipped[name] = (
+                f"not run: {dtype} matmuls reach {peak[dtype] / 1e9:.1f} GFLOP/s on this CPU vs fp32 "
+                f"{peak['fp32'] / 1e9:.1f} (no {dtype} units); the arm would take hours"
+            )
+            continue
+        results[name] = run_arm(name, args)
     tok_data = tokenized(
         load_rows(args.rows, SHARED / "train.jsonl"), load_tokenizer(resolve_model("smollm2-135m-instruct"))
     )
     target_frac = float(tok_data.trainable.mean())
+    fpt = flops_per_token(config, target_frac)
+    print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, torch threads {args.threads}; flags: {isa_flags()}")
+    for label, pk in (
+        ("2048^3", peak),
+        (f"step shape {step_tokens}x{config.hidden_size}x{config.intermediate_size}", shape_peak),
+    ):
+        print(f"matmul peak ({label}): bf16 {pk['bf16'] / 1e12:.3f} TFLOP/s, fp32 {pk['fp32'] / 1e12:.3f} TFLOP/s")
+    print(f"budget: {args.rows} rows of train.jsonl, one epoch; eval on {args.eval_rows} rows of test.jsonl")
     print(
-        f"useful model FLOPs per trained token: {flops_per_token(config, target_frac) / 1e6:.0f} M "
+        f"useful model FLOPs per trained token: {fpt / 1e6:.0f} M "
         f"(frozen base: forward + backward to activations; LM head on the {target_frac:.0%} target tokens)"
     )
+    base = {k: results[k]["tokens_per_s"] for k in ("hf-fp32", "hf-bf16") if k in results}
+    print(
+        f"{'arm':17s} {'dtype':>5s} {'tokens/s':>9s} {'x hf-fp32':>9s} {'x hf-bf16':>9s} {'pad%':>5s} "
+        f"{'peak RSS':>9s} {'eval loss':>9s} {'ppl':>7s} {'% peak':>7s} {'% shape pk':>10s}"
+    )
     for name, r in results.items():
-        fpt = flops_per_token(config, target_frac)
-        frac = r["tokens_per_s"] * fpt / peak["bf16"] * 100
+        ratios = [f"{r['tokens_per_s'] / base[k]:9.2f}" if k in base else f"{'-':>9s}" for k in ("hf-fp32", "hf-bf16")]
+        flops = r["tokens_per_s"] * fpt
         pad = 100 * (1 - r["train_tokens"] / r["padded_tokens"])
         print(
-            f"{name:17s} {r['tokens_per_s']:9.1f} {r['tokens_per_s'] / results['hf-fp32']['tokens_per_s']:9.2f} "
-            f"{r['tokens_per_s'] / results['hf-bf16']['tokens_per_s']:9.2f} {pad:5.1f} {r['peak_rss_mb']:7.0f}MB "
-            f"{r['eval_loss']:9.4f} {r['perplexity']:7.3f} {frac:10.1f}%"
+            f"{name:17s} {r['dtype']:>5s} {r['tokens_per_s']:9.1f} {ratios[0]} {ratios[1]} {pad:5.1f} "
+            f"{r['peak_rss_mb']:7.0f}MB {r['eval_loss']:9.4f} {r['perplexity']:7.3f} "
+            f"{100 * flops / peak[r['dtype']]:6.1f}% {100 * flops / shape_peak[r['dtype']]:9.1f}%"
         )
-    print(
-        f"base model before training: eval loss {kt['eval_loss_before']:.4f}, perplexity {kt['perplexity_before']:.3f}"
-    )
-    print(json.dumps({"peak": peak, "results": results}))
+        if r.get("kernels"):
+            print(f"{'':17s} {r['kernels']}")
+    for name, why in skipped.items():
+        print(f"{name:17s} {why}")
+    kt = results.get("kubetune")
+    if kt:
+        before = f"eval loss {kt['eval_loss_before']:.4f}, perplexity {kt['perplexity_before']:.3f}"
+        print(f"base model before training: {before}")
+    print(json.dumps({"peak": peak, "shape_peak": shape_peak, "results": results, "skipped": skipped}))
 
 
 def _cpu_model() -> str:

@@ -12,8 +12,14 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "kubetune"
 
 # module (file or package under src/kubetune) -> kubetune modules it must never import
 FORBIDDEN = {
-    "recipe": ("kubetune.data", "kubetune.models", "kubetune.training", "kubetune.export", "kubetune.k8s",
-               "kubetune.cluster"),
+    "recipe": (
+        "kubetune.data",
+        "kubetune.models",
+        "kubetune.training",
+        "kubetune.export",
+        "kubetune.k8s",
+        "kubetune.cluster",
+    ),
     "data": ("kubetune.models", "kubetune.training", "kubetune.export", "kubetune.k8s", "kubetune.cluster"),
     "models": ("kubetune.training", "kubetune.export", "kubetune.k8s", "kubetune.cluster"),
     "export.py": ("kubetune.training", "kubetune.k8s", "kubetune.cluster"),

@@ -59,7 +59,7 @@ def build_model(recipe: Recipe, source: str, device: torch.device, stage: Stage 
         lm = load_causal_lm_stage(source, dtype, attn, stage, revision, remote)
     else:
         lm = load_causal_lm(source, dtype, attn, revision, remote)
-    model = prepare_for_training(lm, recipe).to(device)
+    model = prepare_for_training(lm, recipe, device.type).to(device)
     return ModelParts.of(model, lm)
 
 
@@ -109,7 +109,7 @@ def apply_lora(model: Any, recipe: Recipe) -> Any:
     return model
 
 
-def prepare_for_training(lm: Any, recipe: Recipe) -> Any:
+def prepare_for_training(lm: Any, recipe: Recipe, device_type: str = "cpu") -> Any:
     """LoRA adapters (or every weight trainable), checkpointing and compiled regions on a
     loaded *ForCausalLM; returns the model to train (the PEFT model for LoRA)."""
     if recipe.finetune.method == "lora":
@@ -123,11 +123,15 @@ def prepare_for_training(lm: Any, recipe: Recipe) -> Any:
     if recipe.train.compile:
         # A tensor-parallel MLP runs DTensor hooks that the compiled region's backward does
         # not survive (recursion in autograd): compile only the norms then.
-        compile_regions(lm, mlp=recipe.parallel.tp == 1)
+        compile_regions(lm, mlp=recipe.parallel.tp == 1, backend=COMPILE_BACKENDS.get(device_type, "inductor"))
     return model
 
 
-def compile_regions(lm: Any, mlp: bool = True) -> None:
+# Gaudi compiles through Habana's own dynamo backend; inductor does not know the device
+COMPILE_BACKENDS = {"hpu": "hpu_backend"}
+
+
+def compile_regions(lm: Any, mlp: bool = True, backend: str = "inductor") -> None:
     """Regional torch.compile: each decoder layer's MLP and norms.
 
     The attention runs a Python loop over packed samples whose count changes every batch;
@@ -138,9 +142,9 @@ def compile_regions(lm: Any, mlp: bool = True) -> None:
     """
     for layer in decoder_layers(lm):
         if mlp:
-            layer.mlp.compile(dynamic=True)
-        layer.input_layernorm.compile(dynamic=True)
-        layer.post_attention_layernorm.compile(dynamic=True)
+            layer.mlp.compile(dynamic=True, backend=backend)
+        layer.input_layernorm.compile(dynamic=True, backend=backend)
+        layer.post_attention_layernorm.compile(dynamic=True, backend=backend)
 
 
 class TargetLoss(nn.Module):

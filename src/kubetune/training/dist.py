@@ -56,11 +56,23 @@ def pick_device(name: str, local_rank: int) -> torch.device:
 
 
 def _hpu_available() -> bool:
+    return hpu_count() > 0
+
+
+def hpu_count() -> int:
+    """Gaudi cards this process can see (0 without Habana's PyTorch bridge)."""
     try:
         import habana_frameworks.torch.hpu as hthpu
     except ImportError:
-        return False
-    return hthpu.is_available()
+        return 0
+    return int(hthpu.device_count()) if hthpu.is_available() else 0
+
+
+def accelerator_count() -> int:
+    """CUDA GPUs, else Gaudi cards, else 0."""
+    if torch.cuda.is_available():
+        return torch.cuda.device_count()
+    return hpu_count()
 
 
 def backend_for(device: torch.device, requested: str = "auto") -> str:

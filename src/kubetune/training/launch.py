@@ -37,10 +37,11 @@ def local_processes(value: str) -> int:
     process with several threads)."""
     if value == "auto":
         import psutil
-        import torch
 
-        if torch.cuda.is_available():
-            return torch.cuda.device_count()
+        from kubetune.training.dist import accelerator_count
+
+        if accelerators := accelerator_count():
+            return accelerators
         cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
         return max(1, min(cores, len(os.sched_getaffinity(0))))  # a container may allow fewer
     if not value.isdigit() or int(value) < 1:

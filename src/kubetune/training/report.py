@@ -9,6 +9,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from kubetune.fsutil import atomic_write_json
+from kubetune.models.kernels import KernelPlan
 from kubetune.rundir import RunDir
 from kubetune.training.checkpoint import TrainState
 from kubetune.training.dist import DistEnv
@@ -52,6 +53,8 @@ class Summary:
     peak_rss_mb: float
     peak_rss_mb_per_rank: list[float]
     world_size: int
+    precision: str = ""  # the compute precision the run used (auto resolved)
+    kernels: str = ""  # the kernel choices and the measurements behind them
     samples: list[dict[str, Any]] = field(default_factory=list)
 
     @classmethod
@@ -64,6 +67,7 @@ class Summary:
         answers: list[dict[str, Any]],
         started_at: float,
         rss_per_rank: list[float],
+        kernels: KernelPlan | None = None,
     ) -> Summary:
         before = state.eval_before or {}
         before_answers = {a["prompt"]: a["answer"] for a in before.get("answers", [])}
@@ -83,6 +87,8 @@ class Summary:
             peak_rss_mb=rss_per_rank[0],
             peak_rss_mb_per_rank=rss_per_rank,
             world_size=len(rss_per_rank),
+            precision=kernels.precision if kernels else "",
+            kernels=kernels.describe() if kernels else "",
             samples=[{**a, "answer_before": before_answers.get(a["prompt"])} for a in answers],
         )
 

@@ -77,6 +77,7 @@ def resume_or_start(parts: TrainParts) -> TrainState:
     if parts.env.is_main:
         parts.run_dir.write_record(parts.recipe_as_given, "running")
     log.info("%s", describe_run(parts))
+    log.info("%s", parts.kernels.describe())
     if state.eval_before is None:
         answers = sample_answers(parts, whole_model(parts, trained=False)) if parts.recipe.eval.generate else []
         before = evaluate(parts.runner, parts.eval_batcher, parts.layout, parts.env)
@@ -132,7 +133,14 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
         whole.state,
     )
     summary = Summary.of(
-        recipe.model.name_or_path, recipe.finetune.method, state, after, answers, parts.started_at, rss_per_rank
+        recipe.model.name_or_path,
+        recipe.finetune.method,
+        state,
+        after,
+        answers,
+        parts.started_at,
+        rss_per_rank,
+        parts.kernels,
     )
     summary.write(run_dir)
     plot_loss_curve(run_dir.metrics_file, run_dir.loss_curve, state.eval_history)

@@ -8,7 +8,6 @@ optimizer over the wrapped parameters.
 from __future__ import annotations
 
 import contextlib
-import logging
 import math
 import os
 from dataclasses import dataclass
@@ -36,8 +35,6 @@ from kubetune.training.parallel import MeshLayout
 from kubetune.training.parallel import wrap as wrap_parallel
 from kubetune.training.pipeline import PipelineRunner
 from kubetune.training.runner import LocalRunner, StepRunner
-
-log = logging.getLogger("kubetune")
 
 
 @dataclass(frozen=True)
@@ -137,7 +134,6 @@ def resolve_kernels(recipe: Recipe, config: Any, batcher: Batcher, env: DistEnv)
     if env.is_main:
         shapes = ModelShapes.of(config, first_row_samples(batcher))
         plan = choose_kernels(recipe.train.precision, recipe.model.packed_attention, shapes, env.device)
-        log.info("%s", plan.describe())
     plan = gather_objects(plan, env)[0]
     assert plan is not None
     return plan
