@@ -228,3 +228,84 @@ def test_cluster_components_import_and_run_without_torch_or_the_job_side(tmp_pat
     annotations, labels = results["facts"]
     assert annotations["kubetune.io/cards-total"] == "8" and annotations["kubetune.io/cards-free"] == "7"
     assert labels["kubetune.io/network-leaf"] == "leaf-1"
+
+
+# ------------------------------------------------------- every rendered command vs its image
+# A container runs `kubetune <command>` from the image the manifest names; that image must
+# install every distribution the command can import (imagecheck.py reads both sides from the
+# sources). Every object kubetune renders is collected, so a new rendered command (serving,
+# a prober) is checked the day it is rendered.
+
+
+def _images_in(obj, where: str, found: list[tuple[str, str, list[str]]]) -> None:
+    """Every container-like dict (`image` + `command`/`args`: pod containers, TrainJob's trainer)."""
+    if isinstance(obj, dict):
+        if isinstance(obj.get("image"), str) and (obj.get("command") or obj.get("args")):
+            argv = obj.get("command", []) + obj.get("args", [])
+            found.append((f"{where} {obj.get('name', '')}".strip(), obj["image"], argv))
+        for value in obj.values():
+            _images_in(value, where, found)
+    elif isinstance(obj, list):
+        for value in obj:
+            _images_in(value, where, found)
+
+
+def _rendered_containers(tags: dict[str, str]) -> list[tuple[str, str, list[str]]]:
+    import yaml
+
+    from kubetune.recipe import builtin_recipes
+
+    from .conftest import run_cli
+
+    renders = [
+        ["k8s", "render", recipe, "--profile", profile, *api]
+        for recipe in sorted(builtin_recipes())
+        for profile in ("cpu", "gaudi", "nvidia")
+        for api in (["--api", "pytorchjob"], ["--api", "trainjob", "--with-runtime"])
+    ]
+    renders += [["k8s", "render-components"]] + [
+        ["k8s", "render-components", "--image", f"registry.example.com/kubetune:{tag}"] for tag in tags
+    ]
+    found: list[tuple[str, str, list[str]]] = []
+    for args in renders:
+        result = run_cli(*args)
+        assert result.code == 0, f"kubetune {' '.join(args)}: {result.err}"
+        for obj in yaml.safe_load_all(result.out):
+            if obj:
+                _images_in(obj, f"{obj['kind']}/{obj['metadata']['name']}", found)
+    return found
+
+
+def test_every_rendered_command_runs_from_the_image_named_for_it():
+    pytest.importorskip("grpc")  # the component commands' imports are resolved in this environment
+    from .imagecheck import dockerfile_tags, problems
+
+    tags = dockerfile_tags(DOCKERFILES)
+    containers = _rendered_containers(tags)
+    commands = {tuple(argv[:2]) for _, _, argv in containers}
+    assert {("kubetune", "train"), ("kubetune", "device-plugin"), ("kubetune", "scheduler-extender")} <= commands
+    found = []
+    for (image, argv), where in {(c[1], tuple(c[2])): c[0] for c in containers}.items():
+        tag = image.rpartition("/")[2].partition(":")[2]
+        if tag not in tags:
+            found.append(f"{where}: image {image}: no Dockerfile builds the tag {tag!r} (built: {sorted(tags)})")
+            continue
+        found += [f"{where} ({image}): {p}" for p in problems(list(argv), REPO / tags[tag])]
+    assert not found, "\n".join(sorted(set(found)))
+
+
+def test_the_image_check_fails_for_a_command_whose_image_lacks_its_extra(tmp_path):
+    # the original issue: the components rendered with an image that installs only the k8s extra
+    pytest.importorskip("grpc")
+    from .imagecheck import problems
+
+    dockerfile = tmp_path / "Dockerfile"
+    dockerfile.write_text((REPO / "Dockerfile").read_text().replace('".[k8s,cluster]"', '".[k8s]"'))
+    assert '".[k8s]"' in dockerfile.read_text()
+    plugin = " ".join(problems(["kubetune", "device-plugin", "--resource", "habana.ai/gaudi"], dockerfile))
+    extender = " ".join(problems(["kubetune", "scheduler-extender"], dockerfile))
+    assert "grpcio" in plugin and "prometheus-client" in plugin and "nvidia-ml-py" in plugin
+    assert "fastapi" in extender and "uvicorn" in extender
+    assert problems(["kubetune", "train", "/etc/kubetune/recipe.yaml"], dockerfile) == []
+    assert problems(["sleep", "infinity"], dockerfile) == []
+    assert problems(["bash", "-c", "kubetune train"], dockerfile) != []  # a tool not every image has
