@@ -156,3 +156,52 @@ def test_prepare_data_splits_deterministically_and_checks_input(tmp_path, tokeni
     bad.write_text(json.dumps(ROW) + "\n{oops\n")
     with pytest.raises(DataError, match="line 2"):
         prepare_data(load_recipe(None, [f"data.train={bad}"]).recipe, tokenizer)
+
+
+SEED_002_TEMPLATE = "你是一个专业的医疗助手。请根据问题给出准确的回答。\n问题:{input}\n回答:"
+
+
+@pytest.mark.parametrize(
+    "row,expect",
+    [
+        (ROW, "问题:What does insulin do?\n回答:"),  # instruction + input: the input is the question
+        ({"instruction": "", "input": "胰岛素的作用是什么?"}, "问题:胰岛素的作用是什么?\n回答:"),
+        # instruction-only rows (and `kubetune generate`, which passes the prompt as the instruction)
+        ({"instruction": "胰岛素的作用是什么?", "input": ""}, "问题:胰岛素的作用是什么?\n回答:"),
+    ],
+)
+def test_an_input_only_template_asks_the_rows_question(tokenizer, row, expect):
+    prompt = PromptRenderer(SEED_002_TEMPLATE, tokenizer).prompt(row)
+    assert prompt == SEED_002_TEMPLATE.split("问题:")[0] + expect
+
+
+def test_an_instruction_only_template_keeps_the_input(tokenizer):
+    assert PromptRenderer("Q: {instruction}\nA:", tokenizer).prompt(ROW) == (
+        "Q: Answer this question truthfully\n\nWhat does insulin do?\nA:"
+    )
+    both = PromptRenderer("{instruction} | {input} {{json}}", tokenizer).prompt({**ROW, "input": ""})
+    assert both == "Answer this question truthfully |  {json}"
+
+
+@pytest.mark.parametrize(
+    "template,error",
+    [
+        ("Question: {question}", r"data\.template`: .*only \{instruction\} and \{input\}, not \{question\}"),
+        ("no placeholder", r"data\.template`: .*must contain \{input\} or \{instruction\}"),
+        ('Reply in JSON: {"q": {input}}', r"data\.template`: .*literal brace as \{\{ or \}\}"),
+        ("ask {input", r"data\.template`: .*format string"),
+    ],
+)
+def test_a_bad_custom_template_is_one_line_naming_the_fix(template, error):
+    from kubetune.errors import RecipeError
+
+    with pytest.raises(RecipeError, match=error) as exc:
+        load_recipe(None, [f"data.template={template}"])
+    assert "\n" not in str(exc.value).strip()
+
+
+def test_input_only_data_needs_no_instruction_column(tokenizer):
+    rows = map_columns([{"input": "胰岛素?", "output": "降血糖。"}], ColumnsSection(), "data.train")
+    assert rows == [{"instruction": "", "input": "胰岛素?", "output": "降血糖。"}]
+    for template, expect in [("alpaca", "### Instruction:\n胰岛素?\n\n### Response:"), ("chat", "user\n胰岛素?<")]:
+        assert expect in PromptRenderer(template, tokenizer).prompt(rows[0])

@@ -116,12 +116,16 @@ def map_columns(rows: list[Row], columns: ColumnsSection, key: str) -> list[Row]
             messages: list[Message] = [{"role": m.get("role"), "content": m.get("content") or ""} for m in msgs]
             out.append({"messages": messages})
         return out
-    instruction_col = _required(key, "instruction", columns.instruction, present)
-    output_col = _required(key, "output", columns.output, present)
     in_col = columns.input if columns.input in present else None
+    # data with only a question column (input + output) is fine: the templates use the input
+    # as the question; only a dataset with neither column has nothing to ask
+    instruction_col = columns.instruction if columns.instruction in present else None
+    if instruction_col is None and in_col is None:
+        raise DataError(_missing(key, "instruction", columns.instruction, present))
+    output_col = _required(key, "output", columns.output, present)
     return [
         {
-            "instruction": str(r.get(instruction_col) or ""),
+            "instruction": str(r.get(instruction_col) or "") if instruction_col else "",
             "input": str(r.get(in_col) or "") if in_col else "",
             "output": str(r.get(output_col) or ""),
         }

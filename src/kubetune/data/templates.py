@@ -2,14 +2,16 @@
 
 `chat` uses the tokenizer's own chat template (so SmolLM2 gets ChatML, Llama-3 its header
 tokens, ...); `alpaca` and `llama2` are the classic formats; any other string is a custom
-template with `{instruction}` and optionally `{input}`. The response never carries an EOS:
-tokenization appends the tokenizer's EOS exactly once.
+template naming `{instruction}`, `{input}` or both (`custom_fields` says what each receives).
+The response never carries an EOS: tokenization appends the tokenizer's EOS exactly once.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast
+
+from kubetune.recipe.schema import template_fields
 
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
@@ -30,6 +32,25 @@ def user_text(row: Row) -> str:
     instruction: str = row.get("instruction", "")
     inp: str = row.get("input", "")
     return f"{instruction}\n\n{inp}" if inp and instruction else (instruction or inp)
+
+
+def custom_fields(template: str, row: Row) -> dict[str, str]:
+    """What a custom template's placeholders receive, so that no text of the row is lost.
+
+    With both placeholders each gets its column. A template naming only `{input}` brings its
+    own instruction (seed 002's `...问题:{input}\n回答:`), so `{input}` is the row's input, or
+    its instruction where the row has none (instruction-only data, and `kubetune generate`,
+    which passes the prompt as the instruction). A template naming only `{instruction}` has
+    no place for the input, so the input follows the instruction as in a chat user turn.
+    """
+    instruction: str = row.get("instruction", "")
+    inp: str = row.get("input", "")
+    fields = template_fields(template)
+    if fields == {"input"}:
+        return {"input": inp or instruction}
+    if fields == {"instruction"}:
+        return {"instruction": user_text(row)}
+    return {"instruction": instruction, "input": inp}
 
 
 @dataclass
@@ -62,16 +83,18 @@ class PromptRenderer:
         if self.template == "chat":
             return self._chat_prompt([{"role": "user", "content": user_text(row)}])
         if self.template == "alpaca":
-            inp = row.get("input", "")
+            # an input-only row (no instruction column) is the instruction, not an empty one
+            instruction, inp = row.get("instruction", ""), row.get("input", "")
+            instruction, inp = (instruction, inp) if instruction else (inp, "")
             return ALPACA.format(
                 ctx=", paired with an input that provides further context" if inp else "",
-                instruction=row["instruction"],
+                instruction=instruction,
                 input_block=f"### Input:\n{inp}\n\n" if inp else "",
             )
         if self.template == "llama2":
             sys_block = LLAMA2_SYS.format(system=self.system_prompt) if self.system_prompt else ""
             return f"[INST] {sys_block}{user_text(row)} [/INST] "
-        return self.template.format(instruction=row.get("instruction", ""), input=row.get("input", ""))
+        return self.template.format(**custom_fields(self.template, row))
 
     def _chat_prompt(self, messages: list[Message]) -> str:
         if self.system_prompt and (not messages or messages[0]["role"] != "system"):

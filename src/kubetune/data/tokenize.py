@@ -26,7 +26,7 @@ from kubetune.fsutil import atomic_dir, file_lock
 if TYPE_CHECKING:
     from transformers import PreTrainedTokenizerBase
 
-CACHE_FORMAT = 1
+CACHE_FORMAT = 2  # 2: custom templates naming one placeholder keep the whole question
 
 
 @dataclass

@@ -8,6 +8,7 @@ errors into one line per problem with the nearest valid key suggested.
 
 from __future__ import annotations
 
+import string
 from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
@@ -18,6 +19,12 @@ from kubetune.recipe.dist import ParallelSection
 from kubetune.recipe.k8s import K8sSection
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
+TEMPLATE_FIELDS = ("instruction", "input")
+
+
+def template_fields(template: str) -> set[str]:
+    """The placeholders a custom template names (ValueError for a malformed format string)."""
+    return {name for _, name, _, _ in string.Formatter().parse(template) if name is not None}
 
 
 class ModelSection(Section):
@@ -58,7 +65,9 @@ class LoraSection(Section):
 
 
 class ColumnsSection(Section):
-    instruction: str | None = Field("instruction", description="Column holding the instruction.")
+    instruction: str | None = Field(
+        "instruction", description="Column holding the instruction (may be absent when the input column is there)."
+    )
     input: str | None = Field("input", description="Column holding the optional input/context (may be absent).")
     output: str | None = Field("output", description="Column holding the target answer.")
     messages: str | None = Field(
@@ -80,8 +89,11 @@ class DataSection(Section):
     columns: ColumnsSection = Field(default_factory=ColumnsSection, description="Column mapping.")
     template: str = Field(
         "chat",
-        description="chat (the tokenizer's own chat template) | alpaca | llama2 | a custom string "
-        "with {instruction} and {input}.",
+        description="chat (the tokenizer's own chat template) | alpaca | llama2 | a custom string with "
+        "{instruction}, {input} or both (write literal braces as {{ }}). Both: each is its column. "
+        "Only {input}: the row's input, or its instruction where the row has no input. "
+        "Only {instruction}: the instruction, then the row's input (if any) after a blank line. "
+        "To drop a column, set data.columns.<name>=null.",
     )
     system_prompt: str | None = Field(
         None, description="System message for the chat template (null = the template's default)."
@@ -110,9 +122,22 @@ class DataSection(Section):
     def _template(cls, v: str) -> str:
         if v in ("chat", "alpaca", "llama2"):
             return v
-        if "{instruction}" not in v:
+        try:
+            fields = template_fields(v)
+        except ValueError as e:
             raise ValueError(
-                "a custom template must contain {instruction} (and may contain {input}); or use chat | alpaca | llama2"
+                f"a custom template is a format string ({e}); write a literal brace as {{{{ or }}}}"
+            ) from None
+        unknown = sorted(fields - set(TEMPLATE_FIELDS))
+        if unknown:
+            named = ", ".join("{" + f + "}" for f in unknown)
+            raise ValueError(
+                f"a custom template may name only {{instruction}} and {{input}}, not {named}; "
+                "map your columns with data.columns.* (write a literal brace as {{ or }})"
+            )
+        if not fields:
+            raise ValueError(
+                "a custom template must contain {input} or {instruction} (or both); or use chat | alpaca | llama2"
             )
         return v
 
