@@ -86,7 +86,11 @@ def test_check_validates_and_says_so(cli):
     [
         (["--profile", "tpu"], "`k8s.profile`: got 'tpu', expected 'cpu', 'gaudi' or 'nvidia'"),
         (["--api", "mpijob"], "`k8s.api`: got 'mpijob', expected 'pytorchjob' or 'trainjob'"),
-        (["k8s.resources.shm_size=64Gi"], "shm_size 64Gi must be smaller than k8s.resources.memory 32Gi"),
+        # the seed recipe's memory comes from its cpu profile_resources: the line names that key
+        (
+            ["k8s.resources.shm_size=300Gi"],
+            "k8s.resources.shm_size 300Gi must be smaller than k8s.profile_resources.cpu.memory 226Gi",
+        ),
         (["k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0"),
         (["k8s.resources.accelerators=4"], "accelerators=4 on the cpu profile"),
         (["k8s.replica=3"], "unknown recipe key `k8s.replica`: did you mean `k8s.replicas`?"),

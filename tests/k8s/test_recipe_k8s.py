@@ -63,6 +63,9 @@ def test_profile_defaults_fill_only_null_fields():
         (["k8s.profile=gaudi", "k8s.nproc_per_node=9"], "exceeds the 8 accelerators per pod"),
         (["k8s.elastic.enabled=true", "k8s.api=trainjob"], "elastic is a PyTorchJob feature"),
         (["k8s.priority_value=10"], "k8s.priority_value needs k8s.priority_class"),
+        # a value from profile_resources is named by its own key
+        (["k8s.profile_resources.cpu.cpu=0"], "k8s.profile_resources.cpu.cpu must be more than 0"),
+        (["k8s.profile_resources.cpu.accelerators=2"], "k8s.profile_resources.cpu.accelerators=2 on the cpu"),
     ],
 )
 def test_impossible_resources(overrides, problem):
@@ -74,6 +77,15 @@ def test_possible_resources_have_no_problems():
     for profile in ("cpu", "gaudi", "nvidia"):
         assert section.resource_problems(k8s(f"k8s.profile={profile}")) == []
     assert section.resource_problems(k8s("k8s.resources.cpu=200", "k8s.resources.memory=226Gi", "k8s.replicas=4")) == []
+
+
+def test_profile_resources_fill_what_resources_leave_null_for_that_profile_only():
+    overrides = ["k8s.profile_resources.gaudi.accelerators=4", "k8s.profile_resources.gaudi.cpu=32"]
+    gaudi = k8s("k8s.profile=gaudi", *overrides).worker_resources()
+    assert (gaudi["accelerators"], gaudi["cpu"], gaudi["memory"]) == (4, 32, "400Gi")  # memory: the default
+    assert k8s("k8s.profile=cpu", *overrides).worker_resources() == section.PROFILE_DEFAULTS["cpu"]
+    # k8s.resources wins on every profile, so a command-line override always takes effect
+    assert k8s("k8s.profile=gaudi", *overrides, "k8s.resources.cpu=48").worker_resources()["cpu"] == 48
 
 
 @pytest.mark.parametrize(

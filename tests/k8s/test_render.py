@@ -25,6 +25,7 @@ PROFILES = ("cpu", "gaudi", "nvidia")
 APIS = ("pytorchjob", "trainjob")
 SNAPSHOTS = Path(__file__).parent / "snapshots"
 SEED = "llama2-7b-medical-flashcards"
+GAUDI_SEED = "llama2-13b-gaudi-tp4-pp8"
 CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterTrainingRuntime"}
 
 
@@ -70,15 +71,21 @@ def env_of(container):
 ALL = [(p, a) for p in PROFILES for a in APIS]
 
 
-@pytest.mark.parametrize("profile,api", ALL)
-def test_snapshot(profile, api):
-    objects = rendered(profile, api).objects
+def _snapshot_cases():
+    yield from ((SEED, profile, api, f"{profile}-{api}.yaml") for profile, api in ALL)
+    # seed 000's layout: 8 Gaudi pods x 4 cards, tp 4 x pp 8
+    yield from ((GAUDI_SEED, "gaudi", api, f"gaudi-tp4-pp8-{api}.yaml") for api in APIS)
+
+
+@pytest.mark.parametrize("recipe,profile,api,name", list(_snapshot_cases()))
+def test_snapshot(recipe, profile, api, name):
+    objects = rendered(profile, api, recipe=recipe).objects
     # The recipe dump grows with every new recipe key (other layers add them): its content is
     # checked by test_container_runs_kubetune_train_on_the_mounted_recipe, not snapshotted.
     for cm in by_kind(objects, "ConfigMap"):
         cm["data"]["recipe.yaml"] = "<the resolved recipe>"
     text = r.to_yaml(objects)
-    path = SNAPSHOTS / f"{profile}-{api}.yaml"
+    path = SNAPSHOTS / name
     if os.environ.get("KUBETUNE_UPDATE_SNAPSHOTS"):
         path.parent.mkdir(exist_ok=True)
         path.write_text(text)
@@ -300,7 +307,7 @@ def test_trainjob_refs_runtime_and_patches_volumes():
         "apiGroup": "trainer.kubeflow.org",
         "kind": "ClusterTrainingRuntime",
     }
-    assert job["spec"]["trainer"]["numNodes"] == 2
+    assert job["spec"]["trainer"]["numNodes"] == 4  # the seed recipe's k8s.replicas
     (patch,) = job["spec"]["runtimePatches"]
     (rj,) = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
     assert rj["name"] == "node"
@@ -339,7 +346,7 @@ def test_gang_scheduling_and_queues():
     assert vpg["apiVersion"] == "scheduling.volcano.sh/v1beta1" and vpg["spec"]["queue"] == "research"
     vjob = volcano[-1]
     assert "kueue.x-k8s.io/queue-name" not in vjob["metadata"]["labels"]  # a Volcano queue, not Kueue's
-    assert vjob["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 2, "queue": "research"}
+    assert vjob["spec"]["runPolicy"]["schedulingPolicy"] == {"minAvailable": 4, "queue": "research"}
 
 
 def test_quota_covers_workers_and_the_data_pod():
@@ -361,7 +368,7 @@ def test_quota_covers_workers_and_the_data_pod():
         (["k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0"),
         (["k8s.resources.shm_size=40Gi", "k8s.resources.memory=32Gi"], "shm_size 40Gi must be smaller than"),
         (["k8s.resources.accelerators=2"], "accelerators=2 on the cpu profile"),
-        (["k8s.nproc_per_node=16"], "exceeds the 8 CPUs per pod"),
+        (["k8s.nproc_per_node=300"], "exceeds the 200 CPUs per pod"),
         (["k8s.storage.access_mode=ReadWriteOnce"], "ReadWriteOnce cannot be shared"),
         (["k8s.elastic.enabled=true", "k8s.elastic.max_replicas=1"], "must lie within elastic"),
         (["parallel.tp=4", "k8s.replicas=3"], "k8s.replicas=3 x k8s.nproc_per_node=1 = 3 processes"),

@@ -19,12 +19,12 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from kubetune.errors import RecipeError
+from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import jobs, objects
 from kubetune.k8s.names import DATA_DIR, Names
 from kubetune.kube import KubeObject
 from kubetune.recipe.k8s import resource_problems
-from kubetune.recipe.layout import layout_for
+from kubetune.recipe.layout import check_model, check_recipe, layout_for, model_shape
 from kubetune.recipe.schema import Recipe
 
 TOKEN_REDACTED_NOTE = (
@@ -98,17 +98,38 @@ def _portability_warnings(recipe: Recipe, with_runtime: bool) -> list[str]:
 
 
 def layout_problems(recipe: Recipe) -> list[str]:
-    """The `parallel` degrees against the job's process count (every size an elastic job may take)."""
-    from kubetune.errors import RecipeError as _Bad
-
+    """What training checks at start-up, checked here before any pod starts: the `parallel`
+    degrees against the job's process count (every size an elastic job may take), against
+    the model's shape when it is known without loading it, and against the recipe."""
     k8s = recipe.k8s
     lo, hi = k8s.elastic_range()
+    shape = model_shape(recipe.model.name_or_path)
     for replicas in sorted({lo, hi}):
         world = replicas * k8s.processes_per_pod()
         try:
-            layout_for(recipe.parallel, world)
-        except _Bad as e:
+            layout = layout_for(recipe.parallel, world)
+        except UserError as e:
             return [f"{e} (k8s.replicas={replicas} x k8s.nproc_per_node={k8s.processes_per_pod()} = {world} processes)"]
+        try:
+            if shape is not None:
+                check_model(layout, shape, recipe)  # check_recipe too
+            else:
+                check_recipe(layout, recipe)
+        except UserError as e:
+            return [str(e)]
+    return []
+
+
+def layout_warnings(recipe: Recipe) -> list[str]:
+    """A split model whose shape render cannot know: its degrees are checked only in the pods."""
+    parallel, name = recipe.parallel, recipe.model.name_or_path
+    if (parallel.tp > 1 or parallel.pp > 1) and model_shape(name) is None:
+        warning = (
+            f"model.name_or_path={name}: its shape (attention and key/value heads, MLP width, layers) is unknown "
+            f"without downloading it, so parallel.tp={parallel.tp} and parallel.pp={parallel.pp} are checked "
+            "against it only when the pods start"
+        )
+        return [warning]
     return []
 
 
@@ -142,7 +163,8 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     )
     if hf_token:
         _refuse_token_leak(out, hf_token)
-    return Rendered(objects=out, names=names, warnings=_portability_warnings(recipe, with_runtime))
+    warnings = layout_warnings(recipe) + _portability_warnings(recipe, with_runtime)
+    return Rendered(objects=out, names=names, warnings=warnings)
 
 
 def _refuse_token_leak(objects: list[KubeObject], token: str) -> None:

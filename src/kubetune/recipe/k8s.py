@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import re
 from decimal import Decimal
-from typing import Literal, TypedDict
+from typing import Any, Literal, TypedDict
 
 from pydantic import Field, field_validator
 
@@ -135,6 +135,11 @@ class K8sSection(Section):
         description="Training processes per pod; auto = one per accelerator (gaudi/nvidia) or 1 (cpu).",
     )
     resources: ResourcesSection = Field(default_factory=ResourcesSection, description="Per-worker resources.")
+    profile_resources: dict[Profile, ResourcesSection] = Field(
+        default_factory=dict,
+        description="This recipe's per-worker resources for one profile, e.g. {gaudi: {accelerators: 4}}: they fill "
+        "the fields k8s.resources leaves null when that profile renders (k8s.resources wins on every profile).",
+    )
     storage: StorageSection = Field(default_factory=StorageSection, description="Shared volume at /data.")
     node_selector: dict[str, str] = Field(default_factory=dict, description="nodeSelector labels of the workers.")
     tolerations: list[Toleration] = Field(
@@ -182,15 +187,29 @@ class K8sSection(Section):
             raise ValueError(f"{v!r} is not a DNS-1123 label (lower-case letters, digits and '-', at most 63)")
         return v
 
+    def resource_key(self, field: str) -> str:
+        """The recipe key a resolved resource field comes from (for error lines)."""
+        mine = self.profile_resources.get(self.profile)
+        if getattr(self.resources, field) is None and mine is not None and getattr(mine, field) is not None:
+            return f"k8s.profile_resources.{self.profile}.{field}"
+        return f"k8s.resources.{field}"
+
     def worker_resources(self) -> WorkerResources:
-        """Resources with the profile's defaults filled in (keys as in ResourcesSection)."""
-        default, given = PROFILE_DEFAULTS[self.profile], self.resources
+        """Resources for the active profile, field by field: k8s.resources, else this profile's
+        k8s.profile_resources, else the profile's defaults (keys as in ResourcesSection).
+        k8s.resources comes first so that a command-line override always takes effect."""
+        layers = [s for s in (self.resources, self.profile_resources.get(self.profile)) if s is not None]
+        default: dict[str, Any] = dict(PROFILE_DEFAULTS[self.profile])
+
+        def pick(name: str) -> Any:
+            return next((getattr(s, name) for s in layers if getattr(s, name) is not None), default[name])
+
         return {
-            "cpu": given.cpu if given.cpu is not None else default["cpu"],
-            "memory": given.memory if given.memory is not None else default["memory"],
-            "accelerators": given.accelerators if given.accelerators is not None else default["accelerators"],
-            "hugepages_2mi": given.hugepages_2mi if given.hugepages_2mi is not None else default["hugepages_2mi"],
-            "shm_size": given.shm_size if given.shm_size is not None else default["shm_size"],
+            "cpu": pick("cpu"),
+            "memory": pick("memory"),
+            "accelerators": pick("accelerators"),
+            "hugepages_2mi": pick("hugepages_2mi"),
+            "shm_size": pick("shm_size"),
         }
 
     def processes_per_pod(self) -> int:
@@ -208,24 +227,23 @@ def resource_problems(k8s: K8sSection) -> list[str]:
     cpu, memory = parse_quantity(res["cpu"]), parse_quantity(res["memory"])
     shm = parse_quantity(res["shm_size"]) if res["shm_size"] else Decimal(0)
     accel = int(res["accelerators"])
+    key = k8s.resource_key
     problems = []
     if cpu <= 0:
-        problems.append(f"k8s.resources.cpu must be more than 0 (got {res['cpu']})")
+        problems.append(f"{key('cpu')} must be more than 0 (got {res['cpu']})")
     if memory <= 0:
-        problems.append(f"k8s.resources.memory must be more than 0 (got {res['memory']})")
+        problems.append(f"{key('memory')} must be more than 0 (got {res['memory']})")
     elif shm >= memory:
         problems.append(
-            f"k8s.resources.shm_size {res['shm_size']} must be smaller than k8s.resources.memory {res['memory']} "
+            f"{key('shm_size')} {res['shm_size']} must be smaller than {key('memory')} {res['memory']} "
             "(memory-backed /dev/shm counts against the memory limit)"
         )
     if k8s.profile == "cpu" and accel:
-        problems.append(
-            f"k8s.resources.accelerators={accel} on the cpu profile; use --profile gaudi|nvidia or set it to 0"
-        )
+        problems.append(f"{key('accelerators')}={accel} on the cpu profile; use --profile gaudi|nvidia or set it to 0")
     if k8s.profile != "cpu" and accel < 1:
-        problems.append(f"the {k8s.profile} profile needs k8s.resources.accelerators >= 1")
+        problems.append(f"the {k8s.profile} profile needs {key('accelerators')} >= 1")
     if res["hugepages_2mi"] and parse_quantity(res["hugepages_2mi"]) % (2 * 2**20):
-        problems.append(f"k8s.resources.hugepages_2mi {res['hugepages_2mi']} is not a multiple of 2Mi")
+        problems.append(f"{key('hugepages_2mi')} {res['hugepages_2mi']} is not a multiple of 2Mi")
     if k8s.nproc_per_node != "auto":
         nproc = int(k8s.nproc_per_node)
         if nproc < 1:

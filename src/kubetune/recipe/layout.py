@@ -11,12 +11,14 @@ micro-batches. There are dp x fsdp replicas, each with its own shard of the data
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Protocol
 
 from kubetune.errors import ModelError, RecipeError
 from kubetune.recipe.dist import ParallelSection
-from kubetune.recipe.schema import Recipe
+from kubetune.recipe.schema import DEFAULT_MODEL, Recipe
 
 MESH_DIMS = ("pp", "dp", "fsdp", "tp")
 
@@ -95,12 +97,17 @@ def layout_for(parallel: ParallelSection, world: int) -> Layout:
 
 
 class ModelShape(Protocol):
-    """What a layout needs to know of a model: the fields of a transformers config."""
+    """What a layout needs to know of a model: the fields of a transformers config (read-only,
+    so a frozen `KnownShape` fits too)."""
 
-    num_attention_heads: int
-    num_key_value_heads: int
-    intermediate_size: int
-    num_hidden_layers: int
+    @property
+    def num_attention_heads(self) -> int: ...
+    @property
+    def num_key_value_heads(self) -> int: ...
+    @property
+    def intermediate_size(self) -> int: ...
+    @property
+    def num_hidden_layers(self) -> int: ...
 
 
 def check_model(layout: Layout, config: ModelShape, recipe: Recipe) -> None:
@@ -143,3 +150,101 @@ def check_recipe(layout: Layout, recipe: Recipe) -> None:
             "train.precision=fp16 with parallel.tp/pp: loss scaling would skip steps on some ranks "
             "only; use train.precision=bf16"
         )
+
+
+# ------------------------------------------------------------------------ shapes without torch
+# `kubetune k8s render` checks tp and pp against the model before any pod starts, without
+# torch, transformers or the network: a local model directory's config.json, the embedded
+# default's known shape, or this table of well-known hub architectures.
+
+
+@dataclass(frozen=True)
+class KnownShape:
+    """A model's shape as far as a layout cares (a `ModelShape` without transformers)."""
+
+    num_attention_heads: int
+    num_key_value_heads: int
+    intermediate_size: int
+    num_hidden_layers: int
+    tie_word_embeddings: bool = False
+
+
+# From each repository's config.json on huggingface.co (num_attention_heads,
+# num_key_value_heads, intermediate_size, num_hidden_layers, tie_word_embeddings); the chat /
+# instruct variants share their base model's architecture. Keys are compared lower-case.
+_LLAMA2_7B = KnownShape(32, 32, 11008, 32)
+_LLAMA2_13B = KnownShape(40, 40, 13824, 40)
+_LLAMA2_70B = KnownShape(64, 8, 28672, 80)  # grouped-query attention: 8 KV heads
+_LLAMA3_8B = KnownShape(32, 8, 14336, 32)
+_LLAMA3_70B = KnownShape(64, 8, 28672, 80)
+_MISTRAL_7B = KnownShape(32, 8, 14336, 32)
+_SMOLLM2_135M = KnownShape(9, 3, 1536, 30, tie_word_embeddings=True)
+KNOWN_SHAPES: dict[str, KnownShape] = {
+    **dict.fromkeys(("meta-llama/llama-2-7b-hf", "meta-llama/llama-2-7b-chat-hf"), _LLAMA2_7B),
+    **dict.fromkeys(("meta-llama/llama-2-13b-hf", "meta-llama/llama-2-13b-chat-hf"), _LLAMA2_13B),
+    **dict.fromkeys(("meta-llama/llama-2-70b-hf", "meta-llama/llama-2-70b-chat-hf"), _LLAMA2_70B),
+    **dict.fromkeys(
+        (
+            "meta-llama/meta-llama-3-8b",
+            "meta-llama/meta-llama-3-8b-instruct",
+            "meta-llama/llama-3.1-8b",
+            "meta-llama/llama-3.1-8b-instruct",
+        ),
+        _LLAMA3_8B,
+    ),
+    **dict.fromkeys(
+        (
+            "meta-llama/meta-llama-3-70b",
+            "meta-llama/meta-llama-3-70b-instruct",
+            "meta-llama/llama-3.1-70b",
+            "meta-llama/llama-3.1-70b-instruct",
+        ),
+        _LLAMA3_70B,
+    ),
+    **dict.fromkeys(
+        (
+            "mistralai/mistral-7b-v0.1",
+            "mistralai/mistral-7b-instruct-v0.1",
+            "mistralai/mistral-7b-instruct-v0.2",
+            "mistralai/mistral-7b-v0.3",
+            "mistralai/mistral-7b-instruct-v0.3",
+        ),
+        _MISTRAL_7B,
+    ),
+    **dict.fromkeys(
+        ("huggingfacetb/smollm2-135m", "huggingfacetb/smollm2-135m-instruct", DEFAULT_MODEL), _SMOLLM2_135M
+    ),
+}
+
+
+def shape_from_config(path: Path) -> KnownShape | None:
+    """The shape in an HF `config.json`, or None when it lacks a field (another architecture)."""
+    try:
+        config = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict):
+        return None
+    heads = config.get("num_attention_heads")
+    kv_heads, width, layers = (
+        config.get("num_key_value_heads", heads),
+        config.get("intermediate_size"),
+        config.get("num_hidden_layers"),
+    )
+    if not (isinstance(heads, int) and isinstance(kv_heads, int) and isinstance(width, int)):
+        return None
+    if not isinstance(layers, int):
+        return None
+    # Llama-family configs that omit it do not tie (LlamaConfig's default).
+    return KnownShape(
+        heads, kv_heads, width, layers, tie_word_embeddings=bool(config.get("tie_word_embeddings", False))
+    )
+
+
+def model_shape(name_or_path: str) -> KnownShape | None:
+    """The model's shape without loading it: a local directory's config.json, the embedded
+    default, or a well-known hub id; None when unknown (a GGUF file, another hub id)."""
+    config = Path(name_or_path).expanduser() / "config.json"
+    if config.is_file():
+        return shape_from_config(config)
+    return KNOWN_SHAPES.get(name_or_path.lower())
