@@ -26,6 +26,8 @@ FORBIDDEN = {
     "rundir.py": ("kubetune.data", "kubetune.models", "kubetune.training", "kubetune.export"),
     "training": ("kubetune.k8s", "kubetune.cluster", "kubetune.evaluate", "kubetune.generate", "kubetune.cli"),
     "kube.py": ("kubetune.recipe", "kubetune.training", "kubetune.models", "kubetune.data"),
+    # printed by the engine, parsed by the torch-free k8s layer: stdlib only
+    "progress_line.py": ("kubetune", "torch"),
 }
 MAX_ENGINE_FUNCTION_LINES = 60
 

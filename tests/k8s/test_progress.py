@@ -1,4 +1,7 @@
-"""Progress from the engine's log lines and metrics.jsonl."""
+"""Progress from the log line of earlier engines (jobs still running) and metrics.jsonl.
+
+The current line is tested against what the real engine prints: tests/test_progress_line.py.
+"""
 
 from __future__ import annotations
 
@@ -42,7 +45,7 @@ def test_no_progress_lines():
         ("2h", 7200),
         ("1d2h3m4s", 93784),
         ("1h05m", 3900),
-        ("2m03s", 123),  # the engine's fmt_duration forms
+        ("2m03s", 123),  # earlier engines' eta forms
         ("?", None),
         ("1m20", None),
         ("", None),

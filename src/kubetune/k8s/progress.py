@@ -1,10 +1,15 @@
 """Training progress from what the engine writes (pure parsing, no cluster).
 
-The engine's contract: rank 0 prints, when not on a terminal,
+Rank 0 prints, when not on a terminal, the line of `kubetune.progress_line` (the module the
+engine prints it with, so the two agree by construction):
+
+    kubetune: train  12%|█▏        | 12/100 [00:10<01:20, 1.10s/it, epoch=0.12, loss=1.2345, lr=2.00e-04, ...]
+
+Jobs started by earlier kubetune versions print the older line, still read:
 
     kubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 eta 1m20s
 
-and appends one JSON object per logged step to `output_dir/metrics.jsonl` with keys step,
+It also appends one JSON object per logged step to `output_dir/metrics.jsonl` with keys step,
 total_steps, epoch, loss, lr, grad_norm, tokens, tokens_per_s, elapsed_s. At the end it
 writes `output_dir/summary.json`.
 """
@@ -14,10 +19,13 @@ from __future__ import annotations
 import json
 import math
 import re
+from collections.abc import Iterable
 from dataclasses import dataclass
 
+from kubetune.progress_line import ProgressLine, parse_line
+
 _NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
-LOG_LINE = re.compile(
+OLD_LOG_LINE = re.compile(
     rf"kubetune: step (?P<step>\d+)/(?P<total>\d+) loss (?P<loss>{_NUMBER}) lr (?P<lr>{_NUMBER})"
     rf" tokens (?P<tokens>\d+) tok/s (?P<tps>{_NUMBER}) eta (?P<eta>\S+)"
 )
@@ -61,23 +69,45 @@ def format_eta(seconds: float | None) -> str:
     return out + f"{secs}s" if secs or not out else out
 
 
-def from_log(lines) -> Progress | None:
-    """The last progress line among `lines` (an iterable of log lines)."""
+def from_log(lines: Iterable[str]) -> Progress | None:
+    """The last progress line among `lines` (an iterable of log lines), in either format."""
     last = None
     for line in lines:
-        m = LOG_LINE.search(line)
-        if m:
-            last = m
-    if last is None:
+        found = _from_line(line)
+        if found is not None:
+            last = found
+    return last
+
+
+def _from_line(line: str) -> Progress | None:
+    new = parse_line(line)
+    if new is not None:
+        return _from_progress_line(new)
+    old = OLD_LOG_LINE.search(line)
+    if old is None:
         return None
     return Progress(
-        step=int(last["step"]),
-        total_steps=int(last["total"]),
-        loss=float(last["loss"]),
-        lr=float(last["lr"]),
-        tokens=int(last["tokens"]),
-        tokens_per_s=float(last["tps"]),
-        eta_s=parse_eta(last["eta"]),
+        step=int(old["step"]),
+        total_steps=int(old["total"]),
+        loss=float(old["loss"]),
+        lr=float(old["lr"]),
+        tokens=int(old["tokens"]),
+        tokens_per_s=float(old["tps"]),
+        eta_s=parse_eta(old["eta"]),
+        source="rank-0 log",
+    )
+
+
+def _from_progress_line(p: ProgressLine) -> Progress:
+    return Progress(
+        step=p.step,
+        total_steps=p.total,
+        loss=p.loss,
+        lr=p.lr,
+        tokens=p.tokens,
+        tokens_per_s=p.tokens_per_s,
+        eta_s=p.remaining_s,
+        epoch=p.epoch,
         source="rank-0 log",
     )
 

@@ -14,17 +14,11 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from kubetune.fsutil import atomic_write_text
+from kubetune.progress_line import ProgressLine, format_line
 
 if TYPE_CHECKING:
     from kubetune.training.checkpoint import TrainState
     from kubetune.training.step import StepResult
-
-
-def fmt_duration(seconds: float) -> str:
-    seconds = int(max(0, seconds))
-    h, rem = divmod(seconds, 3600)
-    m, s = divmod(rem, 60)
-    return f"{h}h{m:02d}m" if h else (f"{m}m{s:02d}s" if m else f"{s}s")
 
 
 class MetricsLog:
@@ -46,7 +40,8 @@ class MetricsLog:
 
 
 class Progress:
-    """A rich progress bar on a terminal; `kubetune: step ...` lines otherwise (pods, CI)."""
+    """A rich progress bar on a terminal; elsewhere (pods, CI) the line of
+    `kubetune.progress_line`, which `kubetune k8s status` reads back."""
 
     def __init__(self, total_steps: int, start_step: int, enabled: bool):
         self.enabled = enabled
@@ -54,6 +49,7 @@ class Progress:
         self.start_step = start_step
         self.t0 = time.monotonic()
         self._bar = None
+        self._ascii_only = not _can_print("█▏")
         if enabled and sys.stdout.isatty():
             from rich.progress import (
                 BarColumn,
@@ -77,23 +73,34 @@ class Progress:
             )
             self._bar.start()
 
-    def update(self, step: int, loss: float, lr: float, tokens: int, tps: float) -> None:
+    def update(self, step: int, loss: float, lr: float, tokens: int, tps: float, epoch: float) -> None:
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.update(self._task, completed=step, loss=loss, tps=tps)
             return
+        print(format_line(self.line(step, loss, lr, tokens, tps, epoch), self._ascii_only), flush=True)
+
+    def line(self, step: int, loss: float, lr: float, tokens: int, tps: float, epoch: float) -> ProgressLine:
+        """Rate and remaining time over the steps of this process (as tqdm counts after a resume)."""
+        elapsed = time.monotonic() - self.t0
         done = step - self.start_step
-        eta = (time.monotonic() - self.t0) / max(done, 1) * (self.total - step)
-        print(
-            f"kubetune: step {step}/{self.total} loss {loss:.4f} lr {lr:.2e} tokens {tokens} "
-            f"tok/s {tps:.1f} eta {fmt_duration(eta)}",
-            flush=True,
-        )
+        s_per_it = elapsed / done if done > 0 else None
+        remaining = s_per_it * (self.total - step) if s_per_it is not None else None
+        return ProgressLine(step, self.total, elapsed, remaining, s_per_it, epoch, loss, lr, tokens, tps)
 
     def close(self) -> None:
         if self._bar is not None:
             self._bar.stop()
+
+
+def _can_print(text: str) -> bool:
+    """Whether stdout's encoding holds `text` (a pod's may be ASCII: the bar then uses `#`)."""
+    try:
+        text.encode(getattr(sys.stdout, "encoding", None) or "ascii")
+    except (UnicodeEncodeError, LookupError):
+        return False
+    return True
 
 
 def plot_loss_curve(metrics_path: Path, out_png: Path, eval_points: list[list[float | None]]) -> None:
@@ -145,7 +152,7 @@ class RunLog:
                 "elapsed_s": round(elapsed_s, 2),
             }
         )
-        self.progress.update(state.step, result.loss, lr, state.tokens, tps)
+        self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch)
 
     def close(self) -> None:
         self.progress.close()
