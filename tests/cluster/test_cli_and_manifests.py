@@ -85,6 +85,34 @@ def test_device_plugin_command_registers_serves_metrics_and_stops_cleanly(tmp_pa
         kubelet.stop()
 
 
+def test_device_plugin_command_on_a_node_without_the_driver_keeps_running_with_zero_cards(tmp_path, plugin_dir):
+    # what the DaemonSet's pod does on a node whose driver is absent: before, it exited 2 and crash-looped
+    (tmp_path / "sys").mkdir()  # a sysfs without bus/pci/drivers/habanalabs
+    kubelet = FakeKubelet(plugin_dir).start()
+    port = free_port()
+    flags = ["--sysfs-root", str(tmp_path / "sys"), "--plugin-dir", str(plugin_dir), "--metrics-port", str(port)]
+    proc = subprocess.Popen(
+        KUBETUNE + ["device-plugin", *flags, "--health-interval", "0.1", "--log-level", "warning"],
+        stderr=subprocess.PIPE,
+    )
+    try:
+        assert kubelet.requests.get(timeout=20).resource_name == "habana.ai/gaudi"
+        _wait_http(f"http://127.0.0.1:{port}/metrics", proc)
+        metrics = httpx.get(f"http://127.0.0.1:{port}/metrics").text
+        assert 'kubetune_deviceplugin_driver_present{resource="habana.ai/gaudi"} 0.0' in metrics
+        assert 'kubetune_deviceplugin_devices{health="Healthy",resource="habana.ai/gaudi"} 0.0' in metrics
+        time.sleep(0.5)  # several driver checks later: still up
+        assert proc.poll() is None
+        assert _stop(proc) == 0
+        log = proc.stderr.read().decode()
+        assert log.count("no cards to advertise") == 1, log  # one line for the state, not one per check
+        assert "habanalabs" in log and "--node-selector" in log
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        kubelet.stop()
+
+
 def test_device_plugin_command_bad_flags_exit_2_with_one_line(tmp_path):
     r = subprocess.run(
         KUBETUNE + ["device-plugin", "--discovery", "pci", "--plugin-dir", str(tmp_path)],
@@ -146,6 +174,8 @@ def _render(*flags) -> list[dict]:
             "--leaf-label",
             "topology.kubernetes.io/rack",
         ],
+        ["--node-selector", "example.com/accelerator=gaudi3", "--node-selector", "pool=train"],
+        ["--all-nodes"],
     ],
 )
 def test_rendered_manifests_validate_strictly(flags):
@@ -215,3 +245,53 @@ def test_cluster_layer_does_not_import_training_or_torch():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=dict(os.environ))
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def _plugin_pod(*flags) -> dict:
+    return next(o for o in _render(*flags) if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+
+
+def _nfd_keys(pod: dict) -> list[str]:
+    terms = pod["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"]
+    assert all(len(t["matchExpressions"]) == 1 for t in terms)  # ORed terms: any one label is enough
+    assert {(e["operator"], tuple(e["values"])) for t in terms for e in t["matchExpressions"]} == {("In", ("true",))}
+    return [t["matchExpressions"][0]["key"] for t in terms]
+
+
+def test_device_plugin_runs_only_on_nodes_nfd_saw_the_vendors_cards_on():
+    # NFD labels pci-<class>_<vendor>.present by default, pci-<vendor>.present with deviceLabelFields: [vendor]
+    gaudi = _plugin_pod()
+    assert _nfd_keys(gaudi) == [
+        "feature.node.kubernetes.io/pci-1200_1da3.present",
+        "feature.node.kubernetes.io/pci-1da3.present",
+    ]
+    assert "nodeSelector" not in gaudi and "NVIDIA_DRIVER_CAPABILITIES" not in str(gaudi)
+    nvidia = _plugin_pod("--discovery", "nvml", "--resource", "nvidia.com/gpu")
+    assert _nfd_keys(nvidia) == [
+        "feature.node.kubernetes.io/pci-0302_10de.present",
+        "feature.node.kubernetes.io/pci-0300_10de.present",
+        "feature.node.kubernetes.io/pci-10de.present",
+    ]
+    env = {e["name"]: e.get("value") for e in nvidia["containers"][0]["env"]}
+    assert env["NVIDIA_VISIBLE_DEVICES"] == "all" and env["NVIDIA_DRIVER_CAPABILITIES"] == "utility"
+
+
+def test_node_selection_is_overridable():
+    picked = _plugin_pod("--node-selector", "example.com/accelerator=gaudi3", "--node-selector", "pool=a=b")
+    assert picked["nodeSelector"] == {"example.com/accelerator": "gaudi3", "pool": "a=b"} and "affinity" not in picked
+    everywhere = _plugin_pod("--all-nodes")
+    assert "nodeSelector" not in everywhere and "affinity" not in everywhere
+
+
+@pytest.mark.parametrize(
+    ("flags", "line"),
+    [
+        (["--node-selector", "gaudi"], "kubetune: error: --node-selector 'gaudi': use KEY=VALUE, e.g. "),
+        (["--node-selector", "=true"], "kubetune: error: --node-selector '=true': use KEY=VALUE, e.g. "),
+        (["--node-selector", "a=b", "--all-nodes"], "kubetune: error: --node-selector and --all-nodes exclude"),
+        (["--discovery", "pci"], "kubetune: error: --discovery 'pci': use sysfs (Gaudi) or nvml (NVIDIA)"),
+    ],
+)
+def test_bad_node_selection_is_one_line_naming_the_flag(flags, line):
+    r = subprocess.run(KUBETUNE + ["k8s", "render-components", *flags], capture_output=True, text=True, timeout=30)
+    assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(line), r.stderr

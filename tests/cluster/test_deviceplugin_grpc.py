@@ -40,6 +40,8 @@ def plugin(node, plugin_dir, kubelet):
 def stub(plugin):
     assert wait_for(plugin.socket_path.exists, 5)
     with grpc.insecure_channel(f"unix:{plugin.socket_path}") as channel:
+        # the socket file exists from bind(), a moment before the server listens on it
+        grpc.channel_ready_future(channel).result(timeout=5)
         yield pb_grpc.DevicePluginStub(channel)
 
 
@@ -216,6 +218,74 @@ def test_plugin_started_before_kubelet_registers_when_it_appears(node, plugin_di
         assert k.requests.get(timeout=5).resource_name == RESOURCE
     finally:
         k.stop()
+        stop.set()
+        runner.join(timeout=5)
+        p.stop()
+
+
+def _pump(stub) -> tuple[queue.Queue, object]:
+    stream = stub.ListAndWatch(pb.Empty())
+    got: queue.Queue = queue.Queue()
+
+    def pump():
+        try:
+            for msg in stream:
+                got.put(msg)
+        except grpc.RpcError as e:
+            if e.code() != grpc.StatusCode.CANCELLED:
+                got.put(e)
+
+    threading.Thread(target=pump, daemon=True).start()
+    return got, stream
+
+
+def test_node_without_the_driver_serves_zero_cards_then_the_cards_once_the_driver_loads(
+    tmp_path, plugin_dir, kubelet, caplog
+):
+    # the DaemonSet's pod on a node whose habanalabs driver is not loaded (yet): no exit, no crash loop
+    from kubetune.cluster.deviceplugin.discovery import make_discovery
+
+    node = tmp_path / "node"
+    node.mkdir()
+    backend = make_discovery("sysfs", RESOURCE, node / "sys", node / "dev", wait_for_driver=0.05)
+    p = DevicePlugin(backend, plugin_dir, health_interval=0.05, watch_interval=0.05)
+    stop = threading.Event()
+    runner = threading.Thread(target=p.run, args=(stop,), daemon=True)
+    runner.start()
+    try:
+        assert kubelet.requests.get(timeout=5).resource_name == RESOURCE  # registered with nothing to offer
+        assert "no cards to advertise" in caplog.text and "habanalabs" in caplog.text
+
+        def metric(name, **labels):
+            return p.metrics.registry.get_sample_value(name, {"resource": RESOURCE, **labels})
+
+        assert metric("kubetune_deviceplugin_driver_present") == 0
+        assert metric("kubetune_deviceplugin_devices", health="Healthy") == 0
+        with grpc.insecure_channel(f"unix:{p.socket_path}") as channel:
+            stub = pb_grpc.DevicePluginStub(channel)
+            got, stream = _pump(stub)
+            try:
+                assert len(_next(got).devices) == 0
+                with pytest.raises(grpc.RpcError) as e:
+                    stub.Allocate(
+                        pb.AllocateRequest(container_requests=[pb.ContainerAllocateRequest(devices_ids=["x"])]),
+                        timeout=5,
+                    )
+                assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+
+                # the driver loads: the whole tree appears at once (a rename), as a finished probe would
+                staging = tmp_path / "staging"
+                make_gaudi_tree(staging, hls_box("0x1060", 8))
+                (staging / "dev").rename(node / "dev")
+                (staging / "sys").rename(node / "sys")
+                loaded = _next(got)
+                assert len(loaded.devices) == 8 and {d.health for d in loaded.devices} == {"Healthy"}
+            finally:
+                stream.cancel()
+        assert wait_for(lambda: metric("kubetune_deviceplugin_driver_present") == 1, 5)
+        assert metric("kubetune_deviceplugin_devices", health="Healthy") == 8
+        assert "driver found, 8 cards" in caplog.text
+    finally:
         stop.set()
         runner.join(timeout=5)
         p.stop()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 
 from kubetune.cluster.deviceplugin.discovery import (
@@ -53,6 +55,22 @@ def test_sysfs_health_needs_device_nodes_and_bound_driver(tmp_path):
 def test_sysfs_without_driver_is_a_user_error_naming_the_flag(tmp_path):
     with pytest.raises(UserError, match="--sysfs-root"):
         SysfsGaudiDiscovery(sysfs_root=tmp_path, dev_root=tmp_path).devices()
+
+
+def test_waiting_for_the_driver_means_no_cards_and_a_reason_then_a_look_every_retry(tmp_path):
+    sysfs, dev = tmp_path / "sys", tmp_path / "dev"
+    d = make_discovery("sysfs", "habana.ai/gaudi", sysfs, dev, wait_for_driver=3600)
+    assert d.devices() == [] and d.probe() == {} and not d.present
+    assert "bus/pci/drivers/habanalabs does not exist" in d.absent_reason
+    make_gaudi_tree(tmp_path, hls_box(n=2))
+    assert d.devices() == []  # not looked at again before `retry` seconds
+    (tmp_path / "sys/bus/pci/drivers/habanalabs/0000:19:00.0/device").write_text("0x1000\n")  # a Gaudi1 only
+    (tmp_path / "sys/bus/pci/drivers/habanalabs/0000:29:00.0/device").write_text("0x1000\n")
+    loaded_no_cards = make_discovery("sysfs", "habana.ai/gaudi", sysfs, dev, wait_for_driver=0.01)
+    assert not loaded_no_cards.present and "no habana.ai/gaudi card" in loaded_no_cards.absent_reason
+    (tmp_path / "sys/bus/pci/drivers/habanalabs/0000:29:00.0/device").write_text("0x1060\n")
+    time.sleep(0.02)
+    assert [c.id for c in loaded_no_cards.devices()] == ["0000:29:00.0"] and loaded_no_cards.present
 
 
 def test_gaudi_allocate_spec_modules_only_for_a_subset(tmp_path):

@@ -82,9 +82,9 @@ def device_plugin(
     from kubetune.cluster.deviceplugin.discovery import make_discovery
     from kubetune.cluster.deviceplugin.server import DevicePlugin
 
-    backend = make_discovery(discovery, resource, sysfs_root, dev_root)
-    if not backend.devices():
-        raise UserError(f"--discovery {discovery}: no {resource} cards found on this node")
+    # A node without the driver (or without cards) keeps the pod running with 0 cards advertised,
+    # as the vendor plugins do; only a broken image or bad flags end the process.
+    backend = make_discovery(discovery, resource, sysfs_root, dev_root, wait_for_driver=health_interval)
     publisher = None
     if publish_node_facts and node_name:  # (checked above: --publish-node-facts comes with a node name)
         from kubetune.cluster.deviceplugin.publish import NodePublisher, PodResourcesClient
@@ -172,6 +172,15 @@ def render_components(
     watch_pods: bool = typer.Option(
         True, "--watch-pods/--stateless", help="Extender with a pod cache (closeness score) or stateless."
     ),
+    node_selector: list[str] | None = typer.Option(
+        None,
+        "--node-selector",
+        help="KEY=VALUE node label the device plugin's nodes need (repeatable); replaces the default, "
+        "the Node Feature Discovery PCI labels of the vendor's cards.",
+    ),
+    all_nodes: bool = typer.Option(
+        False, "--all-nodes", help="Run the device plugin on every node (0 cards advertised where there are none)."
+    ),
     scheduler_config_only: bool = typer.Option(
         False, "--scheduler-config-only", help="Print only the KubeSchedulerConfiguration."
     ),
@@ -194,6 +203,8 @@ def render_components(
         extender_weight=extender_weight,
         weights=weights,
         watch_pods=watch_pods,
+        node_selector=tuple(node_selector or ()),
+        all_nodes=all_nodes,
     )
     objects = [manifests.scheduler_config(settings)] if scheduler_config_only else manifests.render(settings)
     text = manifests.to_yaml(objects)

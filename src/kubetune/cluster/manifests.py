@@ -4,7 +4,8 @@
 
 - device plugin: ServiceAccount, ClusterRole (get/patch nodes, to publish facts),
   ClusterRoleBinding, DaemonSet (privileged, hostPath of the plugin and pod-resources
-  directories, priorityClassName system-node-critical);
+  directories, priorityClassName system-node-critical), on the nodes whose Node Feature
+  Discovery PCI labels show the vendor's cards (or `--node-selector`, or `--all-nodes`);
 - scheduler extender: ServiceAccount, ClusterRole (list/watch pods and nodes, for the
   optional pod cache), ClusterRoleBinding, Deployment, Service;
 - a ConfigMap holding the KubeSchedulerConfiguration whose `extenders` entry points the
@@ -25,6 +26,19 @@ EXTENDER_NAME = "kubetune-scheduler-extender"
 SCHEDULER_CONFIG_NAME = "kubetune-scheduler-config"
 POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 
+# Node Feature Discovery labels a node by the PCI devices it holds (NFD docs, "Feature labels",
+# PCI: https://kubernetes-sigs.github.io/node-feature-discovery/stable/usage/features.html#pci):
+# `feature.node.kubernetes.io/pci-<device label>.present: "true"`, where <device label> is
+# `<class>_<vendor>` by default and `<vendor>` alone under `sources.pci.deviceLabelFields: [vendor]`
+# (the setting NVIDIA's GPU Operator deploys NFD with). Only classes in deviceClassWhitelist
+# (default 03, 0b40, 12) are labelled: Gaudi is 1200 (processing accelerator), NVIDIA data-centre
+# GPUs 0302 (3D controller), other NVIDIA GPUs 0300 (VGA). Discovery -> (PCI vendor, classes).
+NFD_PCI = {"sysfs": ("1da3", ("1200",)), "nvml": ("10de", ("0302", "0300"))}
+
+
+def nfd_pci_label(device_label: str) -> str:
+    return f"feature.node.kubernetes.io/pci-{device_label}.present"
+
 
 @dataclass(frozen=True)
 class ComponentSettings:
@@ -38,9 +52,11 @@ class ComponentSettings:
     weights: str = ""  # --weights of the extender; "" = its defaults
     watch_pods: bool = True
     metrics_port: int = 9400
+    node_selector: tuple[str, ...] = ()  # KEY=VALUE labels the plugin's nodes need, instead of NFD's
+    all_nodes: bool = False  # the plugin on every node (it advertises 0 cards where there are none)
 
     def __post_init__(self):
-        problems = []
+        problems = self._placement_problems()
         if not 1 <= self.extender_weight <= 100:
             problems.append(
                 f"--extender-weight {self.extender_weight}: use 1..100 (the scheduler multiplies the 0..10 score by it)"
@@ -53,8 +69,20 @@ class ComponentSettings:
             )
         if self.discovery.startswith("inventory:"):
             problems.append("--discovery inventory:FILE is for demos on one machine; a DaemonSet uses sysfs or nvml")
+        elif self.discovery not in NFD_PCI:
+            problems.append(f"--discovery {self.discovery!r}: use sysfs (Gaudi) or nvml (NVIDIA)")
         if problems:
             raise UserError(*problems)
+
+    def _placement_problems(self) -> list[str]:
+        problems = [
+            f"--node-selector {item!r}: use KEY=VALUE, e.g. {nfd_pci_label('1200_1da3')}=true"
+            for item in self.node_selector
+            if not item.partition("=")[0].strip() or "=" not in item
+        ]
+        if self.node_selector and self.all_nodes:
+            problems.append("--node-selector and --all-nodes exclude each other: pick the nodes or take them all")
+        return problems
 
 
 def _labels(name: str, component: str) -> dict[str, str]:
@@ -87,6 +115,35 @@ def _rbac(name: str, s: ComponentSettings, component: str, rules: list[dict]) ->
     ]
 
 
+def plugin_placement(s: ComponentSettings) -> dict:
+    """Pod spec fields that keep the plugin on accelerator nodes: NFD's PCI labels of the vendor
+    (any one of its label forms), or the user's --node-selector; nothing with --all-nodes."""
+    if s.all_nodes:
+        return {}
+    if s.node_selector:
+        return {"nodeSelector": dict(item.split("=", 1) for item in s.node_selector)}
+    vendor, classes = NFD_PCI[s.discovery]
+    terms = [
+        {"matchExpressions": [{"key": nfd_pci_label(label), "operator": "In", "values": ["true"]}]}
+        for label in [f"{c}_{vendor}" for c in classes] + [vendor]
+    ]  # nodeSelectorTerms are ORed: a node with any one of the labels qualifies
+    return {
+        "affinity": {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": terms}}}
+    }
+
+
+def _plugin_env(s: ComponentSettings) -> list[dict]:
+    env: list[dict] = [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}]
+    if s.discovery == "nvml":
+        # As NVIDIA's plugin image sets them: the container toolkit then mounts libnvidia-ml
+        # (utility) and every GPU into this container, which NVML needs to see the cards.
+        env += [
+            {"name": "NVIDIA_VISIBLE_DEVICES", "value": "all"},
+            {"name": "NVIDIA_DRIVER_CAPABILITIES", "value": "utility"},
+        ]
+    return env
+
+
 def device_plugin(s: ComponentSettings) -> list[dict]:
     # not formatted: one flag and its value per line
     args = [
@@ -110,6 +167,7 @@ def device_plugin(s: ComponentSettings) -> list[dict]:
             "template": {
                 "metadata": {"labels": _labels(PLUGIN_NAME, "device-plugin")},
                 "spec": {
+                    **plugin_placement(s),
                     "serviceAccountName": PLUGIN_NAME,
                     "priorityClassName": "system-node-critical",
                     "tolerations": [
@@ -122,7 +180,7 @@ def device_plugin(s: ComponentSettings) -> list[dict]:
                             "image": s.image,
                             "command": ["kubetune"],
                             "args": args,
-                            "env": [{"name": "NODE_NAME", "valueFrom": {"fieldRef": {"fieldPath": "spec.nodeName"}}}],
+                            "env": _plugin_env(s),
                             "ports": [{"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"}],
                             "securityContext": {"privileged": True},
                             "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},

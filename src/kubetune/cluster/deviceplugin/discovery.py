@@ -8,18 +8,28 @@ A `Discovery` backend answers three questions, and nothing about gRPC:
 
 Backends: Gaudi from sysfs (what Intel's DRA driver reads, no HLML needed), NVIDIA through
 NVML (`nvidia-ml-py`, imported only when chosen), and an inventory YAML for demos and tests.
-`make_discovery("sysfs" | "nvml" | "inventory:FILE")` picks one from the CLI flag.
+`make_discovery("sysfs" | "nvml" | "inventory:FILE")` picks one from the CLI flag; with
+`wait_for_driver` the hardware backends come wrapped in `WaitForDriver`, which answers "no
+cards" while the node has no driver (`DriverAbsent`) and keeps looking, so the DaemonSet's
+pod keeps running there instead of crash-looping.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import logging
 import re
+import threading
+import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
 from kubetune.errors import UserError
+
+log = logging.getLogger(__name__)
 
 HEALTHY = "Healthy"
 UNHEALTHY = "Unhealthy"
@@ -73,6 +83,10 @@ class Discovery(Protocol):
     def allocate_spec(self, cards: list[Card]) -> AllocateSpec: ...
 
     def close(self) -> None: ...
+
+
+class DriverAbsent(UserError):
+    """This node has no usable driver for the backend: no card, or the driver is not loaded (yet)."""
 
 
 def _read(path: Path) -> str | None:
@@ -135,7 +149,7 @@ class SysfsGaudiDiscovery:
 
     def _scan(self) -> list[Card]:
         if not self.driver_dir.is_dir():
-            raise UserError(
+            raise DriverAbsent(
                 f"--discovery sysfs: {self.driver_dir} does not exist; is the habanalabs driver loaded "
                 "(or pass --sysfs-root pointing at a tree that has it)?"
             )
@@ -285,8 +299,9 @@ class NvmlDiscovery:
         try:
             pynvml.nvmlInit()
         except pynvml.NVMLError as e:
-            raise UserError(
-                f"--discovery nvml: NVML is not usable on this node ({e}); is the NVIDIA driver installed?"
+            raise DriverAbsent(
+                f"--discovery nvml: NVML is not usable on this node ({e}); is the NVIDIA driver installed "
+                "(and NVIDIA_DRIVER_CAPABILITIES=utility set, so the container toolkit mounts libnvidia-ml)?"
             ) from None
         self._nvml = pynvml
         self._cards = self._scan()
@@ -350,14 +365,104 @@ class NvmlDiscovery:
             pass
 
 
+class WaitForDriver:
+    """A hardware backend on a node that may have no driver: zero cards until it has one.
+
+    The vendor plugins behave this way (NVIDIA's with `failOnInitError: false`): a DaemonSet
+    pod on a node without the driver keeps running and advertises nothing, rather than exit
+    and crash-loop. Opening the backend is tried again at most every `retry` seconds (from the
+    health loop and the plugin's card check); a backend that opens but finds no card counts as
+    absent too (the driver may still be probing), so the cards are picked up once they appear.
+    A `UserError` that is not `DriverAbsent` (e.g. nvidia-ml-py missing from the image) is the
+    image's fault and is raised at once.
+    """
+
+    def __init__(self, resource: str, open_backend: Callable[[], Discovery], retry: float = 5.0):
+        self.resource = resource
+        self.retry = retry
+        self._open = open_backend
+        self._backend: Discovery | None = None
+        self._next_try = 0.0
+        self._lock = threading.Lock()
+        self.absent_reason: str | None = None
+        self._backend_now()
+
+    @property
+    def present(self) -> bool:
+        return self._backend is not None
+
+    def _backend_now(self) -> Discovery | None:
+        with self._lock:
+            if self._backend is None and time.monotonic() >= self._next_try:
+                self._next_try = time.monotonic() + self.retry
+                self._backend = self._try_open()
+            return self._backend
+
+    def _try_open(self) -> Discovery | None:
+        try:
+            backend = self._open()
+            cards = backend.devices()  # sysfs scans here, NVML when opened
+        except DriverAbsent as e:
+            self._absent(str(e))
+            return None
+        if not cards:
+            backend.close()
+            self._absent(f"the driver is there but no {self.resource} card is (yet)")
+            return None
+        if self.absent_reason is not None:
+            log.warning("%s: driver found, %d cards: advertising them", self.resource, len(cards))
+        self.absent_reason = None
+        return backend
+
+    def _absent(self, reason: str) -> None:
+        if reason != self.absent_reason:  # one line per new state, not one per retry
+            log.warning(
+                "%s: no cards to advertise: %s. Advertising 0 cards and looking again every %g s "
+                "(a node without these cards should not run this DaemonSet: render-components selects "
+                "nodes by their Node Feature Discovery PCI labels, --node-selector to change it)",
+                self.resource,
+                reason,
+                self.retry,
+            )
+        self.absent_reason = reason
+
+    def devices(self) -> list[Card]:
+        backend = self._backend_now()
+        return backend.devices() if backend else []
+
+    def probe(self) -> dict[str, str]:
+        backend = self._backend_now()
+        return backend.probe() if backend else {}
+
+    def allocate_spec(self, cards: list[Card]) -> AllocateSpec:
+        if self._backend is None:  # the plugin refuses unknown ids first: with no cards, every id is unknown
+            raise UserError(f"{self.resource}: no cards on this node")
+        return self._backend.allocate_spec(cards)
+
+    def close(self) -> None:
+        if self._backend is not None:
+            self._backend.close()
+
+
 def make_discovery(
-    spec: str, resource: str, sysfs_root: Path = Path("/sys"), dev_root: Path = Path("/dev")
+    spec: str,
+    resource: str,
+    sysfs_root: Path = Path("/sys"),
+    dev_root: Path = Path("/dev"),
+    wait_for_driver: float | None = None,
 ) -> Discovery:
-    """`sysfs` | `nvml` | `inventory:FILE` -> a backend (the CLI's --discovery)."""
+    """`sysfs` | `nvml` | `inventory:FILE` -> a backend (the CLI's --discovery).
+
+    `wait_for_driver` (seconds): wrap sysfs / nvml in `WaitForDriver` (what the DaemonSet runs),
+    instead of raising `DriverAbsent` on a node without the driver.
+    """
+    opener: Callable[[], Discovery] | None = None
     if spec == "sysfs":
-        return SysfsGaudiDiscovery(resource, sysfs_root, dev_root)
-    if spec == "nvml":
-        return NvmlDiscovery(resource, sysfs_root)
+        opener = functools.partial(SysfsGaudiDiscovery, resource, sysfs_root, dev_root)
+    elif spec == "nvml":
+        opener = functools.partial(NvmlDiscovery, resource, sysfs_root)
+    if opener is not None:
+        return WaitForDriver(resource, opener, wait_for_driver) if wait_for_driver else opener()
     if spec.startswith("inventory:") and len(spec) > len("inventory:"):
         return InventoryDiscovery(Path(spec.removeprefix("inventory:")), resource)
     raise UserError(f"--discovery {spec!r}: use sysfs, nvml or inventory:FILE")

@@ -32,6 +32,12 @@ class PluginMetrics:
             ["resource"],
             registry=self.registry,
         )
+        self.driver_present = Gauge(
+            "kubetune_deviceplugin_driver_present",
+            "1 when the node's driver answers; 0 while the plugin waits for it, advertising 0 cards.",
+            ["resource"],
+            registry=self.registry,
+        )
         self.registrations = Counter(
             "kubetune_deviceplugin_registrations",
             "Successful Register calls to the kubelet.",

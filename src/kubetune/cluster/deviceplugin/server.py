@@ -63,6 +63,17 @@ class PluginState:
             self.changed.notify_all()
             return True
 
+    def replace_cards(self, cards: list[Card], health: dict[str, str]) -> bool:
+        """A new set of cards (the driver came or went): True when it differs, and streams resend."""
+        with self.changed:
+            if {c.id for c in cards} == self.cards.keys():
+                return False
+            self.cards = {c.id: c for c in cards}
+            self.health = {cid: health.get(cid, HEALTHY) for cid in self.cards}
+            self.version += 1
+            self.changed.notify_all()
+            return True
+
     def snapshot(self) -> tuple[int, list[pb.Device]]:
         with self.changed:
             return self.version, [self._device(c) for c in self.cards.values()]
@@ -183,6 +194,7 @@ class DevicePlugin:
         baseline = discovery.probe()
         self.state = PluginState(discovery, baseline)
         self.metrics.set_health(self.resource, self.state.health)
+        self.metrics.driver_present.labels(self.resource).set(1 if getattr(discovery, "present", True) else 0)
         self.monitor = HealthMonitor(discovery, self.events, health_interval)
         self.monitor.start(baseline)
         self._stop = threading.Event()
@@ -206,10 +218,20 @@ class DevicePlugin:
             try:
                 event = self.events.get(timeout=0.2)
             except queue.Empty:
+                self._sync_cards()
                 continue
             if self.state.apply(event):
                 self.metrics.set_health(self.resource, self.state.health)
                 self._notify()
+
+    def _sync_cards(self) -> None:
+        """Cards that appear once the driver does (WaitForDriver); a plain backend's list never changes."""
+        cards = self.discovery.devices()
+        if self.state.replace_cards(cards, self.discovery.probe() if cards else {}):
+            log.info("%s: now %d cards", self.resource, len(cards))
+            self.metrics.set_health(self.resource, self.state.health)
+            self._notify()
+        self.metrics.driver_present.labels(self.resource).set(1 if getattr(self.discovery, "present", True) else 0)
 
     def _notify(self) -> None:
         if self.on_change is not None:
