@@ -137,6 +137,9 @@ def test_fp16_with_loss_scaling_and_bf16_train(tmp_path, tiny_overrides):
                 "eval.generate=0",
                 f"train.precision={precision}",
                 f"output_dir={tmp_path / precision}",
+                # seed 000's scaler (fp16 only; bf16 ignores it): capped at its start, grows every 100 steps
+                "train.loss_scale.max_scale=65536",
+                "train.loss_scale.growth_interval=100",
             ],
         )
         losses = _loss_curve(tmp_path / precision)

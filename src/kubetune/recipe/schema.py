@@ -145,6 +145,36 @@ class DataSection(Section):
 OnOff = Literal["off", "on", "offload"]
 
 
+class LossScaleSection(Section):
+    """fp16's dynamic loss scale (torch's GradScaler; defaults are torch's)."""
+
+    init_scale: float = Field(65536.0, gt=0, description="fp16 only: the loss scale at the start.")
+    growth_factor: float = Field(
+        2.0, gt=1, description="fp16 only: the scale is multiplied by this after growth_interval clean steps."
+    )
+    backoff_factor: float = Field(
+        0.5, gt=0, lt=1, description="fp16 only: the scale is multiplied by this after a step with inf/nan gradients."
+    )
+    growth_interval: int = Field(
+        2000, ge=1, description="fp16 only: steps without inf/nan gradients before the scale grows (seed 000: 100)."
+    )
+    max_scale: float | None = Field(
+        None,
+        gt=0,
+        description="fp16 only: cap on the scale after each step, which torch's GradScaler lacks "
+        "(null = no cap; seed 000: 65536).",
+    )
+
+    @model_validator(mode="after")
+    def _init_under_cap(self) -> LossScaleSection:
+        if self.max_scale is not None and self.init_scale > self.max_scale:
+            raise ValueError(
+                f"init_scale={self.init_scale:g} is above max_scale={self.max_scale:g}; "
+                "lower init_scale or raise max_scale"
+            )
+        return self
+
+
 class TrainSection(Section):
     epochs: float = Field(1, gt=0, description="Passes over the training data (fractions allowed).")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
@@ -160,6 +190,9 @@ class TrainSection(Section):
         description="Compute precision: bf16 autocast (AMX on Xeon, AVX-512-BF16), fp32, fp16 with loss scaling, "
         "or auto = bf16 where a start-up probe on the model's shapes finds it faster than fp32 (cached per CPU; "
         "on CPUs without bf16 units it is many times slower), else fp32; bf16 on GPUs and Gaudi.",
+    )
+    loss_scale: LossScaleSection = Field(
+        default_factory=LossScaleSection, description="fp16 loss scaling (torch's GradScaler, plus a cap)."
     )
     gradient_checkpointing: OnOff = Field(
         "off", description="off | on (recompute activations) | offload (save activations to CPU memory)."

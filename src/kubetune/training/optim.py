@@ -72,6 +72,7 @@ class Optimization:
     scaler: torch.amp.GradScaler | None
     params: list[torch.nn.Parameter]
     max_grad_norm: float  # inf = no clipping
+    max_scale: float | None = None  # cap on the fp16 loss scale (GradScaler has none)
 
     @property
     def lr(self) -> float:
@@ -87,12 +88,33 @@ class Optimization:
         grad_norm = clip_grad_norm(self.params, self.max_grad_norm, layout)
         if self.scaler:
             self.scaler.step(self.optimizer)
-            self.scaler.update()
+            self.update_scale(self.scaler)
         else:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.scheduler.step()
         return float(grad_norm)
+
+    def update_scale(self, scaler: torch.amp.GradScaler) -> None:
+        """Back off or grow the loss scale as torch does, then hold it under `max_scale`:
+        GradScaler has no cap, so one is applied here, after its update."""
+        scaler.update()
+        if self.max_scale is not None and scaler.get_scale() > self.max_scale:
+            scaler.update(new_scale=float(self.max_scale))
+
+
+def build_scaler(train: TrainSection, device: torch.device) -> torch.amp.GradScaler | None:
+    """fp16's dynamic loss scaler with the recipe's settings (None for other precisions)."""
+    if train.precision != "fp16":
+        return None
+    ls = train.loss_scale
+    return torch.amp.GradScaler(
+        device.type,
+        init_scale=ls.init_scale,
+        growth_factor=ls.growth_factor,
+        backoff_factor=ls.backoff_factor,
+        growth_interval=ls.growth_interval,
+    )
 
 
 def build_optimization(
@@ -102,11 +124,11 @@ def build_optimization(
     # parallelism mixes DTensors and plain tensors, which only the loop accepts
     impl = "loop" if layout.tp > 1 else "foreach" if layout.sharded else "fused"
     optimizer = build_optimizer(params_of, train, impl=impl)
-    scaler = torch.amp.GradScaler(device.type) if train.precision == "fp16" else None
     return Optimization(
         optimizer=optimizer,
         scheduler=build_scheduler(optimizer, train, total_steps),
-        scaler=scaler,
+        scaler=build_scaler(train, device),
         params=[p for p in params_of.parameters() if p.requires_grad],
         max_grad_norm=train.max_grad_norm or float("inf"),
+        max_scale=train.loss_scale.max_scale,
     )
