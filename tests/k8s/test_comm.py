@@ -6,7 +6,7 @@ import pytest
 from pydantic import BaseModel
 
 from kubetune.errors import RecipeError
-from kubetune.recipe.comm import CommSection, HcclSection, NcclSection, comm_env
+from kubetune.recipe.comm import CommSection, HcclSection, NcclSection, comm_env, comm_warnings, oneccl_variables
 from kubetune.recipe.loader import load_recipe
 
 
@@ -40,10 +40,11 @@ def test_no_binding_with_several_processes_per_host():
 
 
 def test_the_seed_nccl_table_is_expressible():
+    # the seed's table as issue 11 quotes it: Tree / Simple / 8M / 4 (NCCL_BUFFSIZE written `8M`)
     c = comm(
-        "comm.nccl.algo=Ring",
+        "comm.nccl.algo=Tree",
         "comm.nccl.proto=Simple",
-        "comm.nccl.buffsize=4194304",
+        "comm.nccl.buffsize=8M",
         "comm.nccl.nsocks_perthread=4",
         "comm.nccl.socket_nthreads=2",
         "comm.nccl.ib_hca=mlx5_0,mlx5_1",
@@ -55,9 +56,9 @@ def test_the_seed_nccl_table_is_expressible():
     assert {k: env[k] for k in env if k.startswith("NCCL_")} == {
         "NCCL_IB_HCA": "mlx5_0,mlx5_1",
         "NCCL_IB_DISABLE": "0",
-        "NCCL_ALGO": "Ring",
+        "NCCL_ALGO": "Tree",
         "NCCL_PROTO": "Simple",
-        "NCCL_BUFFSIZE": "4194304",
+        "NCCL_BUFFSIZE": "8388608",  # the bytes NCCL reads; it would read `8M` as 8
         "NCCL_NSOCKS_PERTHREAD": "4",
         "NCCL_SOCKET_NTHREADS": "2",
         "NCCL_DEBUG": "INFO",
@@ -103,6 +104,8 @@ def test_threads_and_extra_env_override():
         ("comm.nccl.algo=Rnig", "unknown NCCL algorithm rnig"),
         ("comm.nccl.proto=LL256", "unknown NCCL protocol ll256"),
         ("comm.nccl.buffsize=10", "greater than or equal to 65536"),
+        ("comm.nccl.buffsize=8X", "'8X' is not a size: give bytes (8388608) or NCCL's units K, M, G (8M)"),
+        ("comm.nccl.buffsize=1K", "greater than or equal to 65536"),
         ("comm.affinity=tight", "expected 'auto', 'none', 'close' or 'spread'"),
         ("comm.extra_env={'1BAD': x}", "not environment variable names: 1BAD"),
         ("comm.ncl.algo=Ring", "unknown recipe key `comm.ncl`: did you mean `comm.nccl`?"),
@@ -112,6 +115,69 @@ def test_bad_values_are_one_line_each(override, message):
     with pytest.raises(RecipeError) as err:
         comm(override)
     assert len(err.value.problems) == 1 and message in err.value.problems[0]
+
+
+@pytest.mark.parametrize(
+    "value,size",
+    [("8M", 8 * 2**20), ("8MB", 8 * 2**20), ("8MiB", 8 * 2**20), ("512k", 512 * 2**10), ("1G", 2**30),
+     ("4194304", 4194304), ("0x800000", 8 * 2**20)],
+)  # fmt: skip
+def test_nccl_buffsize_takes_nccls_units_and_renders_bytes(value, size):
+    c = comm(f"comm.nccl.buffsize={value}")
+    assert c.nccl.buffsize == size and comm_env(c, "nvidia")["NCCL_BUFFSIZE"] == str(size)
+
+
+def test_nccl_sizes_in_extra_env_become_bytes_too():
+    env = comm_env(comm("comm.extra_env.NCCL_BUFFSIZE=8M", "comm.extra_env.OTHER=8M"), "nvidia")
+    assert env["NCCL_BUFFSIZE"] == "8388608" and env["OTHER"] == "8M"  # only NCCL's own variables
+
+
+def test_nccl_keys_on_gaudi_warn_with_the_hccl_counterpart():
+    c = comm(
+        "comm.nccl.algo=Tree",
+        "comm.nccl.proto=Simple",
+        "comm.nccl.buffsize=8M",
+        "comm.nccl.nsocks_perthread=4",
+        "comm.nccl.socket_ifname=eth0",
+        "comm.nccl.debug=INFO",
+    )
+    lines = comm_warnings(c, "gaudi")
+    assert not any(k.startswith("NCCL_") for k in comm_env(c, "gaudi"))  # dropped ...
+    text = "\n".join(lines)  # ... but not silently
+    assert "comm.nccl.socket_ifname is not rendered on gaudi" in text and "use comm.hccl.socket_ifname" in text
+    assert "comm.nccl.debug is not rendered on gaudi" in text and "LOG_LEVEL_ALL" in text
+    assert (
+        "comm.nccl.algo, comm.nccl.proto, comm.nccl.buffsize, comm.nccl.nsocks_perthread are not rendered on "
+        "gaudi: a gaudi job's collectives run on HCCL, and HCCL has no counterpart" in text
+    )
+    assert comm_warnings(c, "nvidia") == []
+    assert "use comm.gloo_socket_ifname" in "\n".join(comm_warnings(c, "cpu"))
+    assert comm_warnings(CommSection(), "gaudi") == []  # kubetune's own NCCL_DEBUG default is no warning
+
+
+def test_hccl_keys_elsewhere_warn():
+    c = comm("comm.hccl.over_ofi=true", "comm.hccl.socket_ifname=eth1")
+    assert comm_warnings(c, "gaudi") == []
+    (iface, over_ofi) = comm_warnings(c, "nvidia")
+    assert "comm.hccl.socket_ifname" in iface and "use comm.nccl.socket_ifname" in iface
+    assert over_ofi.startswith("comm.hccl.over_ofi is not rendered on nvidia")
+
+
+def test_oneccl_variables_in_extra_env_say_what_to_set_instead():
+    c = comm("comm.extra_env.CCL_WORKER_COUNT=4", "comm.extra_env.I_MPI_PIN_DOMAIN=socket")
+    (line,) = comm_warnings(c, "cpu")
+    assert line.startswith("comm.extra_env sets CCL_WORKER_COUNT, I_MPI_PIN_DOMAIN: ")
+    assert "run on gloo" in line and "comm.threads_per_process" in line and "comm.socket_ifname" in line
+    assert oneccl_variables({"CCL_ATL_TRANSPORT": "ofi", "NCCL_ALGO": "Tree"}) == ["CCL_ATL_TRANSPORT"]
+
+
+def test_render_warns_about_the_gaudi_recipes_nccl_table():
+    from kubetune.k8s.render import render
+
+    gaudi = render(load_recipe("llama2-13b-gaudi-tp4-pp8").recipe)
+    assert any("comm.nccl.buffsize" in w and "HCCL has no counterpart" in w for w in gaudi.warnings)
+    nvidia = render(load_recipe("llama2-13b-gaudi-tp4-pp8", ["k8s.profile=nvidia"]).recipe)
+    assert not any("comm.nccl" in w for w in nvidia.warnings)
 
 
 def test_nccl_socket_limit():

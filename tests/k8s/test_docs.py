@@ -53,3 +53,26 @@ def test_comm_doc_covers_every_key():
     leaves = [k for k in all_keys() if k.startswith("comm.") and k not in ("comm.nccl", "comm.hccl")]
     missing = [k for k in leaves if f"`{k}`" not in text]
     assert not missing, missing
+
+
+def test_the_comm_example_is_a_valid_comm_section_and_renders_the_seed_table(tmp_path):
+    # the example quotes the seed's NCCL table, `8M` included: it must load as written
+    from kubetune.recipe.comm import comm_env
+    from kubetune.recipe.loader import load_recipe
+
+    (block,) = re.findall(r"```yaml\n(comm:.*?)```", COMM.read_text(), re.S)
+    recipe = tmp_path / "comm.yaml"
+    recipe.write_text(block)
+    env = comm_env(load_recipe(str(recipe)).recipe.comm, "nvidia")
+    assert (env["NCCL_ALGO"], env["NCCL_PROTO"], env["NCCL_BUFFSIZE"], env["NCCL_NSOCKS_PERTHREAD"]) == (
+        "Tree",
+        "Simple",
+        "8388608",
+        "4",
+    )
+
+
+def test_comm_doc_calls_nothing_the_seeds_it_cannot_source():
+    text = " ".join(COMM.read_text().split())
+    assert "issue 11" in text and "the seed documents themselves are not in this repository" in text
+    assert "Ring" not in text.split("## Every kind")[0]  # the old, unsourced "seed's table"

@@ -300,6 +300,16 @@ def test_waiting_in_kueue():
     assert f.severity == "warning" and "Kueue queue team-a" in f.problem and "localqueue team-a" in f.fix
 
 
+def test_oneccl_variables_in_the_pods_or_the_recipe():
+    with_env = pod()
+    with_env["spec"] = {"containers": [{"name": "pytorch", "env": [{"name": "CCL_WORKER_COUNT", "value": "4"}]}]}
+    recipe = {**RECIPE, "comm": {"extra_env": {"I_MPI_PIN_DOMAIN": "socket"}}}
+    f = only(findings(pods=[with_env], recipe=recipe))
+    assert f.severity == "warning" and f.problem.endswith("are set: CCL_WORKER_COUNT, I_MPI_PIN_DOMAIN")
+    assert "run on gloo" in f.fix and "comm.socket_ifname" in f.fix and "comm.threads_per_process" in f.fix
+    assert "comm.affinity" in f.fix
+
+
 def test_missing_job():
     f = only(findings(job=None))
     assert f.problem == "no PyTorchJob or TrainJob run in kubetune"

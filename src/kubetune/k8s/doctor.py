@@ -15,6 +15,7 @@ so every rule is tested with plain dicts. The rules, in the order they are repor
 | container waiting CrashLoopBackOff | the process keeps failing: its last log lines |
 | log lines: rendezvous / TCPStore / connect timeouts | workers cannot reach the master |
 | log lines: collective (NCCL/gloo/HCCL) timeouts | a collective timed out |
+| CCL_* / I_MPI_* in the pods' env or comm.extra_env | oneCCL / Intel MPI settings nothing reads |
 | job condition Failed | the operator's reason |
 | no pods for a job that is not suspended | operator missing, or waiting in a Kueue queue |
 """
@@ -27,6 +28,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetune.k8s.names import KUEUE_LABEL, Names
+from kubetune.recipe.comm import ACCELERATOR_KINDS, oneccl_advice, oneccl_variables
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -288,6 +290,23 @@ def _log_findings(pod: str, lines: list[str], recipe: dict) -> list[Finding]:
     return out
 
 
+def _oneccl_findings(snap: Snapshot) -> list[Finding]:
+    """oneCCL / Intel MPI variables (a oneCCL habit: seed 002's troubleshooting checks them) do
+    nothing in a kubetune job: say what sets the same thing here."""
+    names = set(_get(snap.recipe, "comm.extra_env", {}) or {})
+    for pod in snap.pods:
+        for container in _get(pod, "spec.containers", []) or []:
+            names.update(e.get("name", "") for e in container.get("env") or [])
+    found = oneccl_variables(sorted(names))
+    if not found:
+        return []
+    kind = _get(snap.recipe, "k8s.profile", "cpu")
+    problem = f"oneCCL / Intel MPI variables are set: {', '.join(found)}"
+    return [
+        Finding("warning", f"job {snap.name}", problem, oneccl_advice(kind if kind in ACCELERATOR_KINDS else "cpu"))
+    ]
+
+
 # ----------------------------------------------------------------------------- job level
 
 
@@ -364,6 +383,7 @@ def diagnose(snap: Snapshot) -> list[Finding]:
         findings += _container_findings(pod, snap.recipe, snap.logs.get(name, []), snap.name)
         findings += _log_findings(name, snap.logs.get(name, []), snap.recipe)
     findings += _storage_findings(snap, snap.events)
+    findings += _oneccl_findings(snap)
     if not findings:
         findings.append(
             Finding("info", f"job {snap.name}", "no problems found", "`kubetune k8s status " + snap.name + "`")

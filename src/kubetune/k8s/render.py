@@ -23,6 +23,7 @@ from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import jobs, objects
 from kubetune.k8s.names import DATA_DIR, Names
 from kubetune.kube import KubeObject
+from kubetune.recipe.comm import comm_warnings
 from kubetune.recipe.k8s import resource_problems
 from kubetune.recipe.layout import check_model, check_recipe, layout_for, model_shape
 from kubetune.recipe.schema import Recipe
@@ -163,7 +164,9 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     )
     if hf_token:
         _refuse_token_leak(out, hf_token)
-    warnings = layout_warnings(recipe) + _portability_warnings(recipe, with_runtime)
+    warnings = (
+        layout_warnings(recipe) + comm_warnings(recipe.comm, k8s.profile) + _portability_warnings(recipe, with_runtime)
+    )
     return Rendered(objects=out, names=names, warnings=warnings)
 
 

@@ -30,6 +30,20 @@ _NCCL_PROTOS = {"ll", "ll128", "simple"}
 _NCCL_FUNCS = {"broadcast", "reduce", "allgather", "reducescatter", "allreduce", "sendrecv"}
 
 
+# NCCL reads its numeric variables with strtoll, which stops at the first letter: NCCL_BUFFSIZE=8M
+# would be read as 8 bytes. Sizes written with NCCL's units (K, M, G, as in nccl-tests' `-b 8M`;
+# powers of 1024, like NCCL's 4 MiB default 4194304) are turned into the byte count here.
+_NCCL_SIZE = re.compile(r"^\s*(\d+)\s*([kmg])(i?b)?\s*$", re.IGNORECASE)
+_NCCL_UNITS = {"k": 2**10, "m": 2**20, "g": 2**30}
+
+
+def nccl_bytes(value: object) -> object:
+    """`8M` / `8MB` / `8MiB` -> 8388608; anything else is returned as it is."""
+    if isinstance(value, str) and (m := _NCCL_SIZE.match(value)):
+        return int(m.group(1)) * _NCCL_UNITS[m.group(2).lower()]
+    return value
+
+
 def _check_nccl_words(value: str | None, allowed: set[str], key: str) -> str | None:
     if value is None:
         return value
@@ -55,7 +69,10 @@ class NcclSection(Section):
     algo: str | None = Field(None, description="NCCL_ALGO: Ring | Tree | NVLS | PAT | ... (a list; `^` excludes).")
     proto: str | None = Field(None, description="NCCL_PROTO: LL | LL128 | Simple (a list; `^` excludes).")
     buffsize: int | None = Field(
-        None, ge=65536, description="NCCL_BUFFSIZE: bytes per channel buffer (NCCL default 4194304)."
+        None,
+        ge=65536,
+        description="NCCL_BUFFSIZE: bytes per channel buffer, or with K/M/G (powers of 1024): 8M = 8388608 "
+        "(NCCL default 4194304).",
     )
     nsocks_perthread: int | None = Field(
         None, ge=1, le=64, description="NCCL_NSOCKS_PERTHREAD: sockets per helper thread (socket transport)."
@@ -67,6 +84,17 @@ class NcclSection(Section):
         None, description="NCCL_DEBUG: log level (kubetune default WARN, so errors explain themselves)."
     )
     debug_subsys: str | None = Field(None, description="NCCL_DEBUG_SUBSYS: subsystems to log (e.g. `INIT,NET`).")
+
+    @field_validator("buffsize", mode="before")
+    @classmethod
+    def _buffsize(cls, v: object) -> object:
+        v = nccl_bytes(v)
+        if isinstance(v, str):
+            try:
+                return int(v.strip(), 0)  # what strtoll(base 0) reads: 8388608, 0x800000
+            except ValueError:
+                raise ValueError(f"{v!r} is not a size: give bytes (8388608) or NCCL's units K, M, G (8M)") from None
+        return v
 
     @field_validator("algo")
     @classmethod
@@ -144,8 +172,9 @@ class CommSection(Section):
             bad = [k for k in v if not isinstance(k, str) or not _ENV_NAME.match(k)]
             if bad:
                 raise ValueError(f"not environment variable names: {', '.join(map(str, bad))}")
-            # YAML turns `1`, `true` into int/bool; the environment only holds strings.
-            return {k: _env_str(val) for k, val in v.items()}
+            # YAML turns `1`, `true` into int/bool; the environment only holds strings. NCCL
+            # sizes with units become bytes (NCCL itself would read `8M` as 8).
+            return {k: _env_str(nccl_bytes(val) if k.startswith("NCCL_") else val) for k, val in v.items()}
         return v
 
 
@@ -225,3 +254,73 @@ def comm_env(
         env.update(_hccl(comm.hccl, comm.socket_ifname))
     env.update(comm.extra_env)
     return env
+
+
+# ------------------------------------------------------------------ settings that do nothing here
+# `comm_env` renders only the active kind's backend. A key of another backend is dropped, so
+# `comm_warnings` says so, with the setting that does the same job where there is one.
+
+_BACKEND = {"cpu": "gloo", "gaudi": "HCCL", "nvidia": "NCCL"}
+# Intel Gaudi: HCCL scales out over the Gaudi NICs or, through libfabric, over host NICs; it
+# chooses its own algorithms, protocols and buffers (docs.habana.ai, HCCL "Scale-out via Host NIC").
+_COUNTERPART = {
+    ("nccl", "gaudi"): {
+        "socket_ifname": "comm.hccl.socket_ifname (HCCL_SOCKET_IFNAME)",
+        "ib_hca": "comm.hccl.over_ofi=true with comm.hccl.ofi_provider=verbs (host NICs over libfabric)",
+        "ib_disable": "comm.hccl.over_ofi=true with comm.hccl.ofi_provider=tcp (host NICs over TCP)",
+        "debug": "comm.extra_env ENABLE_CONSOLE=true and LOG_LEVEL_ALL (0 = most verbose, 6 = none)",
+        "debug_subsys": "comm.extra_env ENABLE_CONSOLE=true and LOG_LEVEL_ALL (0 = most verbose, 6 = none)",
+    },
+    ("nccl", "cpu"): {"socket_ifname": "comm.gloo_socket_ifname (GLOO_SOCKET_IFNAME)"},
+    ("hccl", "nvidia"): {"socket_ifname": "comm.nccl.socket_ifname (NCCL_SOCKET_IFNAME)"},
+    ("hccl", "cpu"): {"socket_ifname": "comm.gloo_socket_ifname (GLOO_SOCKET_IFNAME)"},
+}
+_NO_COUNTERPART = {
+    "gaudi": "HCCL has no counterpart: it chooses its own algorithms, protocols and buffers",
+    "nvidia": "NCCL has no counterpart (comm.nccl.ib_hca / ib_disable choose its network)",
+    "cpu": "gloo has no counterpart",
+}
+# oneCCL and Intel MPI read these; kubetune's collectives never load either library.
+_ONECCL_PREFIXES = ("CCL_", "I_MPI_")
+
+
+def _dropped(comm: CommSection, section: str, kind: str) -> list[str]:
+    values = getattr(comm, section).model_dump(exclude_none=True)
+    if not values:
+        return []
+    lines, counterparts = [], _COUNTERPART.get((section, kind), {})
+    why = f"not rendered on {kind}: a {kind} job's collectives run on {_BACKEND[kind]}"
+    for key in [k for k in values if k in counterparts]:
+        lines.append(f"comm.{section}.{key} is {why}; use {counterparts[key]}")
+    orphans = [f"comm.{section}.{k}" for k in values if k not in counterparts]
+    if orphans:
+        lines.append(f"{', '.join(orphans)} {'is' if len(orphans) == 1 else 'are'} {why}, and {_NO_COUNTERPART[kind]}")
+    return lines
+
+
+def oneccl_variables(env: dict[str, str] | list[str]) -> list[str]:
+    """The oneCCL / Intel MPI variables (CCL_*, I_MPI_*) among these names."""
+    return sorted(name for name in env if name.startswith(_ONECCL_PREFIXES))
+
+
+def oneccl_advice(kind: str = "cpu") -> str:
+    """What to set instead of oneCCL / Intel MPI variables (seed 002's troubleshooting checks them)."""
+    ifname = "GLOO_SOCKET_IFNAME" + {"gaudi": ", HCCL_SOCKET_IFNAME", "nvidia": ", NCCL_SOCKET_IFNAME"}.get(kind, "")
+    return (
+        f"kubetune's collectives run on {_BACKEND[kind]} (torch.distributed), not oneCCL or Intel MPI, so these do "
+        f"nothing: set the interface with comm.socket_ifname ({ifname}), threads per process with "
+        "comm.threads_per_process (OMP_NUM_THREADS) and pinning with comm.affinity (OMP_PROC_BIND, OMP_PLACES), "
+        "and remove them from comm.extra_env"
+    )
+
+
+def comm_warnings(comm: CommSection, kind: str) -> list[str]:
+    """Settings that `comm_env` drops or that nothing reads on accelerator `kind`, one line each."""
+    lines = []
+    if kind != "nvidia":
+        lines += _dropped(comm, "nccl", kind)
+    if kind != "gaudi":
+        lines += _dropped(comm, "hccl", kind)
+    if names := oneccl_variables(list(comm.extra_env)):
+        lines.append(f"comm.extra_env sets {', '.join(names)}: {oneccl_advice(kind)}")
+    return lines
