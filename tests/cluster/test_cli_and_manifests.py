@@ -182,10 +182,12 @@ def test_rendered_manifests_validate_strictly(flags):
     kubernetes_validate = pytest.importorskip("kubernetes_validate")
     objects = _render(*flags)
     kinds = [o["kind"] for o in objects]
-    assert kinds.count("DaemonSet") == 1 and kinds.count("Deployment") == 1 and kinds.count("Service") == 1
+    assert kinds.count("DaemonSet") == 2 and kinds.count("Deployment") == 1 and kinds.count("Service") == 1
+    assert kinds.count("Role") == 1  # the prober lists the pods of its own namespace only
     for obj in objects:
         kubernetes_validate.validate(obj, "1.33.0", strict=True)  # raises on any unknown or wrong field
-    ds = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]
+    ds = next(o for o in objects if o["kind"] == "DaemonSet" and "device" in o["metadata"]["name"])
+    ds = ds["spec"]["template"]["spec"]
     assert ds["priorityClassName"] == "system-node-critical"
     assert ds["containers"][0]["securityContext"]["privileged"] is True
     assert {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"} in [v["hostPath"] for v in ds["volumes"]]

@@ -1,4 +1,4 @@
-"""Commands of the cluster components: `device-plugin`, `scheduler-extender`, `k8s render-components`.
+"""Commands of the cluster components: `device-plugin`, `scheduler-extender`, `netprobe`, `k8s render-components`.
 
 `register(app, k8s_app)` is called by kubetune.cli. Commands parse, check their flags, then
 hand over to one function; grpc, fastapi and kubernetes are imported inside them.
@@ -6,6 +6,7 @@ hand over to one function; grpc, fastapi and kubernetes are imported inside them
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import threading
@@ -156,6 +157,91 @@ def scheduler_extender(
     serve_forever(app, host, port, log_level)
 
 
+def netprobe(
+    node_name: str | None = typer.Option(
+        None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
+    ),
+    listen: str = typer.Option("0.0.0.0", "--listen", help="Address the echo server answers peers on."),
+    port: int = typer.Option(7471, "--port", help="TCP port of the echo server (the same on every node)."),
+    peer: list[str] | None = typer.Option(
+        None, "--peer", help="HOST[:PORT] to measure (repeatable); default: the DaemonSet's other pods, from the API."
+    ),
+    namespace: str | None = typer.Option(
+        None, "--namespace", envvar="POD_NAMESPACE", help="Namespace of the prober pods (default $POD_NAMESPACE)."
+    ),
+    selector: str = typer.Option(
+        "app.kubernetes.io/name=kubetune-netprobe", "--selector", help="Labels of the prober pods."
+    ),
+    interval: float = typer.Option(60.0, "--interval", help="Seconds between measurement rounds."),
+    samples: int = typer.Option(20, "--samples", help="TCP ping-pongs per peer and round."),
+    max_peers: int = typer.Option(16, "--max-peers", help="Peers measured per round (a random sample of them)."),
+    timeout: float = typer.Option(1.0, "--timeout", help="Seconds to wait for a peer's answer."),
+    rdma: str = typer.Option("auto", "--rdma", help="auto: ib_write_lat when perftest and an RDMA device exist; off."),
+    annotate: bool = typer.Option(
+        True, "--annotate/--no-annotate", help="Write the result on this node's Node object (needs RBAC)."
+    ),
+    serve_only: bool = typer.Option(False, "--serve-only", help="Only answer other probers; measure nothing."),
+    once: bool = typer.Option(False, "--once", help="One round: print it as JSON (and annotate), then exit."),
+    log_level: str = typer.Option("info", "--log-level"),
+):
+    """Measure latency to the other nodes' probers and annotate this node (kubetune.io/rdma-latency-us)."""
+    from kubetune.cluster import netprobe as nprobe
+
+    _logging(log_level)
+    problems = _netprobe_problems(node_name, port, interval, samples, max_peers, timeout, rdma, annotate, serve_only)
+    static = [nprobe.parse_peer(p, port) for p in peer or []]
+    if not static and not serve_only and not namespace:
+        problems.append("no peers: give --peer HOST[:PORT] or --namespace (POD_NAMESPACE from the downward API)")
+    if problems:
+        raise UserError(*problems)
+    # --once only measures: answering peers is for the long-running prober
+    server = None if once else nprobe.EchoServer(listen, port).start()
+    use_rdma = rdma == "auto" and nprobe.rdma_available()
+    rdma_server = nprobe.RdmaServer().start() if use_rdma and not once else None
+    log.info("netprobe on %s:%d, %s", listen, port, "rdma (ib_write_lat) + tcp" if use_rdma else "tcp")
+    prober = nprobe.Prober(
+        node_name,
+        static,
+        namespace,
+        nprobe.parse_selector(selector),
+        port,
+        rdma=use_rdma,
+        samples=samples,
+        timeout=timeout,
+        max_peers=max_peers,
+        annotate=annotate and not serve_only,
+    )
+    try:
+        if once:
+            typer.echo(json.dumps({"node": node_name, **prober.round().as_json()}))
+            return
+        stop = _stop_on_signals()
+        if not serve_only:
+            threading.Thread(target=prober.run, args=(interval,), name="netprobe", daemon=True).start()
+        stop.wait()
+    finally:
+        prober.stop()
+        if server:
+            server.stop()
+        if rdma_server:
+            rdma_server.stop()
+
+
+def _netprobe_problems(node_name, port, interval, samples, max_peers, timeout, rdma, annotate, serve_only) -> list:
+    problems = []
+    if not 0 < port < 65536:
+        problems.append(f"--port {port}: use 1..65535")
+    if interval <= 0 or timeout <= 0:
+        problems.append("--interval and --timeout must be > 0 seconds")
+    if not 1 <= samples <= 10000 or max_peers < 1:
+        problems.append("--samples must be 1..10000 and --max-peers >= 1")
+    if rdma not in ("auto", "off"):
+        problems.append(f"--rdma {rdma!r}: use auto or off")
+    if annotate and not serve_only and not node_name:
+        problems.append("--annotate needs --node-name (or NODE_NAME from the downward API); or pass --no-annotate")
+    return problems
+
+
 def render_components(
     namespace: str = typer.Option("kubetune-system", "--namespace", "-n"),
     image: str = typer.Option("ghcr.io/kubetune/kubetune:0.1.0", "--image"),
@@ -181,12 +267,16 @@ def render_components(
     all_nodes: bool = typer.Option(
         False, "--all-nodes", help="Run the device plugin on every node (0 cards advertised where there are none)."
     ),
+    netprobe: bool = typer.Option(
+        True, "--netprobe/--no-netprobe", help="Render the latency prober DaemonSet (kubetune netprobe)."
+    ),
+    netprobe_port: int = typer.Option(7471, "--netprobe-port", help="TCP port the probers answer each other on."),
     scheduler_config_only: bool = typer.Option(
         False, "--scheduler-config-only", help="Print only the KubeSchedulerConfiguration."
     ),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
 ):
-    """Render the device plugin DaemonSet, the extender Deployment/Service and the scheduler config."""
+    """Render the device plugin and netprobe DaemonSets, the extender Deployment/Service and the scheduler config."""
     from kubetune.cluster import manifests
 
     if weights:
@@ -205,6 +295,8 @@ def render_components(
         watch_pods=watch_pods,
         node_selector=tuple(node_selector or ()),
         all_nodes=all_nodes,
+        netprobe=netprobe,
+        netprobe_port=netprobe_port,
     )
     objects = [manifests.scheduler_config(settings)] if scheduler_config_only else manifests.render(settings)
     text = manifests.to_yaml(objects)
@@ -218,4 +310,5 @@ def render_components(
 def register(app: typer.Typer, k8s_app: typer.Typer) -> None:
     app.command("device-plugin")(device_plugin)
     app.command("scheduler-extender")(scheduler_extender)
+    app.command("netprobe")(netprobe)
     k8s_app.command("render-components")(render_components)

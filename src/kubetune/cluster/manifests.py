@@ -8,6 +8,9 @@
   Discovery PCI labels show the vendor's cards (or `--node-selector`, or `--all-nodes`);
 - scheduler extender: ServiceAccount, ClusterRole (list/watch pods and nodes, for the
   optional pod cache), ClusterRoleBinding, Deployment, Service;
+- node prober (`kubetune netprobe`, unless `--no-netprobe`): ServiceAccount, ClusterRole
+  (get/patch nodes, for the latency annotation), Role (list its own pods, to find its peers),
+  both bindings, DaemonSet on the pod network, on the same nodes as the device plugin;
 - a ConfigMap holding the KubeSchedulerConfiguration whose `extenders` entry points the
   kube-scheduler at the extender (also printed alone with `--scheduler-config-only`).
 """
@@ -23,6 +26,7 @@ from kubetune.kube import KUBETUNE, NAME, common_labels
 
 PLUGIN_NAME = "kubetune-device-plugin"
 EXTENDER_NAME = "kubetune-scheduler-extender"
+NETPROBE_NAME = "kubetune-netprobe"
 SCHEDULER_CONFIG_NAME = "kubetune-scheduler-config"
 POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 
@@ -54,6 +58,8 @@ class ComponentSettings:
     metrics_port: int = 9400
     node_selector: tuple[str, ...] = ()  # KEY=VALUE labels the plugin's nodes need, instead of NFD's
     all_nodes: bool = False  # the plugin on every node (it advertises 0 cards where there are none)
+    netprobe: bool = True  # the latency prober DaemonSet (what writes kubetune.io/rdma-latency-us)
+    netprobe_port: int = 7471
 
     def __post_init__(self):
         problems = self._placement_problems()
@@ -63,6 +69,8 @@ class ComponentSettings:
             )
         if not 1 <= self.extender_port <= 65535:
             problems.append(f"--extender-port {self.extender_port}: not a TCP port")
+        if not 1 <= self.netprobe_port <= 65535:
+            problems.append(f"--netprobe-port {self.netprobe_port}: not a TCP port")
         if "/" not in self.resource:
             problems.append(
                 f"--resource {self.resource!r}: an extended resource looks like vendor.com/name, e.g. habana.ai/gaudi"
@@ -264,6 +272,66 @@ def extender(s: ComponentSettings) -> list[dict]:
     return objs
 
 
+def netprobe(s: ComponentSettings) -> list[dict]:
+    """The latency prober: one pod per accelerator node, on the pod network (what the job's traffic crosses)."""
+    component = "netprobe"
+    args = ["netprobe", "--port", str(s.netprobe_port), "--selector", f"{NAME}={NETPROBE_NAME}"]
+    field = [("NODE_NAME", "spec.nodeName"), ("POD_NAMESPACE", "metadata.namespace")]
+    container = {
+        "name": "netprobe",
+        "image": s.image,
+        "command": ["kubetune"],
+        "args": args,
+        "env": [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in field],
+        "ports": [{"name": "probe", "containerPort": s.netprobe_port, "protocol": "TCP"}],
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": 65532,
+            "allowPrivilegeEscalation": False,
+            "readOnlyRootFilesystem": True,
+        },
+    }
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _meta(NETPROBE_NAME, s, component),
+        "spec": {
+            "selector": {"matchLabels": {NAME: NETPROBE_NAME}},
+            "template": {
+                "metadata": {"labels": _labels(NETPROBE_NAME, component)},
+                "spec": {
+                    **plugin_placement(s),
+                    "serviceAccountName": NETPROBE_NAME,
+                    "tolerations": [{"key": s.resource, "operator": "Exists", "effect": "NoSchedule"}],
+                    "containers": [container],
+                },
+            },
+        },
+    }
+    nodes = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+    return _rbac(NETPROBE_NAME, s, component, nodes) + _pod_reader(NETPROBE_NAME, s, component) + [daemonset]
+
+
+def _pod_reader(name: str, s: ComponentSettings, component: str) -> list[dict]:
+    """A Role to list the pods of its own namespace (the prober's peers), not the cluster's."""
+    return [
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "Role",
+            "metadata": _meta(name, s, component),
+            "rules": [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}],
+        },
+        {
+            "apiVersion": "rbac.authorization.k8s.io/v1",
+            "kind": "RoleBinding",
+            "metadata": _meta(name, s, component),
+            "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": name},
+            "subjects": [{"kind": "ServiceAccount", "name": name, "namespace": s.namespace}],
+        },
+    ]
+
+
 def extender_url(s: ComponentSettings) -> str:
     return f"http://{EXTENDER_NAME}.{s.namespace}.svc:{s.extender_port}"
 
@@ -304,7 +372,7 @@ def scheduler_config_map(s: ComponentSettings) -> dict:
 
 
 def render(s: ComponentSettings) -> list[dict]:
-    return device_plugin(s) + extender(s) + [scheduler_config_map(s)]
+    return device_plugin(s) + extender(s) + (netprobe(s) if s.netprobe else []) + [scheduler_config_map(s)]
 
 
 def to_yaml(objects: list[dict]) -> str:

@@ -14,10 +14,16 @@ Annotations:
   PodResources API); absent when the plugin cannot know
 - `kubetune.io/hbm-per-card-mib`: HBM of one card, MiB
 - `kubetune.io/numa-layout`: `numa:healthy/total` per NUMA node, e.g. `0:4/4,1:3/4`
-- `kubetune.io/rdma-latency-us`: measured RDMA latency to the leaf switch / peers,
-  microseconds (written by whatever measures it, e.g. a perftest DaemonSet; the plugin
-  never overwrites it)
 - `kubetune.io/facts-updated`: RFC 3339 time of the last publish
+
+Written by `kubetune netprobe` (cluster/netprobe.py), one per node:
+
+- `kubetune.io/rdma-latency-us`: one-way latency to the other nodes' probers, microseconds:
+  the median over the peers that answered (ib_write_lat where RDMA is present, else half the
+  TCP round trip over the pod network)
+- `kubetune.io/latency-method`: `rdma` | `tcp`, how that figure was measured
+- `kubetune.io/latency-peers`: `answered/asked` peers in the last published round
+- `kubetune.io/latency-updated`: RFC 3339 time of that round
 
 Labels:
 
@@ -36,6 +42,9 @@ HBM_PER_CARD_MIB = "kubetune.io/hbm-per-card-mib"
 NUMA_LAYOUT = "kubetune.io/numa-layout"
 RDMA_LATENCY_US = "kubetune.io/rdma-latency-us"
 FACTS_UPDATED = "kubetune.io/facts-updated"
+LATENCY_METHOD = "kubetune.io/latency-method"
+LATENCY_PEERS = "kubetune.io/latency-peers"
+LATENCY_UPDATED = "kubetune.io/latency-updated"
 
 LEAF_LABEL = "kubetune.io/network-leaf"
 ACCELERATOR_LABEL = "kubetune.io/accelerator"
