@@ -310,6 +310,18 @@ def test_oneccl_variables_in_the_pods_or_the_recipe():
     assert "comm.affinity" in f.fix
 
 
+def test_the_operators_exceeded_quota_event():
+    event = {
+        "reason": "FailedCreate",
+        "involvedObject": {"kind": "PyTorchJob", "name": JOB},
+        "message": 'Error creating: pods "run-worker-0" is forbidden: exceeded quota: team, requested: '
+        "requests.cpu=200, used: requests.cpu=800, limited: requests.cpu=1000",
+    }
+    f = only(findings(events=[event]))
+    assert f.problem.startswith("pods cannot be created: Error creating") and "exceeded quota: team" in f.problem
+    assert "raise the quota" in f.fix
+
+
 def test_missing_job():
     f = only(findings(job=None))
     assert f.problem == "no PyTorchJob or TrainJob run in kubetune"

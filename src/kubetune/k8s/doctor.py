@@ -16,6 +16,7 @@ so every rule is tested with plain dicts. The rules, in the order they are repor
 | log lines: rendezvous / TCPStore / connect timeouts | workers cannot reach the master |
 | log lines: collective (NCCL/gloo/HCCL) timeouts | a collective timed out |
 | CCL_* / I_MPI_* in the pods' env or comm.extra_env | oneCCL / Intel MPI settings nothing reads |
+| pods missing and the namespace's ResourceQuotas lack room (or FailedCreate "exceeded quota") | the job does not fit |
 | job condition Failed | the operator's reason |
 | no pods for a job that is not suspended | operator missing, or waiting in a Kueue queue |
 """
@@ -27,6 +28,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubetune.k8s import quota
 from kubetune.k8s.names import KUEUE_LABEL, Names
 from kubetune.recipe.comm import ACCELERATOR_KINDS, oneccl_advice, oneccl_variables
 
@@ -52,6 +54,8 @@ class Snapshot:
     storage_class_missing: str | None = None  # the PVC's class when the cluster has no such StorageClass
     logs: dict[str, list[str]] = field(default_factory=dict)  # pod name -> last lines
     recipe: dict = field(default_factory=dict)  # the ConfigMap's recipe (for the values fixes mention)
+    quotas: list[dict] = field(default_factory=list)  # the namespace's ResourceQuotas
+    namespace_pods: list[dict] = field(default_factory=list)  # every pod of the namespace (what quotas count)
 
 
 def _get(d: object, dotted: str, default: object = "?") -> Any:
@@ -307,6 +311,39 @@ def _oneccl_findings(snap: Snapshot) -> list[Finding]:
     ]
 
 
+_QUOTA_FIX = (
+    "wait for the jobs holding it to finish (`kubetune k8s status NAME`), make this one smaller (k8s.replicas, "
+    "k8s.resources.*), or raise the quota (`kubectl edit resourcequota NAME -n NAMESPACE`)"
+)
+
+
+def _quota_findings(snap: Snapshot) -> list[Finding]:
+    """Pods the job still lacks that the namespace's quotas have no room for."""
+    job = snap.job
+    if job is None or not snap.quotas:
+        return []
+    done = {c.get("type") for c in _get(job, "status.conditions", []) or [] if c.get("status") == "True"}
+    if done & {"Succeeded", "Failed", "Complete"}:
+        return []
+    need = quota.missing(quota.job_usage(job), snap.pods)
+    if need:
+        lines = quota.shortfalls(snap.quotas, snap.namespace_pods, need, snap.name, ours=True)
+        return [Finding("error", f"{job['kind']} {snap.name}", line, _QUOTA_FIX) for line in lines]
+    return []
+
+
+def _exceeded_quota_events(snap: Snapshot) -> list[Finding]:
+    """The operator's own word: it could not create a pod because a quota is full."""
+    found = [
+        e.get("message", "")
+        for e in snap.events
+        if _involved(e)[1] == snap.name and "exceeded quota" in e.get("message", "")
+    ]
+    if not found:
+        return []
+    return [Finding("error", f"job {snap.name}", f"pods cannot be created: {found[-1].strip()[:300]}", _QUOTA_FIX)]
+
+
 # ----------------------------------------------------------------------------- job level
 
 
@@ -384,6 +421,7 @@ def diagnose(snap: Snapshot) -> list[Finding]:
         findings += _log_findings(name, snap.logs.get(name, []), snap.recipe)
     findings += _storage_findings(snap, snap.events)
     findings += _oneccl_findings(snap)
+    findings += _quota_findings(snap) or _exceeded_quota_events(snap)
     if not findings:
         findings.append(
             Finding("info", f"job {snap.name}", "no problems found", "`kubetune k8s status " + snap.name + "`")
@@ -406,6 +444,9 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
     names = Names.for_job(name, namespace)
     snap = Snapshot(name=name, namespace=namespace, job=job, pods=trainer_pods(client, name, namespace, job))
     snap.events = client.list("v1", "Event", namespace)
+    with contextlib.suppress(ClusterError):  # no right to read quotas: diagnose without them
+        snap.quotas = client.list("v1", "ResourceQuota", namespace)
+        snap.namespace_pods = client.list("v1", "Pod", namespace) if snap.quotas else []
     cm = client.get("v1", "ConfigMap", names.recipe, namespace)
     try:
         snap.recipe = _with_resolved_resources(yaml.safe_load(cm["data"][RECIPE_KEY]) or {})

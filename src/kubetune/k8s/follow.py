@@ -19,9 +19,9 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from kubetune.errors import UserError
-from kubetune.k8s import progress
+from kubetune.k8s import progress, quota
 from kubetune.k8s.client import KubeClient
-from kubetune.k8s.names import CONTAINER, DATA_DIR, RECIPE_KEY, Names, trainer_selector
+from kubetune.k8s.names import CONTAINER, DATA_DIR, NAMESPACE_QUOTA, RECIPE_KEY, Names, trainer_selector
 from kubetune.k8s.render import Rendered
 from kubetune.kube import INSTANCE, KUBETUNE, MANAGED_BY
 
@@ -35,16 +35,23 @@ FINISHED = {"Succeeded", "Complete", "Failed"}
 
 
 def submit(client: KubeClient, rendered: Rendered) -> list[str]:
-    """Create or update every rendered object, in order; one line per object."""
-    lines = []
+    """Create or update every rendered object, in order; one line per object. Refuses, before
+    creating anything, a job that does not fit in what the namespace's quotas leave."""
+    lines = check_quotas(client, rendered)
     for obj in rendered.objects:
         where = _ref(obj)
         if obj["kind"] == "Namespace":
             lines.append(f"{_ensure_namespace(client, obj)} {where}")
             continue
-        action = client.apply(obj, immutable=obj["kind"] in IMMUTABLE_KINDS)
+        budget = _is_namespace_quota(obj)
+        action = client.apply(obj, immutable=obj["kind"] in IMMUTABLE_KINDS or budget)
         note = ""
-        if action == "kept":
+        if action == "kept" and budget:
+            note = (
+                " (the namespace's budget stays as it is, whatever one job's recipe says; change it with "
+                f"`kubectl edit resourcequota {NAMESPACE_QUOTA} -n {rendered.names.namespace}`)"
+            )
+        elif action == "kept":
             note = (
                 f" (a {obj['kind']} cannot change in place; "
                 f"`kubetune k8s delete {rendered.names.job} --purge` recreates it)"
@@ -58,6 +65,37 @@ def submit(client: KubeClient, rendered: Rendered) -> list[str]:
             f"`kubetune k8s delete {rendered.names.job}` and submit again to rerun (the PVC and its checkpoints stay)"
         )
     return lines
+
+
+def _is_namespace_quota(obj: dict) -> bool:
+    return obj["kind"] == "ResourceQuota" and obj["metadata"]["name"] == NAMESPACE_QUOTA
+
+
+def check_quotas(client: KubeClient, rendered: Rendered) -> list[str]:
+    """Raise a UserError when the job does not fit beside the namespace's other pods; notes otherwise."""
+    from kubetune.k8s.client import ClusterError
+
+    ns, job = rendered.names.namespace, rendered.names.job
+    try:
+        live = client.list("v1", "ResourceQuota", ns)
+        pods = (
+            client.list("v1", "Pod", ns) if live or any(o["kind"] == "ResourceQuota" for o in rendered.objects) else []
+        )
+    except ClusterError as e:
+        return [f"note: quotas not checked ({e})"]
+    quotas = {q["metadata"]["name"]: q for q in live}
+    for obj in rendered.objects:
+        if obj["kind"] == "ResourceQuota" and not (_is_namespace_quota(obj) and obj["metadata"]["name"] in quotas):
+            quotas[obj["metadata"]["name"]] = obj  # created now, or (a per-job quota) updated to this
+    short = quota.shortfalls(quotas.values(), pods, quota.rendered_usage(rendered.objects), job, ours=False)
+    if short:
+        raise UserError(
+            *short,
+            "nothing was submitted: wait for those jobs to finish (`kubetune k8s status NAME`), make this one "
+            "smaller (k8s.replicas, k8s.resources.*), or raise the quota (k8s.namespace_quota.* when creating it, "
+            "`kubectl edit resourcequota` once it exists)",
+        )
+    return []
 
 
 def _ensure_namespace(client: KubeClient, obj: dict) -> str:

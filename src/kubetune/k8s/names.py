@@ -23,6 +23,8 @@ COSCHEDULING_LABEL = "scheduling.x-k8s.io/pod-group"
 VOLCANO_ANNOTATION = "scheduling.k8s.io/group-name"
 DEFAULT_GANG_SCHEDULER = {"volcano": "volcano", "coscheduling": "scheduler-plugins-scheduler"}
 DATA_POD_RESOURCES = {"cpu": "250m", "memory": "256Mi"}
+# One per namespace (k8s.namespace_quota): every job there renders the same object.
+NAMESPACE_QUOTA = "kubetune-namespace-quota"
 
 
 @dataclass(frozen=True)

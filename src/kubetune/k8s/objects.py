@@ -17,6 +17,7 @@ from kubetune.k8s.names import (
     DATA_DIR,
     DATA_POD_RESOURCES,
     DEFAULT_GANG_SCHEDULER,
+    NAMESPACE_QUOTA,
     PYTORCHJOB_PORT,
     RECIPE_DIR,
     RECIPE_KEY,
@@ -26,7 +27,7 @@ from kubetune.k8s.names import (
     Names,
     standard_labels,
 )
-from kubetune.kube import KUBETUNE, NAME, KubeObject, parse_quantity
+from kubetune.kube import KUBETUNE, NAME, KubeObject, common_labels, parse_quantity
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
 
@@ -307,6 +308,30 @@ def resource_quota(k8s: K8sSection, names: Names) -> KubeObject:
             metadata=object_meta(names, names.quota, "quota"),
             spec=V1ResourceQuotaSpec(hard=hard),
         )
+    )
+
+
+def namespace_quota(k8s: K8sSection, names: Names) -> KubeObject:
+    """The team's budget for the namespace (k8s.namespace_quota): shared by every job there,
+    so its labels name no job (`delete --purge` of one job leaves it)."""
+    from kubernetes.client import V1ObjectMeta, V1ResourceQuota, V1ResourceQuotaSpec
+
+    budget, hard = k8s.namespace_quota, {}
+    for resource, value in (("cpu", budget.cpu), ("memory", budget.memory)):
+        if value is not None:  # pods are Guaranteed (requests = limits): cap both the same
+            hard[f"requests.{resource}"] = hard[f"limits.{resource}"] = str(value)
+    accelerator = profiles.PROFILES[k8s.profile].accelerator_resource
+    if budget.accelerators is not None and accelerator:
+        hard[f"requests.{accelerator}"] = str(budget.accelerators)
+    if budget.pods is not None:
+        hard["pods"] = str(budget.pods)
+    meta = V1ObjectMeta(
+        name=NAMESPACE_QUOTA,
+        namespace=names.namespace,
+        labels=common_labels(KUBETUNE, "namespace-quota", managed_by=KUBETUNE),
+    )
+    return to_dict(
+        V1ResourceQuota(api_version="v1", kind="ResourceQuota", metadata=meta, spec=V1ResourceQuotaSpec(hard=hard))
     )
 
 

@@ -76,6 +76,17 @@ def _portability_warnings(recipe: Recipe, with_runtime: bool) -> list[str]:
                 f"{key}={value} is a local path the pods cannot see: copy it to the PVC "
                 f"(kubetune k8s download's data pod, /data/...) and point {key} there"
             )
+    if k8s.quota:
+        warnings.append(
+            f"k8s.quota=true sizes ResourceQuota {job_name(recipe)}-quota to this job alone, but a quota caps every "
+            f"pod of namespace {k8s.namespace}: another job there will not fit (nor this one beside it); for a team "
+            "budget set k8s.namespace_quota.cpu/memory/accelerators/pods instead"
+        )
+    if k8s.namespace_quota.accelerators is not None and k8s.profile == "cpu":
+        warnings.append(
+            "k8s.namespace_quota.accelerators is not rendered on the cpu profile (no accelerator resource); "
+            "the namespace quota caps cpu, memory and pods only"
+        )
     if recipe.train.resume != "auto":
         warnings.append(f"train.resume={recipe.train.resume}: a restarted pod will not resume from its last checkpoint")
     if with_runtime and k8s.api != "trainjob":
@@ -145,6 +156,8 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     out = [objects.namespace(names)]
     if k8s.priority_value is not None:
         out.append(objects.priority_class(k8s, names))
+    if k8s.namespace_quota.is_set():
+        out.append(objects.namespace_quota(k8s, names))
     if k8s.quota:
         out.append(objects.resource_quota(k8s, names))
     if names.owns_pvc:

@@ -116,6 +116,27 @@ class ElasticSection(Section):
     max_restarts: int = Field(3, ge=0, description="Restarts of the worker group (torchrun --max-restarts).")
 
 
+class NamespaceQuotaSection(Section):
+    """A team's budget for the whole namespace: one ResourceQuota that every job there shares."""
+
+    cpu: Quantity | None = Field(None, description="CPU cores all pods of the namespace may request (e.g. 800).")
+    memory: Quantity | None = Field(None, description="Memory all pods of the namespace may request (e.g. 1000Gi).")
+    accelerators: int | None = Field(
+        None, ge=0, description="habana.ai/gaudi or nvidia.com/gpu (the job's profile) the namespace may request."
+    )
+    pods: int | None = Field(None, ge=1, description="Pods the namespace may run (each job: workers + 1 data pod).")
+
+    @field_validator("cpu", "memory")
+    @classmethod
+    def _quantity(cls, v: Quantity | None) -> Quantity | None:
+        if v is not None:
+            parse_quantity(v)
+        return v
+
+    def is_set(self) -> bool:
+        return any(v is not None for v in (self.cpu, self.memory, self.accelerators, self.pods))
+
+
 class K8sSection(Section):
     """Cluster job settings (see the cluster guide in README.md)."""
 
@@ -169,7 +190,16 @@ class K8sSection(Section):
     backoff_limit: int = Field(
         3, ge=0, description="Pod failures before the job is marked Failed (runPolicy.backoffLimit)."
     )
-    quota: bool = Field(False, description="Render a ResourceQuota sized to this job (workers + data-access pod).")
+    quota: bool = Field(
+        False,
+        description="Render a ResourceQuota sized to this one job (workers + data-access pod). A quota caps every pod "
+        "of the namespace: only for a namespace that holds this job alone; a team uses k8s.namespace_quota.",
+    )
+    namespace_quota: NamespaceQuotaSection = Field(
+        default_factory=NamespaceQuotaSection,
+        description="The namespace's budget (one ResourceQuota kubetune-namespace-quota shared by every job there); "
+        "submit and doctor check that a job fits in what the other jobs leave.",
+    )
     runtime: str = Field(
         "torch-distributed",
         description="trainjob: ClusterTrainingRuntime to reference; "
@@ -263,6 +293,10 @@ def resource_problems(k8s: K8sSection) -> list[str]:
     if k8s.storage.access_mode == "ReadWriteOnce" and k8s.replicas > 1:
         problems.append(
             "k8s.storage.access_mode=ReadWriteOnce cannot be shared by several worker pods; use ReadWriteMany"
+        )
+    if k8s.quota and k8s.namespace_quota.is_set():
+        problems.append(
+            "k8s.quota and k8s.namespace_quota both cap the namespace; keep k8s.namespace_quota and set k8s.quota=false"
         )
     if k8s.priority_value is not None and not k8s.priority_class:
         problems.append("k8s.priority_value needs k8s.priority_class (the PriorityClass name)")
