@@ -31,7 +31,7 @@ BODIES = [
     extender_args(
         training_pod(cards=4),
         [
-            gaudi_node("a", free=3),
+            gaudi_node("a", free=3, hbm_free=[131072, 131072, 40960]),
             gaudi_node("b", free=None, leaf=None, rdma_latency_us=None),
             gaudi_node("c", model="gaudi2", healthy=6),
         ],

@@ -69,6 +69,12 @@ def test_prioritize_prefers_more_hbm_and_lower_rdma_latency(url, http):
         ).json()
     }
     assert hbm["g3"] > hbm["g2"]
+    leaky = gaudi_node("leaky", free=4, hbm_free=[131072, 131072, 131072, 20480])  # a free card mostly used
+    clean = gaudi_node("clean", free=4, hbm_free=[131072] * 4)
+    scores = {
+        h["Host"]: h["Score"] for h in http.post(f"{url}/prioritize", json=extender_args(pod, [leaky, clean])).json()
+    }
+    assert scores["clean"] > scores["leaky"]
     lat = [gaudi_node("near", rdma_latency_us=2.0), gaudi_node("far", rdma_latency_us=8.0)]
     scores = {h["Host"]: h["Score"] for h in http.post(f"{url}/prioritize", json=extender_args(pod, lat)).json()}
     assert scores["near"] > scores["far"]

@@ -35,7 +35,7 @@ def _fake_nvml(gpus: list[dict], events: deque) -> types.ModuleType:
     nv.nvmlDeviceGetName = lambda h: h["name"]
     nv.nvmlDeviceGetMinorNumber = lambda h: h["minor"]
     nv.nvmlDeviceGetPciInfo = lambda h: types.SimpleNamespace(busId=h["bus"])
-    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=h["mem"])
+    nv.nvmlDeviceGetMemoryInfo = lambda h: types.SimpleNamespace(total=h["mem"], free=h.get("free", h["mem"]))
     nv.nvmlEventSetCreate = lambda: object()
     nv.nvmlEventSetFree = lambda s: None
     nv.nvmlDeviceRegisterEvents = lambda h, t, s: None
@@ -55,6 +55,7 @@ def test_nvml_discovery_reads_gpus_numa_and_turns_critical_xids_unhealthy(tmp_pa
         {"uuid": b"GPU-aaa", "name": b"NVIDIA H200", "minor": 0, "bus": b"00000000:19:00.0", "mem": 141 * 2**30},
         {"uuid": "GPU-bbb", "name": "NVIDIA H200", "minor": 1, "bus": "00000000:9A:00.0", "mem": 141 * 2**30},
     ]
+    gpus[1]["free"] = 100 * 2**30  # something outside Kubernetes holds 41 GiB of it
     for bus, numa in (("0000:19:00.0", "0"), ("0000:9a:00.0", "1")):
         (tmp_path / "bus/pci/devices" / bus).mkdir(parents=True)
         (tmp_path / "bus/pci/devices" / bus / "numa_node").write_text(numa + "\n")
@@ -68,6 +69,7 @@ def test_nvml_discovery_reads_gpus_numa_and_turns_critical_xids_unhealthy(tmp_pa
         ("GPU-bbb", "NVIDIA H200", 1, 1, 141 * 1024),
     ]
     assert d.probe() == {"GPU-aaa": HEALTHY, "GPU-bbb": HEALTHY}
+    assert d.free_memory_mib() == {"GPU-aaa": 141 * 1024, "GPU-bbb": 100 * 1024}
     events.append((gpus[1], 13))  # XID 13: an application error, not the GPU's fault
     assert d.probe()["GPU-bbb"] == HEALTHY
     events.append((gpus[1], 79))  # XID 79: fallen off the bus

@@ -27,6 +27,7 @@ node_facts = st.builds(
     hbm_per_card_mib=maybe_float,
     leaf=st.one_of(st.none(), st.sampled_from(["l0", "l1", "l2"])),
     rdma_latency_us=maybe_float,
+    hbm_free_mib=st.one_of(st.none(), st.lists(st.floats(0, 1e6), max_size=8).map(lambda v: tuple(sorted(v))[::-1])),
 )
 requests = st.builds(
     Request,
@@ -160,3 +161,43 @@ def test_unicode_digits_are_not_counts():
 
     assert parse_count("¹") is None and parse_count("٣") is None and parse_count("12") == 12  # found by hypothesis
     assert parse_count("1e400") is None and parse_count("-1") is None and parse_count("2e0") == 2  # inf, negative
+
+
+def test_hbm_is_the_free_memory_the_pods_cards_can_have():
+    # two gaudi3 nodes of the same card size; on "leaky" two of the free cards are partly used
+    full = 128 * 1024
+    nodes = [
+        NodeFacts("clean", 8, 4, full, hbm_free_mib=(full,) * 4),
+        NodeFacts("leaky", 8, 4, full, hbm_free_mib=(full, full, 40_000.0, 30_000.0)),
+        NodeFacts("unknown", 8, 4, full),  # an older plugin: the per-card size stands in
+    ]
+    two, four = Request("habana.ai/gaudi", 2), Request("habana.ai/gaudi", 4)
+    assert {n: b.hbm for n, b in explain(two, nodes).items()} == {"clean": 10, "leaky": 10, "unknown": 10}
+    by_four = explain(four, nodes)
+    assert by_four["clean"].hbm == 10 and by_four["leaky"].hbm == 10 * 30_000 / full and by_four["unknown"].hbm == 10
+    assert prioritize(four, nodes)["clean"] > prioritize(four, nodes)["leaky"]
+    few = NodeFacts("few", 8, 1, full, hbm_free_mib=(full,))
+    assert explain(two, [few, nodes[0]])["few"].hbm == 0  # fewer free cards than asked for
+
+
+def test_pod_cache_trims_the_published_free_hbm_to_the_cards_still_free():
+    from kubetune.cluster.extender.facts import facts_from, raw_node
+
+    node = Node.model_validate(gaudi_node("n", free=4, hbm_free=[131072, 131072, 65536, 32768]))
+    raw = raw_node(node, ("habana.ai/gaudi",), ("kubetune.io/network-leaf",))
+    assert facts_from(raw, "habana.ai/gaudi", 0).hbm_free_mib == (131072, 131072, 65536, 32768)
+
+    class Cache:  # a pod cache that saw two more cards taken since the plugin published
+        def used_cards(self, node, resource):
+            return 6
+
+        def peers(self, namespace, job):
+            return Counter()
+
+        def leaf_of(self, node):
+            return None
+
+    # which two were taken is unknown: keep the two smallest (the worst case)
+    assert facts_from(raw, "habana.ai/gaudi", 0, Cache()).hbm_free_mib == (65536, 32768)
+    bad = raw._replace(hbm_free_mib="131072,lots")
+    assert facts_from(bad, "habana.ai/gaudi", 0).hbm_free_mib is None  # malformed: unknown, never an error

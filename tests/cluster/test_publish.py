@@ -28,12 +28,24 @@ def test_node_facts_counts_health_use_numa_and_hbm(cards):
         keys.CARDS_TOTAL: "8",
         keys.CARDS_HEALTHY: "7",
         keys.CARDS_FREE: "5",
+        keys.HBM_FREE_MIB: ",".join([str(96 * 1024)] * 5),  # sysfs measures nothing: a free card's size
         keys.HBM_PER_CARD_MIB: str(96 * 1024),
         keys.NUMA_LAYOUT: "0:4/4,1:3/4",
     }
     assert labels == {keys.ACCELERATOR_LABEL: "gaudi2", keys.LEAF_LABEL: "rack-12-leaf"}
     unknown_use, _ = node_facts("habana.ai/gaudi", cards, health, None, None)
-    assert keys.CARDS_FREE not in unknown_use  # never guess the free count
+    assert keys.CARDS_FREE not in unknown_use and keys.HBM_FREE_MIB not in unknown_use  # never guess
+
+
+def test_free_hbm_is_measured_memory_on_the_free_cards_only(cards):
+    health = {c.id: HEALTHY for c in cards}
+    health[cards[7].id] = UNHEALTHY
+    # card 2: free, but something outside Kubernetes holds ~46 GiB of it; card 0: held by a pod
+    measured = {cards[0].id: 1000, cards[2].id: 50_000}
+    annotations, _ = node_facts("habana.ai/gaudi", cards, health, {cards[0].id}, None, measured)
+    assert annotations[keys.HBM_FREE_MIB] == "98304,98304,98304,98304,98304,49152"  # in 1 GiB steps
+    none_free, _ = node_facts("habana.ai/gaudi", cards, health, {c.id for c in cards}, None, measured)
+    assert none_free[keys.HBM_FREE_MIB] == "" and none_free[keys.CARDS_FREE] == "0"
 
 
 def test_pod_resources_client_reads_devices_of_our_resource(tmp_path):
@@ -65,8 +77,14 @@ def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_pa
             }
         )
         kubelet.hold("worker-0", "habana.ai/gaudi", [cards[0].id, cards[1].id, cards[2].id])
+        measured = {cards[3].id: 40_000}  # what the backend's free_memory_mib reports (NVML would)
         publisher = NodePublisher(
-            "hls-0", "habana.ai/gaudi", "example.com/leaf", PodResourcesClient(tmp_path / "pr.sock"), core_api=api
+            "hls-0",
+            "habana.ai/gaudi",
+            "example.com/leaf",
+            PodResourcesClient(tmp_path / "pr.sock"),
+            core_api=api,
+            free_memory=lambda: measured,
         )
         health = {c.id: HEALTHY for c in cards}
         assert publisher.publish(cards, health) is True
@@ -82,6 +100,7 @@ def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_pa
         raw["status"] = {"allocatable": {"habana.ai/gaudi": "8"}}
         facts = facts_of(Node.model_validate(raw), "habana.ai/gaudi", (keys.LEAF_LABEL,))
         assert (facts.cards_total, facts.cards_free, facts.leaf, facts.hbm_per_card_mib) == (8, 5, "leaf-3", 96 * 1024)
+        assert facts.hbm_free_mib == (96 * 1024,) * 4 + (39 * 1024,)  # the free cards 3..7, card 3 measured
 
         health[cards[4].id] = UNHEALTHY
         assert publisher.publish(cards, health) is True

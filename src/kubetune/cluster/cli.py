@@ -91,7 +91,12 @@ def device_plugin(
         from kubetune.cluster.deviceplugin.publish import NodePublisher, PodResourcesClient
 
         publisher = NodePublisher(
-            node_name, resource, leaf_label, PodResourcesClient(pod_resources_socket), interval=publish_interval
+            node_name,
+            resource,
+            leaf_label,
+            PodResourcesClient(pod_resources_socket),
+            interval=publish_interval,
+            free_memory=backend.free_memory_mib,
         )
     plugin = DevicePlugin(
         backend,

@@ -13,6 +13,9 @@ Annotations:
 - `kubetune.io/cards-free`: healthy and not held by a running container (kubelet
   PodResources API); absent when the plugin cannot know
 - `kubetune.io/hbm-per-card-mib`: HBM of one card, MiB
+- `kubetune.io/hbm-free-mib`: free HBM of each free card (healthy, held by no container), MiB,
+  largest first, comma-separated (`131072,131072,98304`; "" = no free card): measured where the
+  backend can (NVML), the card's size otherwise; absent when the plugin cannot know
 - `kubetune.io/numa-layout`: `numa:healthy/total` per NUMA node, e.g. `0:4/4,1:3/4`
 - `kubetune.io/facts-updated`: RFC 3339 time of the last publish
 
@@ -39,6 +42,7 @@ CARDS_TOTAL = "kubetune.io/cards-total"
 CARDS_HEALTHY = "kubetune.io/cards-healthy"
 CARDS_FREE = "kubetune.io/cards-free"
 HBM_PER_CARD_MIB = "kubetune.io/hbm-per-card-mib"
+HBM_FREE_MIB = "kubetune.io/hbm-free-mib"
 NUMA_LAYOUT = "kubetune.io/numa-layout"
 RDMA_LATENCY_US = "kubetune.io/rdma-latency-us"
 FACTS_UPDATED = "kubetune.io/facts-updated"

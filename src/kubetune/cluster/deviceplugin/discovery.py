@@ -4,7 +4,8 @@ A `Discovery` backend answers three questions, and nothing about gRPC:
 
 - `devices()`: the cards (id, model, accel index, OAM module, NUMA node, HBM),
 - `probe()`: the health of each card right now (the health loop polls it),
-- `allocate_spec(cards)`: device nodes and environment for a container given these cards.
+- `allocate_spec(cards)`: device nodes and environment for a container given these cards,
+- `free_memory_mib()`: free HBM per card now, where the backend can measure it (NVML).
 
 Backends: Gaudi from sysfs (what Intel's DRA driver reads, no HLML needed), NVIDIA through
 NVML (`nvidia-ml-py`, imported only when chosen), and an inventory YAML for demos and tests.
@@ -81,6 +82,10 @@ class Discovery(Protocol):
         ...
 
     def allocate_spec(self, cards: list[Card]) -> AllocateSpec: ...
+
+    def free_memory_mib(self) -> dict[str, int]:
+        """Card id -> free HBM in MiB now, for the cards the backend can measure (others: absent)."""
+        ...
 
     def close(self) -> None: ...
 
@@ -195,6 +200,9 @@ class SysfsGaudiDiscovery:
     def allocate_spec(self, cards: list[Card]) -> AllocateSpec:
         return _gaudi_allocate_spec(cards, len(self.devices()))
 
+    def free_memory_mib(self) -> dict[str, int]:
+        return {}  # sysfs has no memory use (that is HLML's); a card no container holds is taken as free
+
     def close(self) -> None:
         pass
 
@@ -209,7 +217,8 @@ class InventoryDiscovery:
       - {id: card1, model: gaudi3, index: 1, module_id: 1, numa_node: 0, health: Unhealthy}
     ```
 
-    The file is re-read on every probe, so editing `health:` flips a card at run time.
+    The file is re-read on every probe, so editing `health:` flips a card at run time; an
+    optional `hbm_free_mib:` per card stands for a measured free memory.
     """
 
     def __init__(self, path: Path, resource: str = "habana.ai/gaudi"):
@@ -217,7 +226,7 @@ class InventoryDiscovery:
         self.resource = resource
         self._cards, self.vendor = self._load()[:2]
 
-    def _load(self) -> tuple[list[Card], str, dict[str, str]]:
+    def _load(self) -> tuple[list[Card], str, dict[str, str], dict[str, int]]:
         import yaml
 
         try:
@@ -229,7 +238,7 @@ class InventoryDiscovery:
         vendor = data.get("vendor", "habana")
         if vendor not in ("habana", "nvidia"):
             raise UserError(f"--discovery inventory:{self.path}: `vendor` must be habana or nvidia, not {vendor!r}")
-        cards, health, problems = [], {}, []
+        cards, health, free, problems = [], {}, {}, []
         for i, raw in enumerate(data.get("cards") or []):
             try:
                 card = Card(
@@ -248,6 +257,8 @@ class InventoryDiscovery:
             if len(card.id) > 63:
                 problems.append(f"--discovery inventory:{self.path}: cards[{i}].id is longer than 63 characters")
             health[card.id] = HEALTHY if raw.get("health", HEALTHY) == HEALTHY else UNHEALTHY
+            if isinstance(raw.get("hbm_free_mib"), int):
+                free[card.id] = raw["hbm_free_mib"]
             cards.append(card)
         if not cards and not problems:
             problems.append(f"--discovery inventory:{self.path}: no `cards` listed")
@@ -255,14 +266,14 @@ class InventoryDiscovery:
             problems.append(f"--discovery inventory:{self.path}: card ids are not unique")
         if problems:
             raise UserError(*problems)
-        return cards, vendor, health
+        return cards, vendor, health, free
 
     def devices(self) -> list[Card]:
         return list(self._cards)
 
     def probe(self) -> dict[str, str]:
         try:
-            _, _, health = self._load()
+            health = self._load()[2]
         except UserError:
             return {c.id: UNHEALTHY for c in self._cards}  # a half-written file must not crash the loop
         return {c.id: health.get(c.id, UNHEALTHY) for c in self._cards}
@@ -271,6 +282,12 @@ class InventoryDiscovery:
         if self.vendor == "nvidia":
             return _nvidia_allocate_spec(cards)
         return _gaudi_allocate_spec(cards, len(self._cards))
+
+    def free_memory_mib(self) -> dict[str, int]:
+        try:
+            return self._load()[3]
+        except UserError:
+            return {}
 
     def close(self) -> None:
         pass
@@ -357,6 +374,13 @@ class NvmlDiscovery:
     def allocate_spec(self, cards: list[Card]) -> AllocateSpec:
         return _nvidia_allocate_spec(cards)
 
+    def free_memory_mib(self) -> dict[str, int]:
+        nv, free = self._nvml, {}
+        for card in self._cards:
+            with contextlib.suppress(nv.NVMLError):  # a card NVML cannot read now: its size stands in
+                free[card.id] = nv.nvmlDeviceGetMemoryInfo(nv.nvmlDeviceGetHandleByUUID(card.id)).free // (1024 * 1024)
+        return free
+
     def close(self) -> None:
         try:
             self._nvml.nvmlEventSetFree(self._events)
@@ -438,6 +462,9 @@ class WaitForDriver:
         if self._backend is None:  # the plugin refuses unknown ids first: with no cards, every id is unknown
             raise UserError(f"{self.resource}: no cards on this node")
         return self._backend.allocate_spec(cards)
+
+    def free_memory_mib(self) -> dict[str, int]:
+        return self._backend.free_memory_mib() if self._backend is not None else {}
 
     def close(self) -> None:
         if self._backend is not None:

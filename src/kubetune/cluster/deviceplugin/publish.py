@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import threading
+from collections.abc import Callable
 from datetime import datetime, timezone
 from pathlib import Path
 
@@ -22,10 +23,22 @@ log = logging.getLogger(__name__)
 DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
+# Free memory is published in steps of this many MiB: a measured figure moves by a few MiB all
+# the time, and every change is a patch of the Node.
+HBM_STEP_MIB = 1024
+
+
 def node_facts(
-    resource: str, cards: list[Card], health: dict[str, str], in_use: set[str] | None, leaf: str | None
+    resource: str,
+    cards: list[Card],
+    health: dict[str, str],
+    in_use: set[str] | None,
+    leaf: str | None,
+    free_memory: dict[str, int] | None = None,
 ) -> tuple[dict, dict]:
-    """-> (annotations, labels). `in_use` None = unknown, so no `cards-free` is published."""
+    """-> (annotations, labels). `in_use` None = unknown, so neither `cards-free` nor `hbm-free-mib`
+    is published. `free_memory`: measured free MiB per card id (NVML); a free card without a
+    measurement counts with its whole HBM (whole cards: no container holds it)."""
     healthy = [c for c in cards if health.get(c.id) == HEALTHY]
     annotations = {
         keys.RESOURCE: resource,
@@ -33,7 +46,11 @@ def node_facts(
         keys.CARDS_HEALTHY: str(len(healthy)),
     }
     if in_use is not None:
-        annotations[keys.CARDS_FREE] = str(sum(1 for c in healthy if c.id not in in_use))
+        free_cards = [c for c in healthy if c.id not in in_use]
+        annotations[keys.CARDS_FREE] = str(len(free_cards))
+        hbm_free = _hbm_free(free_cards, free_memory or {})
+        if hbm_free is not None:
+            annotations[keys.HBM_FREE_MIB] = hbm_free
     hbms = {c.hbm_mib for c in cards if c.hbm_mib}
     if len(hbms) == 1:
         annotations[keys.HBM_PER_CARD_MIB] = str(hbms.pop())
@@ -53,6 +70,16 @@ def node_facts(
     if leaf:
         labels[keys.LEAF_LABEL] = _label_value(leaf)
     return annotations, labels
+
+
+def _hbm_free(free_cards: list[Card], measured: dict[str, int]) -> str | None:
+    """`131072,131072,98304`: free MiB of each free card, largest first ("" = no free card);
+    None when a free card's memory is unknown (neither measured nor its size known)."""
+    values = [measured.get(c.id, c.hbm_mib) for c in free_cards]
+    if any(v is None for v in values):
+        return None
+    stepped = sorted((max(0, v) // HBM_STEP_MIB * HBM_STEP_MIB for v in values if v is not None), reverse=True)
+    return ",".join(str(v) for v in stepped)
 
 
 def _label_value(text: str) -> str:
@@ -104,12 +131,14 @@ class NodePublisher:
         pod_resources: PodResourcesClient | None,
         core_api=None,
         interval: float = 30.0,
+        free_memory: Callable[[], dict[str, int]] | None = None,
     ):
         self.node_name = node_name
         self.resource = resource
         self.leaf_label = leaf_label
         self.pod_resources = pod_resources
         self.interval = interval
+        self.free_memory = free_memory  # the backend's free_memory_mib
         self._api = core_api
         self._last: tuple[dict, dict] | None = None
         self._lock = threading.Lock()
@@ -133,7 +162,8 @@ class NodePublisher:
         """Patch the Node if the facts changed; True when a patch was sent."""
         with self._lock:
             in_use = self.pod_resources.in_use(self.resource) if self.pod_resources else None
-            annotations, labels = node_facts(self.resource, cards, health, in_use, self._leaf())
+            memory = self.free_memory() if self.free_memory else None
+            annotations, labels = node_facts(self.resource, cards, health, in_use, self._leaf(), memory)
             if self._last == (annotations, labels):
                 return False
             stamped = dict(

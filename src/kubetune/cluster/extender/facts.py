@@ -95,6 +95,7 @@ class RawNode(NamedTuple):
     cards_free: str | None
     hbm_per_card_mib: str | None
     rdma_latency_us: str | None
+    hbm_free_mib: str | None
 
 
 def raw_node(node: Node, resources: tuple[str, ...], leaf_labels: tuple[str, ...]) -> RawNode:
@@ -111,7 +112,31 @@ def raw_node(node: Node, resources: tuple[str, ...], leaf_labels: tuple[str, ...
         ann.get(keys.CARDS_FREE),
         ann.get(keys.HBM_PER_CARD_MIB),
         ann.get(keys.RDMA_LATENCY_US),
+        ann.get(keys.HBM_FREE_MIB),
     )
+
+
+@lru_cache(maxsize=4096)
+def _free_list(text: str | None) -> tuple[float, ...] | None:
+    """`131072,98304` -> (131072.0, 98304.0), largest first; "" -> (); anything malformed -> None."""
+    if text is None:
+        return None
+    try:
+        values = [float(v) for v in text.split(",")] if text.strip() else []
+    except ValueError:
+        return None
+    if not all(0 <= v < float("inf") for v in values):
+        return None
+    return tuple(sorted(values, reverse=True))
+
+
+def _free_hbm(raw: RawNode, free: int | None) -> tuple[float, ...] | None:
+    """The free cards' free HBM. When the pod cache counts fewer free cards than the plugin
+    published, some were taken since: which ones is unknown, so keep the smallest (the worst case)."""
+    values = _free_list(raw.hbm_free_mib)
+    if values is None or free is None or free >= len(values):
+        return values
+    return values[len(values) - free :] if free > 0 else ()
 
 
 def facts_from(raw: RawNode, resource: str, resource_index: int, pods: PodView | None = None) -> NodeFacts:
@@ -129,7 +154,8 @@ def facts_from(raw: RawNode, resource: str, resource_index: int, pods: PodView |
         if free is not None and total is not None:
             free = min(free, total)
     hbm = _positive_float(raw.hbm_per_card_mib) if ours else None
-    return NodeFacts(raw.name, total, free, hbm, raw.leaf, _positive_float(raw.rdma_latency_us))
+    hbm_free = _free_hbm(raw, free) if ours else None
+    return NodeFacts(raw.name, total, free, hbm, raw.leaf, _positive_float(raw.rdma_latency_us), hbm_free)
 
 
 def facts_of(node: Node, resource: str, leaf_labels: tuple[str, ...], pods: PodView | None = None) -> NodeFacts:

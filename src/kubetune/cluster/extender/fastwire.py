@@ -24,7 +24,14 @@ from kubetune.cluster.extender.facts import RawNode
 from kubetune.cluster.extender.protocol import Pod
 
 # In RawNode's order, so a decoded Annotations struct unpacks straight into it.
-ANNOTATIONS = (keys.RESOURCE, keys.CARDS_HEALTHY, keys.CARDS_FREE, keys.HBM_PER_CARD_MIB, keys.RDMA_LATENCY_US)
+ANNOTATIONS = (
+    keys.RESOURCE,
+    keys.CARDS_HEALTHY,
+    keys.CARDS_FREE,
+    keys.HBM_PER_CARD_MIB,
+    keys.RDMA_LATENCY_US,
+    keys.HBM_FREE_MIB,
+)
 _NO_ANNOTATIONS = (None,) * len(ANNOTATIONS)
 _Quantity = str | int | float | None
 

@@ -7,8 +7,10 @@ Prioritize: four component scores, each 0..10, combined as a weighted mean and r
 - `fit` rewards whole-card bin packing (the node the request leaves least fragmented):
   `10 * (1 - left/total)`, `left` = free cards after placing; a node filled exactly
   scores 10, an empty 8-card node given 1 card 1.25. Neutral (5): free or total cards unknown.
-- `hbm` rewards memory per card: `10 * hbm / max hbm of the candidate nodes`.
-  Neutral: the node's HBM per card unknown.
+- `hbm` rewards free memory on the cards the pod can get: `10 * hbm / max hbm of the
+  candidates`, `hbm` = the free HBM of the node's k-th freest free card (k = cards asked
+  for; the plugin publishes each free card's free HBM, trimmed to the pod cache's free count),
+  0 when fewer than k cards are free; else the per-card size. Neutral: neither is known.
 - `closeness` rewards workers of one job on one node / one network leaf: a peer on this
   node: 10; else `9 * share of placed peers in this node's leaf`; first worker of a gang:
   `10 * min(1, free cards in the leaf / cards the gang still needs)`. Neutral: no job
@@ -94,6 +96,7 @@ class NodeFacts(NamedTuple):
     hbm_per_card_mib: float | None = None
     leaf: str | None = None
     rdma_latency_us: float | None = None
+    hbm_free_mib: tuple[float, ...] | None = None  # free HBM of each free card, largest first
 
 
 @dataclass
@@ -143,10 +146,20 @@ def fit_score(req: Request, n: NodeFacts) -> float:
     return 10.0 * (1.0 - min(left, n.cards_total) / n.cards_total)
 
 
-def hbm_score(n: NodeFacts, best_hbm: float | None) -> float:
-    if n.hbm_per_card_mib is None or n.hbm_per_card_mib <= 0 or not best_hbm:
+def hbm_available(req: Request, n: NodeFacts) -> float | None:
+    """Free HBM every card of the pod can have on this node (MiB): the k-th freest free card's
+    (k = cards asked for; 0 when fewer are free), else the card size; None when unknown."""
+    if n.hbm_free_mib is not None and req.cards > 0:
+        return n.hbm_free_mib[req.cards - 1] if len(n.hbm_free_mib) >= req.cards else 0.0
+    if n.hbm_per_card_mib is None or not n.hbm_per_card_mib > 0:
+        return None
+    return n.hbm_per_card_mib
+
+
+def hbm_score(hbm: float | None, best_hbm: float | None) -> float:
+    if hbm is None or not best_hbm:
         return NEUTRAL
-    return 10.0 * n.hbm_per_card_mib / best_hbm
+    return 10.0 * max(hbm, 0.0) / best_hbm
 
 
 def closeness_score(req: Request, n: NodeFacts, peers: Peers, leaf_free: dict[str, int]) -> float:
@@ -186,7 +199,8 @@ def _clamp(x: float) -> float:
 
 def _columns(req: Request, nodes: list[NodeFacts], peers: Peers) -> list[list[float]]:
     """The four component scores of every node, each 0..10: [fit, hbm, closeness, rdma]."""
-    hbms = [n.hbm_per_card_mib for n in nodes if n.hbm_per_card_mib and n.hbm_per_card_mib > 0]
+    hbm = [hbm_available(req, n) for n in nodes]
+    hbms = [h for h in hbm if h is not None and h > 0]
     lats = [n.rdma_latency_us for n in nodes if n.rdma_latency_us and n.rdma_latency_us > 0]
     best_hbm, best_lat = (max(hbms) if hbms else None), (min(lats) if lats else None)
     leaf_free: dict[str, int] = {}
@@ -198,7 +212,7 @@ def _columns(req: Request, nodes: list[NodeFacts], peers: Peers) -> list[list[fl
     neutral = [NEUTRAL] * len(nodes)  # components without data for anyone cost nothing per node
     return [
         [fit_score(req, n) for n in nodes],  # 0..10 by construction
-        [_clamp(hbm_score(n, best_hbm)) for n in nodes] if best_hbm else neutral,
+        [_clamp(hbm_score(h, best_hbm)) for h in hbm] if best_hbm else neutral,
         [closeness_score(req, n, peers, leaf_free) for n in nodes]
         if req.job is not None
         else neutral,  # 0..10 by construction

@@ -22,6 +22,7 @@ def gaudi_node(
     rdma_latency_us: float | None = 3.1,
     resource: str = "habana.ai/gaudi",
     healthy: int | None = None,
+    hbm_free: list[int] | None = None,
 ) -> dict:
     healthy = cards if healthy is None else healthy
     hbm = {"gaudi2": 96 * 1024, "gaudi3": 128 * 1024}.get(model, 80 * 1024)
@@ -53,6 +54,8 @@ def gaudi_node(
         annotations[keys.CARDS_FREE] = str(free)
     if rdma_latency_us is not None:
         annotations[keys.RDMA_LATENCY_US] = str(rdma_latency_us)
+    if hbm_free is not None:  # free MiB of each free card, as the plugin publishes it
+        annotations[keys.HBM_FREE_MIB] = ",".join(str(v) for v in sorted(hbm_free, reverse=True))
     capacity = {
         "cpu": "224",
         "ephemeral-storage": "3750000000Ki",
