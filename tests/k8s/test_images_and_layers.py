@@ -194,6 +194,7 @@ from pathlib import Path
 
 import kubetune.cluster.cli
 import kubetune.cluster.deviceplugin.server
+import kubetune.cluster.netprobe
 from kubetune.cluster import manifests
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, make_discovery
 from kubetune.cluster.deviceplugin.publish import node_facts
