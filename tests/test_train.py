@@ -147,6 +147,28 @@ def test_fp16_with_loss_scaling_and_bf16_train(tmp_path, tiny_overrides):
         assert s.eval_loss_after < s.eval_loss_before
 
 
+def test_fp16_resume_continues_the_loss_scale(tmp_path, tiny_overrides):
+    """The GradScaler's scale and growth tracker are checkpointed: a resumed fp16 run ends
+    with the scale of the uninterrupted one (it would restart at init_scale otherwise)."""
+    common = [
+        *tiny_overrides,
+        "eval.generate=0",
+        "train.precision=fp16",
+        "train.loss_scale.init_scale=1024",
+        "train.loss_scale.growth_interval=1",  # the scale doubles after every clean step
+        "train.save_every=1",
+    ]
+
+    def final_scale(run):
+        last = sorted((run / "checkpoints").glob("step-*"), key=lambda p: int(p.name.split("-")[1]))[-1]
+        return json.loads((last / "meta.json").read_text())["loss_scaler"]["scale"]
+
+    train_from_recipe(None, [*common, "train.max_steps=4", f"output_dir={tmp_path / 'straight'}"])
+    train_from_recipe(None, [*common, "train.max_steps=2", f"output_dir={tmp_path / 'resumed'}"])
+    train_from_recipe(None, [*common, "train.max_steps=4", f"output_dir={tmp_path / 'resumed'}"])
+    assert final_scale(tmp_path / "straight") == final_scale(tmp_path / "resumed") > 1024
+
+
 def test_compile_runs_and_matches_eager(tmp_path, tiny_overrides):
     common = tiny_overrides + ["train.max_steps=2", "eval.generate=0", "train.save_every=0"]
     train_from_recipe(None, common + [f"output_dir={tmp_path / 'eager'}"])

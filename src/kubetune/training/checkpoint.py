@@ -60,6 +60,7 @@ class CheckpointMeta:
     length: tuple[int | None, float]  # (train.max_steps, train.epochs) the schedule was planned for
     world_size: int = 1
     scheduler: dict[str, Any] = field(default_factory=dict)
+    loss_scaler: dict[str, Any] | None = None  # fp16's GradScaler (scale, growth tracker): resumes step-exact
 
     def to_json(self) -> dict[str, Any]:
         # flat, as earlier kubetune versions wrote it, so that their checkpoints still resume
@@ -70,6 +71,7 @@ class CheckpointMeta:
             "length": list(self.length),
             "world_size": self.world_size,
             "scheduler": self.scheduler,
+            "loss_scaler": self.loss_scaler,
         }
 
     @classmethod
@@ -83,6 +85,7 @@ class CheckpointMeta:
             length=(length[0], float(length[1])),
             world_size=int(d.get("world_size", 1)),
             scheduler=d.get("scheduler", {}),
+            loss_scaler=d.get("loss_scaler"),
         )
 
 
@@ -168,6 +171,7 @@ def save_checkpoint(
             length=meta.length,
             world_size=env.world_size,
             scheduler=scheduler.state_dict(),
+            loss_scaler=meta.loss_scaler,
         )
         atomic_write_json(tmp / "meta.json", meta.to_json())
         atomic_write_text(tmp / "recipe.yaml", recipe_yaml)

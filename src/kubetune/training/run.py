@@ -70,6 +70,8 @@ def resume_or_start(parts: TrainParts) -> TrainState:
         meta = ckpt.load_checkpoint(
             parts.resume_from, parts.model.loss, parts.optim.optimizer, parts.optim.scheduler, parts.env
         )
+        if parts.optim.scaler is not None and meta.loss_scaler:
+            parts.optim.scaler.load_state_dict(meta.loss_scaler)
         log.info("resumed from %s (step %d/%d)", parts.resume_from, meta.state.step, parts.total_steps)
         state = meta.state
     else:
@@ -152,8 +154,13 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
 def save(parts: TrainParts, state: TrainState) -> int:
     """A checkpoint of this step (every rank takes part); returns the step saved."""
     train = parts.recipe.train
+    scaler = parts.optim.scaler
     meta = CheckpointMeta(
-        state=state, total_steps=parts.total_steps, seed=train.seed, length=(train.max_steps, train.epochs)
+        state=state,
+        total_steps=parts.total_steps,
+        seed=train.seed,
+        length=(train.max_steps, train.epochs),
+        loss_scaler=scaler.state_dict() if scaler is not None else None,
     )
     ckpt.save_checkpoint(
         parts.run_dir.checkpoints,
