@@ -55,7 +55,7 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
     """Fail in the launcher, once, with one line, instead of in every worker; return the
     communication environment (the recipe's `comm` section) for the local workers."""
     from kubetune.recipe import load_recipe
-    from kubetune.recipe.comm import comm_env
+    from kubetune.recipe.comm import comm_env, comm_warnings
     from kubetune.recipe.layout import check_model, check_recipe, layout_for
 
     r = load_recipe(recipe, overrides).recipe
@@ -70,9 +70,12 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
         )
         check_model(layout, config, r)
     check_recipe(layout, r)
+    kind = _accelerator_kind()
+    for line in comm_warnings(r.comm, kind):  # what `k8s render` warns about, said locally too
+        print(f"kubetune: warning: {line}", file=sys.stderr)
     return comm_env(
         r.comm,
-        _accelerator_kind(),
+        kind,
         cpus_per_process=max(1, (os.cpu_count() or 1) // nproc_per_node),
         processes_per_host=nproc_per_node,
     )
