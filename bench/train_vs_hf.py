@@ -346,7 +346,9 @@ def main() -> None:
     )
     target_frac = float(tok_data.trainable.mean())
     fpt = flops_per_token(config, target_frac)
-    print(f"machine: {_cpu_model()}, {os.cpu_count()} cores, torch threads {args.threads}; flags: {isa_flags()}")
+    from kubetune.models.kernels import cpu_model
+
+    print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch threads {args.threads}; flags: {isa_flags()}")
     for label, pk in (
         ("2048^3", peak),
         (f"step shape {step_tokens}x{config.hidden_size}x{config.intermediate_size}", shape_peak),
@@ -380,16 +382,6 @@ def main() -> None:
         before = f"eval loss {kt['eval_loss_before']:.4f}, perplexity {kt['perplexity_before']:.3f}"
         print(f"base model before training: {before}")
     print(json.dumps({"peak": peak, "shape_peak": shape_peak, "results": results, "skipped": skipped}))
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return "unknown CPU"
 
 
 if __name__ == "__main__":
