@@ -185,7 +185,15 @@ def test_preferred_allocation_keeps_must_include_then_numa_then_adjacent_modules
 
 
 def test_kubelet_restart_brings_second_registration(plugin, kubelet):
+    def registrations() -> float:
+        return plugin.metrics.registry.get_sample_value(
+            "kubetune_deviceplugin_registrations_total", {"resource": RESOURCE}
+        )
+
     first = kubelet.requests.get(timeout=5)
+    # The fake kubelet queues the request before it answers: restarting before the answer has
+    # reached the plugin would fail that first Register (not counted), which is not the case here.
+    assert wait_for(lambda: registrations() == 1, 5)
     kubelet.restart()  # deletes every socket, recreates kubelet.sock
     second = kubelet.requests.get(timeout=5)
     assert second.endpoint == first.endpoint and second.resource_name == RESOURCE
@@ -193,12 +201,6 @@ def test_kubelet_restart_brings_second_registration(plugin, kubelet):
     with grpc.insecure_channel(f"unix:{plugin.socket_path}") as channel:
         opts = pb_grpc.DevicePluginStub(channel).GetDevicePluginOptions(pb.Empty(), timeout=5, wait_for_ready=True)
     assert opts.get_preferred_allocation_available
-
-    def registrations() -> float:
-        return plugin.metrics.registry.get_sample_value(
-            "kubetune_deviceplugin_registrations_total", {"resource": RESOURCE}
-        )
-
     # counted once Register has returned; a restart seen mid-look may bring one more, never fewer
     assert wait_for(lambda: registrations() >= 2, 5)
 

@@ -58,6 +58,7 @@ def netns():
     try:
         for i, side in enumerate("ab"):
             ns, host_if, ns_if = f"kt-np-{tag}-{side}", f"ktnp{tag}{side}0", f"ktnp{tag}{side}1"
+            _ip("netns", "del", ns, check=False)  # left over by a run that was killed: start clean
             added = _ip("netns", "add", ns, check=False)
             if added.returncode != 0:
                 pytest.skip(f"`ip netns add` is not permitted here: {added.stderr.strip()}")
