@@ -464,3 +464,12 @@ def test_trainjob_matches_the_trainer_sdk_model():
 
     job = rendered("nvidia", "trainjob").objects[-1]
     assert TrainerV1alpha1TrainJob.from_dict(job).to_dict() == job
+
+
+@pytest.mark.parametrize(("profile", "tag"), [("cpu", "0.1.0"), ("nvidia", "0.1.0-cuda"), ("gaudi", "0.1.0-gaudi")])
+def test_each_profile_runs_the_image_built_for_its_hardware(profile, tag):
+    # a CPU torch cannot drive a GPU or a Gaudi card: the default image follows the profile
+    recipe = load_recipe("smollm2-135m-lora-cpu", [f"k8s.profile={profile}"]).recipe
+    assert recipe.k8s.container_image() == f"ghcr.io/kubetune/kubetune:{tag}"
+    chosen = load_recipe("smollm2-135m-lora-cpu", [f"k8s.profile={profile}", "k8s.image=reg.example/kt:9"]).recipe
+    assert chosen.k8s.container_image() == "reg.example/kt:9"

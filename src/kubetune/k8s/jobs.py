@@ -101,7 +101,7 @@ def trainjob(recipe: Recipe, names: Names, runtime_name: str) -> KubeObject:
     k8s = recipe.k8s
     container = to_dict(worker_container(recipe, names, CONTAINER["trainjob"]))
     trainer = {
-        "image": k8s.image,
+        "image": k8s.container_image(),
         "command": container["command"],
         "env": container["env"],
         "numNodes": k8s.replicas,
@@ -131,7 +131,7 @@ def cluster_runtime(recipe: Recipe, names: Names) -> KubeObject:
 
     k8s = recipe.k8s
     pod = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))["spec"]
-    pod_spec = {"containers": [{"name": "node", "image": k8s.image, "command": list(TRAIN_COMMAND)}]}
+    pod_spec = {"containers": [{"name": "node", "image": k8s.container_image(), "command": list(TRAIN_COMMAND)}]}
     pod_spec.update({k: pod[k] for k in ("hostIPC", "priorityClassName", "schedulerName") if k in pod})
     spec: KubeObject = {
         "mlPolicy": {"numNodes": k8s.replicas, "torch": {}},

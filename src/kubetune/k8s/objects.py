@@ -121,7 +121,7 @@ def worker_container(recipe: Recipe, names: Names, container_name: str) -> V1Con
     )
     return V1Container(
         name=container_name,
-        image=k8s.image,
+        image=k8s.container_image(),
         image_pull_policy=k8s.image_pull_policy,
         command=list(TRAIN_COMMAND),
         env=worker_env(recipe, names),
@@ -234,7 +234,7 @@ def data_pod(k8s: K8sSection, names: Names) -> KubeObject:
     volumes = [v for v in worker_volumes(k8s, names) if v.name == "data"]
     container = V1Container(
         name="data",
-        image=k8s.image,
+        image=k8s.container_image(),
         image_pull_policy=k8s.image_pull_policy,
         command=["sleep", "infinity"],
         resources=V1ResourceRequirements(requests=dict(DATA_POD_RESOURCES), limits=dict(DATA_POD_RESOURCES)),

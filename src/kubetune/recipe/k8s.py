@@ -27,6 +27,14 @@ Api = Literal["pytorchjob", "trainjob"]
 AMX_LABEL = "feature.node.kubernetes.io/cpu-cpuid.AMXBF16"
 ACCELERATOR_RESOURCE = {"gaudi": "habana.ai/gaudi", "nvidia": "nvidia.com/gpu"}
 
+# The image each profile's pods run when k8s.image is null: the Dockerfile, Dockerfile.cuda
+# and Dockerfile.gaudi builds (each Dockerfile names its tag).
+PROFILE_IMAGES: dict[str, str] = {
+    "cpu": "ghcr.io/kubetune/kubetune:0.1.0",
+    "nvidia": "ghcr.io/kubetune/kubetune:0.1.0-cuda",
+    "gaudi": "ghcr.io/kubetune/kubetune:0.1.0-gaudi",
+}
+
 # Per-profile defaults for null resource fields. cpu: a mid-size Xeon worker; gaudi: a whole
 # 8-card node (every card pair is equivalent, so whole nodes pack best), memory and hugepages
 # as in Intel's Gaudi Kubernetes example; nvidia: one GPU.
@@ -146,7 +154,11 @@ class K8sSection(Section):
     )
     namespace: str = Field("kubetune", description="Namespace of every rendered object.")
     name: str | None = Field(None, description="Job name; defaults to a name derived from output_dir.")
-    image: str = Field("ghcr.io/kubetune/kubetune:0.1.0", description="Container image that has kubetune installed.")
+    image: str | None = Field(
+        None,
+        description="Container image that has kubetune installed; null = the profile's build of kubetune's image "
+        "(ghcr.io/kubetune/kubetune:0.1.0 for cpu, :0.1.0-cuda for nvidia, :0.1.0-gaudi for gaudi).",
+    )
     image_pull_policy: Literal["Always", "IfNotPresent", "Never"] = Field(
         "IfNotPresent", description="Image pull policy of every container."
     )
@@ -223,6 +235,10 @@ class K8sSection(Section):
         if getattr(self.resources, field) is None and mine is not None and getattr(mine, field) is not None:
             return f"k8s.profile_resources.{self.profile}.{field}"
         return f"k8s.resources.{field}"
+
+    def container_image(self) -> str:
+        """k8s.image, else the image built for this profile (a CPU torch cannot drive a GPU or Gaudi)."""
+        return self.image or PROFILE_IMAGES[self.profile]
 
     def worker_resources(self) -> WorkerResources:
         """Resources for the active profile, field by field: k8s.resources, else this profile's
