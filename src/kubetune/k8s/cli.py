@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -69,6 +70,129 @@ def _check(objects: list[dict]) -> None:
     )
 
 
+# ------------------------------------------------------------------ serving (render-serve, submit --serve)
+
+SERVE_ARGS_HELP = (
+    "RUN|RECIPE [key=value ...]: a run directory of `kubetune train` (served from the job's volume, or "
+    "--model-image), or the recipe of a cluster job (its output_dir on the volume), then overrides."
+)
+SERVE_PANEL = "Serving (render-serve; submit --serve)"
+_engine_opt = typer.Option(
+    None, "--engine", help="native (kubetune serve; default) | vllm (vLLM's image).", rich_help_panel=SERVE_PANEL
+)
+_replicas_opt = typer.Option(
+    None,
+    "--replicas",
+    help="Pods (default 1); with autoscaling the least the HPA keeps (--min-replicas).",
+    rich_help_panel=SERVE_PANEL,
+)
+_min_opt = typer.Option(
+    None, "--min-replicas", help="HPA minReplicas (default --replicas).", rich_help_panel=SERVE_PANEL
+)
+_max_opt = typer.Option(
+    None, "--max-replicas", help="HPA maxReplicas (default max(4, min)).", rich_help_panel=SERVE_PANEL
+)
+_adapter_opt = typer.Option(
+    None,
+    "--adapter",
+    help="NAME=RUN_DIR: also serve that run's LoRA adapter as model NAME (repeatable; a relative RUN_DIR is "
+    "under the volume's root, e.g. runs/cardio = /data/runs/cardio).",
+    rich_help_panel=SERVE_PANEL,
+)
+_image_opt = typer.Option(
+    None,
+    "--image",
+    help="The server's image (default: kubetune's for the profile, or vLLM's with --engine vllm).",
+    rich_help_panel=SERVE_PANEL,
+)
+_model_image_opt = typer.Option(
+    None,
+    "--model-image",
+    help="Read the run directory from this image (at /model) instead of the training job's volume claim.",
+    rich_help_panel=SERVE_PANEL,
+)
+_name_opt = typer.Option(
+    None, "--name", help="Name of the serving objects (default <job>-serve).", rich_help_panel=SERVE_PANEL
+)
+_host_opt = typer.Option(
+    None, "--ingress-host", help="The Ingress's host, e.g. llm.example.com.", rich_help_panel=SERVE_PANEL
+)
+_class_opt = typer.Option(
+    None, "--ingress-class", help="ingressClassName (default nginx).", rich_help_panel=SERVE_PANEL
+)
+_autoscale_opt = typer.Option(
+    None,
+    "--autoscale",
+    help="queue (waiting requests per pod through prometheus-adapter, CPU as fallback; default) | cpu | off.",
+    rich_help_panel=SERVE_PANEL,
+)
+_queue_target_opt = typer.Option(
+    None, "--queue-target", help="Waiting requests per pod the HPA aims at (default 2).", rich_help_panel=SERVE_PANEL
+)
+_cpu_target_opt = typer.Option(
+    None,
+    "--cpu-target",
+    help="CPU utilisation (percent of the request) the HPA aims at (default 80).",
+    rich_help_panel=SERVE_PANEL,
+)
+
+
+def _serve_settings(
+    engine: str | None,
+    replicas: int | None,
+    min_replicas: int | None,
+    max_replicas: int | None,
+    adapters: list[str] | None,
+    image: str | None,
+    model_image: str | None,
+    name: str | None,
+    ingress_host: str | None,
+    ingress_class: str | None,
+    autoscale: str | None,
+    queue_target: int | None,
+    cpu_target: int | None,
+):
+    """The serving options as given (None = not given) -> ServeSettings with the defaults."""
+    from kubetune.k8s.serve import ServeSettings
+    from kubetune.serve.contract import parse_adapter
+
+    given: dict[str, Any] = {
+        "engine": engine,
+        "replicas": replicas,
+        "min_replicas": min_replicas,
+        "max_replicas": max_replicas,
+        "adapters": tuple(parse_adapter(a) for a in adapters) if adapters else None,
+        "image": image,
+        "model_image": model_image,
+        "name": name,
+        "ingress_host": ingress_host,
+        "ingress_class": ingress_class,
+        "autoscale": autoscale,
+        "queue_target": queue_target,
+        "cpu_target": cpu_target,
+    }
+    return ServeSettings(**{k: v for k, v in given.items() if v is not None})
+
+
+def _render_serve(args: list[str], profile: str | None, settings, token: str | None):
+    from kubetune.k8s.serve import load_source, render_serve
+
+    if not args:
+        raise UserError(
+            "give a run: `kubetune k8s render-serve RUN_DIR|RECIPE [key=value ...]` "
+            "(a directory `kubetune train` wrote, or the recipe of a cluster job)"
+        )
+    source, overrides = args[0], list(args[1:])
+    if "=" in source:
+        raise UserError(f"the first argument must be a run directory or a recipe, not the override `{source}`")
+    overrides += [f"k8s.profile={profile}"] if profile else []
+    recipe, local_run = load_source(source, overrides)
+    rendered = render_serve(recipe, settings, hf_token=token, local_run=local_run)
+    for warning in rendered.warnings:
+        _note(f"warning: {warning}")
+    return rendered
+
+
 _profile_opt = typer.Option(None, "--profile", help="cpu | gaudi | nvidia (default: the recipe's k8s.profile).")
 _api_opt = typer.Option(None, "--api", help="pytorchjob | trainjob (default: the recipe's k8s.api).")
 _token_opt = typer.Option(None, "--hf-token-file", help="File holding the Hugging Face token (default: $HF_TOKEN).")
@@ -105,18 +229,127 @@ def render_cmd(
     _note(f"wrote {len(written)} files to {output}/; apply with `kubectl apply -k {output}`")
 
 
+def render_serve_cmd(
+    args: list[str] = typer.Argument(None, help=SERVE_ARGS_HELP),
+    profile: str | None = _profile_opt,
+    engine: str | None = _engine_opt,
+    replicas: int | None = _replicas_opt,
+    min_replicas: int | None = _min_opt,
+    max_replicas: int | None = _max_opt,
+    adapter: list[str] | None = _adapter_opt,
+    image: str | None = _image_opt,
+    model_image: str | None = _model_image_opt,
+    name: str | None = _name_opt,
+    ingress_host: str | None = _host_opt,
+    ingress_class: str | None = _class_opt,
+    autoscale: str | None = _autoscale_opt,
+    queue_target: int | None = _queue_target_opt,
+    cpu_target: int | None = _cpu_target_opt,
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Write one file per object + kustomization.yaml here."
+    ),
+    hf_token_file: Path | None = _token_opt,
+    check: bool = typer.Option(False, "--check", help="Validate every object offline (kubernetes-validate, strict)."),
+):
+    """Render the serving objects of a trained run: Deployment, Service, Ingress, PodDisruptionBudget,
+    HorizontalPodAutoscaler and the prometheus-adapter rule it reads (stdout, or files with -o).
+
+    `kubetune k8s submit --serve RUN ...` applies the same objects; `status` and `delete` take
+    their name (`<job>-serve`).
+    """
+    from kubetune.k8s.render import to_yaml, write_dir
+
+    settings = _serve_settings(
+        engine,
+        replicas,
+        min_replicas,
+        max_replicas,
+        adapter,
+        image,
+        model_image,
+        name,
+        ingress_host,
+        ingress_class,
+        autoscale,
+        queue_target,
+        cpu_target,
+    )
+    rendered = _render_serve(args or [], profile, settings, _read_token(hf_token_file))
+    if check:
+        _check(rendered.objects)
+    if output is None:
+        sys.stdout.write(to_yaml(rendered.objects, redact_secrets=True))
+        return
+    written = write_dir(rendered.objects, output)
+    _note(f"wrote {len(written)} files to {output}/; apply with `kubectl apply -k {output}`")
+
+
 def submit_cmd(
-    args: list[str] = typer.Argument(None, help=RECIPE_ARGS_HELP),
+    args: list[str] = typer.Argument(None, help=RECIPE_ARGS_HELP + " With --serve: " + SERVE_ARGS_HELP),
     profile: str | None = _profile_opt,
     api: str | None = _api_opt,
     hf_token_file: Path | None = _token_opt,
     with_runtime: bool = _runtime_opt,
+    serve: bool = typer.Option(
+        False, "--serve", help="Submit the serving objects of a run (what render-serve renders) instead of a job."
+    ),
+    engine: str | None = _engine_opt,
+    replicas: int | None = _replicas_opt,
+    min_replicas: int | None = _min_opt,
+    max_replicas: int | None = _max_opt,
+    adapter: list[str] | None = _adapter_opt,
+    image: str | None = _image_opt,
+    model_image: str | None = _model_image_opt,
+    name: str | None = _name_opt,
+    ingress_host: str | None = _host_opt,
+    ingress_class: str | None = _class_opt,
+    autoscale: str | None = _autoscale_opt,
+    queue_target: int | None = _queue_target_opt,
+    cpu_target: int | None = _cpu_target_opt,
 ):
     """Create or update every rendered object in the cluster (idempotent), after validating them."""
     from kubetune.k8s import client, follow
 
+    serve_options = {
+        "--engine": engine,
+        "--replicas": replicas,
+        "--min-replicas": min_replicas,
+        "--max-replicas": max_replicas,
+        "--adapter": adapter,
+        "--image": image,
+        "--model-image": model_image,
+        "--name": name,
+        "--ingress-host": ingress_host,
+        "--ingress-class": ingress_class,
+        "--autoscale": autoscale,
+        "--queue-target": queue_target,
+        "--cpu-target": cpu_target,
+    }
     token = _read_token(hf_token_file)
-    rendered = _render(args or [], profile, api, token, with_runtime)
+    if serve:
+        if api or with_runtime:
+            raise UserError("--api and --with-runtime are options of a training job, not of --serve")
+        settings = _serve_settings(
+            engine,
+            replicas,
+            min_replicas,
+            max_replicas,
+            adapter,
+            image,
+            model_image,
+            name,
+            ingress_host,
+            ingress_class,
+            autoscale,
+            queue_target,
+            cpu_target,
+        )
+        rendered = _render_serve(args or [], profile, settings, token)
+    else:
+        given = [option for option, value in serve_options.items() if value is not None]
+        if given:
+            raise UserError(f"{', '.join(given)}: serving options, for `kubetune k8s submit --serve RUN`")
+        rendered = _render(args or [], profile, api, token, with_runtime)
     _check(rendered.objects)
     if token is None:
         _note("no Hugging Face token (--hf-token-file or HF_TOKEN): fine for public models, gated ones will fail")
@@ -126,10 +359,11 @@ def submit_cmd(
 
 
 def status_cmd(
-    name: str = typer.Argument(..., help="Job name."),
+    name: str = typer.Argument(..., help="Job name, or the name of serving objects (<job>-serve)."),
     namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
 ):
-    """Job conditions, each replica's pod, and training progress (step, loss, tokens/s, ETA)."""
+    """Job conditions, each replica's pod, and training progress (step, loss, tokens/s, ETA); for
+    serving objects the Deployment's ready replicas, its autoscaler, its pods and its endpoint."""
     from kubetune.k8s import client, follow
 
     for line in follow.status(client.connect(), name, namespace).lines:
@@ -162,11 +396,11 @@ def download_cmd(
 
 
 def delete_cmd(
-    name: str = typer.Argument(..., help="Job name."),
+    name: str = typer.Argument(..., help="Job name, or the name of serving objects (<job>-serve)."),
     namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
     purge: bool = typer.Option(False, "--purge", help="Also the PVC (data, checkpoints!), data pod and quota."),
 ):
-    """Delete the job and its pods (the PVC only with --purge)."""
+    """Delete the job and its pods (the PVC only with --purge), and the serving objects of that name."""
     from kubetune.k8s import client, follow
 
     for line in follow.delete(client.connect(), name, namespace, purge=purge):
@@ -189,6 +423,7 @@ def doctor_cmd(
 
 def register(k8s_app: typer.Typer) -> None:
     k8s_app.command("render")(render_cmd)
+    k8s_app.command("render-serve")(render_serve_cmd)
     k8s_app.command("submit")(submit_cmd)
     k8s_app.command("status")(status_cmd)
     k8s_app.command("logs")(logs_cmd)

