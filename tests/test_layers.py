@@ -23,6 +23,7 @@ FORBIDDEN = {
     "data": ("kubetune.models", "kubetune.training", "kubetune.export", "kubetune.k8s", "kubetune.cluster"),
     "models": ("kubetune.training", "kubetune.export", "kubetune.k8s", "kubetune.cluster"),
     "export.py": ("kubetune.training", "kubetune.k8s", "kubetune.cluster"),
+    "gguf_export.py": ("kubetune.training", "kubetune.k8s", "kubetune.cluster"),
     "rundir.py": ("kubetune.data", "kubetune.models", "kubetune.training", "kubetune.export"),
     "training": ("kubetune.k8s", "kubetune.cluster", "kubetune.evaluate", "kubetune.generate", "kubetune.cli"),
     "kube.py": ("kubetune.recipe", "kubetune.training", "kubetune.models", "kubetune.data"),

@@ -78,9 +78,25 @@ def eval_cmd(
 def export(
     run_dir: Path = typer.Argument(..., help="A finished (or checkpointed) run directory."),
     merged: bool = typer.Option(False, "--merged", help="Merge LoRA into the base weights (HF safetensors dir)."),
-    output: Path | None = typer.Option(None, "-o", "--output", help="Target directory (default RUN_DIR/merged)."),
+    gguf: bool = typer.Option(False, "--gguf", help="One GGUF file (llama.cpp, Ollama, LM Studio), LoRA merged."),
+    gguf_type: str | None = typer.Option(None, "--gguf-type", help="With --gguf: f16 (default), bf16 or q8_0."),
+    output: Path | None = typer.Option(
+        None,
+        "-o",
+        "--output",
+        help="Target directory (default RUN_DIR/merged); with --gguf the file (default RUN_DIR/<run>-<type>.gguf).",
+    ),
 ):
-    """Export the adapter (PEFT format) or a merged HF model directory."""
+    """Export the adapter (PEFT format), a merged HF model directory, or a GGUF file."""
+    if gguf or gguf_type is not None:
+        from kubetune.gguf_export import DEFAULT_GGUF_TYPE, export_gguf
+
+        if not gguf:
+            raise UserError(f"--gguf-type {gguf_type} goes with --gguf: kubetune export RUN_DIR --gguf --gguf-type ...")
+        if merged:
+            raise UserError("--merged and --gguf are two exports (a GGUF is always merged): choose one")
+        typer.echo(str(export_gguf(run_dir, gguf_type or DEFAULT_GGUF_TYPE, output)))
+        return
     from kubetune.export import export_run
 
     out = export_run(run_dir, merged=merged, output=output)

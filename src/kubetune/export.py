@@ -67,6 +67,15 @@ def load_trained(
     return PeftModel.from_pretrained(base, str(weights)), tokenizer
 
 
+def load_merged(run: RunDir, recipe: Recipe) -> tuple[Any, Any]:
+    """(model, tokenizer) of a finished run in fp32: a LoRA adapter merged into the base
+    weights (in fp32, so that the adapter's update isn't rounded away), a full fine-tune as it is."""
+    model, tokenizer = load_trained(run, recipe, dtype=torch.float32)
+    if recipe.finetune.method == "lora":
+        model = model.merge_and_unload()
+    return model, tokenizer
+
+
 def export_run(run_dir: Path, merged: bool, output: Path | None = None) -> Path:
     """`kubetune export`: the trained weights as they are (copied to `output`, if given), or
     merged into the base model as an HF safetensors directory (default RUN_DIR/merged)."""
@@ -81,10 +90,7 @@ def export_run(run_dir: Path, merged: bool, output: Path | None = None) -> Path:
                 (tmp / f.name).write_bytes(f.read_bytes())
         return output
     output = Path(output) if output else run.merged
-    # Merge in fp32 so the adapter's update isn't rounded away, then save in that precision.
-    model, tokenizer = load_trained(run, recipe, dtype=torch.float32)
-    if recipe.finetune.method == "lora":
-        model = model.merge_and_unload()
+    model, tokenizer = load_merged(run, recipe)  # saved in fp32, the precision it was merged in
     model.config.use_cache = True
     if not model.config.architectures:
         model.config.architectures = [type(model).__name__]
