@@ -116,6 +116,57 @@ def generate(
     typer.echo(generate_cli(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature))
 
 
+@app.command()
+def serve(
+    target: str = typer.Argument(..., help="A run directory (its base model and adapter) or an HF model directory."),
+    adapter: list[str] = typer.Option(None, "--adapter", help="NAME=RUN_DIR: one more LoRA adapter, served as NAME."),
+    host: str = typer.Option("127.0.0.1", "--host"),
+    port: int = typer.Option(8000, "--port"),
+    engine: str = typer.Option("auto", "--engine", help="auto | native | vllm (vLLM's OpenAI server, if installed)."),
+    dtype: str = typer.Option(
+        "auto", "--dtype", help="auto (bf16 where the CPU has bf16 units, else fp32) | bf16 | fp32."
+    ),
+    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences decoded together."),
+    max_waiting: int = typer.Option(256, "--max-waiting", help="Requests queued behind them; more get 429."),
+    max_model_len: int = typer.Option(4096, "--max-model-len", help="Prompt + generated tokens per sequence."),
+    max_prompt_tokens: int = typer.Option(4096, "--max-prompt-tokens"),
+    prefill_chunk: int = typer.Option(512, "--prefill-chunk", help="Prompt tokens read per engine step."),
+    kv_cache_gib: float | None = typer.Option(
+        None, "--kv-cache-gib", help="KV-cache budget (default: from the memory limit)."
+    ),
+    threads: int | None = typer.Option(None, "--threads", help="Default: the container's CPU quota."),
+    drain_seconds: float = typer.Option(
+        30.0, "--drain-seconds", help="On SIGTERM, how long in-flight requests may finish."
+    ),
+):
+    """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
+    from kubetune.serve.contract import ENGINES, parse_adapter
+
+    adapters = tuple(parse_adapter(a) for a in adapter or [])
+    if engine not in ENGINES:
+        raise UserError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
+    for name, value in (
+        ("--max-num-seqs", max_num_seqs),
+        ("--max-waiting", max_waiting),
+        ("--max-model-len", max_model_len),
+        ("--prefill-chunk", prefill_chunk),
+        ("--port", port),
+    ):
+        if value < 1:
+            raise UserError(f"{name} {value}: must be at least 1")
+    if engine == "vllm":
+        from kubetune.serve.vllm_engine import exec_vllm, vllm_options
+
+        exec_vllm(vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs))
+    from kubetune.serve.engine import Limits
+    from kubetune.serve.server import ServeOptions
+    from kubetune.serve.server import serve as run_server
+
+    limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk)
+    kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
+    run_server(ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds))
+
+
 @recipe_app.command("show")
 def recipe_show(args: list[str] = typer.Argument(None, help="[RECIPE] [key=value ...]")):
     """Print the resolved recipe and where each value came from."""

@@ -1,0 +1,80 @@
+"""Build the native engine for `ServeOptions`: threads and dtype from the machine, the
+models and adapters, the KV-cache budget from the container's memory, a warm-up pass."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import torch
+
+from kubetune.errors import UserError
+from kubetune.serve import host
+from kubetune.serve.engine import Engine, Limits
+from kubetune.serve.kvcache import SlotCache, register
+from kubetune.serve.metrics import ServeMetrics
+from kubetune.serve.models import ServedSet, load_served
+
+KV_SHARE_OF_FREE = 0.5  # of the memory the container has left once the weights are in
+KV_MAX_WITHOUT_LIMIT = 8 << 30  # a laptop or a pod without a limit: never more than this
+
+
+def pick_dtype(name: str) -> torch.dtype:
+    """bf16 where the CPU has bf16 units (AMX, AVX-512-BF16), fp32 otherwise; never fp16 on CPU."""
+    if name == "auto":
+        return torch.bfloat16 if host.cpu_has_bf16() else torch.float32
+    if name in ("bf16", "bfloat16"):
+        return torch.bfloat16
+    if name in ("fp32", "float32"):
+        return torch.float32
+    raise UserError(f"--dtype {name}: choose auto, bf16 or fp32 (fp16 is not used on CPU: it is emulated and slow)")
+
+
+def kv_budget(explicit: int | None) -> int:
+    """Bytes for the KV cache: as given, else half of what the container's limit leaves."""
+    if explicit:
+        return explicit
+    import psutil
+
+    used = psutil.Process().memory_info().rss
+    limit = host.memory_limit()
+    if limit:
+        return max(64 << 20, int((limit - used) * KV_SHARE_OF_FREE))
+    return max(64 << 20, min(KV_MAX_WITHOUT_LIMIT, int(host.available_memory() * KV_SHARE_OF_FREE)))
+
+
+def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
+    threads = opts.threads or host.threads()
+    torch.set_num_threads(threads)
+    os.environ.setdefault("OMP_NUM_THREADS", str(threads))
+    dtype = pick_dtype(opts.dtype)
+    served = load_served(opts.target, list(opts.adapters), dtype, register())
+    config = served.lm.config
+    limits = _limits(opts.limits, config)
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+    cache = SlotCache(
+        config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype, kv_budget(opts.kv_cache_bytes)
+    )
+    metrics = ServeMetrics(served.base_name, len(served.adapter_names), served.adapter_names)
+    engine = Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, limits, metrics)
+    engine.warm_up()
+    engine.start()
+    summary = (
+        f"serving {', '.join(served.models)} | {str(dtype).removeprefix('torch.')}, {threads} thread(s) | "
+        f"KV cache {cache.budget_tokens:,} tokens ({cache.budget_tokens * cache.token_bytes / 2**30:.2f} GiB), "
+        f"<= {limits.max_num_seqs} running, <= {limits.max_waiting} waiting, context {limits.max_model_len}"
+    )
+    return served, engine, metrics, summary
+
+
+def _limits(limits: Limits, config: Any) -> Limits:
+    """The context is never longer than the model's own."""
+    model_max = int(getattr(config, "max_position_embeddings", limits.max_model_len) or limits.max_model_len)
+    max_len = min(limits.max_model_len, model_max)
+    return Limits(
+        limits.max_num_seqs,
+        limits.max_waiting,
+        max_len,
+        min(limits.max_prompt_tokens, max_len - 1),
+        limits.prefill_chunk,
+    )

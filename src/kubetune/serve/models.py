@@ -1,0 +1,120 @@
+"""What one server serves: a base model, the LoRA adapters over it, their names, and the
+prompt template each answers with.
+
+`kubetune serve RUN_DIR` serves the run's base model under its recipe name (e.g.
+`smollm2-135m-instruct`) and the run's adapter under the run directory's name; every
+`--adapter NAME=RUN_DIR` adds one more adapter, which must have been trained on the same base.
+A full fine-tune's run directory, or an HF model directory, is served as the base itself.
+A run renders prompts with the template and system prompt it was trained with, exactly as
+`kubetune generate` does, so both give the same greedy answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from kubetune.data.templates import PromptRenderer
+from kubetune.errors import RunDirError, UserError
+from kubetune.models.load import load_causal_lm, load_tokenizer, resolve_model
+from kubetune.recipe import Recipe
+from kubetune.rundir import RunDir
+from kubetune.serve.contract import Adapter
+from kubetune.serve.lora import install, read_adapters
+
+
+@dataclass
+class Served:
+    """A name clients send as `model`: the base (adapter None) or one adapter."""
+
+    name: str
+    renderer: PromptRenderer
+    adapter: int = -1  # index into the engine's adapters; -1 = the base model
+    parent: str | None = None
+
+
+@dataclass
+class ServedSet:
+    lm: Any
+    tokenizer: Any
+    base_name: str
+    models: dict[str, Served] = field(default_factory=dict)
+    lora: Any = None
+    max_rank: int = 0
+
+    @property
+    def adapter_names(self) -> list[str]:
+        return [m.name for m in self.models.values() if m.parent]
+
+
+@dataclass(frozen=True)
+class _Source:
+    """A run directory or HF model directory, read without loading weights."""
+
+    path: Path
+    recipe: Recipe | None
+    weights: Path
+
+    @property
+    def is_lora(self) -> bool:
+        return self.recipe is not None and self.recipe.finetune.method == "lora"
+
+    def renderer(self, tokenizer: Any) -> PromptRenderer:
+        if self.recipe is None:  # an HF model directory: its chat template, else alpaca
+            return PromptRenderer("chat" if getattr(tokenizer, "chat_template", None) else "alpaca", tokenizer)
+        return PromptRenderer(self.recipe.data.template, tokenizer, self.recipe.data.system_prompt)
+
+
+def _source(target: str | Path) -> _Source:
+    path = Path(target)
+    run = RunDir(path)
+    if run.is_run():
+        recipe = run.recipe()
+        return _Source(path, recipe, run.finished_weights(recipe))
+    if (path / "config.json").is_file():
+        return _Source(path, None, path)
+    raise RunDirError(f"{target}: neither a kubetune run directory nor an HF model directory (config.json)")
+
+
+def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str) -> ServedSet:
+    main = _source(target)
+    extra = [(a.name, _source(a.path)) for a in adapters]
+    if main.is_lora:
+        assert main.recipe is not None
+        base_source = resolve_model(main.recipe.model.name_or_path)
+        base_name = Path(main.recipe.model.name_or_path).name
+        extra.insert(0, (main.path.resolve().name, main))
+    else:
+        base_source, base_name = str(main.weights), main.path.resolve().name
+    _check_adapters(main, extra, base_name)
+    tokenizer = load_tokenizer(str(main.weights))
+    lm = load_causal_lm(base_source, dtype, attn)
+    lm.eval()
+    served = ServedSet(lm, tokenizer, base_name)
+    served.models[base_name] = Served(base_name, main.renderer(tokenizer))
+    weights = read_adapters(lm, [(name, str(src.weights)) for name, src in extra])
+    served.lora = install(lm, weights)
+    for i, (name, src) in enumerate(extra):
+        served.models[name] = Served(name, src.renderer(tokenizer), i, base_name)
+    served.max_rank = max((w.rank for w in weights), default=0)
+    return served
+
+
+def _check_adapters(main: _Source, extra: list[tuple[str, _Source]], base_name: str) -> None:
+    names = [base_name] + [name for name, _ in extra]
+    dupes = sorted({n for n in names if names.count(n) > 1})
+    if dupes:
+        raise UserError(f"--adapter: the name {dupes[0]!r} is used twice; give each adapter its own name")
+    base = main.recipe.model.name_or_path if main.is_lora and main.recipe else None
+    for name, src in extra:
+        if not src.is_lora:
+            raise UserError(f"--adapter {name}={src.path}: not a LoRA run; serve a full fine-tune on its own")
+        assert src.recipe is not None
+        if main.is_lora and src.recipe.model.name_or_path != base:
+            raise UserError(
+                f"--adapter {name}={src.path}: trained on {src.recipe.model.name_or_path}, but this server's base "
+                f"is {base}; adapters must share the base model"
+            )

@@ -1,0 +1,100 @@
+"""`kubetune serve`: start the HTTP server at once (so /health answers and /ready says
+"loading"), load the model and adapters, then admit requests.
+
+On SIGTERM (a pod being stopped) the server stops admitting (/ready 503, new requests 503),
+lets the requests in flight finish up to `drain_seconds`, aborts what is left, and exits 0.
+A second SIGTERM or Ctrl-C stops at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import threading
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubetune.serve.api import ServerState, create_app
+from kubetune.serve.contract import DEFAULT_PORT, Adapter
+from kubetune.serve.engine import Limits
+
+log = logging.getLogger("kubetune.serve")
+
+
+@dataclass(frozen=True)
+class ServeOptions:
+    target: str
+    adapters: tuple[Adapter, ...] = ()
+    host: str = "127.0.0.1"
+    port: int = DEFAULT_PORT
+    dtype: str = "auto"  # auto | bf16 | fp32
+    limits: Limits = field(default_factory=Limits)
+    kv_cache_bytes: int | None = None
+    threads: int | None = None
+    drain_seconds: float = 30.0
+    default_max_tokens: int = 512
+
+
+def serve(opts: ServeOptions) -> None:
+    import uvicorn
+
+    state = ServerState(default_max_tokens=opts.default_max_tokens)
+    app = create_app(state)
+    config = uvicorn.Config(
+        app, host=opts.host, port=opts.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
+    )
+    server = _DrainingServer(config, state, opts.drain_seconds)
+    loader = threading.Thread(target=_load_into, args=(state, opts, server), name="kubetune-load", daemon=True)
+    loader.start()
+    server.run()
+    if state.engine is not None:
+        state.engine.stop()
+    if server.load_error is not None:
+        raise server.load_error
+
+
+def _load_into(state: ServerState, opts: ServeOptions, server: Any) -> None:
+    try:
+        from kubetune.serve.build import build_engine
+
+        t0 = time.monotonic()
+        state.served, state.engine, state.metrics, summary = build_engine(opts)
+        _say(f"{summary} | loaded in {time.monotonic() - t0:.1f} s; ready on http://{opts.host}:{opts.port}")
+    except BaseException as e:  # a bad target or adapter: report it and stop the server
+        server.load_error = e
+        server.should_exit = True
+
+
+def _say(text: str) -> None:
+    import sys
+
+    print(f"kubetune: {text}", file=sys.stderr, flush=True)
+
+
+class _DrainingServer:
+    """uvicorn's Server, with SIGTERM meaning: drain first, then exit."""
+
+    def __new__(cls, config: Any, state: ServerState, drain_seconds: float) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            load_error: BaseException | None = None
+
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                if sig == signal.SIGTERM and not state.draining and state.engine is not None:
+                    state.draining = True
+                    _say(f"SIGTERM: draining ({state.engine.in_flight} in flight, at most {drain_seconds:.0f} s)")
+                    threading.Thread(target=self._drain, daemon=True).start()
+                    return
+                super().handle_exit(sig, frame)
+
+            def _drain(self) -> None:
+                deadline = time.monotonic() + drain_seconds
+                while state.engine.in_flight and time.monotonic() < deadline:
+                    time.sleep(0.05)
+                left = state.engine.in_flight
+                _say(f"drained; {left} request(s) cut at the deadline" if left else "drained; exiting")
+                self.should_exit = True
+
+        return Server(config)

@@ -1,0 +1,87 @@
+"""`kubetune serve --engine vllm`: the same run directory behind vLLM's OpenAI server.
+
+The run's base model and its adapters map onto vLLM's flags (`--model BASE --enable-lora
+--lora-modules NAME=ADAPTER_DIR ...`, or the full fine-tune's model directory), under the same
+model names as the native engine, so clients change nothing. The process is replaced by
+vLLM's (exec), so SIGTERM from Kubernetes reaches vLLM directly.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import sys
+from pathlib import Path
+
+from kubetune.errors import UserError
+from kubetune.serve import host
+from kubetune.serve.contract import Adapter, VllmOptions, vllm_argv, vllm_cpu_kvcache_gib
+
+VLLM_PYTHON_ENV = "KUBETUNE_VLLM_PYTHON"  # a python with vLLM (e.g. .venv-vllm/bin/python), if not this one
+
+
+def vllm_python() -> str | None:
+    """The interpreter that has vLLM: $KUBETUNE_VLLM_PYTHON, else this one when vLLM imports here."""
+    explicit = os.environ.get(VLLM_PYTHON_ENV)
+    if explicit:
+        return explicit if Path(explicit).exists() else None
+    return sys.executable if importlib.util.find_spec("vllm") is not None else None
+
+
+def vllm_options(
+    target: str, adapters: list[Adapter], host_addr: str, port: int, max_model_len: int | None, max_num_seqs: int | None
+) -> VllmOptions:
+    from kubetune.models.load import resolve_model
+    from kubetune.rundir import RunDir
+
+    run = RunDir(Path(target))
+    if not run.is_run():
+        name = Path(target).resolve().name
+        return VllmOptions(str(target), name, tuple(adapters), host_addr, port, max_model_len, max_num_seqs)
+    recipe = run.recipe()
+    weights = run.finished_weights(recipe)
+    if recipe.finetune.method != "lora":
+        return VllmOptions(
+            str(weights), Path(target).resolve().name, tuple(adapters), host_addr, port, max_model_len, max_num_seqs
+        )
+    base = resolve_model(recipe.model.name_or_path)  # the embedded GGUF default becomes an HF directory
+    own = Adapter(Path(target).resolve().name, str(weights))
+    extra = [Adapter(a.name, str(_adapter_dir(a.path))) for a in adapters]
+    ranks = [recipe.lora.r] + [RunDir(Path(a.path)).recipe().lora.r for a in adapters]
+    return VllmOptions(
+        base,
+        Path(recipe.model.name_or_path).name,
+        (own, *extra),
+        host_addr,
+        port,
+        max_model_len,
+        max_num_seqs,
+        max_lora_rank=_vllm_rank(max(ranks)),
+    )
+
+
+def _adapter_dir(path: str) -> Path:
+    from kubetune.rundir import RunDir
+
+    run = RunDir(Path(path))
+    return run.finished_weights(run.recipe()) if run.is_run() else Path(path)
+
+
+def _vllm_rank(rank: int) -> int:
+    """vLLM accepts only some --max-lora-rank values: the smallest that holds `rank`."""
+    return next((r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= rank), rank)
+
+
+def exec_vllm(opts: VllmOptions) -> None:
+    python = vllm_python()
+    if python is None:
+        raise UserError(
+            "--engine vllm: vLLM is not installed here; install it (CPU: scripts/vllm_venv.sh, then "
+            f"{VLLM_PYTHON_ENV}=.venv-vllm/bin/python) or use --engine native"
+        )
+    argv = vllm_argv(opts)
+    env = dict(os.environ)
+    if "VLLM_CPU_KVCACHE_SPACE" not in env:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(vllm_cpu_kvcache_gib(host.memory_limit(), 1 << 30))
+    print(f"kubetune: exec {python} {' '.join(argv[1:])}", file=sys.stderr, flush=True)
+    os.execve(python, [python, *argv[1:]], env)
