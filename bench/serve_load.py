@@ -1,0 +1,758 @@
+"""Serving under load: kubetune serve vs a naive HF `generate` server vs vLLM CPU, in one run.
+
+Three arms, one after another on the same machine (never concurrently), each server started
+fresh and stopped after its arm:
+
+- **kubetune**: `.venv/bin/kubetune serve MODEL_DIR --engine native`, with 4 adapter names
+  (`--adapter a1=RUN ... a4=RUN`) when a LoRA run directory is given (`--run`);
+- **naive**: bench/naive_server.py, FastAPI + HF `model.generate`, one request at a time;
+- **vllm**: vLLM's OpenAI server from the virtualenv of scripts/vllm_venv.sh
+  (`python -m vllm.entrypoints.openai.api_server`, the command kubetune.serve.contract.vllm_argv
+  builds). If it cannot start, the arm is recorded as `not run: <the reason line of its log>`
+  and the run goes on.
+
+Same model for all (the embedded default SmolLM2-135M-Instruct as an HF directory), same
+dtype (bf16 where the CPU has AMX or AVX-512-BF16, fp32 otherwise: the rule kubetune serve
+applies to itself; passed to the naive server and vLLM), same prompts (the questions of
+../shared/data/medical_flashcards/test.jsonl as one user message each, in file order), the
+same `max_tokens` (128) at temperature 0, streamed with `stream_options.include_usage`.
+Closed-loop clients: each of C clients sends its next request when its previous one has
+finished, at C = 1, 4, 16 and 64. Per arm and C: generated tokens/s (usage counts over the
+level's wall time), requests/s, time to first token (the first chunk with content) and
+end-to-end latency at p50 and p99, and the peak RSS of the server's process tree (psutil,
+sampled every 0.25 s; children such as vLLM's engine core included). Then, for kubetune (and
+for vLLM with `--mix-arms kubetune,vllm`, in a second server started with `--enable-lora`),
+the 4-adapter mix at C=16: requests round-robin over the base and a1..a4, next to the same
+load on the base alone.
+
+    .venv/bin/python bench/serve_load.py --run runs/smollm2-135m-lora-cpu --json bench/results/serve-load.json
+    .venv/bin/python bench/serve_load.py --quick --arms naive            # smoke run (C = 1, 4; 16 tokens)
+
+Nothing else should run on the machine meanwhile: the clients share its cores with the server
+(as every arm's do), and the load average at the start of each arm is recorded.
+
+How long: by default each level sends max(2, ceil(32/C)) requests per client (32, 32, 32 and
+128 requests at C = 1, 4, 16, 64), so the naive arm alone generates about 25k tokens at its
+~13 tokens/s (2 cores of the AVX2 EPYC, fp32): about 35 min. With vLLM (about 2.5 min to start,
+most of it torch.compile; its `auto` CPU binding keeps one of 2 CPUs for its frontend, see
+--vllm-omp-bind) and kubetune, a full run takes about an hour there. `--duration S` bounds
+each level by time instead (requests in flight at the end still finish and count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import math
+import os
+import platform
+import re
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+PROMPTS = REPO.parent / "shared" / "data" / "medical_flashcards" / "test.jsonl"
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")
+ARMS = ("kubetune", "naive", "vllm")
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
+NOTES = re.compile(
+    r"naive_server: |kernels:|dtype=torch|core ids=|reserved_cpus|Reducing Torch threads|KV cache size|threads="
+)
+REASON = re.compile(r"(Error|error|ERROR|Exception|Illegal instruction|not supported|unsupported|Traceback)")
+
+
+# --- the machine ------------------------------------------------------------------------------
+
+
+def machine() -> dict:
+    info: dict[str, Any] = {"platform": platform.platform(), "cpus": os.cpu_count()}
+    try:
+        out = subprocess.run(["lscpu"], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        out = ""
+    fields = {k.strip(): v.strip() for k, _, v in (line.partition(":") for line in out.splitlines())}
+    flags = set(fields.get("Flags", "").split())
+    info["cpu_model"] = fields.get("Model name", platform.processor() or "unknown")
+    info["cores_per_socket"] = fields.get("Core(s) per socket")
+    info["threads_per_core"] = fields.get("Thread(s) per core")
+    info["flags"] = {f: f in flags for f in ("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2")}
+    if hasattr(os, "sched_getaffinity"):
+        info["cpus_usable"] = len(os.sched_getaffinity(0))
+    try:
+        import psutil
+
+        info["memory_gib"] = round(psutil.virtual_memory().total / 2**30, 1)
+    except ImportError:
+        pass
+    return info
+
+
+def choose_dtype(flags: dict[str, bool], requested: str) -> tuple[str, str]:
+    if requested != "auto":
+        return requested, "requested with --dtype"
+    have = [f for f in BF16_FLAGS if flags.get(f)]
+    if have:
+        return "bf16", f"the CPU has {', '.join(have)}"
+    return "fp32", f"the CPU has none of {', '.join(BF16_FLAGS)} (bf16 would be emulated)"
+
+
+# --- the prompts ------------------------------------------------------------------------------
+
+
+def load_prompts(path: Path) -> list[str]:
+    """The questions of a flashcards jsonl file (`input`, else `instruction`), in file order."""
+    out = []
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            question = row.get("input") or row.get("instruction")
+            if question:
+                out.append(str(question))
+    if not out:
+        raise SystemExit(f"{path}: no questions found (expected an `input` field per line)")
+    return out
+
+
+# --- one request and one level of load --------------------------------------------------------
+
+
+@dataclass
+class Result:
+    ok: bool
+    model: str
+    ttft: float | None = None
+    e2e: float | None = None
+    out_tokens: int = 0
+    prompt_tokens: int = 0
+    usage_reported: bool = False
+    error: str | None = None
+
+
+async def stream_chat(client: Any, base_url: str, model: str, prompt: str, max_tokens: int) -> Result:
+    """One streaming chat request; TTFT is taken at the first chunk that carries content."""
+    body = {
+        "model": model,
+        "messages": [{"role": "user", "content": prompt}],
+        "max_tokens": max_tokens,
+        "temperature": 0,
+        "stream": True,
+        "stream_options": {"include_usage": True},
+    }
+    t0 = time.perf_counter()
+    ttft = None
+    chunks = 0
+    res = Result(ok=False, model=model)
+    try:
+        async with client.stream("POST", f"{base_url}/v1/chat/completions", json=body) as r:
+            if r.status_code != 200:
+                text = (await r.aread()).decode(errors="replace")
+                res.error = f"HTTP {r.status_code}: {text[:200]}"
+                return res
+            async for line in r.aiter_lines():
+                if not line.startswith("data:"):
+                    continue
+                data = line[5:].strip()
+                if data == "[DONE]":
+                    break
+                # parse every chunk until the first content, then only those that can carry usage
+                if ttft is not None and '"usage"' not in data and '"error"' not in data:
+                    chunks += 1
+                    continue
+                obj = json.loads(data)
+                if obj.get("error"):
+                    res.error = str(obj["error"])[:200]
+                    return res
+                for choice in obj.get("choices") or []:
+                    if (choice.get("delta") or {}).get("content"):
+                        chunks += 1
+                        if ttft is None:
+                            ttft = time.perf_counter() - t0
+                usage = obj.get("usage")
+                if usage:
+                    res.out_tokens = int(usage.get("completion_tokens") or 0)
+                    res.prompt_tokens = int(usage.get("prompt_tokens") or 0)
+                    res.usage_reported = True
+    except Exception as e:  # a dropped connection or a timeout is a failed request, not a crashed bench
+        res.error = f"{type(e).__name__}: {e}"[:200]
+        return res
+    res.e2e = time.perf_counter() - t0
+    res.ttft = ttft if ttft is not None else res.e2e
+    if not res.usage_reported:
+        res.out_tokens = chunks  # a server without include_usage: content chunks, about one token each
+    res.ok = True
+    return res
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    """The q-th percentile (0-100) with linear interpolation between the closest ranks."""
+    if not values:
+        return None
+    s = sorted(values)
+    pos = (len(s) - 1) * q / 100
+    lo, hi = math.floor(pos), math.ceil(pos)
+    return s[lo] + (s[hi] - s[lo]) * (pos - lo)
+
+
+def summarize(results: list[Result], wall: float) -> dict:
+    ok = [r for r in results if r.ok]
+    ttfts = [r.ttft for r in ok if r.ttft is not None]
+    e2es = [r.e2e for r in ok if r.e2e is not None]
+    out_tokens = sum(r.out_tokens for r in ok)
+    errors = [r.error for r in results if not r.ok]
+    return {
+        "requests": len(ok),
+        "errors": len(errors),
+        "first_errors": sorted({e for e in errors if e})[:3],
+        "wall_s": round(wall, 3),
+        "generated_tokens": out_tokens,
+        "prompt_tokens": sum(r.prompt_tokens for r in ok),
+        "usage_reported": all(r.usage_reported for r in ok) if ok else None,
+        "tokens_per_s": out_tokens / wall if wall > 0 else None,
+        "requests_per_s": len(ok) / wall if wall > 0 else None,
+        "mean_out_tokens": out_tokens / len(ok) if ok else None,
+        "ttft_p50_s": percentile(ttfts, 50),
+        "ttft_p99_s": percentile(ttfts, 99),
+        "e2e_p50_s": percentile(e2es, 50),
+        "e2e_p99_s": percentile(e2es, 99),
+    }
+
+
+async def run_level(
+    base_url: str,
+    models: list[str],
+    prompts: list[str],
+    concurrency: int,
+    max_tokens: int,
+    requests_per_client: int | None = None,
+    duration: float | None = None,
+) -> dict:
+    """C closed-loop clients. Each sends a request, waits for its last byte, sends the next:
+    `requests_per_client` each, or until `duration` seconds have passed (the requests in flight
+    then still finish and count). Prompts are taken in file order and `model` round-robin over
+    `models`, from one counter shared by the clients, so every arm sees the same requests."""
+    import httpx
+
+    counter = iter(range(10**9))
+    results: list[Result] = []
+    limits = httpx.Limits(max_connections=concurrency + 4, max_keepalive_connections=concurrency + 4)
+    timeout = httpx.Timeout(connect=30.0, read=3600.0, write=60.0, pool=3600.0)
+    async with httpx.AsyncClient(limits=limits, timeout=timeout, trust_env=False) as client:
+        start = time.perf_counter()
+
+        async def client_loop() -> None:
+            done = 0
+            while True:
+                if requests_per_client is not None and done >= requests_per_client:
+                    return
+                if duration is not None and time.perf_counter() - start >= duration:
+                    return
+                k = next(counter)
+                r = await stream_chat(client, base_url, models[k % len(models)], prompts[k % len(prompts)], max_tokens)
+                results.append(r)
+                done += 1
+
+        await asyncio.gather(*(client_loop() for _ in range(concurrency)))
+        wall = time.perf_counter() - start
+    out = {"concurrency": concurrency, "models": models, **summarize(results, wall)}
+    out["samples"] = {  # per request, in completion order: for other percentiles or plots later
+        "model": [r.model for r in results],
+        "ttft_s": [None if r.ttft is None else round(r.ttft, 4) for r in results],
+        "e2e_s": [None if r.e2e is None else round(r.e2e, 4) for r in results],
+        "out_tokens": [r.out_tokens for r in results],
+    }
+    if len(models) > 1:
+        out["per_model"] = {
+            m: summarize([r for r in results if r.model == m], wall)["tokens_per_s"] for m in models
+        }  # each model's share of the level's generated tokens/s
+    return out
+
+
+# --- a server under test ----------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class Server:
+    """A server process (its own session, so its whole tree can be stopped), its log, and the
+    peak RSS of its process tree sampled in a thread."""
+
+    def __init__(self, name: str, argv: list[str], env: dict[str, str], log_path: Path, port: int) -> None:
+        self.name, self.argv, self.log_path, self.port = name, argv, log_path, port
+        self.base_url = f"http://127.0.0.1:{port}"
+        self._log = open(log_path, "wb")  # noqa: SIM115 - closed in stop()
+        self.proc = subprocess.Popen(
+            argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+        )
+        self.started = time.perf_counter()
+        self.peak_rss = 0
+        self.phase_peak = 0
+        self._stop = threading.Event()
+        self._sampler = threading.Thread(target=self._sample, daemon=True)
+        self._sampler.start()
+
+    def _sample(self) -> None:
+        import psutil
+
+        try:
+            root = psutil.Process(self.proc.pid)
+        except psutil.NoSuchProcess:
+            return
+        while not self._stop.is_set():
+            total = 0
+            try:
+                for p in [root, *root.children(recursive=True)]:
+                    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                        total += p.memory_info().rss
+            except psutil.NoSuchProcess:
+                return
+            self.peak_rss = max(self.peak_rss, total)
+            self.phase_peak = max(self.phase_peak, total)
+            self._stop.wait(0.25)
+
+    def reset_phase_peak(self) -> None:
+        self.phase_peak = 0
+
+    def log_tail(self, n: int = 40) -> list[str]:
+        if not self._log.closed:
+            self._log.flush()
+        try:
+            lines = self.log_path.read_text(errors="replace").splitlines()
+        except OSError:
+            return []
+        return [line for line in lines if line.strip()][-n:]
+
+    def reason(self) -> str:
+        """The line of the log that says why the server is not up: the last error-looking line."""
+        tail = self.log_tail(200)
+        boxes = [i for i, line in enumerate(tail) if line.lstrip().startswith("╭─ Error")]
+        if boxes:  # a typer/rich error box (kubetune's CLI): its content, on one line
+            body = []
+            for line in tail[boxes[-1] + 1 :]:
+                if line.lstrip().startswith("╰"):
+                    break
+                body.append(line.strip().strip("│").strip())
+            return " ".join(b for b in body if b)[:300]
+        for line in reversed(tail):
+            if REASON.search(line) and not line.lstrip().startswith("File "):
+                return line.strip()[:300]
+        return tail[-1].strip()[:300] if tail else "no output"
+
+    def wait_ready(self, path: str, timeout: float) -> str | None:
+        """None once `path` answers 200; otherwise why not (the process exited, or the timeout)."""
+        import httpx
+
+        deadline = time.perf_counter() + timeout
+        with httpx.Client(timeout=5.0, trust_env=False) as client:
+            while time.perf_counter() < deadline:
+                if self.proc.poll() is not None:
+                    return f"the server exited with code {self.proc.returncode}: {self.reason()}"
+                try:
+                    if client.get(self.base_url + path).status_code == 200:
+                        return None
+                except httpx.HTTPError:
+                    pass
+                time.sleep(0.5)
+        return f"not ready on {path} after {timeout:.0f} s: {self.reason()}"
+
+    def models(self) -> list[dict]:
+        import httpx
+
+        r = httpx.get(self.base_url + "/v1/models", timeout=10.0, trust_env=False)
+        r.raise_for_status()
+        return list(r.json().get("data") or [])
+
+    def stop(self, grace: float = 30.0) -> int | None:
+        """SIGTERM to the server's process group (the server and its own children only), SIGKILL after `grace` s."""
+        if self.proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(grace)
+            except subprocess.TimeoutExpired:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(10)
+        self._stop.set()
+        self._sampler.join(2)
+        self._log.close()
+        return self.proc.returncode
+
+
+# --- the arms ---------------------------------------------------------------------------------
+
+
+@dataclass
+class ArmSpec:
+    name: str
+    argv: list[str] | None  # None: cannot run (see `skip`)
+    env: dict[str, str]
+    ready_path: str
+    dtype_note: str
+    adapters: list[str] = field(default_factory=list)
+    skip: str | None = None
+
+
+def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_VERBOSITY": "error", "PYTHONUNBUFFERED": "1"}
+    env.pop("CUDA_VISIBLE_DEVICES", None)
+    return {**env, **(extra or {})}
+
+
+def adapter_path(run: Path) -> Path:
+    """The PEFT adapter of a kubetune LoRA run directory (or the directory itself if it is one)."""
+    return run if (run / "adapter_config.json").is_file() else run / "adapter"
+
+
+def kubetune_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str) -> ArmSpec:
+    exe = REPO / ".venv" / "bin" / "kubetune"
+    target = args.kubetune_target or model_dir
+    argv = [str(exe), "serve", target, "--host", "127.0.0.1", "--port", str(port), "--engine", "native"]
+    names = [f"a{i + 1}" for i in range(args.adapters)] if args.run else []
+    for n in names:
+        argv += ["--adapter", f"{n}={args.run}"]
+    note = (
+        f"its own choice (kubetune serve picks bf16 where the CPU has AMX/AVX-512-BF16, fp32 otherwise: {dtype} here)"
+    )
+    skip = None if exe.exists() else f"{exe} is missing (scripts/bootstrap.sh installs it)"
+    return ArmSpec("kubetune", argv, server_env(), "/ready", note, names, skip)
+
+
+def naive_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str) -> ArmSpec:
+    argv = [sys.executable, str(REPO / "bench" / "naive_server.py"), "--model", model_dir]
+    argv += ["--served-name", args.served_name, "--host", "127.0.0.1", "--port", str(port), "--dtype", dtype]
+    return ArmSpec("naive", argv, server_env(), "/ready", dtype)
+
+
+def vllm_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str, lora: bool = False) -> ArmSpec:
+    from kubetune.serve.contract import Adapter, VllmOptions, vllm_argv
+
+    python = Path(args.vllm_venv) / "bin" / "python"
+    adapters: tuple[Adapter, ...] = ()
+    rank = None
+    if lora and args.run:
+        path = adapter_path(Path(args.run))
+        adapters = tuple(Adapter(f"a{i + 1}", str(path)) for i in range(args.adapters))
+        try:
+            rank = int(json.loads((path / "adapter_config.json").read_text())["r"])
+        except (OSError, KeyError, ValueError):
+            rank = None
+    opts = VllmOptions(
+        model=model_dir,
+        served_name=args.served_name,
+        adapters=adapters,
+        port=port,
+        max_model_len=args.vllm_max_model_len,
+        max_lora_rank=next((r for r in VLLM_LORA_RANKS if r >= rank), rank) if rank else None,
+        dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype],
+    )
+    argv = vllm_argv(opts)
+    argv[0] = str(python)
+    extra = {"VLLM_CPU_KVCACHE_SPACE": str(args.vllm_kvcache_gib)}
+    if args.vllm_omp_bind != "auto":  # vLLM's default `auto` keeps one CPU for its frontend: 1 of 2 computes here
+        extra["VLLM_CPU_OMP_THREADS_BIND"] = args.vllm_omp_bind
+        extra["VLLM_CPU_NUM_OF_RESERVED_CPU"] = "0"
+    env = server_env(extra)
+    skip = None if python.exists() else f"{python} is missing (scripts/vllm_venv.sh {args.vllm_venv} creates it)"
+    names = [a.name for a in adapters]
+    return ArmSpec("vllm+lora" if lora else "vllm", argv, env, "/health", dtype, names, skip)
+
+
+def run_arm(
+    spec: ArmSpec,
+    args: argparse.Namespace,
+    prompts: list[str],
+    log_dir: Path,
+    mix: bool = False,
+    mix_only: bool = False,
+) -> dict:
+    record: dict[str, Any] = {"arm": spec.name, "argv": spec.argv, "dtype": spec.dtype_note}
+    if spec.skip or spec.argv is None:
+        record["status"] = f"not run: {spec.skip}"
+        print(f"[{spec.name}] {record['status']}", flush=True)
+        return record
+    port = int(spec.argv[spec.argv.index("--port") + 1])
+    log_path = log_dir / f"{spec.name}.log"
+    record["log"] = str(log_path)
+    record["load_average_at_start"] = os.getloadavg() if hasattr(os, "getloadavg") else None
+    print(f"[{spec.name}] starting: {' '.join(spec.argv)}", flush=True)
+    server = Server(spec.name, spec.argv, spec.env, log_path, port)
+    try:
+        why = server.wait_ready(spec.ready_path, args.ready_timeout)
+        if why:
+            record["status"] = f"not run: {why}"
+            print(f"[{spec.name}] {record['status']}\n[{spec.name}] log: {log_path}", flush=True)
+            return record
+        record["startup_s"] = round(time.perf_counter() - server.started, 1)
+        served = server.models()
+        bases = [m["id"] for m in served if not m.get("parent")]
+        record["models"] = [{"id": m["id"], "parent": m.get("parent")} for m in served]
+        base = args.served_name if args.served_name in bases else (bases[0] if bases else args.served_name)
+        missing = [a for a in spec.adapters if a not in {m["id"] for m in served}]
+        if missing:
+            record["adapter_problem"] = f"adapters not listed in /v1/models: {missing}"
+        print(f"[{spec.name}] ready in {record['startup_s']} s; models: {[m['id'] for m in served]}", flush=True)
+
+        warm = min(args.warmup, max(args.concurrency))
+        if warm:
+            asyncio.run(run_level(server.base_url, [base], prompts, warm, args.max_tokens, requests_per_client=1))
+        levels = [] if mix_only else args.concurrency
+        record["levels"] = []
+        for c in levels:
+            server.reset_phase_peak()
+            level = asyncio.run(
+                run_level(server.base_url, [base], prompts, c, args.max_tokens, rpc(args, c), args.duration)
+            )
+            level["peak_rss_bytes"] = server.phase_peak
+            record["levels"].append(level)
+            print(f"[{spec.name}] {fmt_level(level)}", flush=True)
+        if mix and spec.adapters and not missing:
+            c = args.mix_concurrency
+            record["mix"] = {}
+            for label, models in (("base_only", [base]), ("base+adapters", [base, *spec.adapters])):
+                server.reset_phase_peak()
+                level = asyncio.run(
+                    run_level(server.base_url, models, prompts, c, args.max_tokens, rpc(args, c), args.duration)
+                )
+                level["peak_rss_bytes"] = server.phase_peak
+                record["mix"][label] = level
+                print(f"[{spec.name}] mix {label}: {fmt_level(level)}", flush=True)
+        record["status"] = "ok"
+    except Exception as e:
+        record["status"] = f"failed: {type(e).__name__}: {e}; server: {server.reason()}"
+        print(f"[{spec.name}] {record['status']}", flush=True)
+    finally:
+        record["exit_code"] = server.stop()
+        record["peak_rss_bytes"] = server.peak_rss
+        notes = [_around(ln, m) for ln in server.log_tail(2000) if (m := NOTES.search(ln))]
+        if notes:
+            record["server_notes"] = notes[:8]  # what the server said about its dtype, threads and KV cache
+    return record
+
+
+def _around(line: str, m: re.Match, width: int = 240) -> str:
+    line = line.strip()
+    if len(line) <= width:
+        return line
+    start = max(0, m.start() - width // 3)
+    return "..." + line[start : start + width] + "..."
+
+
+def rpc(args: argparse.Namespace, c: int) -> int | None:
+    """Requests per client: the option, else enough for >= 32 requests per level (at least 2 each)."""
+    if args.duration:
+        return None
+    return args.requests_per_client or max(2, math.ceil(32 / c))
+
+
+# --- the report -------------------------------------------------------------------------------
+
+
+def _s(v: float | None) -> str:
+    return "-" if v is None else f"{v:.2f}"
+
+
+def fmt_level(lv: dict) -> str:
+    return (
+        f"C={lv['concurrency']}: {lv['requests']} requests ({lv['errors']} failed) in {lv['wall_s']:.1f} s, "
+        f"{_s(lv['tokens_per_s'])} tok/s, {_s(lv['requests_per_s'])} req/s, "
+        f"TTFT p50/p99 {_s(lv['ttft_p50_s'])}/{_s(lv['ttft_p99_s'])} s, "
+        f"e2e p50/p99 {_s(lv['e2e_p50_s'])}/{_s(lv['e2e_p99_s'])} s"
+    )
+
+
+def ratios(arms: dict[str, dict]) -> dict:
+    def tps(arm: str) -> dict[int, float]:
+        rec = arms.get(arm) or {}
+        return {lv["concurrency"]: lv["tokens_per_s"] for lv in rec.get("levels", []) if lv.get("tokens_per_s")}
+
+    kt, vl, nv = tps("kubetune"), tps("vllm"), tps("naive")
+    out: dict[str, Any] = {}
+    for c in sorted(set(kt) | set(vl) | set(nv)):
+        out[str(c)] = {
+            "kubetune/vllm": kt[c] / vl[c] if c in kt and c in vl else None,
+            "kubetune/naive": kt[c] / nv[c] if c in kt and c in nv else None,
+            "vllm/naive": vl[c] / nv[c] if c in vl and c in nv else None,
+        }
+    for arm in ("kubetune", "vllm+lora"):
+        mix = (arms.get(arm) or {}).get("mix") or {}
+        if mix.get("base_only", {}).get("tokens_per_s") and mix.get("base+adapters", {}).get("tokens_per_s"):
+            out[f"{arm} mix/base_only"] = mix["base+adapters"]["tokens_per_s"] / mix["base_only"]["tokens_per_s"]
+    return out
+
+
+def report(result: dict) -> str:
+    m = result["machine"]
+    flags = ", ".join(f"{k}={'yes' if v else 'no'}" for k, v in m["flags"].items())
+    cfg = result["config"]
+    lines = [
+        f"machine: {m['cpu_model']}, {m.get('cpus_usable', m['cpus'])} CPUs usable, {m.get('memory_gib')} GiB; {flags}",
+        (
+            f"dtype: {cfg['dtype']} ({cfg['dtype_reason']}); {cfg['max_tokens']} new tokens, temperature 0, "
+            f"{cfg['prompts']} prompts from {cfg['prompt_file']}"
+        ),
+        "",
+        (
+            f"{'arm':<10} {'C':>3} {'reqs':>5} {'err':>4} {'tok/s':>8} {'req/s':>7} {'TTFT p50':>9} {'p99':>7} "
+            f"{'e2e p50':>8} {'p99':>7} {'out/req':>7} {'peak RSS':>9}"
+        ),
+    ]
+    for name, rec in result["arms"].items():
+        if rec.get("status") != "ok":
+            lines.append(f"{name:<10} {rec.get('status')}")
+            continue
+        rows = [(str(lv["concurrency"]), lv) for lv in rec.get("levels", [])]
+        rows += [(f"{lv['concurrency']}{'m' if k != 'base_only' else 'b'}", lv) for k, lv in rec.get("mix", {}).items()]
+        for c, lv in rows:
+            lines.append(
+                f"{name:<10} {c:>3} {lv['requests']:>5} {lv['errors']:>4} {_s(lv['tokens_per_s']):>8} "
+                f"{_s(lv['requests_per_s']):>7} {_s(lv['ttft_p50_s']):>9} {_s(lv['ttft_p99_s']):>7} "
+                f"{_s(lv['e2e_p50_s']):>8} {_s(lv['e2e_p99_s']):>7} {_s(lv['mean_out_tokens']):>7} "
+                f"{lv['peak_rss_bytes'] / 2**30:>7.2f}G"
+            )
+        lines.append(
+            f"{'':<10} startup {rec.get('startup_s')} s, peak RSS over the arm {rec['peak_rss_bytes'] / 2**30:.2f} GiB"
+        )
+    lines.append(
+        "(C = concurrency; Cb = the mix level's base-only run, Cm = base + adapters round-robin; TTFT/e2e in s;\n"
+        " peak RSS = the largest sampled sum of the RSS of the server's processes)"
+    )
+    r = result["ratios"]
+    if r:
+        lines.append("")
+        lines.append("generated tokens/s ratios:")
+        for k, v in r.items():
+            if isinstance(v, dict):
+                lines.append(
+                    f"  C={k}: kubetune/vllm {_s(v['kubetune/vllm'])}, kubetune/naive {_s(v['kubetune/naive'])}, "
+                    f"vllm/naive {_s(v['vllm/naive'])}"
+                )
+            else:
+                lines.append(f"  {k}: {_s(v)}")
+    return "\n".join(lines)
+
+
+# --- main -------------------------------------------------------------------------------------
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
+    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated, run in this order (default: %(default)s)")
+    ap.add_argument("--run", help="a kubetune LoRA run directory: its adapter is served as a1..a4 (kubetune, vLLM mix)")
+    ap.add_argument("--model", help="the HF model directory every arm serves (default: the embedded SmolLM2-135M)")
+    ap.add_argument("--kubetune-target", help="TARGET of `kubetune serve` (default: --model's directory)")
+    ap.add_argument("--served-name", default="smollm2-135m-instruct", help="the base's model id (naive, vLLM)")
+    ap.add_argument("--concurrency", default="1,4,16,64", help="closed-loop client counts (default: %(default)s)")
+    ap.add_argument("--requests-per-client", type=int, help="default: enough for >= 32 requests per level, >= 2 each")
+    ap.add_argument("--duration", type=float, help="seconds per level instead of a request count")
+    ap.add_argument("--max-tokens", type=int, default=128)
+    ap.add_argument("--adapters", type=int, default=4, help="adapter names pointing to --run (default: %(default)s)")
+    ap.add_argument("--mix-concurrency", type=int, default=16)
+    ap.add_argument("--mix-arms", default="kubetune", help="arms that also run the adapter mix: kubetune[,vllm]")
+    ap.add_argument("--warmup", type=int, default=2, help="unmeasured requests sent at once before each arm")
+    ap.add_argument("--prompts", default=str(PROMPTS), help="jsonl with `input` questions (default: %(default)s)")
+    ap.add_argument("--dtype", choices=["auto", "fp32", "bf16"], default="auto")
+    ap.add_argument("--vllm-venv", default=str(REPO / ".venv-vllm"))
+    ap.add_argument("--vllm-kvcache-gib", type=int, default=2, help="VLLM_CPU_KVCACHE_SPACE (default: %(default)s)")
+    ap.add_argument("--vllm-max-model-len", type=int, default=2048)
+    ap.add_argument(
+        "--vllm-omp-bind",
+        default="auto",
+        help="VLLM_CPU_OMP_THREADS_BIND: `auto` (vLLM's default: one CPU reserved for its frontend, the\n"
+        "others compute) or a CPU list such as 0-1 (then no CPU is reserved) (default: %(default)s)",
+    )
+    ap.add_argument("--ready-timeout", type=float, default=900.0, help="seconds a server may take to load")
+    ap.add_argument("--log-dir", help="where the servers' logs go (default: a new temporary directory)")
+    ap.add_argument("--json", help="write the results here")
+    ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 1,4; 16 tokens; 2 requests per client")
+    args = ap.parse_args(argv)
+    if args.quick:
+        args.concurrency, args.max_tokens = "1,4", 16
+        args.requests_per_client = args.requests_per_client or 2
+        args.mix_concurrency = min(args.mix_concurrency, 4)
+    args.concurrency = [int(c) for c in str(args.concurrency).split(",") if c.strip()]
+    args.arms = [a.strip() for a in args.arms.split(",") if a.strip()]
+    args.mix_arms = [a.strip() for a in args.mix_arms.split(",") if a.strip()]
+    unknown = [a for a in args.arms if a not in ARMS]
+    if unknown:
+        ap.error(f"--arms: unknown {unknown}; choose from {', '.join(ARMS)}")
+    if args.run and not (adapter_path(Path(args.run)) / "adapter_config.json").is_file():
+        ap.error(f"--run {args.run}: no adapter/adapter_config.json (a finished kubetune LoRA run is needed)")
+    if args.run:
+        args.run = str(Path(args.run).resolve())
+    return args
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = parse_args(argv)
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    model_dir = args.model
+    if not model_dir:
+        from kubetune.models.load import resolve_model
+
+        model_dir = str(resolve_model("smollm2-135m-instruct"))
+    prompts = load_prompts(Path(args.prompts))
+    mach = machine()
+    dtype, why = choose_dtype(mach["flags"], args.dtype)
+    log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="serve_load-"))
+    log_dir.mkdir(parents=True, exist_ok=True)
+    print(f"machine: {mach['cpu_model']}, {mach.get('cpus_usable')} CPUs; flags {mach['flags']}", flush=True)
+    print(f"dtype: {dtype} ({why}); model {model_dir}; run {args.run or '(none: no adapters)'}; logs in {log_dir}")
+
+    result: dict[str, Any] = {
+        "bench": "serve_load",
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "machine": mach,
+        "config": {
+            "model": model_dir,
+            "run": args.run,
+            "dtype": dtype,
+            "dtype_reason": why,
+            "max_tokens": args.max_tokens,
+            "temperature": 0,
+            "concurrency": args.concurrency,
+            "requests_per_client": {str(c): rpc(args, c) for c in args.concurrency},
+            "duration_s": args.duration,
+            "mix_concurrency": args.mix_concurrency,
+            "adapters": args.adapters if args.run else 0,
+            "prompt_file": args.prompts,
+            "prompts": len(prompts),
+            "vllm_kvcache_gib": args.vllm_kvcache_gib,
+            "vllm_omp_bind": args.vllm_omp_bind,
+            "argv": sys.argv[1:] if argv is None else argv,
+        },
+        "arms": {},
+    }
+    builders = {"kubetune": kubetune_arm, "naive": naive_arm, "vllm": vllm_arm}
+    for name in args.arms:
+        spec = builders[name](args, model_dir, free_port(), dtype)
+        result["arms"][name] = run_arm(spec, args, prompts, log_dir, mix=name == "kubetune" and name in args.mix_arms)
+        if name == "vllm" and "vllm" in args.mix_arms and args.run and result["arms"][name]["status"] == "ok":
+            spec = vllm_arm(args, model_dir, free_port(), dtype, lora=True)
+            result["arms"]["vllm+lora"] = run_arm(spec, args, prompts, log_dir, mix=True, mix_only=True)
+    result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    result["ratios"] = ratios(result["arms"])
+    print()
+    print(report(result))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        print(f"\nwrote {args.json}")
+    return result
+
+
+if __name__ == "__main__":
+    main()
