@@ -144,7 +144,7 @@ class Engine:
                 f"context of {lim.max_model_len} tokens (--max-model-len); lower max_tokens",
                 "max_tokens",
             )
-        if not self.cache.fits(1, prompt_tokens + max_tokens):
+        if prompt_tokens + max_tokens > self.cache.budget_tokens:
             raise AdmissionError(
                 400,
                 f"the prompt plus max_tokens ({prompt_tokens + max_tokens} tokens) is more than the KV cache "

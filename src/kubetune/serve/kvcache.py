@@ -55,13 +55,23 @@ class SlotCache:
         self.rows: Rows | None = None
 
     # --- memory -------------------------------------------------------------------------
+    def plan(self, slots: int, capacity: int) -> tuple[int, int]:
+        """The shape (slots, positions) the cache must have to hold `slots` sequences of up to
+        `capacity` positions: never smaller than now, positions rounded up to GROW_TOKENS
+        where the budget allows (so that growing is rare)."""
+        slots = max(slots, self.slots)
+        rounded = max(self.capacity, -(-capacity // GROW_TOKENS) * GROW_TOKENS)
+        if slots * rounded <= self.budget_tokens:
+            return slots, rounded
+        return slots, max(self.capacity, capacity)
+
     def fits(self, slots: int, capacity: int) -> bool:
-        return slots * capacity <= self.budget_tokens
+        planned_slots, planned_capacity = self.plan(slots, capacity)
+        return planned_slots * planned_capacity <= self.budget_tokens
 
     def reserve(self, slots: int, capacity: int) -> None:
-        """Grow to at least `slots` x `capacity` (rounded up); the caller checked `fits`."""
-        capacity = min(-(-capacity // GROW_TOKENS) * GROW_TOKENS, max(capacity, self.budget_tokens // max(slots, 1)))
-        slots, capacity = max(slots, self.slots), max(capacity, self.capacity)
+        """Grow to the planned shape for `slots` x `capacity`; the caller checked `fits`."""
+        slots, capacity = self.plan(slots, capacity)
         if slots == self.slots and capacity == self.capacity:
             return
         shape = (slots, self.kv_heads, capacity, self.head_dim)
