@@ -19,8 +19,13 @@ def _engine(tiny_runs, limits: Limits, budget: int = 64 << 20):
     a, b = tiny_runs
     served = load_served(str(a), [Adapter("qv", str(b))], torch.float32, register())
     cfg = served.lm.config
-    cache = SlotCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                      torch.float32, budget)
+    cache = SlotCache(
+        cfg.num_hidden_layers,
+        cfg.num_key_value_heads,
+        cfg.hidden_size // cfg.num_attention_heads,
+        torch.float32,
+        budget,
+    )
     metrics = ServeMetrics(served.base_name, 2, served.adapter_names)
     return served, Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, limits, metrics)
 
@@ -46,7 +51,11 @@ def _reference_models(tiny_runs, tiny_model_dir):
 
     a, b = tiny_runs
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
-    return {-1: base, 0: load_trained(a, dtype=torch.float32)[0].eval(), 1: load_trained(b, dtype=torch.float32)[0].eval()}
+    return {
+        -1: base,
+        0: load_trained(a, dtype=torch.float32)[0].eval(),
+        1: load_trained(b, dtype=torch.float32)[0].eval(),
+    }
 
 
 def test_batched_chunked_mixed_adapters_match_transformers(tiny_runs, tiny_model_dir):

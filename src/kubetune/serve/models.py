@@ -79,17 +79,37 @@ def _source(target: str | Path) -> _Source:
     raise RunDirError(f"{target}: neither a kubetune run directory nor an HF model directory (config.json)")
 
 
-def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str) -> ServedSet:
+@dataclass(frozen=True)
+class Plan:
+    """What will be served, read from the run directories without loading any weights."""
+
+    main: _Source
+    base_name: str
+    adapters: list[tuple[str, _Source]]
+
+
+def plan_served(target: str, adapters: list[Adapter]) -> Plan:
+    """Check the target and the adapters (one clear line each) before anything is loaded."""
     main = _source(target)
     extra = [(a.name, _source(a.path)) for a in adapters]
     if main.is_lora:
         assert main.recipe is not None
-        base_source = resolve_model(main.recipe.model.name_or_path)
         base_name = Path(main.recipe.model.name_or_path).name
         extra.insert(0, (main.path.resolve().name, main))
     else:
-        base_source, base_name = str(main.weights), main.path.resolve().name
+        base_name = main.path.resolve().name
     _check_adapters(main, extra, base_name)
+    return Plan(main, base_name, extra)
+
+
+def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str) -> ServedSet:
+    plan = plan_served(target, adapters)
+    main, base_name, extra = plan.main, plan.base_name, plan.adapters
+    if main.is_lora:
+        assert main.recipe is not None
+        base_source = resolve_model(main.recipe.model.name_or_path)
+    else:
+        base_source = str(main.weights)
     tokenizer = load_tokenizer(str(main.weights))
     lm = load_causal_lm(base_source, dtype, attn)
     lm.eval()

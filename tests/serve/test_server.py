@@ -1,0 +1,234 @@
+"""`kubetune serve` as a real process on loopback, spoken to with the official `openai` client."""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import threading
+import time
+
+import httpx
+import openai
+import pytest
+
+from kubetune.serve.api import ServerState, create_app
+
+from ..conftest import run_cli
+from .conftest import ServerProcess, metric
+
+
+@pytest.fixture(scope="module")
+def client(tiny_server):
+    return openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
+
+
+def test_models_list_the_base_and_every_adapter_with_its_parent(client, tiny_model_dir):
+    """The base under its recipe name, the run's adapter under the run directory's name, and
+    each --adapter under its own name."""
+    parents = {m.id: getattr(m, "parent", None) for m in client.models.list().data}
+    base = tiny_model_dir.name
+    assert parents == {base: None, "run-a": base, "qv": base}
+
+
+def test_chat_plain_and_streamed_give_the_same_answer_and_usage(client):
+    ask = {
+        "model": "run-a",
+        "messages": [{"role": "user", "content": "What is 2 plus 2?"}],
+        "max_tokens": 12,
+        "temperature": 0,
+    }
+    whole = client.chat.completions.create(**ask)
+    chunks = list(client.chat.completions.create(**ask, stream=True, stream_options={"include_usage": True}))
+    streamed = "".join(c.choices[0].delta.content or "" for c in chunks if c.choices)
+    assert whole.choices[0].message.content == streamed
+    assert whole.choices[0].finish_reason in ("length", "stop")
+    usage = chunks[-1].usage
+    assert usage is not None and not chunks[-1].choices
+    assert usage.completion_tokens == whole.usage.completion_tokens <= 12
+    assert usage.prompt_tokens == whole.usage.prompt_tokens > 5
+    assert usage.total_tokens == usage.prompt_tokens + usage.completion_tokens
+    assert chunks[0].choices[0].delta.role == "assistant"
+
+
+def test_each_model_answers_in_its_own_way(client):
+    answers = {}
+    for model in ("run-a", "qv", _base(client)):
+        answer = client.completions.create(
+            model=model, prompt="Answer truthfully: 3 plus 3 is", max_tokens=10, temperature=0
+        )
+        assert answer.object == "text_completion" and answer.usage.completion_tokens >= 1
+        answers[model] = answer.choices[0].text
+    assert len(set(answers.values())) > 1, answers
+
+
+def test_completions_stream_and_stop_string(client):
+    base = _base(client)
+    whole = client.completions.create(model=base, prompt="1 2 3", max_tokens=16, temperature=0)
+    text = whole.choices[0].text
+    assert text
+    cut = text[len(text) // 2 :][:3].strip() or text[-1]
+    stopped = client.completions.create(model=base, prompt="1 2 3", max_tokens=16, temperature=0, stop=[cut])
+    assert stopped.choices[0].finish_reason == "stop"
+    assert cut not in stopped.choices[0].text and text.startswith(stopped.choices[0].text)
+    streamed = "".join(
+        c.choices[0].text
+        for c in client.completions.create(model=base, prompt="1 2 3", max_tokens=16, temperature=0, stream=True)
+    )
+    assert streamed == text
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "param"),
+    [
+        ({"model": "nope"}, openai.NotFoundError, "model"),
+        ({"n": 2}, openai.BadRequestError, "n"),
+        ({"max_tokens": 100_000}, openai.BadRequestError, "max_tokens"),
+        ({"temperature": 5}, openai.BadRequestError, "temperature"),
+        ({"messages": []}, openai.BadRequestError, "messages"),
+    ],
+)
+def test_bad_requests_get_openai_errors(client, kwargs, error, param):
+    ask = {"model": "run-a", "messages": [{"role": "user", "content": "hi"}], **kwargs}
+    with pytest.raises(error) as e:
+        client.chat.completions.create(**ask)
+    body = e.value.body
+    assert isinstance(body, dict) and body.get("param") == param and body.get("message")
+
+
+def test_malformed_json_is_400_not_500(tiny_server):
+    r = httpx.post(
+        f"{tiny_server.url}/v1/chat/completions",
+        content=b"{not json",
+        timeout=10,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == 400 and r.json()["error"]["type"] == "invalid_request_error"
+
+
+def test_metrics_count_what_was_served(tiny_server, client):
+    before = tiny_server.metrics()
+    usages = []
+    for model in ("run-a", "qv"):
+        r = client.chat.completions.create(
+            model=model, messages=[{"role": "user", "content": "Count to three"}], max_tokens=5, temperature=0
+        )
+        usages.append(r.usage)
+    after = tiny_server.metrics()
+
+    def grew(name, **labels):
+        return metric(after, name, **labels) - metric(before, name, **labels)
+
+    assert grew("vllm:prompt_tokens_total") == sum(u.prompt_tokens for u in usages)
+    assert grew("vllm:generation_tokens_total") == sum(u.completion_tokens for u in usages)
+    assert grew("vllm:request_success_total") == 2
+    assert grew("vllm:time_to_first_token_seconds_count") == 2
+    assert grew("vllm:e2e_request_latency_seconds_count") == 2
+    assert metric(after, "vllm:num_requests_running") == 0
+    names = {n for n, _ in after}
+    for required in (
+        "vllm:num_requests_waiting",
+        "vllm:kv_cache_usage_perc",
+        "vllm:inter_token_latency_seconds_bucket",
+        "vllm:request_queue_time_seconds_bucket",
+        "vllm:lora_requests_info",
+    ):
+        assert required in names
+    labels = {dict(ls).get("model_name") for n, ls in after if n == "vllm:generation_tokens_total"}
+    assert labels == {_base(client)}
+
+
+def test_a_client_that_disconnects_frees_its_sequence(tiny_server):
+    before = metric(tiny_server.metrics(), "vllm:request_success_total", finished_reason="abort")
+    body = {"model": "run-a", "prompt": "x", "max_tokens": 1000, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{tiny_server.url}/v1/completions", json=body, timeout=30) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data:")
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        values = tiny_server.metrics()
+        if metric(values, "vllm:request_success_total", finished_reason="abort") > before:
+            break
+        time.sleep(0.05)
+    assert metric(values, "vllm:request_success_total", finished_reason="abort") == before + 1
+    assert metric(values, "vllm:num_requests_running") == 0
+    assert metric(values, "vllm:generation_tokens_total") < 1000
+
+
+def test_ready_is_503_until_loaded_and_while_draining():
+    async def check():
+        state = ServerState()
+        transport = httpx.ASGITransport(app=create_app(state))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t") as c:
+            assert (await c.get("/health")).status_code == 200
+            assert (await c.get("/ready")).status_code == 503
+            r = await c.post(
+                "/v1/chat/completions", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]}
+            )
+            assert r.status_code == 503 and r.headers["retry-after"] == "1"
+            state.engine, state.draining = object(), True
+            assert (await c.get("/ready")).json() == {"status": "draining"}
+
+    asyncio.run(check())
+
+
+def test_a_full_queue_gets_429_with_retry_after(tiny_runs):
+    server = ServerProcess([str(tiny_runs[0]), "--dtype", "fp32", "--max-num-seqs", "1", "--max-waiting", "1"])
+    try:
+        statuses, headers = [], []
+
+        def ask():
+            r = httpx.post(
+                f"{server.url}/v1/completions",
+                timeout=120,
+                json={"model": "run-a", "prompt": "x", "max_tokens": 400, "temperature": 0},
+            )
+            statuses.append(r.status_code)
+            headers.append(r.headers.get("retry-after"))
+
+        threads = [threading.Thread(target=ask) for _ in range(4)]
+        for t in threads:
+            t.start()
+            time.sleep(0.1)
+        for t in threads:
+            t.join()
+    finally:
+        server.stop()
+    assert sorted(statuses).count(200) >= 2 and 429 in statuses
+    assert all(h == "1" for s, h in zip(statuses, headers) if s == 429)
+
+
+def test_sigterm_drains_in_flight_requests_then_exits_0(tiny_runs):
+    server = ServerProcess([str(tiny_runs[0]), "--dtype", "fp32", "--drain-seconds", "60"])
+    finish: list[str] = []
+    body = {"model": "run-a", "prompt": "x", "max_tokens": 300, "temperature": 0, "stream": True}
+    with httpx.stream("POST", f"{server.url}/v1/completions", json=body, timeout=60) as r:
+        lines = r.iter_lines()
+        assert next(lines).startswith("data:")
+        server.proc.send_signal(signal.SIGTERM)
+        time.sleep(0.3)
+        assert httpx.get(f"{server.url}/ready", timeout=5).status_code == 503
+        late = httpx.post(f"{server.url}/v1/completions", timeout=5, json={"model": "run-a", "prompt": "y"})
+        assert late.status_code == 503
+        for line in lines:
+            if '"finish_reason": "' in line:
+                finish.append(line.split('"finish_reason": "')[1].split('"')[0])
+    assert finish == ["length"]
+    assert server.proc.wait(timeout=30) == 0
+    assert "draining" in server.stop()
+
+
+def test_bad_targets_and_options_are_one_line(tmp_path):
+    for args, words in (
+        (["serve", str(tmp_path)], "neither a kubetune run directory"),
+        (["serve", str(tmp_path), "--adapter", "oops"], "expected NAME=RUN_DIR"),
+        (["serve", str(tmp_path), "--engine", "tgi"], "--engine tgi"),
+        (["serve", str(tmp_path), "--dtype", "fp16", "--port", "0"], "--port 0"),
+    ):
+        r = run_cli(args, timeout=120)
+        assert r.returncode == 2, r.stderr
+        lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1 and words in lines[0], r.stderr
+
+
+def _base(client) -> str:
+    return next(m.id for m in client.models.list().data if getattr(m, "parent", None) is None)
