@@ -62,7 +62,7 @@ def test_batched_chunked_mixed_adapters_match_transformers(tiny_runs, tiny_model
     """Nine sequences of different lengths, three adapters (base, a, qv), prompts read in chunks
     of 5 tokens, sequences finishing at different steps (so slots move): every generated token
     is the argmax of transformers' full forward of the same model and adapter."""
-    served, engine = _engine(tiny_runs, Limits(max_num_seqs=6, prefill_chunk=5))
+    _served, engine = _engine(tiny_runs, Limits(max_num_seqs=6, prefill_chunk=5))
     refs = _reference_models(tiny_runs, tiny_model_dir)
     torch.manual_seed(1)
     jobs = []
@@ -127,7 +127,7 @@ def test_admission_limits_name_the_option(tiny_runs):
 
 def test_kv_budget_limits_the_batch_and_never_a_request_that_fits(tiny_runs):
     """A budget for two sequences: the third waits for a slot instead of overrunning memory."""
-    served, engine = _engine(tiny_runs, Limits(prefill_chunk=64))
+    _served, engine = _engine(tiny_runs, Limits(prefill_chunk=64))
     per_token = engine.cache.token_bytes
     engine.cache.budget_tokens = 2 * 256  # room for two sequences of up to 256 positions
     sinks = [Collector() for _ in range(3)]
