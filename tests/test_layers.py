@@ -27,6 +27,10 @@ FORBIDDEN = {
     "rundir.py": ("kubetune.data", "kubetune.models", "kubetune.training", "kubetune.export"),
     "training": ("kubetune.k8s", "kubetune.cluster", "kubetune.evaluate", "kubetune.generate", "kubetune.cli"),
     "kube.py": ("kubetune.recipe", "kubetune.training", "kubetune.models", "kubetune.data"),
+    # serving reads runs (models, export, rundir), never the training engine or the cluster code
+    "serve": ("kubetune.training", "kubetune.k8s", "kubetune.cluster", "kubetune.evaluate"),
+    # shared by `kubetune serve` and the torch-free `k8s render-serve`
+    "serve/contract.py": ("kubetune.models", "kubetune.data", "kubetune.export", "torch"),
     # printed by the engine, parsed by the torch-free k8s layer: stdlib only
     "progress_line.py": ("kubetune", "torch"),
 }

@@ -131,6 +131,9 @@ def serve(
     max_model_len: int = typer.Option(4096, "--max-model-len", help="Prompt + generated tokens per sequence."),
     max_prompt_tokens: int = typer.Option(4096, "--max-prompt-tokens"),
     prefill_chunk: int = typer.Option(512, "--prefill-chunk", help="Prompt tokens read per engine step."),
+    prefix_caching: bool = typer.Option(
+        True, "--prefix-caching/--no-prefix-caching", help="Reuse the K/V of prompt prefixes seen before."
+    ),
     kv_cache_gib: float | None = typer.Option(
         None, "--kv-cache-gib", help="KV-cache budget (default: from the memory limit)."
     ),
@@ -162,7 +165,7 @@ def serve(
     from kubetune.serve.server import ServeOptions
     from kubetune.serve.server import serve as run_server
 
-    limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk)
+    limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
     kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
     run_server(ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds))
 

@@ -13,11 +13,14 @@ from kubetune.serve.engine import AdmissionError, Engine, Event, Limits, Request
 from kubetune.serve.kvcache import SlotCache, register
 from kubetune.serve.metrics import ServeMetrics
 from kubetune.serve.models import load_served
+from kubetune.serve.packed import pack
 
 
-def _engine(tiny_runs, limits: Limits, budget: int = 64 << 20):
+def _engine(tiny_runs, limits: Limits, budget: int = 64 << 20, packed: bool = False):
     a, b = tiny_runs
     served = load_served(str(a), [Adapter("qv", str(b))], torch.float32, register())
+    if packed:  # every linear layer through oneDNN's packed weights
+        assert "5/5 weight shapes" in pack(served.lm, rows=4, only_faster=False)
     cfg = served.lm.config
     cache = SlotCache(
         cfg.num_hidden_layers,
@@ -58,11 +61,12 @@ def _reference_models(tiny_runs, tiny_model_dir):
     }
 
 
-def test_batched_chunked_mixed_adapters_match_transformers(tiny_runs, tiny_model_dir):
+@pytest.mark.parametrize("packed", [False, True], ids=["plain", "packed"])
+def test_batched_chunked_mixed_adapters_match_transformers(tiny_runs, tiny_model_dir, packed):
     """Nine sequences of different lengths, three adapters (base, a, qv), prompts read in chunks
     of 5 tokens, sequences finishing at different steps (so slots move): every generated token
     is the argmax of transformers' full forward of the same model and adapter."""
-    _served, engine = _engine(tiny_runs, Limits(max_num_seqs=6, prefill_chunk=5))
+    _served, engine = _engine(tiny_runs, Limits(max_num_seqs=6, prefill_chunk=5), packed=packed)
     refs = _reference_models(tiny_runs, tiny_model_dir)
     torch.manual_seed(1)
     jobs = []
@@ -161,3 +165,22 @@ def test_abort_leaves_the_batch_at_the_next_step(tiny_runs):
         engine.stop()
     assert sink.finish == "abort" and len(sink.tokens) < 1000
     assert engine._slots == [] and engine.in_flight == 0
+
+
+def test_prompt_prefixes_are_reused_per_adapter_with_the_same_tokens(tiny_runs):
+    """The second request with the same 40-token prefix reads 32 of them from the prefix cache
+    (two blocks of 16; never the last prompt token) and answers exactly as the first; the same
+    prompt for another adapter reuses nothing (its K/V differ)."""
+    _, engine = _engine(tiny_runs, Limits())
+    engine.start()
+    try:
+        answers = []
+        for adapter in (0, 0, 1):
+            sink = Collector()
+            engine.submit(Request(f"p{len(answers)}", list(range(300, 340)) + [5, 6], Sampling(8), sink, adapter))
+            assert sink.done.wait(60)
+            answers.append((engine.prefixes.hits, sink.tokens))
+    finally:
+        engine.stop()
+    assert [hits for hits, _ in answers] == [0, 32, 32]
+    assert answers[0][1] == answers[1][1]

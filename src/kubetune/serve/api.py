@@ -9,6 +9,7 @@ OpenAI's error shape. A client that goes away aborts its sequence at the next de
 from __future__ import annotations
 
 import asyncio
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -29,6 +30,31 @@ from kubetune.serve.text import TextStream
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer the stream
 
 
+class Mailbox:
+    """Engine events to the requests' queues on the event loop, with at most one wake-up of the
+    loop per engine step (instead of one per token of every running sequence)."""
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: list[tuple[asyncio.Queue[Event], Event]] = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def post(self, queue: asyncio.Queue[Event], event: Event) -> None:
+        with self._lock:
+            self._items.append((queue, event))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        self.loop.call_soon_threadsafe(self._deliver)
+
+    def _deliver(self) -> None:
+        with self._lock:
+            items, self._items, self._scheduled = self._items, [], False
+        for queue, event in items:
+            queue.put_nowait(event)
+
+
 @dataclass
 class ServerState:
     """What the routes need; `served` and `engine` are None until the model has loaded."""
@@ -38,6 +64,7 @@ class ServerState:
     engine: Any = None
     metrics: Any = None
     draining: bool = False
+    mailbox: Mailbox | None = None
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -163,14 +190,16 @@ async def _complete(state: ServerState, request: Request, body: Any, model: Any,
     ids = served.tokenizer(prompt, add_special_tokens=not (chat and model.renderer.uses_chat_template))["input_ids"]
     max_tokens = body.requested_max_tokens() or min(state.default_max_tokens, engine.limits.max_model_len - len(ids))
     sampling = Sampling(max(1, max_tokens), body.temperature, body.top_p, body.seed)
-    loop = asyncio.get_running_loop()
+    if state.mailbox is None:
+        state.mailbox = Mailbox(asyncio.get_running_loop())
+    mailbox = state.mailbox
     events: asyncio.Queue[Event] = asyncio.Queue()
     rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
     req = EngineRequest(
         rid,
         ids,
         sampling,
-        lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev),
+        lambda ev: mailbox.post(events, ev),
         model.adapter,
         model.name if model.parent else None,
     )

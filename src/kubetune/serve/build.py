@@ -3,6 +3,7 @@ models and adapters, the KV-cache budget from the container's memory, a warm-up 
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from typing import Any
 
@@ -14,6 +15,7 @@ from kubetune.serve.engine import Engine, Limits
 from kubetune.serve.kvcache import SlotCache, register
 from kubetune.serve.metrics import ServeMetrics
 from kubetune.serve.models import ServedSet, load_served
+from kubetune.serve.packed import pack
 
 KV_SHARE_OF_FREE = 0.5  # of the memory the container has left once the weights are in
 KV_MAX_WITHOUT_LIMIT = 8 << 30  # a laptop or a pod without a limit: never more than this
@@ -51,6 +53,7 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     served = load_served(opts.target, list(opts.adapters), dtype, register())
     config = served.lm.config
     limits = _limits(opts.limits, config)
+    linear = pack(served.lm, rows=min(16, limits.max_num_seqs))
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     cache = SlotCache(
         config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype, kv_budget(opts.kv_cache_bytes)
@@ -62,7 +65,7 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     summary = (
         f"serving {', '.join(served.models)} | {str(dtype).removeprefix('torch.')}, {threads} thread(s) | "
         f"KV cache {cache.budget_tokens:,} tokens ({cache.budget_tokens * cache.token_bytes / 2**30:.2f} GiB), "
-        f"<= {limits.max_num_seqs} running, <= {limits.max_waiting} waiting, context {limits.max_model_len}"
+        f"<= {limits.max_num_seqs} running, <= {limits.max_waiting} waiting, context {limits.max_model_len} | {linear}"
     )
     return served, engine, metrics, summary
 
@@ -71,10 +74,6 @@ def _limits(limits: Limits, config: Any) -> Limits:
     """The context is never longer than the model's own."""
     model_max = int(getattr(config, "max_position_embeddings", limits.max_model_len) or limits.max_model_len)
     max_len = min(limits.max_model_len, model_max)
-    return Limits(
-        limits.max_num_seqs,
-        limits.max_waiting,
-        max_len,
-        min(limits.max_prompt_tokens, max_len - 1),
-        limits.prefill_chunk,
+    return dataclasses.replace(
+        limits, max_model_len=max_len, max_prompt_tokens=min(limits.max_prompt_tokens, max_len - 1)
     )

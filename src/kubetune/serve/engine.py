@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 
-from kubetune.serve.kvcache import Rows, SlotCache
+from kubetune.serve.kvcache import PrefixCache, Rows, SlotCache
 from kubetune.serve.lora import BASE, LoraBatch
 from kubetune.serve.metrics import ServeMetrics
 
@@ -35,6 +35,7 @@ class Limits:
     max_model_len: int = 4096  # prompt + generated tokens of one sequence
     max_prompt_tokens: int = 4096
     prefill_chunk: int = 512  # prompt tokens read per engine turn
+    prefix_caching: bool = True  # reuse the K/V of prompt prefixes seen before
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,8 @@ class Engine:
             metrics,
         )
         self.decoder, self.head = lm.get_decoder(), lm.get_output_embeddings()
+        # a tenth of the KV budget holds prompt prefixes for reuse (0 turns reuse off)
+        self.prefixes = PrefixCache(cache, cache.budget_tokens // 10 if limits.prefix_caching else 0)
         params = inspect.signature(self.decoder.forward).parameters
         self._cache_kw = "cache" if "cache" in params else "past_key_values"
         self._inbox: queue.SimpleQueue[tuple[str, Any]] = queue.SimpleQueue()
@@ -248,10 +251,11 @@ class Engine:
                 return  # waits until running sequences finish and free the cache
             with self._lock:
                 self._waiting.popleft()
-            self.cache.reserve(len(self._slots) + 1, capacity)
+            self.cache.reserve(len(self._slots) + 1, capacity, self.limits.max_num_seqs)
             seq.started = time.monotonic()
             self.metrics.queued(seq.started - seq.request.arrival)
             seq.slot = len(self._slots)  # free: slots 0..n-1 are taken in order (see _order_slots)
+            seq.cached = self.prefixes.restore(seq.request.prompt, seq.request.adapter, seq.slot)
             self._slots.append(seq)  # a prefilling sequence: after every decoding one
 
     # --- prefill ---------------------------------------------------------------------------
@@ -284,6 +288,7 @@ class Engine:
             seq.cached += take
             if not seq.prompt_left:
                 done.append((row, take - 1, seq))
+                self.prefixes.remember(seq.request.prompt, seq.request.adapter, seq.slot)
         if done:
             last = hidden[[r for r, _, _ in done], [c for _, c, _ in done]]
             self._emit([s for _, _, s in done], self._sample(self.head(last).float(), [s for _, _, s in done]))

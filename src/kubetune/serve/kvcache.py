@@ -16,6 +16,7 @@ grow on demand and never past it.
 
 from __future__ import annotations
 
+import collections
 from dataclasses import dataclass
 from typing import Any
 
@@ -55,23 +56,29 @@ class SlotCache:
         self.rows: Rows | None = None
 
     # --- memory -------------------------------------------------------------------------
-    def plan(self, slots: int, capacity: int) -> tuple[int, int]:
+    def plan(self, slots: int, capacity: int, max_slots: int | None = None) -> tuple[int, int]:
         """The shape (slots, positions) the cache must have to hold `slots` sequences of up to
-        `capacity` positions: never smaller than now, positions rounded up to GROW_TOKENS
-        where the budget allows (so that growing is rare)."""
-        slots = max(slots, self.slots)
+        `capacity` positions: never smaller than now; where the budget allows, slots double (up
+        to `max_slots`) and positions round up to GROW_TOKENS, so that growing, which copies the
+        whole cache, happens a few times per load change instead of at every admission."""
+        need = max(slots, self.slots)
         rounded = max(self.capacity, -(-capacity // GROW_TOKENS) * GROW_TOKENS)
-        if slots * rounded <= self.budget_tokens:
-            return slots, rounded
-        return slots, max(self.capacity, capacity)
+        for cand_slots, cand_capacity in (
+            (min(max(need, 2 * self.slots), max_slots or need), rounded),
+            (need, rounded),
+            (need, max(self.capacity, capacity)),
+        ):
+            if need <= cand_slots and cand_slots * cand_capacity <= self.budget_tokens:
+                return cand_slots, cand_capacity
+        return need, max(self.capacity, capacity)
 
     def fits(self, slots: int, capacity: int) -> bool:
         planned_slots, planned_capacity = self.plan(slots, capacity)
         return planned_slots * planned_capacity <= self.budget_tokens
 
-    def reserve(self, slots: int, capacity: int) -> None:
+    def reserve(self, slots: int, capacity: int, max_slots: int | None = None) -> None:
         """Grow to the planned shape for `slots` x `capacity`; the caller checked `fits`."""
-        slots, capacity = self.plan(slots, capacity)
+        slots, capacity = self.plan(slots, capacity, max_slots)
         if slots == self.slots and capacity == self.capacity:
             return
         shape = (slots, self.kv_heads, capacity, self.head_dim)
@@ -160,8 +167,13 @@ def slot_attention(
     b, heads, width, dim = query.shape
     kv_heads = key.shape[1]
     if width == 1:
+        # one query per sequence: plain matmuls beat SDPA's flash kernel at this size (its
+        # per-call set-up costs more than the few KFLOPs of each head)
         grouped = query.reshape(b, kv_heads, heads // kv_heads, dim)
-        out = F.scaled_dot_product_attention(grouped, key, value, attn_mask=attention_mask, scale=scaling)
+        scores = torch.matmul(grouped, key.transpose(-1, -2)) * (scaling or dim**-0.5)
+        if attention_mask is not None:
+            scores = scores.masked_fill(~attention_mask, float("-inf"))
+        out = torch.matmul(scores.softmax(dim=-1), value)
         return out.reshape(b, 1, heads, dim), None
     out = F.scaled_dot_product_attention(
         query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=heads != kv_heads
@@ -174,3 +186,64 @@ def register() -> str:
 
     AttentionInterface.register(ATTENTION_NAME, slot_attention)
     return ATTENTION_NAME
+
+
+class PrefixCache:
+    """K/V of prompt prefixes seen before, reused instead of recomputed (vLLM's automatic prefix
+    caching, over the slot cache). Chat prompts share long prefixes: the template's header and
+    system prompt are the same for every request, and a conversation resends its history.
+
+    Prompts are cut into blocks of BLOCK tokens; a block is known by the hash of its tokens,
+    the blocks before it and the adapter (an adapter changes K and V from the first layer on).
+    A new sequence copies the K/V of its longest known chain of blocks into its slot and reads
+    only the rest of its prompt. Least recently used blocks leave when `budget_tokens` is full.
+    """
+
+    BLOCK = 16
+
+    def __init__(self, cache: SlotCache, budget_tokens: int) -> None:
+        self.cache = cache
+        self.max_blocks = max(0, budget_tokens // self.BLOCK)
+        self.blocks: collections.OrderedDict[int, tuple[torch.Tensor, torch.Tensor]] = collections.OrderedDict()
+        self.hits = 0  # prompt tokens served from here, for the log and tests
+
+    def _chain(self, tokens: list[int], adapter: int, limit: int) -> list[int]:
+        keys, parent = [], hash(("adapter", adapter))
+        for start in range(0, limit - self.BLOCK + 1, self.BLOCK):
+            parent = hash((parent, *tokens[start : start + self.BLOCK]))
+            keys.append(parent)
+        return keys
+
+    def restore(self, tokens: list[int], adapter: int, slot: int) -> int:
+        """Copy the longest known prefix of `tokens` (never the last token: its logits are
+        needed) into `slot`; returns how many tokens were restored."""
+        if not self.max_blocks:
+            return 0
+        found = 0
+        for i, key in enumerate(self._chain(tokens, adapter, len(tokens) - 1)):
+            block = self.blocks.get(key)
+            if block is None:
+                break
+            self.blocks.move_to_end(key)
+            span = slice(i * self.BLOCK, (i + 1) * self.BLOCK)
+            for layer in range(self.cache.layers):
+                self.cache.k[layer][slot, :, span] = block[0][layer]
+                self.cache.v[layer][slot, :, span] = block[1][layer]
+            found = (i + 1) * self.BLOCK
+        self.hits += found
+        return found
+
+    def remember(self, tokens: list[int], adapter: int, slot: int) -> None:
+        """Keep the full blocks of a prompt whose K/V now sit in `slot`."""
+        if not self.max_blocks:
+            return
+        for i, key in enumerate(self._chain(tokens, adapter, len(tokens))):
+            if key in self.blocks:
+                self.blocks.move_to_end(key)
+                continue
+            span = slice(i * self.BLOCK, (i + 1) * self.BLOCK)
+            k = torch.stack([self.cache.k[layer][slot, :, span] for layer in range(self.cache.layers)])
+            v = torch.stack([self.cache.v[layer][slot, :, span] for layer in range(self.cache.layers)])
+            self.blocks[key] = (k, v)
+            while len(self.blocks) > self.max_blocks:
+                self.blocks.popitem(last=False)

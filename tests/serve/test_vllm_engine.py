@@ -1,0 +1,75 @@
+"""`--engine vllm`: the command kubetune runs is tested everywhere; vLLM itself only where it
+is installed (KUBETUNE_VLLM_PYTHON, e.g. .venv-vllm/bin/python from scripts/vllm_venv.sh)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+
+from kubetune.serve.contract import Adapter, vllm_argv
+from kubetune.serve.vllm_engine import VLLM_PYTHON_ENV, vllm_options, vllm_python
+
+from ..conftest import run_cli
+from .conftest import free_port
+
+
+def test_a_lora_run_maps_to_the_base_with_every_adapter(tiny_runs, tiny_model_dir):
+    a, b = tiny_runs
+    opts = vllm_options(str(a), [Adapter("qv", str(b))], "0.0.0.0", 8000, 1024, 32)
+    argv = vllm_argv(opts)
+    assert argv[:3] == ["python", "-m", "vllm.entrypoints.openai.api_server"]
+    assert argv[argv.index("--model") + 1] == str(tiny_model_dir)
+    assert argv[argv.index("--served-model-name") + 1] == tiny_model_dir.name  # the native engine's base name
+    lora = argv[argv.index("--lora-modules") + 1 :]
+    assert lora[:2] == [f"run-a={a / 'adapter'}", f"qv={b / 'adapter'}"]
+    assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "8"
+    assert argv[argv.index("--max-model-len") + 1] == "1024" and argv[argv.index("--max-num-seqs") + 1] == "32"
+
+
+def test_without_vllm_the_command_says_how_to_get_it(tiny_runs, tmp_path):
+    env = {VLLM_PYTHON_ENV: str(tmp_path / "no-such-python")}
+    r = run_cli(["serve", str(tiny_runs[0]), "--engine", "vllm"], env=env, timeout=120)
+    assert r.returncode == 2
+    assert r.stderr.strip().splitlines() == [
+        "kubetune: error: --engine vllm: vLLM is not installed here; install it (CPU: scripts/vllm_venv.sh, then "
+        "KUBETUNE_VLLM_PYTHON=.venv-vllm/bin/python) or use --engine native"
+    ]
+
+
+@pytest.mark.skipif(vllm_python() is None, reason=f"vLLM is not installed (set {VLLM_PYTHON_ENV} to a python with it)")
+def test_vllm_serves_the_run_under_the_same_names(tiny_runs, tiny_model_dir):
+    a, _ = tiny_runs
+    port = free_port()
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
+    argv = ["kubetune", "serve", str(a), "--engine", "vllm", "--port", str(port), "--max-model-len", "512"]
+    proc = subprocess.Popen(
+        [str(Path(os.sys.executable).parent / "kubetune"), *argv[1:]],
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        deadline = time.monotonic() + 600
+        while time.monotonic() < deadline and proc.poll() is None:
+            try:
+                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(1)
+        ids = {m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"]}
+        assert ids == {tiny_model_dir.name, "run-a"}
+        r = httpx.post(
+            f"http://127.0.0.1:{port}/v1/chat/completions",
+            timeout=120,
+            json={"model": "run-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4},
+        )
+        assert r.status_code == 200 and r.json()["usage"]["completion_tokens"] >= 1
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)
