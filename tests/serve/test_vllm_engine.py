@@ -35,10 +35,11 @@ def test_without_vllm_the_command_says_how_to_get_it(tiny_runs, tmp_path):
     env = {VLLM_PYTHON_ENV: str(tmp_path / "no-such-python")}
     r = run_cli(["serve", str(tiny_runs[0]), "--engine", "vllm"], env=env, timeout=120)
     assert r.returncode == 2
-    assert r.stderr.strip().splitlines() == [
+    expected = (
         "kubetune: error: --engine vllm: vLLM is not installed here; install it (CPU: scripts/vllm_venv.sh, then "
         "KUBETUNE_VLLM_PYTHON=.venv-vllm/bin/python) or use --engine native"
-    ]
+    )
+    assert r.stderr.strip().splitlines() == [expected]
 
 
 @pytest.mark.skipif(vllm_python() is None, reason=f"vLLM is not installed (set {VLLM_PYTHON_ENV} to a python with it)")
