@@ -157,6 +157,12 @@ def serve(
     ):
         if value < 1:
             raise UserError(f"{name} {value}: must be at least 1")
+    if engine == "auto":
+        from kubetune.serve.vllm_engine import auto_picks_vllm
+
+        picked, why = auto_picks_vllm(target)
+        engine = "vllm" if picked else "native"
+        typer.echo(f"kubetune: engine {engine} ({why})", err=True)
     if engine == "vllm":
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options
 

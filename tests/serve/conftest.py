@@ -75,6 +75,7 @@ class ServerProcess:
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "kubetune", "serve", *args, "--port", str(self.port), "--threads", "1"]
+        cmd += [] if "--engine" in args else ["--engine", "native"]
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )

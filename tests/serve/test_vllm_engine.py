@@ -74,3 +74,22 @@ def test_vllm_serves_the_run_under_the_same_names(tiny_runs, tiny_model_dir):
     finally:
         proc.terminate()
         proc.wait(timeout=60)
+
+
+def test_auto_picks_native_without_vllm_and_for_templates_vllm_would_not_render(tiny_runs, tmp_path, monkeypatch):
+    from kubetune.serve import vllm_engine
+
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(tmp_path / "none"))
+    assert vllm_engine.auto_picks_vllm(str(tiny_runs[0])) == (False, "vLLM is not installed")
+    fake = tmp_path / "python"
+    fake.write_text("")
+    monkeypatch.setenv(VLLM_PYTHON_ENV, str(fake))
+    assert vllm_engine.auto_picks_vllm(str(tiny_runs[0])) == (True, "vLLM is installed")  # chat template
+    import shutil
+
+    alpaca = tmp_path / "alpaca-run"
+    shutil.copytree(tiny_runs[0], alpaca)
+    recipe = alpaca / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("template: chat", "template: alpaca"))
+    picked, why = vllm_engine.auto_picks_vllm(str(alpaca))
+    assert not picked and "template" in why
