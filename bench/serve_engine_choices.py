@@ -29,8 +29,9 @@ SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "medical_flas
 def prompts(tokenizer, n: int) -> list[list[int]]:
     rows = [json.loads(line) for line in SHARED.read_text().splitlines()[:n]]
     texts = [
-        tokenizer.apply_chat_template([{"role": "user", "content": r["input"]}], tokenize=False,
-                                      add_generation_prompt=True)
+        tokenizer.apply_chat_template(
+            [{"role": "user", "content": r["input"]}], tokenize=False, add_generation_prompt=True
+        )
         for r in rows
     ]
     return [tokenizer(t, add_special_tokens=False)["input_ids"] for t in texts]
@@ -41,11 +42,18 @@ def kubetune_arm(model_dir: str, ids: list[list[int]], max_tokens: int, compile_
     from kubetune.serve.kvcache import SlotCache, register
     from kubetune.serve.metrics import ServeMetrics
     from kubetune.serve.models import load_served
+    from kubetune.serve.packed import pack
 
     served = load_served(model_dir, [], torch.float32, register())
+    print("  ", pack(served.lm, rows=16))  # as `kubetune serve` does
     cfg = served.lm.config
-    cache = SlotCache(cfg.num_hidden_layers, cfg.num_key_value_heads, cfg.hidden_size // cfg.num_attention_heads,
-                      torch.float32, 2 << 30)
+    cache = SlotCache(
+        cfg.num_hidden_layers,
+        cfg.num_key_value_heads,
+        cfg.hidden_size // cfg.num_attention_heads,
+        torch.float32,
+        2 << 30,
+    )
     engine = Engine(served.lm, None, cache, served.lora, Limits(), ServeMetrics(served.base_name, 0, []))
     first_call = 0.0
     if compile_decoder:
@@ -64,6 +72,7 @@ def kubetune_arm(model_dir: str, ids: list[list[int]], max_tokens: int, compile_
                 counts[i] += 1
             if ev.finish_reason:
                 done[i].set()
+
         return on
 
     t0 = time.perf_counter()
@@ -98,8 +107,14 @@ def hf_static_arm(model_dir: str, ids: list[list[int]], max_tokens: int) -> dict
     with torch.inference_mode():
         model.generate(batch[:2], attention_mask=mask[:2], max_new_tokens=4, do_sample=False, pad_token_id=0)
         t0 = time.perf_counter()
-        out = model.generate(batch, attention_mask=mask, max_new_tokens=max_tokens, min_new_tokens=max_tokens,
-                             do_sample=False, pad_token_id=0)
+        out = model.generate(
+            batch,
+            attention_mask=mask,
+            max_new_tokens=max_tokens,
+            min_new_tokens=max_tokens,
+            do_sample=False,
+            pad_token_id=0,
+        )
         wall = time.perf_counter() - t0
     return {"tokens": (out.shape[1] - width) * len(ids), "seconds": wall}
 
