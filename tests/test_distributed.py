@@ -155,6 +155,7 @@ def test_trainjob_contract_starts_torchrun_from_pet_variables(tmp_path, dist_ove
     assert summary["steps"] == 4
 
 
+@pytest.mark.slow
 def test_rescaled_resume_two_one_two(tmp_path, dist_overrides):
     run = tmp_path / "elastic"
     common = [o for o in dist_overrides if not o.startswith("train.max_steps")] + [
@@ -308,22 +309,28 @@ def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overri
         assert [r["loss"] for r in steps] == pytest.approx(losses(one)[2:], rel=1e-4)
 
 
-def test_four_processes_in_two_dimensions(tmp_path, dist_overrides):
+@pytest.mark.parametrize(
+    ("layout", "same_as"),
+    [
+        (["parallel.tp=2"], "ddp"),
+        (["parallel.tp=2", "parallel.pp=2"], "one"),
+        pytest.param(["parallel.fsdp=2", "parallel.tp=2"], "ddp", marks=pytest.mark.slow),
+        pytest.param(["parallel.pp=2"], "ddp", marks=pytest.mark.slow),
+    ],
+    ids=["dp2xtp2", "tp2xpp2", "fsdp2xtp2", "dp2xpp2"],
+)
+def test_four_processes_in_two_dimensions(tmp_path_factory, dist_overrides, layout, same_as):
     """dp 2 x tp 2, fsdp 2 x tp 2 and dp 2 x pp 2 train like 2-process DDP; tp 2 x pp 2
     like one process."""
     common = [*dist_overrides, "train.grad_accum=2", "train.max_steps=3"]
-    ddp, one = tmp_path / "ddp", tmp_path / "one"
-    finish(kubetune(["train", "--nproc-per-node", "2", *common, f"output_dir={ddp}"]))
-    finish(kubetune(["train", *common, f"output_dir={one}"]))
-    for layout, same_as in (
-        (["parallel.tp=2"], ddp),
-        (["parallel.fsdp=2", "parallel.tp=2"], ddp),
-        (["parallel.pp=2"], ddp),
-        (["parallel.tp=2", "parallel.pp=2"], one),
-    ):
-        run = tmp_path / "-".join(layout)
-        finish(kubetune(["train", "--nproc-per-node", "4", *common, *layout, f"output_dir={run}"]))
-        assert_same_run(same_as, run)
+    reference = tmp_path_factory.mktemp(same_as)
+    if same_as == "ddp":
+        finish(kubetune(["train", "--nproc-per-node", "2", *common, f"output_dir={reference}"]))
+    else:
+        finish(kubetune(["train", *common, f"output_dir={reference}"]))
+    run = tmp_path_factory.mktemp("-".join(layout))
+    finish(kubetune(["train", "--nproc-per-node", "4", *common, *layout, f"output_dir={run}"]))
+    assert_same_run(reference, run)
 
 
 def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):

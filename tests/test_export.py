@@ -36,6 +36,7 @@ def test_merged_export_matches_base_plus_adapter(tmp_path, tiny_overrides):
 
 
 @pytest.mark.e2e
+@pytest.mark.slow  # the default suite's real-model path is tests/serve/test_serve_e2e.py (train, serve, generate)
 def test_real_model_train_resume_export_generate(tmp_path):
     """SmolLM2-135M end to end through the CLI: train, resume to more steps, export, generate."""
     data = SHARED_DATA / "train.jsonl" if (SHARED_DATA / "train.jsonl").is_file() else None

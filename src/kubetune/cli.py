@@ -162,7 +162,8 @@ def serve(
 
         picked, why = auto_picks_vllm(target)
         engine = "vllm" if picked else "native"
-        typer.echo(f"kubetune: engine {engine} ({why})", err=True)
+        if picked:  # the native engine names itself in its ready line
+            typer.echo(f"kubetune: engine vllm ({why})", err=True)
     if engine == "vllm":
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options
 
