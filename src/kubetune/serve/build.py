@@ -63,7 +63,8 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     engine.warm_up()
     engine.start()
     summary = (
-        f"native engine serving {', '.join(served.models)} | {str(dtype).removeprefix('torch.')}, {threads} thread(s) | "
+        f"native engine serving {', '.join(served.models)} | "
+        f"{str(dtype).removeprefix('torch.')}, {threads} thread(s) | "
         f"KV cache {cache.budget_tokens:,} tokens ({cache.budget_tokens * cache.token_bytes / 2**30:.2f} GiB), "
         f"<= {limits.max_num_seqs} running, <= {limits.max_waiting} waiting, context {limits.max_model_len} | {linear}"
     )

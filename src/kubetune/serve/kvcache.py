@@ -149,7 +149,8 @@ class SlotCache:
 def _valid(counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(row, column) indices of the real tokens of right-padded rows."""
     valid = torch.arange(width)[None, :] < counts[:, None]
-    return valid.nonzero(as_tuple=True)
+    rows, columns = valid.nonzero(as_tuple=True)
+    return rows, columns
 
 
 def slot_attention(

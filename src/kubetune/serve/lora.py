@@ -45,6 +45,10 @@ class LoraBatch:
 
 
 class MultiLoraLinear(nn.Module):
+    a: torch.Tensor  # [sum of ranks, in]
+    b: torch.Tensor  # [out, sum of ranks], scaled
+    column_owner: torch.Tensor  # [sum of ranks]: the adapter index of each column
+
     def __init__(self, base: nn.Linear, batch: LoraBatch, layout_key: int) -> None:
         super().__init__()
         self.base = base
@@ -88,16 +92,18 @@ def read_adapters(base: Any, adapters: list[tuple[str, str]]) -> list[AdapterWei
         peft_model.load_adapter(path, adapter_name=name)
     found: list[AdapterWeights] = []
     for name, path in adapters:
-        config = peft_model.peft_config[name]
+        config: Any = peft_model.peft_config[name]
         if getattr(config, "use_dora", False):
             raise ModelError(
                 f"adapter {name} ({path}): DoRA adapters cannot be served; merge it (kubetune export --merged)"
             )
         layers = {}
-        for module_path, module in peft_model.base_model.model.named_modules():
+        inner: Any = peft_model.base_model.model
+        for module_path, module in inner.named_modules():
             if isinstance(module, LoraLayer) and name in module.lora_A:
-                a, b = module.lora_A[name].weight.detach(), module.lora_B[name].weight.detach()
-                layers[module_path] = (a.clone(), b.clone(), float(module.scaling[name]))
+                lora: Any = module
+                a, b = lora.lora_A[name].weight.detach(), lora.lora_B[name].weight.detach()
+                layers[module_path] = (a.clone(), b.clone(), float(lora.scaling[name]))
         found.append(AdapterWeights(name, layers, int(config.r)))
     peft_model.unload()  # the base's own Linear layers back in place, unmerged
     return found

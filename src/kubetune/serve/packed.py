@@ -32,7 +32,8 @@ class PackedLinear(nn.Module):
         super().__init__()
         self.in_features, self.out_features = linear.in_features, linear.out_features
         self.packed = torch.ops.mkldnn._reorder_linear_weight(linear.weight.detach(), rows_hint)
-        self.bias = None if linear.bias is None else linear.bias.detach()
+        bias = getattr(linear, "bias", None)  # None for bias-free layers, whatever the stubs say
+        self.bias = None if bias is None else bias.detach()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _linear_packed(x, self.packed, self.bias)
