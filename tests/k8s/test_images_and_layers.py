@@ -299,6 +299,8 @@ def _rendered_containers(tags: dict[str, str]) -> list[tuple[str, str, list[str]
         for profile in ("cpu", "gaudi", "nvidia")
         for api in (["--api", "pytorchjob"], ["--api", "trainjob", "--with-runtime"])
     ]
+    # the serving Deployment of the native engine runs `kubetune serve` from kubetune's image
+    renders += [["k8s", "render-serve", "smollm2-135m-lora-cpu", "--profile", p] for p in ("cpu", "gaudi", "nvidia")]
     renders += [["k8s", "render-components"]] + [
         ["k8s", "render-components", "--image", f"registry.example.com/kubetune:{tag}"] for tag in tags
     ]
@@ -319,7 +321,12 @@ def test_every_rendered_command_runs_from_the_image_named_for_it():
     tags = dockerfile_tags(DOCKERFILES)
     containers = _rendered_containers(tags)
     commands = {tuple(argv[:2]) for _, _, argv in containers}
-    assert {("kubetune", "train"), ("kubetune", "device-plugin"), ("kubetune", "scheduler-extender")} <= commands
+    assert {
+        ("kubetune", "train"),
+        ("kubetune", "serve"),
+        ("kubetune", "device-plugin"),
+        ("kubetune", "scheduler-extender"),
+    } <= commands
     found = []
     for (image, argv), where in {(c[1], tuple(c[2])): c[0] for c in containers}.items():
         tag = image.rpartition("/")[2].partition(":")[2]
