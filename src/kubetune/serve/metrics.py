@@ -7,6 +7,7 @@ These names are a contract (README, "Serving metrics"): renaming one breaks user
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -96,8 +97,10 @@ class ServeMetrics:
             registry=r,
         )
         self._lora_state: tuple[str, str] | None = None
-        for metric in (self.running, self.waiting, self.kv_usage, self.prompt_tokens, self.generation_tokens):
-            metric.labels(model_name).set(0) if isinstance(metric, Gauge) else metric.labels(model_name).inc(0)
+        for gauge in (self.running, self.waiting, self.kv_usage):  # present (at 0) before the first request
+            gauge.labels(model_name).set(0)
+        for counter in (self.prompt_tokens, self.generation_tokens):
+            counter.labels(model_name).inc(0)
 
     def queued(self, seconds: float) -> None:
         self.queue_time.labels(self.model_name).observe(seconds)
@@ -109,8 +112,6 @@ class ServeMetrics:
         self.itl.labels(self.model_name).observe(seconds)
 
     def finished(self, request: Any, prompt_tokens: int, generated: int, reason: str) -> None:
-        import time
-
         name = self.model_name
         self.prompt_tokens.labels(name).inc(prompt_tokens)
         self.generation_tokens.labels(name).inc(generated)
@@ -125,8 +126,6 @@ class ServeMetrics:
         if self.max_lora:
             lora = (_adapters(running_seqs), _adapters(waiting_seqs))
             if lora != self._lora_state:  # one series at a time, as vLLM keeps it
-                import time
-
                 self.lora_info.clear()
                 self.lora_info.labels(lora[0], lora[1], str(self.max_lora)).set(time.time())
                 self._lora_state = lora

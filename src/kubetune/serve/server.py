@@ -15,6 +15,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import uvicorn
+
 from kubetune.serve.api import ServerState, create_app
 from kubetune.serve.contract import DEFAULT_PORT, Adapter
 from kubetune.serve.engine import Limits
@@ -37,8 +39,6 @@ class ServeOptions:
 
 
 def serve(opts: ServeOptions) -> None:
-    import uvicorn
-
     from kubetune.serve.build import pick_dtype
     from kubetune.serve.models import plan_served
 
@@ -49,7 +49,7 @@ def serve(opts: ServeOptions) -> None:
     config = uvicorn.Config(
         app, host=opts.host, port=opts.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
     )
-    server = _DrainingServer(config, state, opts.drain_seconds)
+    server = DrainingServer(config, state, opts.drain_seconds)
     loader = threading.Thread(target=_load_into, args=(state, opts, server), name="kubetune-load", daemon=True)
     loader.start()
     server.run()
@@ -77,29 +77,28 @@ def _say(text: str) -> None:
     print(f"kubetune: {text}", file=sys.stderr, flush=True)
 
 
-class _DrainingServer:
+class DrainingServer(uvicorn.Server):
     """uvicorn's Server, with SIGTERM meaning: drain first, then exit."""
 
-    def __new__(cls, config: Any, state: ServerState, drain_seconds: float) -> Any:
-        import uvicorn
+    def __init__(self, config: uvicorn.Config, state: ServerState, drain_seconds: float) -> None:
+        super().__init__(config)
+        self.state, self.drain_seconds = state, drain_seconds
+        self.load_error: BaseException | None = None
 
-        class Server(uvicorn.Server):
-            load_error: BaseException | None = None
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        state = self.state
+        if sig == signal.SIGTERM and not state.draining and state.engine is not None:
+            state.draining = True
+            _say(f"SIGTERM: draining ({state.engine.in_flight} in flight, at most {self.drain_seconds:.0f} s)")
+            threading.Thread(target=self._drain, daemon=True).start()
+            return
+        super().handle_exit(sig, frame)
 
-            def handle_exit(self, sig: int, frame: Any) -> None:
-                if sig == signal.SIGTERM and not state.draining and state.engine is not None:
-                    state.draining = True
-                    _say(f"SIGTERM: draining ({state.engine.in_flight} in flight, at most {drain_seconds:.0f} s)")
-                    threading.Thread(target=self._drain, daemon=True).start()
-                    return
-                super().handle_exit(sig, frame)
-
-            def _drain(self) -> None:
-                deadline = time.monotonic() + drain_seconds
-                while state.engine.in_flight and time.monotonic() < deadline:
-                    time.sleep(0.05)
-                left = state.engine.in_flight
-                _say(f"drained; {left} request(s) cut at the deadline" if left else "drained; exiting")
-                self.should_exit = True
-
-        return Server(config)
+    def _drain(self) -> None:
+        engine = self.state.engine
+        deadline = time.monotonic() + self.drain_seconds
+        while engine.in_flight and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left = engine.in_flight
+        _say(f"drained; {left} request(s) cut at the deadline" if left else "drained; exiting")
+        self.should_exit = True
