@@ -27,6 +27,7 @@ NEUTRAL: dict[str, set[str] | None] = {
     "k8s": None,
     "parallel": None,
     "eval": None,
+    "monitor": None,
     # max_steps / epochs: training longer (or stopping earlier) continues the same run.
     # grad_accum: resuming with another world size keeps the global batch by changing it.
     "train": {

@@ -227,6 +227,29 @@ class EvalSection(Section):
     max_new_tokens: int = Field(64, ge=1, description="Length limit of generated answers.")
 
 
+class MonitorSection(Section):
+    port: int | None = Field(
+        None,
+        ge=1,
+        le=65535,
+        description="Serve Prometheus metrics of training on this port (/metrics; a pod's local rank 0 serves every "
+        "rank of the pod). null = off locally; cluster jobs use 9450 unless monitor.in_cluster is false.",
+    )
+    in_cluster: bool = Field(
+        True, description="Cluster jobs serve metrics (on monitor.port or 9450) and render a PodMonitor."
+    )
+    release: str = Field(
+        "kube-prometheus-stack",
+        description="The `release` label of PodMonitors, ServiceMonitors and rules: kube-prometheus-stack's "
+        "Prometheus selects only objects labelled with its Helm release name.",
+    )
+    kubeflow_progress: bool = Field(
+        True,
+        description="Rank 0 pushes progress to the Kubeflow Trainer (TrainJob status) when its "
+        "KUBEFLOW_TRAINER_SERVER_URL environment is present.",
+    )
+
+
 class Recipe(Section):
     """A whole kubetune recipe."""
 
@@ -239,6 +262,7 @@ class Recipe(Section):
     parallel: ParallelSection = Field(default_factory=ParallelSection)
     comm: CommSection = Field(default_factory=CommSection)
     k8s: K8sSection = Field(default_factory=K8sSection)
+    monitor: MonitorSection = Field(default_factory=MonitorSection)
     output_dir: str = Field("runs/default", description="Where checkpoints, metrics, adapter and summary go.")
 
     @model_validator(mode="after")
