@@ -229,6 +229,7 @@ def _register_optional(module: str, *apps) -> None:
 
 _register_optional("kubetune.k8s.cli", k8s_app)
 _register_optional("kubetune.cluster.cli", app, k8s_app)
+_register_optional("kubetune.operator.cli", app)
 
 
 def _worker_environment(comm_env: dict[str, str]) -> None:

@@ -1,0 +1,396 @@
+"""The FineTune CustomResourceDefinition (kubetune.io/v1alpha1), generated from the recipe schema.
+
+`spec.recipe` is pydantic's JSON schema of `Recipe` made *structural* (the form the API
+server requires of a CRD schema): $refs inlined, every node typed, `nullable: true` instead
+of `anyOf [T, null]`, no defaults (the recipe loader applies them, so the stored object keeps
+what the user wrote), `minimum` + `exclusiveMinimum: true` (OpenAPI 3.0) for pydantic's gt.
+
+Unknown recipe keys: a structural schema may not combine `properties` with
+`additionalProperties: false`. It needs neither: no node sets
+`x-kubernetes-preserve-unknown-fields`, so the API server treats every undeclared key as
+unknown. Under strict field validation (`kubectl apply`'s default since 1.25:
+`--validate=strict`) it rejects the object with `unknown field "spec.recipe.trian"`; under
+`--validate=warn|ignore` it prunes the key (and the operator's loader never sees it).
+`unknown_fields` below lists those keys the way the API server does; `check_finetune`
+validates a FineTune as the API server would (tests, the Helm chart's tests).
+
+Unions a structural schema cannot express (a node has one type) are widened, and the recipe
+loader, which the operator runs on create, checks them exactly: int | str becomes
+`x-kubernetes-int-or-string`, any other mix (str | float, list | str) keeps any value
+(`x-kubernetes-preserve-unknown-fields` on that scalar node alone).
+"""
+
+from __future__ import annotations
+
+import copy
+import functools
+import importlib.resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubetune.recipe.schema import Recipe
+
+GROUP = "kubetune.io"
+VERSION = "v1alpha1"
+KIND = "FineTune"
+PLURAL = "finetunes"
+API_VERSION = f"{GROUP}/{VERSION}"
+CRD_NAME = f"{PLURAL}.{GROUP}"
+CRD_FILE = f"{CRD_NAME}.yaml"
+PHASES = ("Pending", "Running", "Suspended", "Exporting", "Serving", "Succeeded", "Failed")
+PROFILES = ("cpu", "gaudi", "nvidia")
+APIS = ("pytorchjob", "trainjob")
+ENGINES = ("native", "vllm")
+AUTOSCALE = ("queue", "cpu", "off")
+CLAIM_POLICIES = ("Retain", "Delete")
+
+Schema = dict[str, Any]
+_DROPPED = ("title", "default", "propertyNames", "$defs")
+
+
+# ------------------------------------------------------------------ pydantic -> structural
+
+
+def structural(node: Schema, defs: dict[str, Schema]) -> Schema:
+    """One pydantic JSON-schema node as a structural OpenAPI v3 node (recursively)."""
+    if "$ref" in node:
+        target = defs[node["$ref"].rsplit("/", 1)[-1]]
+        return structural({**target, **{k: v for k, v in node.items() if k != "$ref"}}, defs)
+    if "anyOf" in node:
+        return _union(node, defs)
+    out: Schema = {}
+    for key, value in node.items():
+        if key in _DROPPED:
+            continue
+        if key == "const":
+            out["enum"] = [value]
+        elif key in ("exclusiveMinimum", "exclusiveMaximum") and not isinstance(value, bool):
+            out["minimum" if key == "exclusiveMinimum" else "maximum"] = value
+            out[key] = True
+        elif key == "properties":
+            out[key] = {name: structural(sub, defs) for name, sub in value.items()}
+        elif key == "additionalProperties":
+            if isinstance(value, dict):  # a map; `false` is what strict field validation already does
+                out[key] = structural(value, defs)
+        elif key == "items":
+            out[key] = structural(value, defs)
+        else:
+            out[key] = value
+    return _enum_keyed_map(node, out)
+
+
+def _enum_keyed_map(node: Schema, out: Schema) -> Schema:
+    """dict[Literal[...], T]: a map whose keys are an enum becomes an object with those properties
+    (OpenAPI has no propertyNames, and fixed keys make a misspelt key unknown)."""
+    keys = node.get("propertyNames", {}).get("enum")
+    if keys and "additionalProperties" in out:
+        value = out.pop("additionalProperties")
+        out["properties"] = {k: copy.deepcopy(value) for k in keys}
+    return out
+
+
+def _union(node: Schema, defs: dict[str, Schema]) -> Schema:
+    branches = [b for b in node["anyOf"] if b.get("type") != "null"]
+    nullable = len(branches) < len(node["anyOf"])
+    outer = {k: v for k, v in node.items() if k != "anyOf"}
+    if len(branches) == 1:
+        out = structural({**branches[0], **outer}, defs)
+    else:
+        types = {structural(b, defs).get("type") for b in branches}
+        out = structural(outer, defs)
+        # one type per node: int|str has Kubernetes' own marker, other mixes keep any value
+        marker = "int-or-string" if types == {"integer", "string"} else "preserve-unknown-fields"
+        out[f"x-kubernetes-{marker}"] = True
+    if nullable:
+        _make_nullable(out, node.get("default"))
+    return out
+
+
+def _make_nullable(out: Schema, default: Any) -> None:
+    # The API server's enum check fails on null even with nullable: true, so an enum keeps its
+    # nulls out: a null there is pruned like an absent key, which the loader reads as the default.
+    if "enum" in out:
+        if default is not None:
+            raise ValueError(f"enum {out['enum']} is nullable with default {default!r}: a pruned null would change it")
+        return
+    out["nullable"] = True
+
+
+@functools.cache
+def recipe_schema() -> Schema:
+    """`spec.recipe`: the whole recipe, same keys as the YAML file."""
+    source = Recipe.model_json_schema()
+    out = structural(source, source.get("$defs", {}))
+    out["description"] = (
+        "The kubetune recipe, same keys as the YAML file (`kubetune recipe reference`). "
+        "k8s.namespace is the FineTune's own; spec.profile and spec.api override k8s.profile and k8s.api."
+    )
+    return out
+
+
+# ------------------------------------------------------------------ the FineTune's own fields
+
+
+def _str(description: str, **extra: Any) -> Schema:
+    return {"type": "string", "description": description, **extra}
+
+
+def _int(description: str, minimum: int | None = 0, **extra: Any) -> Schema:
+    out: Schema = {"type": "integer", "description": description, **extra}
+    if minimum is not None:
+        out["minimum"] = minimum
+    return out
+
+
+def _num(description: str) -> Schema:
+    return {"type": "number", "description": description}
+
+
+def _obj(description: str, properties: dict[str, Schema], required: list[str] | None = None) -> Schema:
+    out: Schema = {"type": "object", "description": description, "properties": properties}
+    if required:
+        out["required"] = required
+    return out
+
+
+def _key_ref(what: str, default_key: str) -> Schema:
+    return _obj(
+        f"A key of a {what} in the FineTune's namespace.",
+        {"name": _str(f"The {what}'s name."), "key": _str(f"The key (default {default_key}).")},
+        ["name"],
+    )
+
+
+def serve_schema() -> Schema:
+    return _obj(
+        "Serve the trained model when training succeeds: the objects of `kubetune k8s render-serve`.",
+        {
+            "enabled": {"type": "boolean", "description": "Export and serve after training (default false)."},
+            "engine": _str("native (kubetune serve) | vllm (default native).", enum=list(ENGINES)),
+            "replicas": _int("Server pods (default 1).", minimum=1),
+            "minReplicas": _int("Autoscaling lower bound (default replicas).", minimum=1),
+            "maxReplicas": _int("Autoscaling upper bound (default max(4, minReplicas)).", minimum=1),
+            "autoscale": _str("queue (waiting requests) | cpu | off (default queue).", enum=list(AUTOSCALE)),
+            "image": _str("The server's image (default kubetune's, or vLLM's for engine vllm)."),
+            "ingressHost": _str("The Ingress host (default: any host of the ingress class)."),
+        },
+    )
+
+
+def spec_schema() -> Schema:
+    spec = _obj(
+        "What to fine-tune and how to run and serve it.",
+        {
+            "recipe": recipe_schema(),
+            "recipeRef": _key_ref("ConfigMap holding a recipe YAML", "recipe.yaml"),
+            "profile": _str("cpu | gaudi | nvidia (default: the recipe's k8s.profile).", enum=list(PROFILES)),
+            "api": _str("pytorchjob | trainjob (default: the recipe's k8s.api).", enum=list(APIS)),
+            "hfTokenSecretRef": _key_ref("Secret holding a Hugging Face token (gated models)", "HF_TOKEN"),
+            "serve": serve_schema(),
+            "export": _obj(
+                "Merged export after training (always done when serving).",
+                {"merged": {"type": "boolean", "description": "Write the merged model (default false)."}},
+            ),
+            "suspend": {
+                "type": "boolean",
+                "description": "true deletes the training job and its pods and keeps the volume; "
+                "false starts them again, resuming from the last checkpoint.",
+            },
+            "ttlSecondsAfterFinished": _int("Delete the finished training job (and its pods) this long after it ends."),
+            "volumeClaimRetention": _str(
+                "Retain (default): the volume claim outlives the FineTune; Delete: it goes with it.",
+                enum=list(CLAIM_POLICIES),
+            ),
+        },
+    )
+    spec["x-kubernetes-validations"] = [
+        {"rule": "has(self.recipe) != has(self.recipeRef)", "message": "set exactly one of spec.recipe, spec.recipeRef"}
+    ]
+    return spec
+
+
+def status_schema() -> Schema:
+    condition = _obj(
+        "One observation (metav1.Condition's fields).",
+        {
+            "type": _str("Valid, Training, Suspended, Exported, Serving, Ready, Restarted, RecipeChange, ..."),
+            "status": _str("True | False | Unknown.", enum=["True", "False", "Unknown"]),
+            "reason": _str("One CamelCase word."),
+            "message": _str("What happened and what to do; one line per problem."),
+            "lastTransitionTime": _str("When status last changed.", format="date-time"),
+            "observedGeneration": _int("The spec generation it describes."),
+        },
+        ["type", "status"],
+    )
+    progress = _obj(
+        "Rank 0's progress (the job's log line or its metrics).",
+        {
+            "step": _int("Optimizer steps done."),
+            "totalSteps": _int("Planned optimizer steps."),
+            "percent": _int("step / totalSteps in percent."),
+            "etaSeconds": _int("Estimated seconds left."),
+            "eta": _str("etaSeconds for people (e.g. 1h05m)."),
+            "loss": _num("Training loss of the last logged step."),
+            "evalLoss": _num("Last evaluation loss."),
+            "tokensPerSecond": _num("Training throughput."),
+        },
+    )
+    ref = {"apiVersion": _str("API version."), "kind": _str("Kind."), "name": _str("Name.")}
+    return _obj(
+        "What the operator observed.",
+        {
+            "phase": _str(" | ".join(PHASES) + ".", enum=list(PHASES)),
+            "conditions": {
+                "type": "array",
+                "description": "Observations, with reasons a person can act on.",
+                "items": condition,
+                "x-kubernetes-list-type": "map",
+                "x-kubernetes-list-map-keys": ["type"],
+            },
+            "progress": progress,
+            "jobRef": _obj("The training job.", ref),
+            "exportJobRef": _obj("The merged-export Job.", ref),
+            "artifacts": _obj(
+                "Paths on the volume claim (mounted at /data).",
+                {
+                    "claim": _str("The volume claim."),
+                    "runDir": _str("The run directory."),
+                    "adapter": _str("The LoRA adapter (or full model) directory."),
+                    "merged": _str("The merged model directory."),
+                },
+            ),
+            "endpoint": _str("The served OpenAI-compatible base URL."),
+            "restarts": _int("Training pod restarts seen."),
+            "observedGeneration": _int("The spec generation last acted on."),
+        },
+    )
+
+
+def printer_columns() -> list[Schema]:
+    return [
+        {"name": "Phase", "type": "string", "jsonPath": ".status.phase"},
+        {"name": "Progress", "type": "integer", "jsonPath": ".status.progress.percent", "description": "Percent"},
+        {"name": "ETA", "type": "string", "jsonPath": ".status.progress.eta"},
+        {"name": "Loss", "type": "number", "jsonPath": ".status.progress.loss"},
+        {"name": "Age", "type": "date", "jsonPath": ".metadata.creationTimestamp"},
+    ]
+
+
+def crd() -> Schema:
+    """The CustomResourceDefinition object."""
+    schema = _obj(
+        "A fine-tune from recipe to served model, owned by kubetune's operator.",
+        {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": spec_schema(),
+            "status": status_schema(),
+        },
+        ["spec"],
+    )
+    version = {
+        "name": VERSION,
+        "served": True,
+        "storage": True,
+        "schema": {"openAPIV3Schema": schema},
+        "subresources": {"status": {}},
+        "additionalPrinterColumns": printer_columns(),
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": CRD_NAME, "labels": {"app.kubernetes.io/part-of": "kubetune"}},
+        "spec": {
+            "group": GROUP,
+            "scope": "Namespaced",
+            "names": {"kind": KIND, "plural": PLURAL, "singular": "finetune", "shortNames": ["ft"]},
+            "versions": [version],
+        },
+    }
+
+
+HEADER = "# Generated by `kubetune operator crd` from kubetune's recipe schema; do not edit (a test compares).\n"
+
+
+def crd_yaml() -> str:
+    return HEADER + yaml.safe_dump(crd(), sort_keys=False, width=120)
+
+
+def checked_in_path() -> Path:
+    return Path(str(importlib.resources.files("kubetune.operator") / "crds" / CRD_FILE))
+
+
+# ------------------------------------------------------------------ checking a FineTune
+
+
+def openapi_schema() -> Schema:
+    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+
+
+def unknown_fields(obj: Any, schema: Schema, path: str = "") -> list[str]:
+    """Keys the schema does not declare, as the API server's strict field validation names them."""
+    if schema.get("x-kubernetes-preserve-unknown-fields"):
+        return []
+    if isinstance(obj, list):
+        return [p for i, v in enumerate(obj) for p in unknown_fields(v, schema.get("items", {}), f"{path}[{i}]")]
+    if not isinstance(obj, dict) or schema.get("type") != "object":
+        return []
+    props, extra = schema.get("properties"), schema.get("additionalProperties")
+    out = []
+    for key, value in obj.items():
+        where = f"{path}.{key}" if path else key
+        if props is not None and key in props:
+            out += unknown_fields(value, props[key], where)
+        elif isinstance(extra, dict):
+            out += unknown_fields(value, extra, where)
+        elif props is not None:
+            out.append(where)
+    return out
+
+
+def draft4(node: Any) -> Any:
+    """An OpenAPI v3 (structural) schema as JSON Schema draft 4, for jsonschema."""
+    if isinstance(node, list):
+        return [draft4(v) for v in node]
+    if not isinstance(node, dict):
+        return node
+    out = {k: draft4(v) for k, v in node.items() if not k.startswith("x-kubernetes-") and k != "nullable"}
+    if node.get("x-kubernetes-int-or-string"):
+        out["type"] = ["integer", "string"]
+    if node.get("nullable") and "type" in out:
+        out["type"] = [*([out["type"]] if isinstance(out["type"], str) else out["type"]), "null"]
+    return out
+
+
+def _drop_pruned_nulls(obj: Any, schema: Schema) -> Any:
+    """The API server drops null values of fields that are not nullable before validating."""
+    if isinstance(obj, list):
+        return [_drop_pruned_nulls(v, schema.get("items", {})) for v in obj]
+    if not isinstance(obj, dict):
+        return obj
+    props, extra = schema.get("properties", {}), schema.get("additionalProperties")
+    out = {}
+    for key, value in obj.items():
+        sub = props.get(key, extra if isinstance(extra, dict) else {})
+        if value is None and not sub.get("nullable") and sub:
+            continue
+        out[key] = _drop_pruned_nulls(value, sub)
+    return out
+
+
+def check_finetune(obj: dict[str, Any]) -> list[str]:
+    """Problems the API server would report for this FineTune under strict field validation
+    (CEL rules are not evaluated here), one line each; empty = it would be accepted."""
+    import jsonschema
+
+    schema = openapi_schema()
+    problems = [f'unknown field "{p}"' for p in unknown_fields(obj, schema)]
+    pruned = _drop_pruned_nulls(obj, schema)
+    validator = jsonschema.Draft4Validator(draft4(schema))
+    for error in sorted(validator.iter_errors(pruned), key=lambda e: list(map(str, e.absolute_path))):
+        where = ".".join(str(p) for p in error.absolute_path) or "(root)"
+        problems.append(f"{where}: {error.message}")
+    return problems
