@@ -235,13 +235,21 @@ _register_optional("kubetune.operator.cli", app)
 def _worker_environment(comm_env: dict[str, str]) -> None:
     """The environment torchrun's workers inherit: the recipe's communication settings
     (where the user has not set them), and none of the operator's single-process variables,
-    which would leak into the workers' rendezvous (torchrun sets them for each worker)."""
+    which would leak into the workers' rendezvous (torchrun sets them for each worker).
+    With `monitor.port` set, local rank 0 serves the metrics of every worker of this node
+    from a fresh prometheus-client multiprocess directory (kubetune.training.telemetry)."""
+    import atexit
     import os
+    import shutil
+    import tempfile
 
     for key, value in comm_env.items():
         os.environ.setdefault(key, value)
     for key in ("RANK", "WORLD_SIZE", "LOCAL_RANK"):
         os.environ.pop(key, None)
+    metrics_dir = tempfile.mkdtemp(prefix="kubetune-metrics-")
+    atexit.register(shutil.rmtree, metrics_dir, ignore_errors=True)
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
 
 
 def _process_environment() -> None:

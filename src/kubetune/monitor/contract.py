@@ -68,19 +68,33 @@ TRAIN_METRICS: tuple[Metric, ...] = (
     _train("kubetune_train_grad_norm", "gauge", "Gradient norm before clipping, last step."),
     _train("kubetune_train_nonfinite_steps_total", "counter", "Steps whose loss or gradient was not finite."),
     # speed
-    _train("kubetune_train_tokens_total", "counter", "Target tokens trained on by this rank."),
-    _train("kubetune_train_tokens_per_second", "gauge", "Tokens per second of this rank, last logged step."),
+    _train("kubetune_train_tokens_total", "counter", "Tokens trained on, this rank's share (ranks sum to the job)."),
+    _train("kubetune_train_tokens_per_second", "gauge", "Tokens per second, this rank's share (ranks sum to the job)."),
     _train("kubetune_train_mfu_ratio", "gauge", "Model FLOPs per second over the device's peak (0-1)."),
     _train("kubetune_train_step_seconds", "histogram", "Step time by phase.", ("phase",)),
     # communication
-    _train("kubetune_collective_seconds", "histogram", "Collective latency, issue to completion.", ("op", "size_bucket")),
+    _train(
+        "kubetune_collective_seconds", "histogram", "Collective latency, issue to completion.", ("op", "size_bucket")
+    ),
     _train("kubetune_collective_bytes_total", "counter", "Bytes sent through collectives.", ("op",)),
     # health
-    _train("kubetune_train_memory_bytes", "gauge", "Resident memory of this rank's process."),
-    _train("kubetune_train_memory_budget_bytes", "gauge", "Memory this rank may use (cgroup limit / ranks)."),
+    _train(
+        "kubetune_train_memory_bytes",
+        "gauge",
+        "Memory the memory guard counts: the pod's unreclaimable memory (cgroup), else this process's RSS.",
+    ),
+    _train(
+        "kubetune_train_memory_budget_bytes",
+        "gauge",
+        "What that memory may reach: KUBETUNE_MEMORY_BUDGET, else the cgroup limit, else the host's memory.",
+    ),
     _train("kubetune_checkpoint_seconds", "histogram", "Time to save a checkpoint."),
     _train("kubetune_checkpoint_last_timestamp_seconds", "gauge", "Unix time of the last saved checkpoint."),
-    _train("kubetune_train_restarts_total", "counter", "Times this run resumed from a checkpoint."),
+    _train(
+        "kubetune_train_restarts_total",
+        "counter",
+        "1 per process that continued from a checkpoint: increase() counts restarts.",
+    ),
 )
 
 # `kubetune serve` and vLLM (kubetune.serve.metrics defines them; label model_name).

@@ -48,6 +48,7 @@ class TrainState:
     train_time_s: float = 0.0
     eval_before: dict[str, Any] | None = None  # loss, perplexity, tokens, answers
     eval_history: list[list[float | None]] = field(default_factory=list)  # [step, eval loss] pairs
+    resumes: int = 0  # times this run continued from a checkpoint (a restarted pod, a rerun)
 
 
 @dataclass(frozen=True)

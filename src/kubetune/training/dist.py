@@ -11,8 +11,11 @@ The backend follows the device: gloo on CPU, nccl on CUDA, hccl on Gaudi.
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import os
+import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -128,17 +131,49 @@ def _restart_store(rank: int, world: int, timeout: datetime.timedelta):
     return torch_dist.PrefixStore(f"kubetune/attempt-{attempt}/", store)
 
 
+# --- timing the collectives kubetune issues ---------------------------------------------
+# One observer per process (the run's telemetry, when monitoring is on) is told of every
+# collective kubetune issues itself: (op, bytes, seconds from issue to completion).
+CollectiveObserver = Callable[[str, int, float], None]
+_observer: CollectiveObserver | None = None
+
+
+def observe_collectives(observer: CollectiveObserver | None) -> None:
+    global _observer
+    _observer = observer
+
+
+def report_collective(op: str, nbytes: int, seconds: float) -> None:
+    """For collectives that complete asynchronously (DDP's buckets): the observer, if any."""
+    if _observer is not None:
+        _observer(op, nbytes, seconds)
+
+
+@contextlib.contextmanager
+def timed_collective(op: str, nbytes: int) -> Iterator[None]:
+    """Report the collective run inside to the observer; free when nobody observes."""
+    observer = _observer
+    if observer is None:
+        yield
+        return
+    t0 = time.perf_counter()
+    yield
+    observer(op, nbytes, time.perf_counter() - t0)
+
+
 def all_reduce_sum(value: float | int, env: DistEnv) -> float:
     if not env.distributed:
         return value
     t = torch.tensor([float(value)], dtype=torch.float64, device=env.device)
-    torch_dist.all_reduce(t)
+    with timed_collective("all_reduce", t.element_size()):
+        torch_dist.all_reduce(t)
     return float(t.item())
 
 
 def barrier(env: DistEnv) -> None:
     if env.distributed:
-        torch_dist.barrier()
+        with timed_collective("barrier", 0):
+            torch_dist.barrier()
 
 
 def shutdown(env: DistEnv) -> None:

@@ -31,6 +31,18 @@ def budget_bytes() -> int | None:
     return int(value) if value.isdigit() and int(value) > 0 else None
 
 
+def limit_bytes() -> int:
+    """The memory this pod may use: its cgroup's limit (v2, then v1), else the host's memory."""
+    for path in (Path("/sys/fs/cgroup/memory.max"), Path("/sys/fs/cgroup/memory/memory.limit_in_bytes")):
+        try:
+            value = path.read_text().strip()
+        except OSError:
+            continue
+        if value.isdigit() and int(value) < 1 << 60:  # v1 writes a huge number for "no limit"
+            return int(value)
+    return int(psutil.virtual_memory().total)
+
+
 def cgroup_unreclaimable(stats=CGROUP_STATS) -> int | None:
     for path, keys in stats:
         try:

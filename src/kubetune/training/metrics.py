@@ -11,7 +11,7 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from kubetune.fsutil import atomic_write_text
 from kubetune.progress_line import ProgressLine, format_line
@@ -104,26 +104,52 @@ def _can_print(text: str) -> bool:
 
 
 def plot_loss_curve(metrics_path: Path, out_png: Path, eval_points: list[list[float | None]]) -> None:
+    """loss_curve.png: the loss (train and eval), tokens/s over time and the step-time split."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = [json.loads(ln) for ln in Path(metrics_path).read_text().splitlines() if ln.strip()]
-    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
-    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss")
-    scored = [(s, v) for s, v in eval_points if s is not None and v is not None]
-    if scored:
-        ax.plot([s for s, _ in scored], [v for _, v in scored], "o--", label="eval loss")
-    ax.set_xlabel("optimizer step")
-    ax.set_ylabel("loss (nats / target token)")
-    ax.grid(alpha=0.3)
-    ax.legend()
+    fig, (loss_ax, speed_ax, split_ax) = plt.subplots(3, 1, figsize=(7, 9), dpi=100, sharex=True)
+    _plot_loss(loss_ax, records, eval_points)
+    _plot_speed(speed_ax, records)
+    _plot_step_split(split_ax, records)
+    split_ax.set_xlabel("optimizer step")
     fig.tight_layout()
     tmp = out_png.with_name(f".{out_png.name}.tmp.png")
     fig.savefig(tmp)
     plt.close(fig)
     tmp.replace(out_png)
+
+
+def _plot_loss(ax: Any, records: list[dict], eval_points: list[list[float | None]]) -> None:
+    ax.plot([r["step"] for r in records], [r["loss"] for r in records], label="train loss")
+    scored = [(s, v) for s, v in eval_points if s is not None and v is not None]
+    if scored:
+        ax.plot([s for s, _ in scored], [v for _, v in scored], "o--", label="eval loss")
+    ax.set_ylabel("loss (nats / target token)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+
+
+def _plot_speed(ax: Any, records: list[dict]) -> None:
+    ax.plot([r["step"] for r in records], [r["tokens_per_s"] for r in records], color="tab:green")
+    ax.set_ylabel("tokens/s (run average)")
+    ax.grid(alpha=0.3)
+
+
+def _plot_step_split(ax: Any, records: list[dict]) -> None:
+    """Seconds per step by phase, stacked (runs logged before kubetune recorded it have none)."""
+    timed = [r for r in records if r.get("step_s")]
+    phases = list(timed[0]["step_s"]) if timed else []
+    if phases:
+        ax.stackplot(
+            [r["step"] for r in timed], *[[r["step_s"].get(p, 0.0) for r in timed] for p in phases], labels=phases
+        )
+        ax.legend(loc="upper right", fontsize="small")
+    ax.set_ylabel("seconds per step")
+    ax.grid(alpha=0.3)
 
 
 class RunLog:
@@ -135,7 +161,9 @@ class RunLog:
         self.metrics = MetricsLog(metrics_path, start_step) if enabled else None
         self.progress = Progress(total_steps, start_step, enabled=enabled)
 
-    def step(self, state: TrainState, result: StepResult, lr: float, epoch: float, elapsed_s: float) -> None:
+    def step(
+        self, state: TrainState, result: StepResult, lr: float, epoch: float, elapsed_s: float, phases: dict[str, float]
+    ) -> None:
         if self.metrics is None:
             return
         tps = state.tokens / max(state.train_time_s, 1e-9)
@@ -150,6 +178,7 @@ class RunLog:
                 "tokens": state.tokens,
                 "tokens_per_s": round(tps, 2),
                 "elapsed_s": round(elapsed_s, 2),
+                "step_s": {phase: round(seconds, 5) for phase, seconds in phases.items()},
             }
         )
         self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch)

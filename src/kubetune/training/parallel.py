@@ -26,7 +26,7 @@ import torch.nn as nn
 
 from kubetune.recipe.dist import ParallelSection
 from kubetune.recipe.layout import MESH_DIMS, Layout, layout_for
-from kubetune.training.dist import DistEnv
+from kubetune.training.dist import DistEnv, report_collective, timed_collective
 
 
 @dataclass(frozen=True)
@@ -129,6 +129,33 @@ def wrap(module: nn.Module, decoder_layers, layout: MeshLayout, env: DistEnv, pr
     return DDP(module, device_ids=ids, gradient_as_bucket_view=True)
 
 
+def time_ddp_buckets(module: nn.Module) -> bool:
+    """Time DDP's gradient-bucket all-reduces (issue to completion) for the run's telemetry: a
+    communication hook around DDP's default one, so the arithmetic is unchanged. Only when
+    monitoring is on (a Python hook per bucket); False when `module` is not DDP."""
+    import time
+
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    if not isinstance(module, DDP):
+        return False
+
+    # no annotations: DDP checks them against dist.GradBucket, and this module's are strings
+    def timed_allreduce(state, bucket):
+        t0, buf = time.perf_counter(), bucket.buffer()
+        nbytes = buf.numel() * buf.element_size()
+
+        def done(fut):
+            report_collective("all_reduce", nbytes, time.perf_counter() - t0)
+            return fut.value()
+
+        return allreduce_hook(state, bucket).then(done)
+
+    module.register_comm_hook(None, timed_allreduce)
+    return True
+
+
 def needs_replica_sync(layout: Layout) -> bool:
     """Replicas whose gradients neither DDP nor FSDP2 average (dp with tp or pp)."""
     return layout.dp > 1 and layout.fsdp == 1 and (layout.tp > 1 or layout.pp > 1)
@@ -145,7 +172,8 @@ def sync_replicas(params: list[torch.nn.Parameter], layout: MeshLayout) -> None:
         by_dtype.setdefault(g.dtype, []).append(g)
     for same in by_dtype.values():
         flat = torch.cat([g.reshape(-1) for g in same])
-        dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
+        with timed_collective("all_reduce", flat.numel() * flat.element_size()):
+            dist.all_reduce(flat, op=dist.ReduceOp.SUM, group=group)
         flat /= layout.dp
         offset = 0
         for g in same:
@@ -172,7 +200,8 @@ def clip_grad_norm(params: list[torch.nn.Parameter], max_norm: float, layout: Me
     if layout.pp > 1:
         import torch.distributed as dist
 
-        dist.all_reduce(sq, group=layout.group("pp"))
+        with timed_collective("all_reduce", sq.element_size()):
+            dist.all_reduce(sq, group=layout.group("pp"))
     total = sq.sqrt()
     coef = max_norm / (float(total) + 1e-6)
     if coef < 1.0:

@@ -74,6 +74,7 @@ def resume_or_start(parts: TrainParts) -> TrainState:
             parts.optim.scaler.load_state_dict(meta.loss_scaler)
         log.info("resumed from %s (step %d/%d)", parts.resume_from, meta.state.step, parts.total_steps)
         state = meta.state
+        state.resumes += 1
     else:
         state = TrainState()
     if parts.env.is_main:
@@ -84,6 +85,7 @@ def resume_or_start(parts: TrainParts) -> TrainState:
         answers = sample_answers(parts, whole_model(parts, trained=False)) if parts.recipe.eval.generate else []
         before = evaluate(parts.runner, parts.eval_batcher, parts.layout, parts.env)
         state.eval_before = {**before.as_dict(), "answers": answers}
+        parts.telemetry.evaluated(before.loss)
         log.info("eval before: loss %s perplexity %s", fmt_number(before.loss), fmt_number(before.perplexity))
     return state
 
@@ -91,22 +93,29 @@ def resume_or_start(parts: TrainParts) -> TrainState:
 def fit(parts: TrainParts, state: TrainState) -> None:
     """Optimizer steps until the planned total, with logging, evaluation, checkpoints and
     the memory guard between them."""
-    recipe, env = parts.recipe, parts.env
+    recipe, env, telemetry = parts.recipe, parts.env, parts.telemetry
     run_log = RunLog(parts.run_dir.metrics_file, parts.total_steps, state.step, enabled=env.is_main)
     last_saved = state.step if parts.resume_from else -1
+    telemetry.started(state.step, state.epoch, resumed=parts.resume_from is not None)
     parts.runner.train()
     while state.step < parts.total_steps:
         t0 = time.perf_counter()
         batches = next_micro_batches(parts.batcher, state, recipe.train.grad_accum)
+        data_s = time.perf_counter() - t0
         result = train_step(parts.runner, parts.optim, batches, parts.layout, env)
         state.train_time_s += time.perf_counter() - t0
         state.step += 1
         state.tokens += result.tokens
+        phases = {"data": data_s, **result.phases}
+        telemetry.step(state.step, phases, result.loss, result.grad_norm, result.tokens)
         if state.step % recipe.train.log_every == 0 or state.step == parts.total_steps:
             epoch = state.epoch + state.row / max(1, parts.batcher.usable_rows(state.epoch))
-            run_log.step(state, result, parts.optim.lr, epoch, time.monotonic() - parts.started_at)
+            run_log.step(state, result, parts.optim.lr, epoch, time.monotonic() - parts.started_at, phases)
+            tps = state.tokens / max(state.train_time_s, 1e-9)
+            telemetry.logged(state.step, epoch, result.loss, parts.optim.lr, result.grad_norm, tps)
         if recipe.train.eval_every and state.step % recipe.train.eval_every == 0 and state.step < parts.total_steps:
             state.eval_history.append([state.step, evaluate(parts.runner, parts.eval_batcher, parts.layout, env).loss])
+            telemetry.evaluated(state.eval_history[-1][1])
             parts.runner.train()
         if recipe.train.save_every and state.step % recipe.train.save_every == 0:
             last_saved = save(parts, state)
@@ -121,6 +130,8 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
     """Evaluate after training, export the trained weights, write the summary and report."""
     recipe, env, run_dir = parts.recipe, parts.env, parts.run_dir
     after = evaluate(parts.runner, parts.eval_batcher, parts.layout, env)
+    parts.telemetry.evaluated(after.loss)
+    parts.telemetry.finished(state.step)
     whole = whole_model(parts, trained=True)
     answers = sample_answers(parts, whole)
     rss_per_rank = gather_objects(peak_rss_mb(), env)
@@ -155,6 +166,7 @@ def save(parts: TrainParts, state: TrainState) -> int:
     """A checkpoint of this step (every rank takes part); returns the step saved."""
     train = parts.recipe.train
     scaler = parts.optim.scaler
+    t0 = time.perf_counter()
     meta = CheckpointMeta(
         state=state,
         total_steps=parts.total_steps,
@@ -172,6 +184,7 @@ def save(parts: TrainParts, state: TrainState) -> int:
         parts.env,
         train.keep_last,
     )
+    parts.telemetry.checkpointed(time.perf_counter() - t0)
     return state.step
 
 

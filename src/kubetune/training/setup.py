@@ -35,6 +35,7 @@ from kubetune.training.parallel import MeshLayout
 from kubetune.training.parallel import wrap as wrap_parallel
 from kubetune.training.pipeline import PipelineRunner
 from kubetune.training.runner import LocalRunner, StepRunner
+from kubetune.training.telemetry import Telemetry, open_metrics, start_telemetry
 
 
 @dataclass(frozen=True)
@@ -57,10 +58,12 @@ class TrainParts:
     total_steps: int
     resume_from: Path | None  # the checkpoint to continue from, None for a fresh start
     started_at: float  # time.monotonic() when the command started
+    telemetry: Telemetry  # Prometheus metrics (monitor.port) and Kubeflow progress
 
 
 def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, started_at: float) -> TrainParts:
     configure_threads(given.train.num_threads, env)
+    metrics = open_metrics(given, env)  # first: a taken port fails before the model loads
     torch.manual_seed(given.train.seed)
     source = resolve_model(given.model.name_or_path)
     tokenizer = load_tokenizer(source, given.model.revision, given.model.trust_remote_code)
@@ -86,6 +89,8 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         optim.scaler,
         offload=recipe.train.gradient_checkpointing == "offload",
     )
+    trainable = sum(p.numel() for p in optim.params)
+    telemetry = start_telemetry(metrics, recipe, env, config, trainable, total_steps, wrapped)
     return TrainParts(
         recipe=recipe,
         recipe_as_given=given,
@@ -105,6 +110,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         total_steps=total_steps,
         resume_from=resume_from,
         started_at=started_at,
+        telemetry=telemetry,
     )
 
 

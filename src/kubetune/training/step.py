@@ -8,7 +8,8 @@ the same result.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 
 from kubetune.data import Batcher
 from kubetune.data.packing import Batch
@@ -25,6 +26,10 @@ class StepResult:
     loss: float  # mean over the step's target tokens, all replicas
     grad_norm: float
     tokens: int  # real (non-padding) tokens of the step, all replicas
+    # seconds of this rank by phase: compute (forward + backward, with DDP's overlapped bucket
+    # all-reduces), optimizer (replica sync where no wrapper did it, clipping, the update) and
+    # communication (the step's own reductions: target count, loss, tokens); `fit` adds data
+    phases: dict[str, float] = field(default_factory=dict)
 
 
 def replica_sum(value: float, env: DistEnv, layout: Layout) -> float:
@@ -53,13 +58,18 @@ def train_step(
     """One optimizer step over `batches` (this rank's share of the step)."""
     # Normalise by the target tokens of the whole step on all replicas, so that N replicas
     # with grad_accum k compute exactly the gradient of 1 process with grad_accum N*k.
+    t0 = time.perf_counter()
     n_targets = replica_sum(sum(b.target_tokens for b in batches), env, layout)
     scale = layout.data_parallel_size / max(n_targets, 1.0)  # gradients are averaged over replicas; undo that
+    t1 = time.perf_counter()
     loss_sum = runner.forward_backward(batches, scale)
+    t2 = time.perf_counter()
     grad_norm = optim.step(layout)
+    t3 = time.perf_counter()
     total_loss = replica_sum(loss_sum, env, layout)
     tokens = int(replica_sum(sum(b.real_tokens for b in batches), env, layout))
-    return StepResult(loss=total_loss / max(n_targets, 1.0), grad_norm=grad_norm, tokens=tokens)
+    phases = {"compute": t2 - t1, "optimizer": t3 - t2, "communication": (t1 - t0) + (time.perf_counter() - t3)}
+    return StepResult(loss=total_loss / max(n_targets, 1.0), grad_norm=grad_norm, tokens=tokens, phases=phases)
 
 
 @dataclass(frozen=True)
