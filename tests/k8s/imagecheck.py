@@ -176,7 +176,9 @@ def command_function(argv: list[str]):
         if token not in getattr(command, "commands", {}):
             break
         command = command.commands[token]
-    assert not hasattr(command, "commands") and command.callback, f"{argv}: not a kubetune command"
+    # a group runs its own callback when it is given no subcommand and allows that (`kubetune operator -A`)
+    runs_itself = not hasattr(command, "commands") or getattr(command, "invoke_without_command", False)
+    assert runs_itself and command.callback, f"{argv}: not a kubetune command"
     function = command.callback
     while hasattr(function, "__wrapped__"):  # typer wraps the declared function
         function = function.__wrapped__

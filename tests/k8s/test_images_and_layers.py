@@ -343,7 +343,7 @@ def test_the_image_check_fails_for_a_command_whose_image_lacks_its_extra(tmp_pat
     from .imagecheck import problems
 
     dockerfile = tmp_path / "Dockerfile"
-    dockerfile.write_text((REPO / "Dockerfile").read_text().replace('".[k8s,cluster]"', '".[k8s]"'))
+    dockerfile.write_text((REPO / "Dockerfile").read_text().replace('".[k8s,cluster,operator]"', '".[k8s]"'))
     assert '".[k8s]"' in dockerfile.read_text()
     plugin = " ".join(problems(["kubetune", "device-plugin", "--resource", "habana.ai/gaudi"], dockerfile))
     extender = " ".join(problems(["kubetune", "scheduler-extender"], dockerfile))
