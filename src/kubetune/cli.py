@@ -230,6 +230,7 @@ def _register_optional(module: str, *apps) -> None:
 _register_optional("kubetune.k8s.cli", k8s_app)
 _register_optional("kubetune.cluster.cli", app, k8s_app)
 _register_optional("kubetune.operator.cli", app)
+_register_optional("kubetune.monitor.cli", app)
 
 
 def _worker_environment(comm_env: dict[str, str]) -> None:

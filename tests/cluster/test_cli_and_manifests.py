@@ -14,6 +14,7 @@ import yaml
 
 from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
 from kubetune.cluster.extender.server import free_port
+from kubetune.k8s.validate import validate_objects
 
 from .fakes import FakeKubelet, hls_box, make_gaudi_tree
 
@@ -184,8 +185,12 @@ def test_rendered_manifests_validate_strictly(flags):
     kinds = [o["kind"] for o in objects]
     assert kinds.count("DaemonSet") == 2 and kinds.count("Deployment") == 1 and kinds.count("Service") == 1
     assert kinds.count("Role") == 1  # the prober lists the pods of its own namespace only
+    assert kinds.count("PodMonitor") == 1 and kinds.count("ServiceMonitor") == 1
     for obj in objects:
-        kubernetes_validate.validate(obj, "1.33.0", strict=True)  # raises on any unknown or wrong field
+        if obj["kind"] in ("PodMonitor", "ServiceMonitor"):  # the vendored Prometheus Operator CRDs
+            assert validate_objects([obj]) == []
+        else:
+            kubernetes_validate.validate(obj, "1.33.0", strict=True)  # raises on any unknown or wrong field
     ds = next(o for o in objects if o["kind"] == "DaemonSet" and "device" in o["metadata"]["name"])
     ds = ds["spec"]["template"]["spec"]
     assert ds["priorityClassName"] == "system-node-critical"
@@ -193,6 +198,23 @@ def test_rendered_manifests_validate_strictly(flags):
     assert {"path": "/var/lib/kubelet/device-plugins", "type": "Directory"} in [v["hostPath"] for v in ds["volumes"]]
     role = next(o for o in objects if o["kind"] == "ClusterRole" and "device-plugin" in o["metadata"]["name"])
     assert role["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
+
+
+def test_monitors_select_the_components_on_their_metrics_ports():
+    objects = _render("--release", "prom", "-n", "ops")
+    plugin = next(o for o in objects if o["kind"] == "DaemonSet" and "device" in o["metadata"]["name"])
+    extender = next(o for o in objects if o["kind"] == "Service")
+    pod_monitor = next(o for o in objects if o["kind"] == "PodMonitor")
+    service_monitor = next(o for o in objects if o["kind"] == "ServiceMonitor")
+    for monitor in (pod_monitor, service_monitor):
+        assert monitor["metadata"]["labels"]["release"] == "prom" and monitor["metadata"]["namespace"] == "ops"
+    selected = pod_monitor["spec"]["selector"]["matchLabels"]
+    assert selected.items() <= plugin["spec"]["template"]["metadata"]["labels"].items()
+    port = pod_monitor["spec"]["podMetricsEndpoints"][0]["port"]
+    assert port in [p["name"] for p in plugin["spec"]["template"]["spec"]["containers"][0]["ports"]]
+    assert service_monitor["spec"]["selector"]["matchLabels"].items() <= extender["metadata"]["labels"].items()
+    assert service_monitor["spec"]["endpoints"][0]["port"] in [p["name"] for p in extender["spec"]["ports"]]
+    assert not [o for o in _render("--no-monitors") if o["kind"].endswith("Monitor")]
 
 
 def test_validation_is_strict_enough_to_fail():

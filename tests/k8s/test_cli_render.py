@@ -23,7 +23,8 @@ def test_stdout_is_multidoc_yaml_without_the_token(cli, monkeypatch):
     result = cli("k8s", "render", SEED, "--profile", "gaudi", "--api", "pytorchjob")
     assert result.code == 0, result.err
     docs = [d for d in yaml.safe_load_all(result.out) if d]
-    assert [d["kind"] for d in docs] == ["Namespace", "PersistentVolumeClaim", "ConfigMap", "Pod", "PyTorchJob"]
+    kinds = ["Namespace", "PersistentVolumeClaim", "ConfigMap", "PodMonitor", "Pod", "PyTorchJob"]
+    assert [d["kind"] for d in docs] == kinds
     assert "# Secret llama2-7b-medical-flashcards-hf-token: not printed" in result.out
     assert TOKEN not in result.out + result.err
 
@@ -66,6 +67,7 @@ def test_output_dir_applies_with_kustomize(cli, tmp_path):
             "Secret",
             "ConfigMap",
             "ClusterTrainingRuntime",
+            "PodMonitor",
             "Pod",
             "TrainJob",
         ]
@@ -78,7 +80,7 @@ def test_output_dir_applies_with_kustomize(cli, tmp_path):
 def test_check_validates_and_says_so(cli):
     result = cli("k8s", "render", SEED, "--profile", "nvidia", "--check", "k8s.gang=volcano", "k8s.queue=q")
     assert result.code == 0, result.err
-    assert "checked 6 objects: all valid" in result.err
+    assert "checked 7 objects: all valid" in result.err
 
 
 @pytest.mark.parametrize(

@@ -45,6 +45,7 @@ def test_submit_creates_the_namespace_when_missing_and_in_order():
         "Namespace",
         "PersistentVolumeClaim",
         "ConfigMap",
+        "PodMonitor",
         "Pod",
         "PyTorchJob",
     ]

@@ -80,6 +80,7 @@ def test_objects_in_apply_order_all_in_the_jobs_namespace():
         "Deployment",
         "Service",
         "PodDisruptionBudget",
+        "ServiceMonitor",  # monitor.in_cluster (tests/monitor/test_objects.py)
         "HorizontalPodAutoscaler",
         "Ingress",
     ]
@@ -346,7 +347,7 @@ def test_cli_writes_one_file_per_object_for_kustomize(cli, tmp_path):
         "k8s", "render-serve", SMOL, "--profile", "cpu", "--hf-token-file", str(token), "--check", "-o", str(out)
     )
     assert result.code == 0, result.err
-    assert result.out == "" and "checked 8 objects: all valid" in result.err
+    assert result.out == "" and "checked 9 objects: all valid" in result.err
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(
         [
@@ -356,6 +357,7 @@ def test_cli_writes_one_file_per_object_for_kustomize(cli, tmp_path):
             f"deployment-{SERVE}.yaml",
             f"service-{SERVE}.yaml",
             f"poddisruptionbudget-{SERVE}.yaml",
+            f"servicemonitor-{SERVE}.yaml",
             f"horizontalpodautoscaler-{SERVE}.yaml",
             f"ingress-{SERVE}.yaml",
             "kustomization.yaml",
@@ -432,6 +434,7 @@ def test_submit_applies_the_serving_objects_in_order():
         "Deployment",
         "Service",
         "PodDisruptionBudget",
+        "ServiceMonitor",
         "HorizontalPodAutoscaler",
         "Ingress",
     ]
@@ -478,6 +481,7 @@ def test_delete_removes_the_serving_objects_by_label_and_leaves_the_jobs():
         "Service",
         "ConfigMap",
         "Secret",
+        "ServiceMonitor",
     }, lines
     assert not any("kept the PVC" in line for line in lines)  # serving has no PVC of its own
     assert fake.get("kubeflow.org/v1", "PyTorchJob", JOB, NS) is not None  # the job stays

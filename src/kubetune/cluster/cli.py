@@ -276,12 +276,23 @@ def render_components(
         True, "--netprobe/--no-netprobe", help="Render the latency prober DaemonSet (kubetune netprobe)."
     ),
     netprobe_port: int = typer.Option(7471, "--netprobe-port", help="TCP port the probers answer each other on."),
+    monitors: bool = typer.Option(
+        True,
+        "--monitors/--no-monitors",
+        help="Render a PodMonitor (device plugin) and a ServiceMonitor (extender); needs the Prometheus Operator.",
+    ),
+    release: str = typer.Option(
+        "kube-prometheus-stack",
+        "--release",
+        help="The monitors' `release` label: the Helm release kube-prometheus-stack's Prometheus selects on.",
+    ),
     scheduler_config_only: bool = typer.Option(
         False, "--scheduler-config-only", help="Print only the KubeSchedulerConfiguration."
     ),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
 ):
-    """Render the device plugin and netprobe DaemonSets, the extender Deployment/Service and the scheduler config."""
+    """Render the device plugin and netprobe DaemonSets, the extender Deployment/Service, the scheduler config
+    and the Prometheus monitors of the plugin and the extender."""
     from kubetune.cluster import manifests
 
     if weights:
@@ -302,6 +313,8 @@ def render_components(
         all_nodes=all_nodes,
         netprobe=netprobe,
         netprobe_port=netprobe_port,
+        monitors=monitors,
+        release=release,
     )
     objects = [manifests.scheduler_config(settings)] if scheduler_config_only else manifests.render(settings)
     text = manifests.to_yaml(objects)

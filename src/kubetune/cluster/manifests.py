@@ -12,7 +12,11 @@
   (get/patch nodes, for the latency annotation), Role (list its own pods, to find its peers),
   both bindings, DaemonSet on the pod network, on the same nodes as the device plugin;
 - a ConfigMap holding the KubeSchedulerConfiguration whose `extenders` entry points the
-  kube-scheduler at the extender (also printed alone with `--scheduler-config-only`).
+  kube-scheduler at the extender (also printed alone with `--scheduler-config-only`);
+- unless `--no-monitors`: a PodMonitor for the device plugin (a DaemonSet: each pod is scraped
+  on its `metrics` port, and its node is the pod's, so no Service is needed in front of it)
+  and a ServiceMonitor for the extender (its Service's `http` port serves /metrics), both
+  labelled `release: <--release>` for kube-prometheus-stack (`kubetune.monitor.monitors`).
 """
 
 from __future__ import annotations
@@ -23,6 +27,8 @@ from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
 from kubetune.errors import UserError
 from kubetune.kube import KUBETUNE, NAME, common_labels
+from kubetune.monitor import monitors
+from kubetune.monitor.contract import DEFAULT_RELEASE, METRICS_PORT_NAME
 
 PLUGIN_NAME = "kubetune-device-plugin"
 EXTENDER_NAME = "kubetune-scheduler-extender"
@@ -60,6 +66,8 @@ class ComponentSettings:
     all_nodes: bool = False  # the plugin on every node (it advertises 0 cards where there are none)
     netprobe: bool = True  # the latency prober DaemonSet (what writes kubetune.io/rdma-latency-us)
     netprobe_port: int = 7471
+    monitors: bool = True  # PodMonitor / ServiceMonitor for Prometheus (needs the Prometheus Operator's CRDs)
+    release: str = DEFAULT_RELEASE  # their `release` label: kube-prometheus-stack's Helm release name
 
     def __post_init__(self):
         problems = self._placement_problems()
@@ -189,7 +197,7 @@ def device_plugin(s: ComponentSettings) -> list[dict]:
                             "command": ["kubetune"],
                             "args": args,
                             "env": _plugin_env(s),
-                            "ports": [{"name": "metrics", "containerPort": s.metrics_port, "protocol": "TCP"}],
+                            "ports": [{"name": METRICS_PORT_NAME, "containerPort": s.metrics_port, "protocol": "TCP"}],
                             "securityContext": {"privileged": True},
                             "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
                             "volumeMounts": [
@@ -332,6 +340,21 @@ def _pod_reader(name: str, s: ComponentSettings, component: str) -> list[dict]:
     ]
 
 
+def component_monitors(s: ComponentSettings) -> list[dict]:
+    """What Prometheus scrapes: each device-plugin pod (port `metrics`), the extender's Service (`http`)."""
+    plugin = monitors.pod_monitor(
+        monitors.monitor_meta(PLUGIN_NAME, s.namespace, _labels(PLUGIN_NAME, "device-plugin"), s.release),
+        {NAME: PLUGIN_NAME},
+        [monitors.endpoint(METRICS_PORT_NAME, [monitors.node_relabeling()])],
+    )
+    extender = monitors.service_monitor(
+        monitors.monitor_meta(EXTENDER_NAME, s.namespace, _labels(EXTENDER_NAME, "scheduler-extender"), s.release),
+        {NAME: EXTENDER_NAME},
+        [monitors.endpoint("http")],
+    )
+    return [plugin, extender]
+
+
 def extender_url(s: ComponentSettings) -> str:
     return f"http://{EXTENDER_NAME}.{s.namespace}.svc:{s.extender_port}"
 
@@ -372,7 +395,8 @@ def scheduler_config_map(s: ComponentSettings) -> dict:
 
 
 def render(s: ComponentSettings) -> list[dict]:
-    return device_plugin(s) + extender(s) + (netprobe(s) if s.netprobe else []) + [scheduler_config_map(s)]
+    objects = device_plugin(s) + extender(s) + (netprobe(s) if s.netprobe else []) + [scheduler_config_map(s)]
+    return objects + (component_monitors(s) if s.monitors else [])
 
 
 def to_yaml(objects: list[dict]) -> str:

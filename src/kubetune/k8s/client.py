@@ -71,6 +71,15 @@ KINDS = {
             "scheduling.x-k8s.io/v1alpha1", "PodGroup", "podgroups", True, "the scheduler-plugins coscheduling plugin"
         ),
         Kind("scheduling.volcano.sh/v1beta1", "PodGroup", "podgroups", True, "Volcano"),
+        *(
+            Kind("monitoring.coreos.com/v1", kind, plural, True, "the Prometheus Operator (kube-prometheus-stack)")
+            for kind, plural in (
+                ("PodMonitor", "podmonitors"),
+                ("ServiceMonitor", "servicemonitors"),
+                ("PrometheusRule", "prometheusrules"),
+                ("Prometheus", "prometheuses"),
+            )
+        ),
     )
 }
 
@@ -84,7 +93,7 @@ def kind_of(api_version: str, kind: str) -> Kind:
 
 def _path(kind: Kind, namespace: str | None, name: str | None = None) -> str:
     path = kind.base_path
-    if kind.namespaced:
+    if kind.namespaced and namespace is not None:  # None: every namespace (list only)
         path += f"/namespaces/{namespace}"
     path += f"/{kind.plural}"
     return f"{path}/{name}" if name else path
@@ -174,7 +183,7 @@ class KubeClient:
             return self._call("POST", _path(k, ns), body=obj, what=f"create {k.kind} {obj['metadata']['name']}")
         except NotFound as e:
             hint = f": is {k.install_hint} installed?" if k.install_hint else ""
-            raise ClusterError(f"{e}{hint}") from None
+            raise NotFound(f"{e}{hint}") from None  # still a ClusterError; submit skips absent monitoring kinds
 
     def patch(self, obj: dict) -> dict:
         """JSON merge patch of the whole rendered object (no resourceVersion, no replace)."""

@@ -23,7 +23,7 @@ import yaml
 
 from kubetune.errors import UserError
 from kubetune.k8s import progress, quota
-from kubetune.k8s.client import KubeClient
+from kubetune.k8s.client import KubeClient, NotFound
 from kubetune.k8s.names import (
     CONTAINER,
     DATA_DIR,
@@ -36,7 +36,9 @@ from kubetune.k8s.names import (
 )
 from kubetune.k8s.render import Rendered
 from kubetune.kube import COMPONENT, INSTANCE, KUBETUNE, MANAGED_BY
+from kubetune.monitor.objects import pod_monitor_name
 
+MONITORING_API = "monitoring.coreos.com/v1"
 JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))
 POD_GROUP_KINDS = (("scheduling.x-k8s.io/v1alpha1", "PodGroup"), ("scheduling.volcano.sh/v1beta1", "PodGroup"))
 IMMUTABLE_KINDS = {"Pod", "PersistentVolumeClaim"}  # a changed spec needs delete + create, not a patch
@@ -48,8 +50,13 @@ SERVING_KINDS = (
     ("networking.k8s.io/v1", "Ingress"),
     ("v1", "Service"),
     ("v1", "ConfigMap"),
+    (MONITORING_API, "ServiceMonitor"),
 )
 FINISHED = {"Succeeded", "Complete", "Failed"}
+NO_MONITORING_CRDS = (
+    "the cluster has no Prometheus Operator CRDs (install kube-prometheus-stack, or set monitor.in_cluster=false); "
+    "the pods still serve /metrics"
+)
 
 
 # ------------------------------------------------------------------------------ submit
@@ -65,7 +72,13 @@ def submit(client: KubeClient, rendered: Rendered) -> list[str]:
             lines.append(f"{_ensure_namespace(client, obj)} {where}")
             continue
         budget = _is_namespace_quota(obj)
-        action = client.apply(obj, immutable=obj["kind"] in IMMUTABLE_KINDS or budget)
+        try:
+            action = client.apply(obj, immutable=obj["kind"] in IMMUTABLE_KINDS or budget)
+        except NotFound:
+            if obj["apiVersion"] != MONITORING_API:
+                raise
+            lines.append(f"skipped {where}: {NO_MONITORING_CRDS}")
+            continue
         note = ""
         if action == "kept" and budget:
             note = (
@@ -459,6 +472,7 @@ def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -
         for p in client.list("v1", "Pod", namespace, trainer_selector(name))
     ]
     targets += [("v1", "ConfigMap", names.recipe, namespace), ("v1", "Secret", names.secret, namespace)]
+    targets.append((MONITORING_API, "PodMonitor", pod_monitor_name(name), namespace))
     if purge:
         targets += [("v1", "Pod", names.data_pod, namespace), ("v1", "ResourceQuota", names.quota, namespace)]
         # Only what kubetune created for this job: never a user's existing claim or runtime.

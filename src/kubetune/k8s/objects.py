@@ -28,6 +28,7 @@ from kubetune.k8s.names import (
     standard_labels,
 )
 from kubetune.kube import KUBETUNE, NAME, KubeObject, common_labels, parse_quantity
+from kubetune.monitor.contract import METRICS_PORT_NAME
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
 
@@ -114,11 +115,11 @@ def worker_container(recipe: Recipe, names: Names, container_name: str) -> V1Con
     from kubernetes.client import V1Container, V1ContainerPort
 
     k8s = recipe.k8s
-    ports = (
-        [V1ContainerPort(name="pytorchjob-port", container_port=PYTORCHJOB_PORT)]
-        if container_name == "pytorch"
-        else None
-    )
+    ports = None
+    if container_name == "pytorch":  # a TrainJob's runtime patch takes no ports (its PodMonitor copes)
+        ports = [V1ContainerPort(name="pytorchjob-port", container_port=PYTORCHJOB_PORT)]
+        if recipe.monitor.in_cluster and recipe.monitor.port:
+            ports.append(V1ContainerPort(name=METRICS_PORT_NAME, container_port=recipe.monitor.port))
     return V1Container(
         name=container_name,
         image=k8s.container_image(),

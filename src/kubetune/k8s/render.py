@@ -1,7 +1,8 @@
 """Render (pure): recipe -> Kubernetes manifests, as plain dicts in apply order.
 
 Objects: Namespace, [PriorityClass], [ResourceQuota], PVC, [Secret], ConfigMap (the
-resolved recipe), [PodGroup], [ClusterTrainingRuntime], the data-access Pod, and the job
+resolved recipe), [PodGroup], [ClusterTrainingRuntime], [PodMonitor, with monitor.in_cluster:
+the pods serve metrics on monitor.port, 9450 unless set], the data-access Pod, and the job
 (PyTorchJob kubeflow.org/v1 or TrainJob trainer.kubeflow.org/v1alpha1). Every namespaced
 object lives in `k8s.namespace`. Each training container runs
 
@@ -23,6 +24,7 @@ from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import jobs, objects
 from kubetune.k8s.names import DATA_DIR, Names
 from kubetune.kube import KubeObject
+from kubetune.monitor.objects import metrics_port, training_pod_monitor
 from kubetune.recipe.comm import comm_warnings
 from kubetune.recipe.k8s import resource_problems
 from kubetune.recipe.layout import check_model, check_recipe, layout_for, model_shape
@@ -54,11 +56,15 @@ def job_name(recipe: Recipe) -> str:
 
 
 def cluster_recipe(recipe: Recipe, names: Names) -> Recipe:
-    """The recipe as the pods see it: output_dir on the PVC (checkpoints survive restarts)."""
+    """The recipe as the pods see it: output_dir on the PVC (checkpoints survive restarts), and
+    with monitor.in_cluster the metrics port set, so that every pod serves what the PodMonitor scrapes."""
     out = recipe.output_dir
     if not (out == DATA_DIR or out.startswith(DATA_DIR + "/")):
         out = f"{DATA_DIR}/runs/{names.job}"
-    return recipe.model_copy(update={"output_dir": out})
+    update: dict[str, object] = {"output_dir": out}
+    if recipe.monitor.in_cluster:
+        update["monitor"] = recipe.monitor.model_copy(update={"port": metrics_port(recipe)})
+    return recipe.model_copy(update=update)
 
 
 # ---------------------------------------------------------------------------------- render
@@ -171,6 +177,8 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     if k8s.api == "trainjob" and with_runtime:
         out.append(jobs.cluster_runtime(resolved, names))
         runtime_name = names.runtime
+    if recipe.monitor.in_cluster:
+        out.append(training_pod_monitor(resolved, names))
     out.append(objects.data_pod(k8s, names))
     out.append(
         jobs.pytorchjob(resolved, names) if k8s.api == "pytorchjob" else jobs.trainjob(resolved, names, runtime_name)

@@ -14,6 +14,8 @@ volume claim can be mounted), named `<job>-serve` unless `--name` says otherwise
   init container; probes from `kubetune.serve.contract`, a startup probe sized to the model,
   Guaranteed QoS from the profile, a grace period that covers the server's drain,
 - Service (port 8000, `http`), PodDisruptionBudget (maxUnavailable 1),
+- [ServiceMonitor, with monitor.in_cluster]: Prometheus scrapes the Service's `http` port
+  (`kubetune.monitor.objects`, labelled with monitor.release),
 - [HorizontalPodAutoscaler autoscaling/v2] on the waiting requests per pod, CPU as fallback,
 - Ingress (nginx: no buffering of server-sent events, long timeouts).
 
@@ -45,6 +47,7 @@ from kubetune.k8s.names import (
 )
 from kubetune.k8s.render import Rendered, _refuse_token_leak, cluster_recipe, job_name
 from kubetune.kube import KubeObject, parse_quantity
+from kubetune.monitor.objects import server_service_monitor
 from kubetune.recipe.k8s import VLLM_IMAGES, K8sSection, pod_resource_problems
 from kubetune.recipe.layout import model_shape
 from kubetune.recipe.loader import load_recipe
@@ -615,20 +618,25 @@ def adapter_rule() -> KubeObject:
     }
 
 
-def adapter_rule_config_map(plan: _Plan) -> KubeObject:
+def adapter_rule_data() -> dict[str, str]:
     """The rule twice: in the adapter's own config file (under `rules:`) and as values of the
-    prometheus-community/prometheus-adapter Helm chart (`rules.custom`). Merge it into the
-    adapter's configuration; applying this ConfigMap alone configures nothing."""
+    prometheus-community/prometheus-adapter Helm chart (`rules.custom`)."""
     rule = adapter_rule()
 
     def dump(data: KubeObject) -> str:
         return yaml.safe_dump(data, sort_keys=False, default_flow_style=False, width=200)
 
+    return {"rules.yaml": dump({"rules": [rule]}), "helm-values.yaml": dump({"rules": {"custom": [rule]}})}
+
+
+def adapter_rule_config_map(plan: _Plan) -> KubeObject:
+    """`adapter_rule_data` as a ConfigMap. Merge it into the adapter's configuration; applying
+    this ConfigMap alone configures nothing."""
     return {
         "apiVersion": "v1",
         "kind": "ConfigMap",
         "metadata": plan.meta(f"{plan.names.job}-prometheus-adapter-rule", AUTOSCALING_COMPONENT),
-        "data": {"rules.yaml": dump({"rules": [rule]}), "helm-values.yaml": dump({"rules": {"custom": [rule]}})},
+        "data": adapter_rule_data(),
     }
 
 
@@ -679,6 +687,8 @@ def render_serve(
     if settings.autoscale == "queue":
         out.append(adapter_rule_config_map(plan))
     out += [deployment(plan), service(plan), disruption_budget(plan)]
+    if recipe.monitor.in_cluster:
+        out.append(server_service_monitor(plan.names, recipe.monitor.release, SERVER_COMPONENT))
     if settings.autoscale != "off":
         out.append(autoscaler(plan))
     out.append(ingress(plan))

@@ -2,9 +2,11 @@
 
 - Core kinds (Namespace, Pod, PVC, ...): `kubernetes_validate` in strict mode (unknown fields
   are errors) against Kubernetes KUBERNETES_VERSION.
-- PyTorchJob, TrainJob, ClusterTrainingRuntime: the CRD's `openAPIV3Schema` with jsonschema's
+- PyTorchJob, TrainJob, ClusterTrainingRuntime, and the Prometheus Operator's PodMonitor,
+  ServiceMonitor and PrometheusRule: the CRD's `openAPIV3Schema` with jsonschema's
   Draft4Validator. The CRDs are vendored in `kubetune/k8s/crds/` (Apache-2.0, see its
-  README) so an installed kubetune can check; tests point `crd_dir` at ../shared/schemas.
+  README) so an installed kubetune can check; tests point `crd_dir` at ../shared/schemas,
+  which holds the Kubeflow ones only (the monitoring CRDs then come from the package).
   A CRD schema is weaker than the API server (no CEL rules, unknown fields are pruned, not
   rejected), so the CRD check also rejects fields the schema does not declare.
 - PodGroup (coscheduling, Volcano): no upstream schema ships here, so a minimal one written
@@ -26,7 +28,12 @@ CRD_FILES = {
     ("kubeflow.org/v1", "PyTorchJob"): "kubeflow.org_pytorchjobs.yaml",
     ("trainer.kubeflow.org/v1alpha1", "TrainJob"): "trainer.kubeflow.org_trainjobs.yaml",
     ("trainer.kubeflow.org/v1alpha1", "ClusterTrainingRuntime"): "trainer.kubeflow.org_clustertrainingruntimes.yaml",
+    ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
+    ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
+    ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
 }
+# Checked against the package's copies whatever `crd_dir` says (../shared/schemas lacks them).
+VENDORED_ONLY = {key for key in CRD_FILES if key[0] == "monitoring.coreos.com/v1"}
 
 _META = {
     "type": "object",
@@ -145,7 +152,8 @@ def check(obj: dict, crd_dir: Path | None = None) -> tuple[str, list[str]]:
     """(how it was checked, problems) for one object; problems non-empty = invalid or uncheckable."""
     key = (obj.get("apiVersion"), obj.get("kind"))
     if key in CRD_FILES:
-        crd_file = (crd_dir or vendored_crd_dir()) / CRD_FILES[key]
+        base = vendored_crd_dir() if crd_dir is None or key in VENDORED_ONLY else crd_dir
+        crd_file = base / CRD_FILES[key]
         if not crd_file.is_file():
             return "CRD schema", [f"cannot check: CRD schema {crd_file} is missing"]
         return f"CRD schema {crd_file.name}", _check_crd(obj, crd_file)
