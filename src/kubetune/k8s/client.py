@@ -20,11 +20,15 @@ from typing import IO
 
 from kubetune.kube import ClusterError, load_config
 
-__all__ = ["KINDS", "ClusterError", "Kind", "KubeClient", "NotFound", "connect", "kind_of", "load_config"]
+__all__ = ["KINDS", "ClusterError", "Conflict", "Kind", "KubeClient", "NotFound", "connect", "kind_of", "load_config"]
 
 
 class NotFound(ClusterError):
     pass
+
+
+class Conflict(ClusterError):
+    """409: the object already exists (create) or changed meanwhile."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +57,7 @@ KINDS = {
         Kind("v1", "Node", "nodes", False),
         Kind("v1", "Service", "services", True),
         Kind("apps/v1", "Deployment", "deployments", True),
+        Kind("batch/v1", "Job", "jobs", True),
         Kind("networking.k8s.io/v1", "Ingress", "ingresses", True),
         Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
         Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True),
@@ -80,6 +85,7 @@ KINDS = {
                 ("Prometheus", "prometheuses"),
             )
         ),
+        Kind("kubetune.io/v1alpha1", "FineTune", "finetunes", True, "kubetune's FineTune CRD and operator"),
     )
 }
 
@@ -161,6 +167,8 @@ class KubeClient:
             message = e.reason
         if e.status == 404:
             return NotFound(f"{what}: not found ({message})")
+        if e.status == 409:
+            return Conflict(f"{what}: conflict ({message})")
         if e.status in (401, 403):
             return ClusterError(
                 f"{what}: {'forbidden' if e.status == 403 else 'unauthorized'} ({message}); "
@@ -195,6 +203,17 @@ class KubeClient:
             body=obj,
             content_type="application/merge-patch+json",
             what=f"update {k.kind} {meta['name']}",
+        )
+
+    def patch_status(self, api_version: str, kind: str, name: str, namespace: str | None, status: dict) -> dict:
+        """JSON merge patch of the status subresource."""
+        k = kind_of(api_version, kind)
+        return self._call(
+            "PATCH",
+            _path(k, namespace, name) + "/status",
+            body={"status": status},
+            content_type="application/merge-patch+json",
+            what=f"update status of {kind} {name}",
         )
 
     def delete(self, api_version: str, kind: str, name: str, namespace: str | None = None) -> bool:

@@ -185,8 +185,14 @@ def format_validation_error(err: ValidationError, keys: list[str]) -> list[str]:
 def load_recipe(recipe: str | Path | None = None, overrides: list[str] | tuple[str, ...] = ()) -> LoadedRecipe:
     """Load and validate a recipe; raise RecipeError listing every problem."""
     path = resolve_recipe_path(str(recipe) if recipe is not None else None)
-    data = _read_yaml(path) if path else {}
-    provenance = {k: str(path) for k in _flatten(data)}
+    return recipe_from_data(_read_yaml(path) if path else {}, overrides, path)
+
+
+def recipe_from_data(
+    data: dict[str, Any], overrides: list[str] | tuple[str, ...] = (), source: Path | None = None
+) -> LoadedRecipe:
+    """Validate recipe data already read (a file's, or a FineTune's spec.recipe); RecipeError lists every problem."""
+    provenance = {k: str(source) if source else "inline" for k in _flatten(data)}
     problems: list[str] = []
     for text in overrides:
         try:
@@ -206,7 +212,7 @@ def load_recipe(recipe: str | Path | None = None, overrides: list[str] | tuple[s
         raise RecipeError(*problems)
     for key in _flatten(recipe_obj.model_dump()):
         provenance.setdefault(key, "default")
-    return LoadedRecipe(recipe=recipe_obj, source=path, provenance=provenance)
+    return LoadedRecipe(recipe=recipe_obj, source=source, provenance=provenance)
 
 
 def recipe_to_yaml(recipe: Recipe) -> str:

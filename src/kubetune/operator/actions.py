@@ -1,0 +1,179 @@
+"""What the operator reads from and does to the cluster, through `KubeClient` (no kopf here).
+
+Creating is idempotent: an object that exists already (409) counts as created, so a handler
+retried after a crash or a temporary error finishes the job instead of failing on its first
+half. Every object rendered for a FineTune is owned by it (`plan.owned`).
+"""
+
+from __future__ import annotations
+
+import base64
+from dataclasses import dataclass, field
+from typing import Any
+
+from kubetune.errors import RecipeError, UserError
+from kubetune.k8s import doctor, follow
+from kubetune.k8s.client import ClusterError, Conflict, KubeClient
+from kubetune.k8s.names import Names, trainer_selector
+from kubetune.k8s.progress import Progress
+from kubetune.k8s.render import render
+from kubetune.k8s.serve import render_serve
+from kubetune.operator import plan
+from kubetune.operator import progress as metrics_progress
+from kubetune.operator.export_job import export_job
+from kubetune.recipe.schema import Recipe
+
+JOB_KINDS = {"pytorchjob": ("kubeflow.org/v1", "PyTorchJob"), "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob")}
+
+
+def meta(body: dict[str, Any]) -> tuple[str, str]:
+    return body["metadata"]["name"], body["metadata"]["namespace"]
+
+
+# ------------------------------------------------------------------ reading the spec
+
+
+def spec_recipe(client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpec) -> Recipe:
+    """spec.recipe, or the recipeRef ConfigMap's key, validated (RecipeError: every problem) and resolved."""
+    name, namespace = meta(body)
+    data = spec.recipe
+    if spec.recipe_ref is not None:
+        cm_name, key = spec.recipe_ref
+        cm = client.get("v1", "ConfigMap", cm_name, namespace)
+        if cm is None or key not in (cm.get("data") or {}):
+            raise RecipeError(f"spec.recipeRef: ConfigMap {namespace}/{cm_name} has no key {key!r}")
+        data = plan.recipe_text_data(cm["data"][key], f"ConfigMap {cm_name} key {key}")
+    if data is None:
+        raise RecipeError("spec: set spec.recipe (the recipe inline) or spec.recipeRef (a ConfigMap key)")
+    return plan.resolved(plan.load_recipe_for(name, namespace, data, spec))  # as its ConfigMap will hold it
+
+
+def applied_recipe(client: KubeClient, body: dict[str, Any]) -> Recipe | None:
+    """The recipe the job runs (its ConfigMap), None before the first create."""
+    name, namespace = meta(body)
+    cm = client.get("v1", "ConfigMap", Names.for_job(name, namespace).recipe, namespace)
+    return None if cm is None else plan.applied_recipe(cm)
+
+
+def hf_token(client: KubeClient, namespace: str, spec: plan.FineTuneSpec) -> str | None:
+    if spec.hf_token_ref is None:
+        return None
+    secret_name, key = spec.hf_token_ref
+    secret = client.get("v1", "Secret", secret_name, namespace)
+    value = ((secret or {}).get("data") or {}).get(key)
+    if value is None:
+        # temporary: the Secret is often created after the FineTune that names it
+        raise ClusterError(f"spec.hfTokenSecretRef: Secret {namespace}/{secret_name} has no key {key!r} (yet)")
+    return base64.b64decode(value).decode()
+
+
+# ------------------------------------------------------------------ creating and deleting
+
+
+def create_all(client: KubeClient, objects: list[dict[str, Any]]) -> list[str]:
+    """Create each object unless it exists; `Kind/name` of those created now."""
+    created = []
+    for obj in objects:
+        try:
+            client.create(obj)
+        except Conflict:
+            continue
+        created.append(f"{obj['kind']}/{obj['metadata']['name']}")
+    return created
+
+
+def training_objects(
+    client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpec, recipe: Recipe
+) -> list[dict[str, Any]]:
+    """Everything `kubetune k8s render` makes for the recipe, owned by the FineTune."""
+    token = hf_token(client, meta(body)[1], spec)
+    return plan.owned(render(recipe, hf_token=token).objects, body, spec.delete_claim)
+
+
+def create_training(client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpec, recipe: Recipe) -> list[str]:
+    objects = training_objects(client, body, spec, recipe)
+    if spec.suspend:  # everything but the job: resuming then only adds the job
+        objects = [o for o in objects if o["kind"] not in plan.JOB_KINDS]
+    return create_all(client, objects)
+
+
+def delete_training(client: KubeClient, name: str, namespace: str) -> bool:
+    """Delete the Kubeflow job; its pods go with it (they are the job's), the claim stays."""
+    deleted = [client.delete(av, kind, name, namespace) for av, kind in JOB_KINDS.values()]  # both kinds, always
+    return any(deleted)
+
+
+def create_export(client: KubeClient, body: dict[str, Any], recipe: Recipe) -> list[str]:
+    name, namespace = meta(body)
+    job = export_job(recipe, Names.for_job(name, namespace), name + plan.EXPORT_SUFFIX)
+    return create_all(client, plan.owned([job], body, delete_claim=False))
+
+
+def serving_objects(
+    client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpec, recipe: Recipe
+) -> list[dict[str, Any]]:
+    """What `kubetune k8s render-serve` makes for the run, owned by the FineTune."""
+    token = hf_token(client, meta(body)[1], spec)
+    return plan.owned(render_serve(recipe, spec.serve.settings(), hf_token=token).objects, body, False)
+
+
+# ------------------------------------------------------------------ observing
+
+
+@dataclass
+class Observation:
+    recipe: Recipe
+    job: dict[str, Any] | None
+    pods: list[dict[str, Any]] = field(default_factory=list)
+    export_job: dict[str, Any] | None = None
+    serving: dict[str, Any] | None = None  # the serving Deployment
+
+    @property
+    def restarts(self) -> int:
+        return sum(
+            cs.get("restartCount", 0)
+            for pod in self.pods
+            for cs in (pod.get("status") or {}).get("containerStatuses") or []
+        )
+
+
+def observe(client: KubeClient, body: dict[str, Any], recipe: Recipe) -> Observation:
+    name, namespace = meta(body)
+    api_version, kind = JOB_KINDS[recipe.k8s.api]
+    job = client.get(api_version, kind, name, namespace)
+    pods = client.list("v1", "Pod", namespace, trainer_selector(name)) if job else []
+    return Observation(
+        recipe=recipe,
+        job=job,
+        pods=pods,
+        export_job=client.get("batch/v1", "Job", name + plan.EXPORT_SUFFIX, namespace),
+        serving=client.get("apps/v1", "Deployment", f"{name}-serve", namespace),
+    )
+
+
+def read_progress(
+    client: KubeClient, name: str, namespace: str, seen: Observation
+) -> tuple[Progress, float | None] | None:
+    """Rank 0's progress: its metrics endpoint when it serves one, else its log (or metrics.jsonl)."""
+    if seen.job is None:
+        return None
+    rank0 = next((p for p in seen.pods if follow.pod_rank(p, follow.has_master(seen.job)) == 0), None)
+    url = metrics_progress.metrics_url(rank0) if rank0 else None
+    text = metrics_progress.fetch_metrics(url) if url else None
+    if text:
+        found, eval_loss = metrics_progress.from_metrics_text(text)
+        if found is not None:
+            return found, eval_loss
+    logged = follow.read_progress(
+        client, name, namespace, seen.job, follow.trainer_pods(client, name, namespace, seen.job)
+    )
+    return None if logged is None else (logged, None)
+
+
+def diagnosis(client: KubeClient, name: str, namespace: str) -> list[str]:
+    """`kubetune k8s doctor`'s errors and warnings, one line each (problem, then the fix)."""
+    try:
+        findings = doctor.diagnose(doctor.collect(client, name, namespace))
+    except UserError as e:  # the cluster did not answer: say so instead of a diagnosis
+        return [f"no diagnosis: {e.problems[0]}"]
+    return [f"{f.subject}: {f.problem}; fix: {f.fix}" for f in findings if f.severity in ("error", "warning")]

@@ -1,0 +1,287 @@
+"""The kopf handlers of FineTune, thin: read, call `plan` (pure) and `actions` (the client), write status.
+
+- create / resume: validate the recipe (the CLI's loader), create the job's objects, owned.
+  A bad recipe is a permanent error: status.conditions[Valid] holds one line per problem and
+  nothing is created; kopf does not retry it (editing the spec does).
+- update of spec: a recipe edit is applied to the job's ConfigMap only when every changed key
+  keeps the run resumable (rundir.NEUTRAL), else refused in status.conditions[RecipeChange].
+- a timer (every `interval` seconds: the throttle): observe the job, its pods, the export
+  Job and the serving Deployment, take the next step (`plan.next_step`), write status.
+
+Cluster errors (unreachable, 409 on our own writes, a Kubeflow CRD not installed yet: 404)
+are temporary: kopf retries after a delay. Deleting a FineTune deletes what it owns through
+Kubernetes' garbage collector (ownerReferences): no delete handler; kopf's finalizer only
+holds the deletion until the timer has stopped.
+"""
+
+from __future__ import annotations
+
+import copy
+import logging
+from datetime import datetime, timezone
+from typing import Any
+
+import kopf
+
+from kubetune.errors import RecipeError, UserError
+from kubetune.k8s.client import ClusterError, KubeClient, connect, load_config
+from kubetune.k8s.names import Names
+from kubetune.k8s.objects import config_map
+from kubetune.operator import actions, plan
+from kubetune.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+
+RESOURCE = (GROUP, VERSION, PLURAL)
+RETRY_DELAY_S = 30
+log = logging.getLogger("kubetune.operator")
+
+
+def register(registry: kopf.OperatorRegistry, interval: float = 15.0) -> None:
+    """The handlers of FineTune, in `registry` (the timer's interval is the status throttle)."""
+    kopf.on.startup(registry=registry)(_startup)
+    kopf.on.login(registry=registry)(_login)
+    kopf.on.create(*RESOURCE, registry=registry)(_created)
+    kopf.on.resume(*RESOURCE, registry=registry)(_created)
+    kopf.on.update(*RESOURCE, field="spec", registry=registry)(_spec_changed)
+    kopf.timer(*RESOURCE, interval=interval, registry=registry)(_follow)
+
+
+def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
+    # kopf's own bookkeeping stays in annotations: status holds only the CRD's declared fields
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix="kubetune.io")
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix="kubetune.io")
+    settings.persistence.finalizer = "kubetune.io/operator"
+    # no cluster-wide scans of namespaces and CRDs: the operator's RBAC stays namespace-sized
+    # (the FineTune CRD is installed before the operator starts, e.g. by the Helm chart)
+    settings.scanning.disabled = True
+    memo["client"] = connect()
+
+
+def _login(**_kwargs: Any) -> kopf.ConnectionInfo:
+    """kopf talks to the API server found by kubetune's one kubeconfig loader (kubetune.kube)."""
+    config = load_config()
+    header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
+    scheme, _, token = (header or "").rpartition(" ")
+    return kopf.ConnectionInfo(
+        server=config.host,
+        ca_path=config.ssl_ca_cert,
+        insecure=not config.verify_ssl,
+        scheme=scheme or None,
+        token=token or None,
+        certificate_path=config.cert_file,
+        private_key_path=config.key_file,
+    )
+
+
+def _plain(body: kopf.Body) -> dict[str, Any]:
+    return copy.deepcopy(dict(body))
+
+
+def _now() -> str:
+    return plan.now_text()
+
+
+def _set_condition(patch: kopf.Patch, body: dict[str, Any], new: dict[str, Any]) -> None:
+    current = patch.status.get("conditions") or (body.get("status") or {}).get("conditions") or []
+    patch.status["conditions"] = plan.with_condition(list(current), new, _now())
+
+
+def _temporary(e: ClusterError) -> kopf.TemporaryError:
+    return kopf.TemporaryError(e.problems[0], delay=RETRY_DELAY_S)
+
+
+# ------------------------------------------------------------------ create / resume
+
+
+def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    client: KubeClient = memo["client"]
+    ft = _plain(body)
+    spec = plan.FineTuneSpec.from_dict(ft.get("spec") or {})
+    generation = ft["metadata"].get("generation")
+    try:
+        recipe = actions.applied_recipe(client, ft) or actions.spec_recipe(client, ft, spec)
+        created = actions.create_training(client, ft, spec, recipe)
+    except RecipeError as e:
+        _set_condition(patch, ft, plan.condition("Valid", False, "InvalidRecipe", "\n".join(e.problems), generation))
+        patch.status["phase"] = "Failed"
+        raise kopf.PermanentError(f"invalid recipe ({len(e.problems)} problems, see status.conditions)") from None
+    except ClusterError as e:
+        raise _temporary(e) from None
+    except UserError as e:  # the renderer's refusals (a token in the recipe, ...): the spec must change
+        _set_condition(patch, ft, plan.condition("Valid", False, "CannotRender", "\n".join(e.problems), generation))
+        patch.status["phase"] = "Failed"
+        raise kopf.PermanentError(e.problems[0]) from None
+    _set_condition(patch, ft, plan.condition("Valid", True, "RecipeValid", "", generation))
+    name, namespace = actions.meta(ft)
+    api_version, kind = actions.JOB_KINDS[recipe.k8s.api]
+    patch.status["jobRef"] = {"apiVersion": api_version, "kind": kind, "name": name}
+    patch.status["artifacts"] = plan.artifacts(recipe, Names.for_job(name, namespace).pvc, spec.export_wanted(recipe))
+    if not (ft.get("status") or {}).get("phase") or ft["status"]["phase"] == "Failed":
+        patch.status["phase"] = "Suspended" if spec.suspend else "Pending"
+    if generation is not None:
+        patch.status["observedGeneration"] = generation
+    if created:
+        log.info("FineTune %s/%s: created %s", namespace, name, ", ".join(created))
+
+
+# ------------------------------------------------------------------ spec edits
+
+
+def _spec_changed(body: kopf.Body, old: Any, new: Any, patch: kopf.Patch, memo: kopf.Memo, **kw: Any) -> None:
+    ft = _plain(body)
+    valid = next((c for c in (ft.get("status") or {}).get("conditions") or [] if c.get("type") == "Valid"), None)
+    if valid is None or valid.get("status") != "True":
+        _created(body=body, patch=patch, memo=memo, **kw)  # a fixed spec gets its first create now
+        return
+    if (old or {}).get("recipe") != (new or {}).get("recipe") or (old or {}).get("recipeRef") != (new or {}).get(
+        "recipeRef"
+    ):
+        _recipe_edit(memo["client"], ft, patch)
+    _follow(body=body, patch=patch, memo=memo)  # suspend / resume / serve take effect now, not at the next tick
+
+
+def _recipe_edit(client: KubeClient, ft: dict[str, Any], patch: kopf.Patch) -> None:
+    spec = plan.FineTuneSpec.from_dict(ft.get("spec") or {})
+    generation = ft["metadata"].get("generation")
+    try:
+        running = actions.applied_recipe(client, ft)
+        edited = actions.spec_recipe(client, ft, spec)
+    except RecipeError as e:
+        msg = "\n".join(["the edited recipe is invalid; the job keeps its recipe:", *e.problems])
+        _set_condition(patch, ft, plan.condition("RecipeChange", False, "InvalidRecipe", msg, generation))
+        return
+    except ClusterError as e:
+        raise _temporary(e) from None
+    if running is None:
+        return
+    resumable, learned = plan.changed_keys(running, edited)
+    if not resumable and not learned:
+        return  # what the job runs already (e.g. this edit was handled before)
+    if learned:
+        msg = (
+            f"not applied: changing {', '.join(learned)} changes what is learned, so the run could not resume "
+            "from its checkpoints; revert it, or create a new FineTune (keys that keep a run resumable: "
+            "train.max_steps, train.epochs, train.save_every, eval.*, k8s.*, ...)"
+        )
+        _set_condition(patch, ft, plan.condition("RecipeChange", False, "NotResumable", msg, generation))
+        return
+    name, namespace = actions.meta(ft)
+    cm = plan.owned([config_map(edited, Names.for_job(name, namespace))], ft, False)[0]
+    try:
+        client.patch(cm)
+    except ClusterError as e:
+        raise _temporary(e) from None
+    msg = (
+        f"applied {', '.join(resumable)}: the training pods read it when they (re)start; "
+        "suspend and resume to restart them now"
+    )
+    _set_condition(patch, ft, plan.condition("RecipeChange", True, "Applied", msg, generation))
+
+
+# ------------------------------------------------------------------ following the job
+
+
+def _follow(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+    ft = _plain(body)
+    status = ft.get("status") or {}
+    if not any(c.get("type") == "Valid" and c.get("status") == "True" for c in status.get("conditions") or []):
+        return  # not created (yet, or an invalid recipe): the create handler speaks for it
+    client: KubeClient = memo["client"]
+    try:
+        _step(client, ft, patch)
+    except ClusterError as e:
+        raise _temporary(e) from None
+    except UserError as e:
+        _set_condition(patch, ft, plan.condition("Ready", False, "CannotRender", "\n".join(e.problems)))
+
+
+def _step(client: KubeClient, ft: dict[str, Any], patch: kopf.Patch) -> None:
+    spec = plan.FineTuneSpec.from_dict(ft.get("spec") or {})
+    status = ft.get("status") or {}
+    recipe = actions.applied_recipe(client, ft) or actions.spec_recipe(client, ft, spec)
+    seen = actions.observe(client, ft, recipe)
+    trained = status.get("phase") in plan.TRAINED_PHASES
+    observed = plan.Observed(
+        suspend=spec.suspend,
+        trained=trained,
+        failed_before=status.get("phase") == "Failed",
+        job_exists=seen.job is not None,
+        job_state=plan.job_state(seen.job),
+        export_wanted=spec.export_wanted(recipe),
+        export_state=plan.export_state(seen.export_job),
+        serve_enabled=spec.serve.enabled,
+        serving=seen.serving is not None,
+    )
+    step = plan.next_step(observed)
+    _act(client, ft, spec, recipe, step.actions, patch)
+    if trained and seen.job is not None and plan.ttl_expired(seen.job, spec.ttl_seconds, datetime.now(timezone.utc)):
+        actions.delete_training(client, *actions.meta(ft))
+    _write_status(client, ft, seen, observed, step, patch)
+
+
+def _act(
+    client: KubeClient,
+    ft: dict[str, Any],
+    spec: plan.FineTuneSpec,
+    recipe: Any,
+    todo: tuple[str, ...],
+    patch: kopf.Patch,
+) -> None:
+    name, namespace = actions.meta(ft)
+    for action in todo:
+        if action == "create-training":
+            actions.create_training(client, ft, spec, recipe)
+        elif action == "delete-training":
+            actions.delete_training(client, name, namespace)
+        elif action == "create-export":
+            actions.create_export(client, ft, recipe)
+            patch.status["exportJobRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": name + plan.EXPORT_SUFFIX}
+        elif action == "create-serving":
+            objects = actions.serving_objects(client, ft, spec, recipe)
+            actions.create_all(client, objects)
+            patch.status["endpoint"] = plan.endpoint(objects)
+        log.info("FineTune %s/%s: %s", namespace, name, action)
+
+
+def _write_status(
+    client: KubeClient,
+    ft: dict[str, Any],
+    seen: actions.Observation,
+    observed: plan.Observed,
+    step: plan.Step,
+    patch: kopf.Patch,
+) -> None:
+    name, namespace = actions.meta(ft)
+    status = ft.get("status") or {}
+    generation = ft["metadata"].get("generation")
+    # conditions are one list, replaced whole by a merge patch: start from the live list, not the
+    # body this timer was given, so that a condition the update handler just wrote is kept
+    live = client.get(API_VERSION, KIND, name, namespace) or {}
+    ft = {**ft, "status": {**status, "conditions": (live.get("status") or {}).get("conditions") or []}}
+    patch.status["phase"] = step.phase
+    if generation is not None:
+        patch.status["observedGeneration"] = generation
+    if seen.job is not None and not observed.trained:  # after success the last reading stays
+        found = actions.read_progress(client, name, namespace, seen)
+        if found is not None:
+            patch.status["progress"] = plan.progress_status(*found)
+    training = observed.job_state or ("Suspended" if observed.suspend else "NotStarted")
+    _set_condition(patch, ft, plan.condition("Training", observed.job_state in plan.RUNNING, training))
+    suspended = step.phase == "Suspended"
+    reason = "SuspendedBySpec" if suspended else "NotSuspended"
+    _set_condition(patch, ft, plan.condition("Suspended", suspended, reason))
+    if seen.restarts > status.get("restarts", 0):
+        patch.status["restarts"] = seen.restarts
+        diagnosed = "\n".join(actions.diagnosis(client, name, namespace)) or "a training pod restarted"
+        _set_condition(patch, ft, plan.condition("Restarted", True, "PodRestarted", diagnosed))
+    if step.phase == "Failed" and status.get("phase") != "Failed":
+        if observed.job_state == "Failed":
+            why = "\n".join(actions.diagnosis(client, name, namespace))
+            _set_condition(patch, ft, plan.condition("Failed", True, "TrainingFailed", why))
+        else:
+            job = name + plan.EXPORT_SUFFIX
+            msg = f"Job {job} failed: `kubectl logs job/{job} -n {namespace}` says why"
+            _set_condition(patch, ft, plan.condition("Failed", True, "ExportFailed", msg))
+    if observed.export_state == "Complete":
+        _set_condition(patch, ft, plan.condition("Exported", True, "MergedExport"))
+    if step.phase == "Serving":
+        _set_condition(patch, ft, plan.condition("Ready", True, "ServingObjectsCreated", status.get("endpoint", "")))

@@ -1,0 +1,24 @@
+"""`kubetune operator`: run kopf with the FineTune handlers until interrupted."""
+
+from __future__ import annotations
+
+import asyncio
+
+
+def run_operator(namespaces: list[str], interval: float = 15.0) -> None:
+    """Watch `namespaces` (empty = every namespace). Standalone: one replica, no kopf peering
+    objects to install (the Helm chart runs one replica with the Recreate strategy)."""
+    import kopf
+
+    from kubetune.operator.handlers import register
+
+    registry = kopf.OperatorRegistry()
+    register(registry, interval=interval)
+    asyncio.run(
+        kopf.operator(
+            registry=registry,
+            standalone=True,
+            namespaces=namespaces,
+            clusterwide=not namespaces,
+        )
+    )

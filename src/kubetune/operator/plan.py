@@ -1,0 +1,355 @@
+"""The operator's decisions, pure: a FineTune's spec -> the recipe; rendered objects -> objects
+owned by the FineTune; what was observed in the cluster -> the next phase, the actions that
+lead there, and the status to write. No kopf, no API calls: `handlers.py` observes and acts.
+
+The applied recipe is the one in the job's ConfigMap (`<name>-recipe`), written on create:
+resuming, exporting and serving render from it, so an edit of `spec.recipe` that was refused
+(it would change what is learned) never reaches the pods.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from kubetune.errors import RecipeError
+from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
+from kubetune.k8s.progress import Progress, format_eta
+from kubetune.k8s.render import cluster_recipe, layout_problems
+from kubetune.k8s.serve import ServeSettings
+from kubetune.kube import KubeObject
+from kubetune.operator.crd import API_VERSION, KIND
+from kubetune.recipe.k8s import resource_problems
+from kubetune.recipe.loader import _flatten, recipe_from_data
+from kubetune.recipe.schema import Recipe
+from kubetune.rundir import NEUTRAL, RunDir
+
+JOB_KINDS = {"PyTorchJob", "TrainJob"}
+CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterTrainingRuntime"}
+SUCCEEDED = {"Succeeded", "Complete"}  # PyTorchJob's and TrainJob's words for it
+RUNNING = {"Running", "Restarting"}
+TRAINED_PHASES = {"Exporting", "Serving", "Succeeded"}
+EXPORT_SUFFIX = "-export"
+
+
+# ------------------------------------------------------------------ the spec
+
+
+@dataclass(frozen=True)
+class ServeSpec:
+    enabled: bool = False
+    engine: str = "native"
+    replicas: int = 1
+    min_replicas: int | None = None
+    max_replicas: int | None = None
+    autoscale: str = "queue"
+    image: str | None = None
+    ingress_host: str | None = None
+
+    def settings(self) -> ServeSettings:
+        return ServeSettings(
+            engine=self.engine,
+            replicas=self.replicas,
+            min_replicas=self.min_replicas,
+            max_replicas=self.max_replicas,
+            autoscale=self.autoscale,
+            image=self.image,
+            ingress_host=self.ingress_host,
+        )
+
+
+@dataclass(frozen=True)
+class FineTuneSpec:
+    """spec of a FineTune, defaults applied (the CRD leaves defaults to this, like the recipe's)."""
+
+    recipe: dict[str, Any] | None = None
+    recipe_ref: tuple[str, str] | None = None  # (ConfigMap, key)
+    profile: str | None = None
+    api: str | None = None
+    hf_token_ref: tuple[str, str] | None = None  # (Secret, key)
+    serve: ServeSpec = ServeSpec()
+    export_merged: bool = False
+    suspend: bool = False
+    ttl_seconds: int | None = None
+    delete_claim: bool = False
+
+    @classmethod
+    def from_dict(cls, spec: dict[str, Any]) -> FineTuneSpec:
+        serve = spec.get("serve") or {}
+        return cls(
+            recipe=spec.get("recipe"),
+            recipe_ref=_key_ref(spec.get("recipeRef"), RECIPE_KEY),
+            profile=spec.get("profile"),
+            api=spec.get("api"),
+            hf_token_ref=_key_ref(spec.get("hfTokenSecretRef"), TOKEN_KEY),
+            serve=ServeSpec(
+                enabled=bool(serve.get("enabled", False)),
+                engine=serve.get("engine", "native"),
+                replicas=serve.get("replicas", 1),
+                min_replicas=serve.get("minReplicas"),
+                max_replicas=serve.get("maxReplicas"),
+                autoscale=serve.get("autoscale", "queue"),
+                image=serve.get("image"),
+                ingress_host=serve.get("ingressHost"),
+            ),
+            export_merged=bool((spec.get("export") or {}).get("merged", False)),
+            suspend=bool(spec.get("suspend", False)),
+            ttl_seconds=spec.get("ttlSecondsAfterFinished"),
+            delete_claim=spec.get("volumeClaimRetention", "Retain") == "Delete",
+        )
+
+    def export_wanted(self, recipe: Recipe) -> bool:
+        # a full fine-tune's model/ is already whole: only LoRA has something to merge
+        return (self.serve.enabled or self.export_merged) and recipe.finetune.method == "lora"
+
+
+def _key_ref(ref: dict[str, Any] | None, default_key: str) -> tuple[str, str] | None:
+    return (ref["name"], ref.get("key") or default_key) if ref else None
+
+
+def recipe_text_data(text: str, where: str) -> dict[str, Any]:
+    """A recipe YAML (a ConfigMap's) as data; one line for what is wrong with it."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where}: a recipe is a YAML mapping of sections (model:, data:, train:, ...)")
+    return data
+
+
+def load_recipe_for(name: str, namespace: str, data: dict[str, Any], spec: FineTuneSpec) -> Recipe:
+    """The FineTune's recipe, validated by the CLI's loader and checked as `k8s render` checks it.
+    The job is named after the FineTune and lives in its namespace (owner references cannot
+    cross namespaces); spec.profile / spec.api override the recipe's. Every problem, one line each."""
+    data = copy.deepcopy(data)
+    k8s = data.setdefault("k8s", {})
+    problems = []
+    if isinstance(k8s, dict):
+        for key, must in (("namespace", namespace), ("name", name)):
+            if k8s.get(key) not in (None, must):
+                problems.append(
+                    f"`k8s.{key}`: a FineTune's objects are named and placed by the FineTune ({must!r}, "
+                    f"not {k8s[key]!r}); remove the key"
+                )
+        k8s.update({"namespace": namespace, "name": name})
+        k8s.update({k: v for k, v in (("profile", spec.profile), ("api", spec.api)) if v})
+    try:
+        recipe = recipe_from_data(data).recipe
+    except RecipeError as e:
+        raise RecipeError(*problems, *e.problems) from None
+    problems += resource_problems(recipe.k8s) + layout_problems(recipe)
+    if spec.serve.enabled:
+        # the settings speak in render-serve's flags (--max-replicas): say spec.serve's words
+        problems += [f"spec.serve: {p.replace('--', '')}" for p in spec.serve.settings().problems()]
+    if problems:
+        raise RecipeError(*problems)
+    return recipe
+
+
+def applied_recipe(config_map: dict[str, Any]) -> Recipe:
+    """The recipe the pods run, from the job's ConfigMap (already resolved by the renderer)."""
+    where = f"ConfigMap {config_map['metadata']['name']}"
+    return recipe_from_data(recipe_text_data(config_map["data"][RECIPE_KEY], where)).recipe
+
+
+def changed_keys(old: Recipe, new: Recipe) -> tuple[list[str], list[str]]:
+    """(keys that keep the run resumable, keys that change what is learned) that differ."""
+    before, after = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    neutral = [k for k in changed if _neutral(k)]
+    return neutral, [k for k in changed if not _neutral(k)]
+
+
+def _neutral(key: str) -> bool:
+    section, _, rest = key.partition(".")
+    if section not in NEUTRAL:
+        return False
+    fields = NEUTRAL[section]
+    return fields is None or rest.split(".")[0] in fields
+
+
+def resolved(recipe: Recipe) -> Recipe:
+    """The recipe as its ConfigMap holds it (output_dir on the claim), for comparing with it."""
+    return cluster_recipe(recipe, Names.for_job(recipe.k8s.name or "", recipe.k8s.namespace))
+
+
+# ------------------------------------------------------------------ ownership
+
+
+def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
+    meta = owner["metadata"]
+    return {
+        "apiVersion": API_VERSION,
+        "kind": KIND,
+        "name": meta["name"],
+        "uid": meta["uid"],
+        "controller": True,
+        "blockOwnerDeletion": True,
+    }
+
+
+def owned(objects: list[KubeObject], owner: dict[str, Any], delete_claim: bool) -> list[KubeObject]:
+    """The rendered objects the operator creates, each owned by the FineTune (so that deleting it
+    deletes them: Kubernetes' garbage collector), except what must outlive it or is shared: the
+    Namespace (it exists already), cluster-scoped objects (a namespaced owner cannot own them),
+    the namespace's shared quota, and the volume claim unless spec.volumeClaimRetention is Delete."""
+    out = []
+    for obj in objects:
+        if obj["kind"] == "Namespace":
+            continue
+        obj = copy.deepcopy(obj)
+        shared = obj["kind"] == "ResourceQuota" and obj["metadata"]["name"] == NAMESPACE_QUOTA
+        kept_claim = obj["kind"] == "PersistentVolumeClaim" and not delete_claim
+        if obj["kind"] not in CLUSTER_SCOPED and not shared and not kept_claim:
+            obj["metadata"]["ownerReferences"] = [owner_reference(owner)]
+        out.append(obj)
+    return out
+
+
+# ------------------------------------------------------------------ observed state -> next phase
+
+
+@dataclass(frozen=True)
+class Observed:
+    suspend: bool
+    trained: bool  # training succeeded before (the job may be gone: TTL, suspend after success)
+    failed_before: bool  # the last phase was Failed
+    job_exists: bool
+    job_state: str | None  # the job's newest condition that holds
+    export_wanted: bool
+    export_state: str | None  # None (no export Job) | Running | Complete | Failed
+    serve_enabled: bool
+    serving: bool  # the serving Deployment exists
+
+
+@dataclass(frozen=True)
+class Step:
+    phase: str
+    actions: tuple[str, ...] = ()  # create-training | delete-training | create-export | create-serving
+
+
+def next_step(o: Observed) -> Step:
+    if o.trained or o.job_state in SUCCEEDED:
+        return _after_training(o)
+    if o.suspend:  # also how a Failed run is retried: suspend, then resume from its checkpoint
+        return Step("Suspended", ("delete-training",) if o.job_exists else ())
+    if o.job_state == "Failed" or (o.failed_before and not o.job_exists):
+        return Step("Failed")
+    if not o.job_exists:
+        return Step("Pending", ("create-training",))
+    return Step("Running" if o.job_state in RUNNING else "Pending")
+
+
+def _after_training(o: Observed) -> Step:
+    if o.export_wanted and o.export_state != "Complete":
+        if o.export_state == "Failed":
+            return Step("Failed")
+        return Step("Exporting", () if o.export_state else ("create-export",))
+    if o.serve_enabled:
+        return Step("Serving", () if o.serving else ("create-serving",))
+    return Step("Succeeded")
+
+
+def job_state(job: dict[str, Any] | None) -> str | None:
+    """The newest condition that holds (Created, Running, Restarting, Succeeded, Failed, Complete)."""
+    conditions = [c for c in ((job or {}).get("status") or {}).get("conditions") or [] if c.get("status") == "True"]
+    return conditions[-1]["type"] if conditions else None
+
+
+def export_state(job: dict[str, Any] | None) -> str | None:
+    if job is None:
+        return None
+    status = job.get("status") or {}
+    if status.get("succeeded"):
+        return "Complete"
+    if any(c.get("type") == "Failed" and c.get("status") == "True" for c in status.get("conditions") or []):
+        return "Failed"
+    return "Running"
+
+
+def finished_at(job: dict[str, Any] | None) -> datetime | None:
+    """When the job succeeded or failed (its condition's lastTransitionTime)."""
+    for c in ((job or {}).get("status") or {}).get("conditions") or []:
+        if c.get("status") == "True" and c.get("type") in SUCCEEDED | {"Failed"} and c.get("lastTransitionTime"):
+            return parse_time(c["lastTransitionTime"])
+    return None
+
+
+def ttl_expired(job: dict[str, Any] | None, ttl_seconds: int | None, now: datetime) -> bool:
+    end = finished_at(job)
+    return ttl_seconds is not None and end is not None and (now - end).total_seconds() >= ttl_seconds
+
+
+def parse_time(text: str) -> datetime:
+    return datetime.fromisoformat(text.replace("Z", "+00:00"))
+
+
+def now_text(now: datetime | None = None) -> str:
+    return (now or datetime.now(timezone.utc)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+# ------------------------------------------------------------------ status
+
+
+def progress_status(p: Progress, eval_loss: float | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {
+        "step": p.step,
+        "totalSteps": p.total_steps,
+        "percent": int(100 * p.fraction),
+        "loss": _finite(p.loss),
+        "evalLoss": _finite(eval_loss),
+        "tokensPerSecond": _finite(p.tokens_per_s),
+    }
+    if p.step >= p.total_steps > 0:
+        out.update(etaSeconds=0, eta="done")
+    elif p.eta_s is not None and math.isfinite(p.eta_s):
+        out.update(etaSeconds=int(p.eta_s), eta=format_eta(p.eta_s))
+    return {k: v for k, v in out.items() if v is not None}
+
+
+def _finite(x: float | None) -> float | None:
+    return x if x is not None and math.isfinite(x) else None
+
+
+def condition(kind: str, status: bool, reason: str, message: str = "", generation: int | None = None) -> dict[str, Any]:
+    out: dict[str, Any] = {"type": kind, "status": "True" if status else "False", "reason": reason, "message": message}
+    if generation is not None:
+        out["observedGeneration"] = generation
+    return out
+
+
+def with_condition(conditions: list[dict[str, Any]], new: dict[str, Any], now: str) -> list[dict[str, Any]]:
+    """conditions with `new` in place of its type; the transition time moves only when status changes."""
+    old = next((c for c in conditions if c.get("type") == new["type"]), None)
+    stamped = {**new, "lastTransitionTime": now}
+    if old is not None and old.get("status") == new["status"]:
+        stamped["lastTransitionTime"] = old.get("lastTransitionTime", now)
+    return [c for c in conditions if c.get("type") != new["type"]] + [stamped]
+
+
+def artifacts(recipe: Recipe, claim: str, export_wanted: bool) -> dict[str, str]:
+    run = RunDir(Path(recipe.output_dir))  # a path in the pods (the operator runs on Linux too)
+    out = {"claim": claim, "runDir": recipe.output_dir, "adapter": str(run.weights(recipe.finetune.method))}
+    if export_wanted:
+        out["merged"] = str(run.merged)
+    return out
+
+
+def endpoint(serving_objects: list[KubeObject]) -> str | None:
+    """The served OpenAI base URL: the Ingress host when set, else the Service inside the cluster."""
+    for obj in serving_objects:
+        rules = (obj.get("spec") or {}).get("rules") or []
+        if obj["kind"] == "Ingress" and rules and rules[0].get("host"):
+            return f"http://{rules[0]['host']}/v1"
+    for obj in serving_objects:
+        if obj["kind"] == "Service":
+            meta, port = obj["metadata"], obj["spec"]["ports"][0]["port"]
+            return f"http://{meta['name']}.{meta['namespace']}.svc:{port}/v1"
+    return None

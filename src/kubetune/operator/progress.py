@@ -1,0 +1,78 @@
+"""Rank 0's progress for `status.progress`: from the training metrics endpoint when the pod
+serves one (monitor.in_cluster: the container port named `metrics`), else from the progress
+line in its log (`kubetune.k8s.follow.read_progress`). Parsing is pure; `fetch_metrics` is the
+one HTTP call (to the pod's IP: the operator runs in the cluster)."""
+
+from __future__ import annotations
+
+import re
+import urllib.request
+from typing import Any
+
+from kubetune.k8s.progress import Progress
+from kubetune.monitor.contract import METRICS_PATH, METRICS_PORT_NAME
+
+STEP = "kubetune_train_step"
+TOTAL = "kubetune_train_total_steps"
+ETA = "kubetune_train_eta_seconds"
+LOSS = "kubetune_train_loss"
+EVAL_LOSS = "kubetune_train_eval_loss"
+TOKENS_PER_S = "kubetune_train_tokens_per_second"
+EPOCH = "kubetune_train_epoch"
+USED = (STEP, TOTAL, ETA, LOSS, EVAL_LOSS, TOKENS_PER_S, EPOCH)
+# `name{label="v",...} value` of the Prometheus text format (no timestamps: prometheus-client writes none)
+_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)\s*$")
+_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
+FETCH_TIMEOUT_S = 3
+
+
+def rank0_values(text: str) -> dict[str, float]:
+    """The samples of rank 0 (or unlabelled ones) for the metrics the status uses."""
+    out: dict[str, float] = {}
+    for line in text.splitlines():
+        m = _SAMPLE.match(line)
+        if m is None or m["name"] not in USED:
+            continue
+        labels = dict(_LABEL.findall(m["labels"] or ""))
+        if labels.get("rank", "0") == "0":
+            try:
+                out[m["name"]] = float(m["value"])
+            except ValueError:
+                continue
+    return out
+
+
+def from_metrics_text(text: str) -> tuple[Progress | None, float | None]:
+    """(progress, eval loss) from a /metrics page; (None, None) before the first step is known."""
+    v = rank0_values(text)
+    if STEP not in v or not v.get(TOTAL):
+        return None, None
+    p = Progress(
+        step=int(v[STEP]),
+        total_steps=int(v[TOTAL]),
+        loss=v.get(LOSS),
+        tokens_per_s=v.get(TOKENS_PER_S),
+        eta_s=v.get(ETA),
+        epoch=v.get(EPOCH),
+        source="rank-0 metrics",
+    )
+    return p, v.get(EVAL_LOSS)
+
+
+def metrics_url(pod: dict[str, Any]) -> str | None:
+    """http://POD_IP:PORT/metrics when the pod runs and a container exposes the metrics port."""
+    ip = (pod.get("status") or {}).get("podIP")
+    for container in (pod.get("spec") or {}).get("containers") or []:
+        for port in container.get("ports") or []:
+            if port.get("name") == METRICS_PORT_NAME and ip:
+                return f"http://{ip}:{port['containerPort']}{METRICS_PATH}"
+    return None
+
+
+def fetch_metrics(url: str) -> str | None:
+    """The page, or None when the pod does not answer (starting, gone): the log is the fallback."""
+    try:
+        with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:
+            return response.read().decode("utf-8", "replace")
+    except (OSError, ValueError):
+        return None
