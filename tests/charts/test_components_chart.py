@@ -3,7 +3,8 @@
 The chart's templates are written by hand (readable Helm, values a user can set); these tests hold them equal,
 object by object, to kubetune.cluster.manifests, the one source both `render-components` and the chart answer
 to, for settings that take every branch of manifests.py: either vendor's discovery, NFD placement, a node
-selector, every node, a leaf label, weights, a stateless extender, the prober off, other ports, namespace and image.
+selector, every node, a leaf label, weights, a stateless extender, the prober off, the monitors off or with another
+release label, other ports, namespace and image.
 """
 
 from __future__ import annotations
@@ -44,6 +45,8 @@ VALUES = {
     "watch_pods": (("schedulerExtender", "watchPods"), bool),
     "netprobe": (("netprobe", "enabled"), bool),
     "netprobe_port": (("netprobe", "port"), int),
+    "monitors": (("monitors", "enabled"), bool),
+    "release": (("monitors", "release"), str),
 }
 
 CASES = {
@@ -61,8 +64,11 @@ CASES = {
         metrics_port=9500,
         node_selector=("pool=gpu", "example.com/tier=a"),
         netprobe=False,
+        release="prometheus",
     ),
-    "gaudi-every-node": ComponentSettings(namespace="ops", all_nodes=True, netprobe_port=7000, extender_weight=1),
+    "gaudi-every-node": ComponentSettings(
+        namespace="ops", all_nodes=True, netprobe_port=7000, extender_weight=1, monitors=False
+    ),
     "nvidia-nfd": ComponentSettings(resource="nvidia.com/gpu", discovery="nvml", weights="closeness=9"),
 }
 
@@ -117,6 +123,7 @@ def test_the_chart_equals_the_render_components_command():
         "--discovery", s.discovery, "--leaf-label", str(s.leaf_label), "--extender-port", str(s.extender_port),
         "--extender-weight", str(s.extender_weight), "--weights", s.weights, "--stateless",
         "--node-selector", s.node_selector[0], "--node-selector", s.node_selector[1], "--no-netprobe",
+        "--release", s.release,
     )  # fmt: skip
     assert result.code == 0, result.err
     printed = [obj for obj in yaml.safe_load_all(result.out) if obj]
@@ -131,11 +138,12 @@ def test_each_component_alone_renders_only_its_own_objects(component):
     values = chart_values(
         s, devicePlugin=component == "devicePlugin", schedulerExtender=component == "schedulerExtender"
     )
+    plugin_monitor, extender_monitor = manifests.component_monitors(s)  # each goes with its component
     expected = {
-        "devicePlugin": manifests.device_plugin,
-        "schedulerExtender": lambda s: manifests.extender(s) + [manifests.scheduler_config_map(s)],
-        "netprobe": manifests.netprobe,
-    }[component](s)
+        "devicePlugin": manifests.device_plugin(s) + [plugin_monitor],
+        "schedulerExtender": manifests.extender(s) + [manifests.scheduler_config_map(s), extender_monitor],
+        "netprobe": manifests.netprobe(s),
+    }[component]
     assert_same_objects(chart_components(values, s.namespace), expected)
 
 

@@ -15,14 +15,16 @@ import pytest
 from kubetune.k8s.validate import KUBERNETES_VERSION, validate_objects
 from kubetune.operator.crd import CRD_FILE, crd
 
-from .helm import OPERATOR_CHART, REPO, chart, objects, render
+from .helm import OPERATOR_CHART, REPO, by_key, chart, objects, render
 
 ALL_ON = {
     "components": {
         "devicePlugin": {"enabled": True},
         "schedulerExtender": {"enabled": True},
         "netprobe": {"enabled": True},
-    }
+        "monitors": {"enabled": True},
+    },
+    "monitoring": {"enabled": True},
 }
 NAMESPACED = {"operator": {"watchNamespaces": ["team-a", "team-b"]}}
 CASES = {"defaults": {}, "every component": ALL_ON, "two namespaces": NAMESPACED}
@@ -71,14 +73,29 @@ def test_the_crd_is_kubetunes_generated_crd():
     (shipped,) = chart(OPERATOR_CHART).crds
     assert shipped["filename"] == f"kubetune-operator/crds/{CRD_FILE}"
     assert helm_python.values_from_yaml(shipped["data"]) == crd()
+
+
+def test_every_copied_file_equals_the_code_that_makes_it():
+    # the CRD, the alert rules and the dashboards, byte for byte (the script's message says how to regenerate)
     argv = sys.argv
-    sys.argv = ["chart_crds.py", "--check"]
-    try:  # the script that writes it agrees, byte for byte (its message says how to regenerate)
+    sys.argv = ["chart_files.py", "--check"]
+    try:
         with pytest.raises(SystemExit) as exit:
-            runpy.run_path(str(REPO / "scripts" / "chart_crds.py"), run_name="__main__")
+            runpy.run_path(str(REPO / "scripts" / "chart_files.py"), run_name="__main__")
     finally:
         sys.argv = argv
     assert exit.value.code == 0
+
+
+@pytest.mark.parametrize(("namespace", "monitoring"), [("monitoring", {}), ("kubetune-system", {"namespace": "obs"})])
+def test_the_rules_and_dashboards_are_what_kubetune_monitor_render_renders(namespace, monitoring):
+    from kubetune.monitor.objects import dashboard_config_maps, prometheus_rule
+
+    values = {"monitoring": {"enabled": True, "release": "prometheus", **monitoring}}
+    rendered = render(OPERATOR_CHART, values, namespace=namespace)["kubetune-operator/templates/monitoring.yaml"]
+    where = monitoring.get("namespace", namespace)
+    expected = [prometheus_rule(where, "prometheus"), *dashboard_config_maps(where, "prometheus")]
+    assert by_key(rendered) == by_key(expected)
 
 
 def test_the_crd_validates_as_a_custom_resource_definition():
@@ -124,3 +141,26 @@ def test_the_operator_runs_kubetunes_cpu_image_and_is_probed_where_kopf_answers(
     probe = container["livenessProbe"]["httpGet"]
     (port,) = [p for p in container["ports"] if p["name"] == probe["port"]]
     assert (probe["path"], port["containerPort"]) == ("/healthz", 8080)
+
+
+def test_every_container_runs_a_command_its_image_installs():
+    # the image the chart names must install what its command imports (tests/k8s/imagecheck.py reads both sides
+    # from the sources): e.g. `kubetune operator` needs kopf, the `operator` extra
+    pytest.importorskip("grpc")  # the component commands' imports are resolved in this environment
+    from ..k8s.imagecheck import dockerfile_tags, problems
+    from ..k8s.test_images_and_layers import DOCKERFILES
+
+    tags = dockerfile_tags(DOCKERFILES)
+    containers = [
+        (f"{o['kind']}/{o['metadata']['name']}", c["image"], c["command"] + c.get("args", []))
+        for o in objects(OPERATOR_CHART, ALL_ON)
+        if o["kind"] in ("Deployment", "DaemonSet")
+        for c in o["spec"]["template"]["spec"]["containers"]
+    ]
+    assert {argv[1] for _, _, argv in containers} == {"operator", "device-plugin", "scheduler-extender", "netprobe"}
+    found = []
+    for where, image, argv in containers:
+        tag = image.rpartition(":")[2]
+        assert tag in tags, f"{where}: no Dockerfile builds {image}"
+        found += [f"{where}: {p}" for p in problems(argv, REPO / tags[tag])]
+    assert found == []

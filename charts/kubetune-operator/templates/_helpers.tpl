@@ -93,3 +93,14 @@ affinity:
       {{- end }}
 {{- end -}}
 {{- end }}
+
+{{/*
+Labels of the rules and dashboards (kubetune.monitor.objects._meta): kubetune's, and `release`, which
+kube-prometheus-stack's Prometheus selects rules by.
+*/}}
+{{- define "kubetune.monitoringLabels" -}}
+app.kubernetes.io/name: kubetune
+app.kubernetes.io/component: monitoring
+app.kubernetes.io/managed-by: kubetune
+release: {{ .Values.monitoring.release | quote }}
+{{- end }}
