@@ -176,14 +176,16 @@ def test_every_shipped_recipe_renders_on_every_profile_and_api_without_torch(tmp
         api = r["args"][2]
         assert r["code"] == 0, f"kubetune k8s render {' '.join(r['args'])}: {r['err']}"
         assert r["kinds"][0] == "Namespace" and r["kinds"][-1] == ("PyTorchJob" if api == "pytorchjob" else "TrainJob")
-        assert {"PersistentVolumeClaim", "ConfigMap", "Pod"} <= set(r["kinds"]), r
+        assert {"PersistentVolumeClaim", "ConfigMap", "Pod", "PodMonitor"} <= set(r["kinds"]), r
         if len(r["args"]) > 3:  # the variant with every optional object
             assert {"ResourceQuota", "PriorityClass"} <= set(r["kinds"]), r
             assert ("PodGroup" if api == "pytorchjob" else "ClusterTrainingRuntime") in r["kinds"], r
     components = [r for r in results if r["args"][0] == "render-components"]
     assert [r["code"] for r in components] == [0, 0, 0], components
     full, stateless, config_only = (r["kinds"] for r in components)
-    assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "ClusterRole"} <= set(full)
+    assert {"DaemonSet", "Deployment", "Service", "ConfigMap", "ClusterRole", "PodMonitor", "ServiceMonitor"} <= set(
+        full
+    )
     # stateless, the extender needs no RBAC: the ClusterRoles are the device plugin's and the prober's
     assert "DaemonSet" in stateless and stateless.count("ClusterRole") == full.count("ClusterRole") - 1 == 2
     assert config_only == ["KubeSchedulerConfiguration"]
@@ -217,10 +219,44 @@ def test_every_shipped_recipe_renders_its_serving_objects_without_torch(tmp_path
     assert len(results) == len(builtin_recipes()) * 3 * 2 * 2
     for r in results:
         assert r["code"] == 0, f"kubetune {' '.join(r['args'])}: {r['err']}"
-        assert {"Deployment", "Service", "Ingress", "PodDisruptionBudget", "HorizontalPodAutoscaler"} <= set(
-            r["kinds"]
-        ), r
+        assert {
+            "Deployment",
+            "Service",
+            "Ingress",
+            "PodDisruptionBudget",
+            "HorizontalPodAutoscaler",
+            "ServiceMonitor",
+        } <= set(r["kinds"]), r
         assert "all valid" in r["err"], r
+
+
+_MONITORING = """
+import sys
+
+import yaml
+
+import kubetune.monitor.check, kubetune.monitor.snapshot  # noqa: E401  (imported: check and PNGs need no torch)
+
+code, out, err = run_cli("monitor", "render", "-o", sys.argv[2], "--recipe", "llama2-7b-medical-flashcards")
+report({"code": code, "err": err})
+"""
+
+
+def test_monitoring_renders_without_torch(tmp_path):
+    import json
+
+    result = subprocess.run(
+        [sys.executable, "-c", _BLOCKER + _MONITORING, json.dumps(TRAINING_SIDE), str(tmp_path / "out")],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
+    )
+    assert result.returncode == 0, result.stderr[-4000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["tried"] == [] and out["loaded"] == [], out
+    assert out["results"]["code"] == 0, out["results"]["err"]
+    assert (tmp_path / "out" / "podmonitor-llama2-7b-medical-flashcards-metrics.yaml").is_file()
 
 
 _CLUSTER_COMPONENTS = """

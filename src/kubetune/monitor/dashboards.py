@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetune.monitor.grafana import Dashboard, Panel, Row, Target, Variable
+from kubetune.monitor.rules import restarts
 
 JSON_DIR = Path(__file__).with_name("dashboards")
 RATE = "$__rate_interval"  # Grafana's: at least four scrape intervals, so rate() always has samples
@@ -123,6 +124,7 @@ def _communication() -> Row:
 
 def _health() -> Row:
     ckpt = "kubetune_checkpoint_seconds"
+    restarts_24h = restarts("24h").replace("_total[", f"_total{TRAIN}[")
     return Row(
         "Health",
         (
@@ -139,9 +141,9 @@ def _health() -> Row:
             _p("Since last checkpoint",
                _t(f"time() - max by (job) (kubetune_checkpoint_last_timestamp_seconds{TRAIN})", "{{job}}"),
                kind="stat", unit="s", width=3),
-            _p("Restarts (last 24h)",
-               _t(f"sum by (job) (increase(kubetune_train_restarts_total{TRAIN}[24h]))", "{{job}}"),
-               kind="stat", red_above=1, width=3),
+            _p("Restarts (last 24h)", _t(f"sum by (job) {restarts_24h}", "{{job}}"), kind="stat", red_above=1,
+               description="Process restarts of all ranks: torchrun's worker restarts and container restarts.",
+               width=3),
         ),
     )  # fmt: skip
 
@@ -290,8 +292,9 @@ def _components() -> Row:
             _p("Driver present", _t("min by (instance) (kubetune_deviceplugin_driver_present)", "{{instance}}"),
                description="0 while a node's plugin waits for the driver (it then advertises no cards).",
                kind="stat", width=3),
-            _p("Allocations/s",
+            _p("Allocations/s (containers, cards)",
                _t(f"sum by (resource) (rate(kubetune_deviceplugin_allocations_total[{RATE}]))", "granted"),
+               _t(f"sum by (resource) (rate(kubetune_deviceplugin_allocated_devices_total[{RATE}]))", "cards"),
                _t(f"sum by (resource) (rate(kubetune_deviceplugin_allocate_errors_total[{RATE}]))", "refused"),
                _t(f"sum by (resource) (rate(kubetune_deviceplugin_registrations_total[{RATE}]))", "registrations"),
                width=5),

@@ -46,6 +46,7 @@ class Alert:
     summary: str
     description: str
     runbook: str
+    when: str  # the condition in words (the README's alert table)
     group: str = "training"
 
     def rule(self) -> KubeObject:
@@ -75,6 +76,7 @@ def _stalled(s: RuleSettings) -> Alert:
         f"{STATUS}, then `kubetune k8s doctor {{{{ $labels.job }}}} -n {{{{ $labels.namespace }}}}`; the "
         "training dashboard's collective p99 by rank shows a straggler. Deleting the stuck pod makes the job "
         "resume from its last checkpoint.",
+        f"no optimizer step for {s.stall_minutes} min and the run is not finished",
     )
 
 
@@ -95,11 +97,22 @@ def _loss_not_finite(s: RuleSettings) -> Alert:
         "from now on are worthless.",
         f"{STATUS}; lower train.lr or set train.max_grad_norm, use bf16 instead of fp16, check the "
         "data for empty or huge examples; resume from the last checkpoint before the loss broke.",
+        "a rank's loss is NaN/Inf for 1 min, or 5 non-finite steps in 10 min",
     )
 
 
+def restarts(window: str) -> str:
+    """Process restarts of each rank in `window`, counted two ways, the larger kept: a worker that
+    torchrun restarts adds 1 to kubetune_train_restarts_total (the pod's metrics directory keeps
+    the dead worker's count), while a restarted container starts every counter from 0, so its
+    restarts are the resets of kubetune_train_tokens_total."""
+    resumed = f"increase(kubetune_train_restarts_total[{window}])"
+    resets = f"resets(kubetune_train_tokens_total[{window}])"
+    return f"({resumed} > {resets} or {resets})"
+
+
 def _restarting(s: RuleSettings) -> Alert:
-    signal = f"max by ({RANK}) (increase(kubetune_train_restarts_total[1h]))"
+    signal = f"max by ({RANK}) {restarts('1h')}"
     # increase() extrapolates to the window's edges: 3 restarts may read 2.9
     return Alert(
         "KubetuneRankRestarting",
@@ -112,6 +125,7 @@ def _restarting(s: RuleSettings) -> Alert:
         "last save and the time to reload.",
         f"`kubetune k8s logs {{{{ $labels.job }}}} -n {{{{ $labels.namespace }}}} --rank <the pod's node rank>` "
         f"shows the error, {STATUS} an OOMKilled; `kubetune k8s doctor` names the usual causes.",
+        f"a rank resumed {s.restarts_per_hour} times within an hour",
     )
 
 
@@ -129,6 +143,7 @@ def _memory(s: RuleSettings) -> Alert:
         "checkpoint, or the kernel will kill the pod.",
         "Raise k8s.resources.memory, or lower train.micro_batch_size / data.max_seq_len, or set "
         "train.gradient_checkpointing=on; then resubmit (the run resumes).",
+        f"memory above {s.memory_ratio:.0%} of the budget for 2 min",
     )
 
 
@@ -150,6 +165,7 @@ def _collective(s: RuleSettings) -> Alert:
         '{{ $value | printf "%.1f" }} times the job\'s median: one slow link or node holds every step back.',
         "Check the node: its kubetune.io/rdma-latency-us annotation (kubetune netprobe) and its accelerator "
         "panels; `kubectl cordon` a bad node and delete the pod: the job resumes elsewhere from its checkpoint.",
+        f"a rank's p99 collective latency over {s.collective_factor:g}x the job's median (same op and size) for 10 min",
     )
 
 
@@ -167,6 +183,7 @@ def _queue(s: RuleSettings) -> Alert:
         "arrive.",
         "`kubetune k8s status <name>-serve -n {{ $labels.namespace }}`: is the autoscaler at --max-replicas, or "
         "are new pods stuck loading? Raise --max-replicas or add capacity.",
+        "waiting requests grow for 5 min",
         group="serving",
     )
 
@@ -186,6 +203,7 @@ def _first_token(s: RuleSettings) -> Alert:
         f"{s.ttft_p99_seconds:g}s): requests wait in the queue or long prompts crowd the prefill.",
         "Look at the serving dashboard's waiting requests and KV-cache use; scale out (--max-replicas) or "
         "lower --max-num-seqs / --prefill-chunk on the server.",
+        f"p99 time to first token over {s.ttft_p99_seconds:g} s for 5 min",
         group="serving",
     )
 
