@@ -2,13 +2,12 @@
 
 Each FineTune the chart renders is checked three ways: against the FineTune CRD's own openAPIV3Schema as the
 API server checks it (kubetune.operator.crd.check_finetune: jsonschema plus strict field validation), through
-kubetune's recipe loader, and through `kubetune k8s render --check` (every job object validated offline).
+the operator's own derivation of the recipe (kubetune.operator.plan.load_recipe_for: the CLI's recipe loader and
+render checks), and through `kubetune k8s render --check` (every job object validated offline).
 examples/medical_meadow_values.yaml must be seed 002's job: the shipped seed recipe, key for key.
 """
 
 from __future__ import annotations
-
-from pathlib import Path
 
 import helm_python
 import pytest
@@ -18,10 +17,11 @@ from kubetune.errors import RecipeError
 from kubetune.k8s.render import render as render_job
 from kubetune.k8s.validate import validate_objects
 from kubetune.operator.crd import check_finetune, spec_schema
-from kubetune.recipe.loader import builtin_recipes, load_recipe
+from kubetune.recipe.loader import builtin_recipes, recipe_to_yaml
+from kubetune.recipe.schema import Recipe
 
 from ..k8s.conftest import run_cli
-from .helm import FINETUNE_CHART, objects
+from .helm import FINETUNE_CHART, chart, objects
 
 EXAMPLE = FINETUNE_CHART / "examples" / "medical_meadow_values.yaml"
 SEED = builtin_recipes()["llama2-7b-medical-flashcards"]
@@ -68,15 +68,15 @@ def values_of(case: str) -> dict:
     return example_values() if CASES[case] == "example" else CASES[case]
 
 
-def recipe_of(obj: dict, tmp_path: Path):
-    """The recipe the operator trains: spec.recipe with spec.profile / spec.api over k8s.profile / k8s.api, in
-    the FineTune's namespace under its name. Loaded from a file, as `kubetune k8s render FILE` loads one."""
-    spec, meta = obj["spec"], obj["metadata"]
-    path = tmp_path / "recipe.yaml"
-    path.write_text(yaml.safe_dump(spec["recipe"]))
-    overrides = [f"k8s.namespace={meta['namespace']}", f"k8s.name={meta['name']}"]
-    overrides += [f"k8s.{field}={spec[field]}" for field in ("profile", "api") if field in spec]
-    return path, overrides
+def recipe_of(obj: dict, data: dict | None = None) -> Recipe:
+    """The recipe the operator trains for this FineTune, derived by the operator's own code: spec.recipe (or
+    `data`) with spec.profile / spec.api over the recipe's, named and placed by the FineTune, loaded by the
+    CLI's recipe loader and checked as `kubetune k8s render` checks it."""
+    from kubetune.operator.plan import FineTuneSpec, load_recipe_for
+
+    spec = FineTuneSpec.from_dict(obj["spec"])
+    meta = obj["metadata"]
+    return load_recipe_for(meta["name"], meta["namespace"], spec.recipe if data is None else data, spec)
 
 
 def test_lint_finds_nothing_for_the_defaults_and_the_example():
@@ -95,33 +95,31 @@ def test_the_finetune_is_one_the_api_server_accepts(case):
 
 
 @pytest.mark.parametrize("case", CASES)
-def test_the_recipe_inside_loads_and_renders_a_valid_job(case, tmp_path):
+def test_the_recipe_inside_loads_and_renders_a_valid_job(case):
     obj = finetune(values_of(case))
-    path, overrides = recipe_of(obj, tmp_path)
-    rendered = render_job(load_recipe(path, overrides).recipe)
+    rendered = render_job(recipe_of(obj))
     assert validate_objects(rendered.objects) == []
     assert rendered.names.job == obj["metadata"]["name"]
     assert {o["metadata"].get("namespace") for o in rendered.objects} - {None} == {"fine-tuning"}
 
 
 def test_the_example_renders_with_kubetune_k8s_render(tmp_path):
-    path, overrides = recipe_of(finetune(example_values()), tmp_path)
-    result = run_cli("k8s", "render", str(path), *overrides, "--check")
+    path = tmp_path / "recipe.yaml"
+    path.write_text(recipe_to_yaml(recipe_of(finetune(example_values()))))
+    result = run_cli("k8s", "render", str(path), "--check")
     assert result.code == 0, result.err
     assert "all valid" in result.err
 
 
-def test_the_example_is_seed_002s_recipe_key_for_key(tmp_path):
-    path, overrides = recipe_of(finetune(example_values()), tmp_path)
-    ours = load_recipe(path, overrides).recipe
-    seed = load_recipe(SEED, overrides).recipe  # the same namespace and name: they come from the release
-    assert ours.model_dump() == seed.model_dump()
-
-
-def test_the_example_is_seed_002s_job(tmp_path):
+def test_the_example_is_seed_002s_recipe_key_for_key():
     obj = finetune(example_values())
-    path, overrides = recipe_of(obj, tmp_path)
-    recipe = load_recipe(path, overrides).recipe
+    seed = yaml.safe_load(SEED.read_text())
+    assert recipe_of(obj).model_dump() == recipe_of(obj, seed).model_dump()
+
+
+def test_the_example_is_seed_002s_job():
+    obj = finetune(example_values())
+    recipe = recipe_of(obj)
     assert recipe.model.name_or_path == "meta-llama/Llama-2-7b-chat-hf"
     assert recipe.data.train == "medalpaca/medical_meadow_medical_flashcards"
     assert (recipe.train.epochs, recipe.train.lr, recipe.train.precision) == (3, 2e-5, "bf16")
@@ -138,12 +136,11 @@ def test_the_example_is_seed_002s_job(tmp_path):
         assert resources["requests"] == resources["limits"] == {"cpu": "200", "memory": "226Gi"}
 
 
-def test_the_default_trains_the_recipe_schemas_defaults(tmp_path):
+def test_the_default_trains_the_recipe_schemas_defaults():
     # what values.yaml and the README promise for `recipe: {}`
     obj = finetune({})
     assert obj["spec"]["recipe"] == {}
-    path, overrides = recipe_of(obj, tmp_path)
-    recipe = load_recipe(path, overrides).recipe
+    recipe = recipe_of(obj)
     assert (recipe.model.name_or_path, recipe.data.train) == (
         "smollm2-135m-instruct",
         "builtin:medical_flashcards_sample",
@@ -191,15 +188,26 @@ def test_two_recipes_are_refused():
         finetune({"recipe": {"train": {"epochs": 1}}, "recipeRef": {"name": "my-recipe"}})
 
 
-def test_a_misspelt_recipe_key_is_refused_by_the_api_server_and_the_loader(tmp_path):
+def test_a_misspelt_recipe_key_is_refused_by_the_api_server_and_the_operator():
     obj = finetune({"recipe": {"train": {"epoch": 3}}})
     assert check_finetune(obj) == ['unknown field "spec.recipe.train.epoch"']
-    path, overrides = recipe_of(obj, tmp_path)
     with pytest.raises(RecipeError, match=r"`train\.epoch`"):
-        load_recipe(path, overrides)
+        recipe_of(obj)
 
 
 def test_a_misspelt_value_is_refused_before_anything_is_rendered():
     # a top-level typo would otherwise be ignored and the FineTune would train the default recipe
     with pytest.raises(helm_python.HelmValuesError, match="Recipe"):
         finetune({"Recipe": {"train": {"epochs": 3}}})
+
+
+def test_the_values_schema_allows_what_the_crd_allows():
+    # values.schema.json repeats the CRD's enums and bounds so that `helm install` refuses early: held equal here
+    values, fields = chart(FINETUNE_CHART).schema["properties"], spec_schema()["properties"]
+    for key in ("profile", "api"):  # "" leaves it to the recipe
+        assert values[key]["enum"] == ["", *fields[key]["enum"]], key
+    assert values["volumeClaimRetention"]["enum"] == fields["volumeClaimRetention"]["enum"]
+    for key in ("engine", "autoscale"):
+        assert values["serve"]["properties"][key]["enum"] == fields["serve"]["properties"][key]["enum"], key
+    for key in ("replicas", "minReplicas", "maxReplicas"):
+        assert values["serve"]["properties"][key]["minimum"] == fields["serve"]["properties"][key]["minimum"], key

@@ -167,7 +167,8 @@ def lifecycle(client: RecordingClient, ft: dict, edit: dict | None = None) -> No
         assert ft["status"]["phase"] == "Suspended", ft["status"]
         old = copy.deepcopy(ft["spec"])
         ft["spec"]["suspend"] = False
-        op.call(handlers._spec_changed, ft, old=old, new=ft["spec"])
+        op.call(handlers._spec_changed, ft, old=old, new=ft["spec"])  # acts now; the timer writes the status
+        op.tick(ft)
     assert ft["status"]["phase"] == "Pending", ft["status"]
     job = client.job(ft)
     client._put(trainer_pod(ft, job))

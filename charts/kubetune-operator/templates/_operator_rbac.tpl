@@ -23,11 +23,10 @@ through whole lifecycles, records every request, and fails on a rule missing or 
 
 {{/* In the namespaces it watches (bound there, or everywhere with a ClusterRoleBinding). */}}
 {{- define "kubetune.operatorRules" }}
-# kopf: the watch (list + watch), its finalizer and bookkeeping annotations (patch), status (a subresource);
-# the operator reads a FineTune back (get) before it rewrites the conditions, which a merge patch replaces whole
+# kopf: the watch (list + watch), its finalizer and bookkeeping annotations (patch), status (a subresource)
 - apiGroups: [kubetune.io]
   resources: [finetunes]
-  verbs: [get, list, watch, patch]
+  verbs: [list, watch, patch]
 - apiGroups: [kubetune.io]
   resources: [finetunes/status]
   verbs: [patch]
