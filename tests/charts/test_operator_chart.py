@@ -164,3 +164,32 @@ def test_every_container_runs_a_command_its_image_installs():
         assert tag in tags, f"{where}: no Dockerfile builds {image}"
         found += [f"{where}: {p}" for p in problems(argv, REPO / tags[tag])]
     assert found == []
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_kubetune_operator_accepts_every_argument_the_pod_passes(case):
+    # parsed by the real command line, not run: a flag the command lacks would crash-loop the pod
+    import typer.main
+
+    from kubetune import cli
+
+    (container,) = operator_deployment(CASES[case])["spec"]["template"]["spec"]["containers"]
+    operator = typer.main.get_command(cli.app).commands[container["args"][0]]  # typer vendors click: duck-typed
+    operator.make_context("operator", list(container["args"][1:]))  # raises on an unknown option or a bad value
+
+
+def test_the_liveness_flag_reaches_kopf(monkeypatch):
+    # what the pod's livenessProbe polls is served by kopf only if `--liveness` reaches kopf.operator
+    import kopf
+
+    from kubetune.operator import main
+
+    seen = {}
+
+    async def operator(**kwargs):
+        seen.update(kwargs)
+
+    monkeypatch.setattr(kopf, "operator", operator)
+    main.run_operator(["team-a"], liveness="http://0.0.0.0:8080/healthz")
+    assert seen["liveness_endpoint"] == "http://0.0.0.0:8080/healthz"
+    assert (seen["namespaces"], seen["clusterwide"], seen["standalone"]) == (["team-a"], False, True)

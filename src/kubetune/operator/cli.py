@@ -18,6 +18,11 @@ def register(app: typer.Typer) -> None:
         interval: float = typer.Option(
             15.0, "--interval", help="Seconds between two looks at each FineTune's job (status.progress's throttle)."
         ),
+        liveness: str | None = typer.Option(
+            None,
+            "--liveness",
+            help="Serve kopf's health probe at this URL, e.g. http://0.0.0.0:8080/healthz (the pod's livenessProbe).",
+        ),
     ) -> None:
         """Run the operator until interrupted (kubeconfig or in-cluster credentials)."""
         if ctx.invoked_subcommand:
@@ -28,7 +33,9 @@ def register(app: typer.Typer) -> None:
 
         if interval <= 0:
             raise UserError(f"--interval {interval}: seconds, more than 0")
-        run_operator(namespaces=list(namespace or []), interval=interval)
+        if liveness is not None and not liveness.startswith("http://"):
+            raise UserError(f"--liveness {liveness}: an http:// URL, e.g. http://0.0.0.0:8080/healthz")
+        run_operator(namespaces=list(namespace or []), interval=interval, liveness=liveness)
 
     @operator_app.command("crd")
     def crd_cmd() -> None:

@@ -5,9 +5,10 @@ from __future__ import annotations
 import asyncio
 
 
-def run_operator(namespaces: list[str], interval: float = 15.0) -> None:
+def run_operator(namespaces: list[str], interval: float = 15.0, liveness: str | None = None) -> None:
     """Watch `namespaces` (empty = every namespace). Standalone: one replica, no kopf peering
-    objects to install (the Helm chart runs one replica with the Recreate strategy)."""
+    objects to install (the Helm chart runs one replica with the Recreate strategy). `liveness`:
+    the URL kopf serves its health probe at (kopf's --liveness), which the chart's pod probes."""
     import kopf
 
     from kubetune.operator.handlers import register
@@ -20,5 +21,6 @@ def run_operator(namespaces: list[str], interval: float = 15.0) -> None:
             standalone=True,
             namespaces=namespaces,
             clusterwide=not namespaces,
+            liveness_endpoint=liveness,
         )
     )
