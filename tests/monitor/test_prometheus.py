@@ -192,3 +192,36 @@ def test_every_dashboard_renders_to_png(cluster, tmp_path):
     for dashboard in dashboards():
         path = render_panels_png(prom.url, dashboard, tmp_path, end - 30, end, step=1)
         assert path.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and path.stat().st_size > 50_000, path
+
+
+def test_check_reads_the_clusters_monitors_and_prometheus_selector(cluster, monkeypatch):
+    # the cluster through kubetune's own API boundary: its Prometheus selects release=prom
+    from kubetune.k8s import client
+
+    from ..k8s.fakes import FakeClient
+
+    prom, objects = cluster
+    monitors = [d for p in sorted(objects.glob("podmonitor-*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+    other = _renamed(next(m for m in monitors if m["metadata"]["name"] == "demo-metrics"), "other-metrics")
+    selector = {"podMonitorSelector": {"matchLabels": {"release": "prom"}}}
+    prometheus = {"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus", "spec": selector}
+    prometheus["metadata"] = {"name": "k8s", "namespace": "monitoring"}
+    monkeypatch.setattr(client, "connect", lambda: FakeClient([*monitors, other, prometheus]))
+    monkeypatch.setenv("COLUMNS", "1000")
+    result = run_cli("monitor", "check", "--prometheus", prom.url, "-n", NS)
+    text = " ".join(result.out.split())
+    assert "PodMonitor kubetune/other-metrics" in text
+    assert "ignored: it has release=kube-prometheus-stack, Prometheus selects release=prom" in text
+    assert "kubetune-system" not in text.split("monitors", 1)[1]  # -n kubetune: the components' monitors left out
+
+
+def test_check_without_a_cluster_still_checks_targets_and_panels(cluster, monkeypatch, tmp_path):
+    prom, _ = cluster
+    (tmp_path / "kubeconfig").write_text("apiVersion: v1\nkind: Config\nclusters: []\ncontexts: []\nusers: []\n")
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
+    monkeypatch.setenv("COLUMNS", "1000")
+    result = run_cli("monitor", "check", "--prometheus", prom.url)
+    text = " ".join(result.out.split())
+    assert "monitors not checked:" in text and "give --objects DIR" in text
+    assert "panels │ have data" in text  # the Prometheus part is checked all the same

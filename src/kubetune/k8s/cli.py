@@ -66,7 +66,7 @@ def _check(objects: list[dict]) -> None:
         raise UserError(*[f"invalid manifest: {p}" for p in problems])
     _note(
         f"checked {len(objects)} objects: all valid (core kinds: kubernetes-validate {KUBERNETES_VERSION} strict; "
-        "Kubeflow kinds: vendored CRD schemas)"
+        "custom resources: the vendored CRD schemas of Kubeflow and the Prometheus Operator)"
     )
 
 

@@ -17,9 +17,7 @@ monitors and rules by that label and ignores the rest without a word.
 
 from __future__ import annotations
 
-import json
-
-from kubetune.k8s.names import Names, server_selector, standard_labels, trainer_selector
+from kubetune.k8s.names import CONTAINER, Names, server_selector, standard_labels, trainer_selector
 from kubetune.kube import KUBETUNE, KubeObject, common_labels
 from kubetune.monitor import monitors
 from kubetune.monitor.contract import DASHBOARD_LABEL, DEFAULT_TRAIN_PORT, METRICS_PORT_NAME
@@ -29,7 +27,7 @@ from kubetune.recipe.schema import Recipe
 from kubetune.serve.contract import METRICS_PATH
 
 MONITORING_COMPONENT = "monitoring"
-TRAINJOB_CONTAINER = "node"  # the Trainer's container name (kubetune.k8s.names.CONTAINER)
+TRAINJOB_CONTAINER = CONTAINER["trainjob"]
 SERVER_PORT_NAME = "http"  # the serving Service's port (kubetune.k8s.serve.PORT_NAME)
 RULE_NAME = "kubetune-alerts"
 
@@ -107,7 +105,3 @@ def dashboard_config_maps(namespace: str, release: str) -> list[KubeObject]:
         }
         for d in dashboards()
     ]
-
-
-def dashboards_by_uid() -> dict[str, KubeObject]:
-    return {d.uid: json.loads(to_text(d)) for d in dashboards()}
