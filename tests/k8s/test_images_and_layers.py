@@ -383,7 +383,7 @@ def test_the_image_check_fails_for_a_command_whose_image_lacks_its_extra(tmp_pat
     assert '".[k8s]"' in dockerfile.read_text()
     plugin = " ".join(problems(["kubetune", "device-plugin", "--resource", "habana.ai/gaudi"], dockerfile))
     extender = " ".join(problems(["kubetune", "scheduler-extender"], dockerfile))
-    assert "grpcio" in plugin and "prometheus-client" in plugin and "nvidia-ml-py" in plugin
+    assert "grpcio" in plugin and "protobuf" in plugin and "nvidia-ml-py" in plugin  # prometheus-client: base
     assert "fastapi" in extender and "uvicorn" in extender
     assert problems(["kubetune", "train", "/etc/kubetune/recipe.yaml"], dockerfile) == []
     assert problems(["sleep", "infinity"], dockerfile) == []
