@@ -89,6 +89,15 @@ class Cluster:
         meta = {"name": name, "namespace": NAMESPACE, "generation": generation}
         self.client.patch({"apiVersion": API_VERSION, "kind": KIND, "metadata": meta, "spec": spec})
 
+    def settled(self) -> bool:
+        """Every FineTune has been handled: refused, or its timer has written status once."""
+        done = ("Training", "Valid:False")
+        return all(
+            any(c["type"] in done or f"{c['type']}:{c['status']}" in done for c in ft["status"]["conditions"])
+            for ft in self.client.list(API_VERSION, KIND, NAMESPACE)
+            if ft.get("status", {}).get("conditions")
+        )
+
     def get(self, api_version: str, kind: str, name: str) -> dict[str, Any] | None:
         return self.client.get(api_version, kind, name, NAMESPACE)
 
@@ -148,7 +157,11 @@ def operator(cluster: Cluster) -> Iterator[Cluster]:
     # (5 s) after each one, and again at exit
     settings.persistence.consistency_timeout = 0.1
     settings.queueing.exit_timeout = 0.1
+    settings.queueing.idle_timeout = 0.1
+    settings.background.instant_exit_timeout = 0.1
     args = ["run", "--standalone", "--namespace", NAMESPACE]
     with KopfRunner(args, registry=registry, settings=settings, timeout=30) as runner:
         yield cluster
+        # stop once the handlers have run: a timer kopf spawns while stopping hangs its exit for 5 s
+        wait_for(cluster.settled, timeout=5, message="every FineTune handled once")
     assert runner.exit_code == 0, runner.output

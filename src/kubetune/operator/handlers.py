@@ -4,9 +4,11 @@
   A bad recipe is a permanent error: status.conditions[Valid] holds one line per problem and
   nothing is created; kopf does not retry it (editing the spec does).
 - update of spec: a recipe edit is applied to the job's ConfigMap only when every changed key
-  keeps the run resumable (rundir.NEUTRAL), else refused in status.conditions[RecipeChange].
+  keeps the run resumable (rundir.NEUTRAL), else refused in status.conditions[RecipeChange];
+  suspend, resume and serve act at once.
 - a timer (every `interval` seconds: the throttle): observe the job, its pods, the export
-  Job and the serving Deployment, take the next step (`plan.next_step`), write status.
+  Job and the serving Deployment, take the next step (`plan.next_step`), write status. After
+  creation it is the only writer of status.conditions (a list: two writers would lose updates).
 
 Cluster errors (unreachable, 409 on our own writes, a Kubeflow CRD not installed yet: 404)
 are temporary: kopf retries after a delay. Deleting a FineTune deletes what it owns through
@@ -28,7 +30,7 @@ from kubetune.k8s.client import ClusterError, KubeClient, connect, load_config
 from kubetune.k8s.names import Names
 from kubetune.k8s.objects import config_map
 from kubetune.operator import actions, plan
-from kubetune.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from kubetune.operator.crd import GROUP, PLURAL, VERSION
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 RETRY_DELAY_S = 30
@@ -132,14 +134,22 @@ def _spec_changed(body: kopf.Body, old: Any, new: Any, patch: kopf.Patch, memo: 
     if valid is None or valid.get("status") != "True":
         _created(body=body, patch=patch, memo=memo, **kw)  # a fixed spec gets its first create now
         return
-    if (old or {}).get("recipe") != (new or {}).get("recipe") or (old or {}).get("recipeRef") != (new or {}).get(
-        "recipeRef"
-    ):
-        _recipe_edit(memo["client"], ft, patch)
-    _follow(body=body, patch=patch, memo=memo)  # suspend / resume / serve take effect now, not at the next tick
+    client: KubeClient = memo["client"]
+    before, after = old or {}, new or {}
+    if (before.get("recipe"), before.get("recipeRef")) != (after.get("recipe"), after.get("recipeRef")):
+        # status.conditions is one list that the timer alone writes (two writers would lose each
+        # other's updates): the outcome waits in this object's memo for the timer's next tick
+        outcome = _recipe_edit(client, ft)
+        if outcome is not None:  # None: nothing new (kopf may call again for the same edit)
+            memo["recipe_change"] = outcome
+    try:
+        _advance(client, ft, patch)  # suspend / resume / serve act now, not at the next tick
+    except ClusterError as e:
+        raise _temporary(e) from None
 
 
-def _recipe_edit(client: KubeClient, ft: dict[str, Any], patch: kopf.Patch) -> None:
+def _recipe_edit(client: KubeClient, ft: dict[str, Any]) -> dict[str, Any] | None:
+    """Apply an edited recipe to the job's ConfigMap if the run stays resumable; the condition saying so."""
     spec = plan.FineTuneSpec.from_dict(ft.get("spec") or {})
     generation = ft["metadata"].get("generation")
     try:
@@ -147,23 +157,19 @@ def _recipe_edit(client: KubeClient, ft: dict[str, Any], patch: kopf.Patch) -> N
         edited = actions.spec_recipe(client, ft, spec)
     except RecipeError as e:
         msg = "\n".join(["the edited recipe is invalid; the job keeps its recipe:", *e.problems])
-        _set_condition(patch, ft, plan.condition("RecipeChange", False, "InvalidRecipe", msg, generation))
-        return
+        return plan.condition("RecipeChange", False, "InvalidRecipe", msg, generation)
     except ClusterError as e:
         raise _temporary(e) from None
-    if running is None:
-        return
-    resumable, learned = plan.changed_keys(running, edited)
+    resumable, learned = plan.changed_keys(running, edited) if running else ([], [])
     if not resumable and not learned:
-        return  # what the job runs already (e.g. this edit was handled before)
+        return None  # what the job runs already (e.g. this edit was handled before)
     if learned:
         msg = (
             f"not applied: changing {', '.join(learned)} changes what is learned, so the run could not resume "
             "from its checkpoints; revert it, or create a new FineTune (keys that keep a run resumable: "
             "train.max_steps, train.epochs, train.save_every, eval.*, k8s.*, ...)"
         )
-        _set_condition(patch, ft, plan.condition("RecipeChange", False, "NotResumable", msg, generation))
-        return
+        return plan.condition("RecipeChange", False, "NotResumable", msg, generation)
     name, namespace = actions.meta(ft)
     cm = plan.owned([config_map(edited, Names.for_job(name, namespace))], ft, False)[0]
     try:
@@ -174,7 +180,7 @@ def _recipe_edit(client: KubeClient, ft: dict[str, Any], patch: kopf.Patch) -> N
         f"applied {', '.join(resumable)}: the training pods read it when they (re)start; "
         "suspend and resume to restart them now"
     )
-    _set_condition(patch, ft, plan.condition("RecipeChange", True, "Applied", msg, generation))
+    return plan.condition("RecipeChange", True, "Applied", msg, generation)
 
 
 # ------------------------------------------------------------------ following the job
@@ -187,14 +193,21 @@ def _follow(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> No
         return  # not created (yet, or an invalid recipe): the create handler speaks for it
     client: KubeClient = memo["client"]
     try:
-        _step(client, ft, patch)
+        seen, observed, step = _advance(client, ft, patch)
+        _write_status(client, ft, seen, observed, step, patch)
     except ClusterError as e:
         raise _temporary(e) from None
     except UserError as e:
         _set_condition(patch, ft, plan.condition("Ready", False, "CannotRender", "\n".join(e.problems)))
+    pending = memo.pop("recipe_change", None)
+    if pending is not None:
+        _set_condition(patch, ft, pending)
 
 
-def _step(client: KubeClient, ft: dict[str, Any], patch: kopf.Patch) -> None:
+def _advance(
+    client: KubeClient, ft: dict[str, Any], patch: kopf.Patch
+) -> tuple[actions.Observation, plan.Observed, plan.Step]:
+    """Observe, decide (plan.next_step) and act; status is the caller's to write."""
     spec = plan.FineTuneSpec.from_dict(ft.get("spec") or {})
     status = ft.get("status") or {}
     recipe = actions.applied_recipe(client, ft) or actions.spec_recipe(client, ft, spec)
@@ -215,7 +228,7 @@ def _step(client: KubeClient, ft: dict[str, Any], patch: kopf.Patch) -> None:
     _act(client, ft, spec, recipe, step.actions, patch)
     if trained and seen.job is not None and plan.ttl_expired(seen.job, spec.ttl_seconds, datetime.now(timezone.utc)):
         actions.delete_training(client, *actions.meta(ft))
-    _write_status(client, ft, seen, observed, step, patch)
+    return seen, observed, step
 
 
 def _act(
@@ -253,10 +266,6 @@ def _write_status(
     name, namespace = actions.meta(ft)
     status = ft.get("status") or {}
     generation = ft["metadata"].get("generation")
-    # conditions are one list, replaced whole by a merge patch: start from the live list, not the
-    # body this timer was given, so that a condition the update handler just wrote is kept
-    live = client.get(API_VERSION, KIND, name, namespace) or {}
-    ft = {**ft, "status": {**status, "conditions": (live.get("status") or {}).get("conditions") or []}}
     patch.status["phase"] = step.phase
     if generation is not None:
         patch.status["observedGeneration"] = generation
