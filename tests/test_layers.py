@@ -47,9 +47,25 @@ FORBIDDEN = {
     "monitor/contract.py": ("kubetune", "torch"),
     # shared with kubetune.cluster, which must not import the recipe
     "monitor/monitors.py": ("kubetune.recipe", "kubetune.k8s", "torch"),
+    # the FineTune operator: recipe, kube, k8s (renderers, client) and the contracts; never the engine
+    "operator": (
+        "torch",
+        "kubetune.training",
+        "kubetune.models",
+        "kubetune.data",
+        "kubetune.export",
+        "kubetune.serve",
+        "kubetune.monitor",
+        "kubetune.cluster",
+        "kubetune.evaluate",
+        "kubetune.generate",
+    ),
 }
 # exceptions to FORBIDDEN: the pure contract modules a layer may share
-ALLOWED = {"monitor": ("kubetune.serve.contract",)}
+ALLOWED = {
+    "monitor": ("kubetune.serve.contract",),
+    "operator": ("kubetune.serve.contract", "kubetune.monitor.contract"),
+}
 MAX_ENGINE_FUNCTION_LINES = 60
 
 
