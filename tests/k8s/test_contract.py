@@ -20,6 +20,7 @@ import sys
 import time
 from pathlib import Path
 
+import httpx
 import pytest
 import yaml
 
@@ -67,26 +68,36 @@ def pod_world(tmp_path, tiny_model_dir, qa_file):
     return tmp_path, pvc, recipe
 
 
+def _mounted_recipe(etc: Path, config_map: dict, pvc: Path, metrics_port: int | None) -> Path:
+    """The ConfigMap as one pod mounts it. Each pod has its own network namespace, so all serve
+    metrics on the same port; replicas sharing one host get a port of their own instead."""
+    etc.mkdir(exist_ok=True)
+    for key, text in config_map["data"].items():
+        data = yaml.safe_load(text.replace("/data/", f"{pvc}/"))
+        if metrics_port is not None:
+            data["monitor"]["port"] = metrics_port
+        (etc / key).write_text(yaml.safe_dump(data, sort_keys=False))
+    return etc
+
+
 def _replica_processes(
-    tmp_path: Path, pvc: Path, recipe, master_addr: str = "127.0.0.1"
+    tmp_path: Path, pvc: Path, recipe, metrics_ports: list[int] | None = None, master_addr: str = "127.0.0.1"
 ) -> list[tuple[list[str], dict]]:
     rendered = render(recipe)
     objs = {o["kind"]: o for o in rendered.objects}
     job = objs["PyTorchJob"]
-    etc = tmp_path / "etc-kubetune"
-    etc.mkdir(exist_ok=True)
-    for key, text in objs["ConfigMap"]["data"].items():
-        (etc / key).write_text(text.replace("/data/", f"{pvc}/"))
-
-    def mapped(s: str) -> str:
-        return s.replace("/etc/kubetune", str(etc)).replace("/data", str(pvc))
-
     port = str(_free_port())
     specs = job["spec"]["pytorchReplicaSpecs"]
     ranks = [("Master", 0)] + [("Worker", i) for i in range(specs.get("Worker", {}).get("replicas", 0))]
     world = len(ranks)
     procs = []
     for rank, (rtype, _index) in enumerate(ranks):
+        port_here = metrics_ports[rank] if metrics_ports else None
+        etc = _mounted_recipe(tmp_path / f"etc-kubetune-{rank}", objs["ConfigMap"], pvc, port_here)
+
+        def mapped(s: str, etc: Path = etc) -> str:
+            return s.replace("/etc/kubetune", str(etc)).replace("/data", str(pvc))
+
         container = next(c for c in specs[rtype]["template"]["spec"]["containers"] if c["name"] == "pytorch")
         command = [mapped(a) for a in container.get("command", []) + container.get("args", [])]
         assert command[0] == "kubetune", command
@@ -127,7 +138,8 @@ def _start(procs, cwd):
 
 def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
     tmp_path, pvc, recipe = pod_world
-    procs = _replica_processes(tmp_path, pvc, recipe)
+    metrics_ports = [_free_port(), _free_port()]
+    procs = _replica_processes(tmp_path, pvc, recipe, metrics_ports)
     assert len(procs) == 2
     run = pvc / "runs" / "contract"
 
@@ -137,6 +149,9 @@ def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
         assert all(p.poll() is None for p in pods), [p.stdout.read()[-2000:] for p in pods]
         assert time.time() < deadline, "no checkpoint on the PVC"
         time.sleep(0.05)
+    # every pod serves its metrics where the rendered PodMonitor scrapes them (port `metrics`)
+    for port in metrics_ports:
+        assert "kubetune_train_step" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
     pods[1].send_signal(signal.SIGKILL)  # the worker pod dies
     pods[1].wait()
     try:  # the master loses its peer: its collective fails and the container exits non-zero
@@ -147,7 +162,7 @@ def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
     assert not (run / "summary.json").exists()
 
     # restartPolicy OnFailure: the operator restarts the containers with the same command and env.
-    restarted = _start(_replica_processes(tmp_path, pvc, recipe), tmp_path)
+    restarted = _start(_replica_processes(tmp_path, pvc, recipe, metrics_ports), tmp_path)
     outs = [p.communicate(timeout=300)[0] for p in restarted]
     assert all(p.returncode == 0 for p in restarted), [o[-3000:] for o in outs]
     assert "resumed from" in outs[0]
