@@ -5,10 +5,11 @@ real HTTP server; kubetune and kopf reach it through $KUBECONFIG), with the Fine
 (and its status subresource) and batch/v1 Jobs declared. What kmock does not do, and how
 these tests stand in for it:
 
-- uid, generation, resourceVersion: kmock assigns none. `apply_finetune` writes
-  metadata.uid (owner references name it), generation and a resourceVersion (kopf's JSON
-  patches test it before adding its finalizer; kmock never changes it, so the test holds),
-  and `edit_spec` bumps generation, as the API server does.
+- uid, generation, resourceVersion: kmock assigns none. A reaction on creating a FineTune
+  gives it a uid and a resourceVersion (owner references name the uid; kopf's JSON patches
+  test the resourceVersion before adding its finalizer, and kmock never changes it, so the
+  test holds); `apply_finetune` writes generation 1 and `edit_spec` bumps it, as the API
+  server does.
 - garbage collection: kmock keeps an object whose owner is gone. `collect_garbage` deletes,
   over HTTP, every object whose owner references name no live object: what
   kube-controller-manager's garbage collector does after a FineTune is deleted.
@@ -137,6 +138,17 @@ def cluster(kube: Kube) -> Cluster:
         kind=KIND, namespaced=True, subresources=["status"], verbs=VERBS
     )
     kube.emulator.resources["batch/v1/jobs"] = kmock.ResourceInfo(kind="Job", namespaced=True)
+    finetunes = kmock.resource(*API_VERSION.split("/"), "finetunes")
+
+    def assign_uid(request: Any) -> dict[str, Any]:
+        """What the API server does on create and kmock does not: give the object a uid."""
+        meta = request.data["metadata"]
+        stored = kube.emulator.objects[finetunes, request.namespace or meta.get("namespace"), meta["name"]]
+        if not stored.get("metadata", {}).get("uid"):
+            stored.patch({"metadata": {"uid": f"uid-{meta['name']}", "resourceVersion": "1"}})
+        return dict(stored.raw)
+
+    kube.emulator["post", finetunes] << assign_uid
     # kopf looks namespaces up in discovery before it watches a namespace (it lists none: scanning is off)
     kube.emulator.resources["v1/namespaces"] = kmock.ResourceInfo(kind="Namespace", namespaced=False, verbs=VERBS)
     return Cluster(kube)

@@ -39,6 +39,14 @@ def _read_token(hf_token_file: Path | None) -> str | None:
 
 def _render(args: list[str], profile: str | None, api: str | None, token: str | None, with_runtime: bool):
     from kubetune.k8s.render import render
+
+    rendered = render(_load(args, profile, api), hf_token=token, with_runtime=with_runtime)
+    for warning in rendered.warnings:
+        _note(f"warning: {warning}")
+    return rendered
+
+
+def _load(args: list[str], profile: str | None, api: str | None):
     from kubetune.recipe.loader import load_recipe
 
     if not args:
@@ -52,10 +60,7 @@ def _render(args: list[str], profile: str | None, api: str | None, token: str | 
     # --profile / --api are recipe overrides, so a bad value gets the same one-line error as a bad key.
     overrides += [f"k8s.profile={profile}"] if profile else []
     overrides += [f"k8s.api={api}"] if api else []
-    rendered = render(load_recipe(recipe, overrides).recipe, hf_token=token, with_runtime=with_runtime)
-    for warning in rendered.warnings:
-        _note(f"warning: {warning}")
-    return rendered
+    return load_recipe(recipe, overrides).recipe
 
 
 def _check(objects: list[dict]) -> None:
@@ -306,6 +311,11 @@ def submit_cmd(
     autoscale: str | None = _autoscale_opt,
     queue_target: int | None = _queue_target_opt,
     cpu_target: int | None = _cpu_target_opt,
+    via_operator: bool = typer.Option(
+        False,
+        "--via-operator",
+        help="Create a FineTune instead: kubetune's operator runs the job, then (with --serve) exports and serves.",
+    ),
 ):
     """Create or update every rendered object in the cluster (idempotent), after validating them."""
     from kubetune.k8s import client, follow
@@ -326,6 +336,9 @@ def submit_cmd(
         "--cpu-target": cpu_target,
     }
     token = _read_token(hf_token_file)
+    if via_operator:
+        _submit_finetune(args or [], profile, api, token, with_runtime, serve, serve_options)
+        return
     if serve:
         if api or with_runtime:
             raise UserError("--api and --with-runtime are options of a training job, not of --serve")
@@ -358,15 +371,57 @@ def submit_cmd(
     typer.echo(f"follow it: kubetune k8s status {rendered.names.job} -n {rendered.names.namespace}")
 
 
+# what `submit --via-operator --serve` maps to a FineTune's spec.serve (the others are render-serve's only)
+FINETUNE_SERVE_OPTIONS = {
+    "--engine": "engine",
+    "--replicas": "replicas",
+    "--min-replicas": "minReplicas",
+    "--max-replicas": "maxReplicas",
+    "--image": "image",
+    "--ingress-host": "ingressHost",
+    "--autoscale": "autoscale",
+}
+
+
+def _submit_finetune(args, profile, api, token, with_runtime, serve: bool, options: dict[str, Any]) -> None:
+    """Validate the recipe here (one line per problem, as submit does), then create the FineTune."""
+    from kubetune.k8s import client, finetune
+    from kubetune.k8s.render import job_name, render
+
+    if with_runtime:
+        raise UserError("--with-runtime: the operator references the recipe's k8s.runtime; submit the runtime first")
+    given = [o for o, v in options.items() if v is not None]
+    unknown = [o for o in given if o not in FINETUNE_SERVE_OPTIONS or not serve]
+    if unknown:
+        raise UserError(
+            f"{', '.join(unknown)}: not a FineTune option; with --via-operator, --serve takes "
+            + ", ".join(FINETUNE_SERVE_OPTIONS)
+        )
+    recipe = _load(args, profile, api)
+    _check(render(recipe, hf_token=token).objects)  # what the operator will create, validated now
+    spec_serve = {FINETUNE_SERVE_OPTIONS[o]: options[o] for o in given} if serve else None
+    ft = finetune.finetune_object(recipe, job_name(recipe), with_token=token is not None, serve=spec_serve)
+    for line in finetune.submit(client.connect(), ft, token):
+        typer.echo(line)
+    typer.echo(f"follow it: kubectl get finetune {ft['metadata']['name']} -n {recipe.k8s.namespace} -w")
+
+
 def status_cmd(
     name: str = typer.Argument(..., help="Job name, or the name of serving objects (<job>-serve)."),
     namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
 ):
     """Job conditions, each replica's pod, and training progress (step, loss, tokens/s, ETA); for
     serving objects the Deployment's ready replicas, its autoscaler, its pods and its endpoint."""
-    from kubetune.k8s import client, follow
+    from kubetune.k8s import client, finetune, follow
 
-    for line in follow.status(client.connect(), name, namespace).lines:
+    api = client.connect()
+    ft = api.get(finetune.API_VERSION, finetune.KIND, name, namespace)
+    if ft is not None:  # run by the operator: its status first, then the job's while there is one
+        for line in finetune.status_lines(ft):
+            typer.echo(line)
+        if not any(api.get(av, kind, name, namespace) for av, kind, _ in follow.JOB_KINDS):
+            return
+    for line in follow.status(api, name, namespace).lines:
         typer.echo(line)
 
 

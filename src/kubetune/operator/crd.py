@@ -30,13 +30,11 @@ from typing import Any
 
 import yaml
 
+from kubetune.k8s.finetune import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from kubetune.recipe.schema import Recipe
 
-GROUP = "kubetune.io"
-VERSION = "v1alpha1"
-KIND = "FineTune"
-PLURAL = "finetunes"
-API_VERSION = f"{GROUP}/{VERSION}"
+__all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "check_finetune", "crd", "crd_yaml"]
+
 CRD_NAME = f"{PLURAL}.{GROUP}"
 CRD_FILE = f"{CRD_NAME}.yaml"
 PHASES = ("Pending", "Running", "Suspended", "Exporting", "Serving", "Succeeded", "Failed")
