@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import io
+import math
 import os
 import shutil
 import socket
@@ -78,6 +79,21 @@ class PrometheusProcess:
 
     def targets(self) -> list[dict]:
         return self.http.get("/api/v1/targets").json()["data"]["activeTargets"]
+
+    def expressions_without_data(self, variables: dict[str, str] | None = None) -> list[str]:
+        """Every dashboard panel query and alert signal (kubetune.monitor.expressions) that returns
+        no finite value here: [] is the end-to-end claim "every panel and alert has data". An alert's
+        rule itself returns data only while it fires; promtool tests those (test_rules.py)."""
+        from kubetune.monitor.expressions import all_expressions
+
+        empty = []
+        for e in all_expressions():
+            if e.kind == "alert":
+                continue
+            values = [float(s["value"][1]) for s in self.query(e.expanded(variables))]
+            if not any(math.isfinite(v) for v in values):
+                empty.append(f"{e.kind} {e.where}: {e.expanded(variables)} -> {values} (reads {', '.join(e.metrics)})")
+        return empty
 
     def wait_for_scrapes(self, samples: int = 3, down: tuple[str, ...] = (), timeout: float = 30) -> None:
         """Until every target is up (but those of the scrape jobs `down`, which must be down) and

@@ -36,6 +36,12 @@ def test_monitors_prometheus_ignores_say_why():
     assert {f.severity for s, f in by_subject.items() if s != "PodMonitor ml/d"} == {"error"}
 
 
+def test_a_prometheus_without_the_operator_is_named_once():
+    c = _collected(monitors=[_monitor("a", None), _monitor("b", "prom")], scrape_jobs=["prometheus", "node"])
+    (finding,) = [f for f in diagnose(c) if f.area == "monitors"]
+    assert finding.severity == "error" and "not managed by the Prometheus Operator" in finding.detail
+
+
 def test_other_scrape_pools_that_are_up_take_one_line():
     targets = [_target("apiserver"), _target("coredns"), _target("node-exporter"), _target("etcd", "down")]
     findings = [f for f in diagnose(_collected(targets=targets)) if f.area == "targets"]

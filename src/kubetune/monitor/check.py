@@ -25,7 +25,7 @@ from kubetune.kube import KubeObject
 from kubetune.monitor.contract import RELEASE_LABEL
 from kubetune.monitor.exporters import source_of
 from kubetune.monitor.expressions import Expression, panel_expressions
-from kubetune.monitor.monitors import MONITOR_KINDS, operator_job_prefix
+from kubetune.monitor.monitors import MONITOR_KINDS, OPERATOR_JOB_PREFIX, operator_job_prefix
 from kubetune.monitor.prometheus import Prometheus
 
 Severity = Literal["ok", "warning", "error"]
@@ -181,6 +181,14 @@ def _monitor_findings(c: Collected) -> list[Finding]:
     monitors = [m for m in c.monitors if m.get("kind") in MONITOR_KINDS]
     if not monitors:
         return [Finding("warning", "monitors", "-", "no PodMonitor or ServiceMonitor found")]
+    if not any(job.startswith(tuple(f"{p}/" for p in OPERATOR_JOB_PREFIX.values())) for job in c.scrape_jobs):
+        # every monitor would read "ignored", for a reason that is not theirs
+        detail = (
+            f"{c.prometheus} runs no scrape job made from a monitor: it is not managed by the Prometheus "
+            "Operator, so PodMonitors and ServiceMonitors do nothing there; give --prometheus the URL of "
+            "kube-prometheus-stack's Prometheus"
+        )
+        return [Finding("error", "monitors", f"{len(monitors)} monitors", detail)]
     return [_monitor_finding(c, m) for m in monitors]
 
 
