@@ -81,10 +81,15 @@ def _mounted_recipe(etc: Path, config_map: dict, pvc: Path, metrics_port: int | 
 
 
 def _replica_processes(
-    tmp_path: Path, pvc: Path, recipe, metrics_ports: list[int] | None = None, master_addr: str = "127.0.0.1"
+    tmp_path: Path,
+    pvc: Path,
+    recipe,
+    metrics_ports: list[int] | None = None,
+    master_addr: str = "127.0.0.1",
+    objects: list[dict] | None = None,
 ) -> list[tuple[list[str], dict]]:
-    rendered = render(recipe)
-    objs = {o["kind"]: o for o in rendered.objects}
+    """The job's replicas as processes, from `objects` (default: what `render(recipe)` makes)."""
+    objs = {o["kind"]: o for o in (objects or render(recipe).objects)}
     job = objs["PyTorchJob"]
     port = str(_free_port())
     specs = job["spec"]["pytorchReplicaSpecs"]
