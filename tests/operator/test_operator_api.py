@@ -6,6 +6,9 @@ collection, the training operator, pod logs)."""
 from __future__ import annotations
 
 import base64
+import http.server
+import socketserver
+import threading
 
 import kopf
 import pytest
@@ -26,7 +29,9 @@ def _true(kind: str) -> dict:
     return {"type": kind, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
 
 
-def _rank0_pod(cluster, job: str, log: str, restarts: int = 0, last_state: dict | None = None) -> None:
+def _rank0_pod(
+    cluster, job: str, log: str, restarts: int = 0, last_state: dict | None = None, metrics_port: int | None = None
+) -> None:
     """The pod the training operator would start, with the log its rank 0 would print."""
     labels = {
         "app.kubernetes.io/instance": job,
@@ -40,8 +45,10 @@ def _rank0_pod(cluster, job: str, log: str, restarts: int = 0, last_state: dict 
         "kind": "Pod",
         "metadata": {"name": f"{job}-master-0", "namespace": NAMESPACE, "labels": labels},
         "spec": {"containers": [{"name": "pytorch", "image": "kubetune"}]},
-        "status": {"phase": "Running", "containerStatuses": [status]},
+        "status": {"phase": "Running", "containerStatuses": [status], "podIP": "127.0.0.1"},
     }
+    if metrics_port is not None:  # as monitor.in_cluster renders it: a container port named `metrics`
+        pod["spec"]["containers"][0]["ports"] = [{"name": "metrics", "containerPort": metrics_port}]
     if cluster.client.get("v1", "Pod", pod["metadata"]["name"], NAMESPACE) is None:
         cluster.client.create(pod)
     else:
@@ -130,6 +137,40 @@ def test_progress_follows_the_job_and_restarts_get_a_diagnosis(operator):
     restarted = wait_for(lambda: operator.condition("prog", "Restarted"), message="the Restarted condition")
     assert "OOMKilled" in restarted["message"] or "memory" in restarted["message"]
     assert wait_for(lambda: operator.status("prog").get("progress", {}).get("step") == 20)
+
+
+def test_progress_comes_from_rank_0s_metrics_endpoint_when_it_serves_one(operator):
+    """A real HTTP server on loopback plays the training pod's metrics port (the pod's IP is 127.0.0.1)."""
+    page = "\n".join(
+        f'{name}{{job="met",node="n0",rank="0"}} {value}'
+        for name, value in [
+            ("kubetune_train_step", 30), ("kubetune_train_total_steps", 40), ("kubetune_train_loss", 0.75),
+            ("kubetune_train_eval_loss", 0.8), ("kubetune_train_eta_seconds", 61),
+            ("kubetune_train_tokens_per_second", 512),
+        ]
+    ).encode()  # fmt: skip
+
+    class Metrics(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            self.send_response(200 if self.path == "/metrics" else 404)
+            self.end_headers()
+            self.wfile.write(page)
+
+        def log_message(self, *args):
+            pass
+
+    with socketserver.TCPServer(("127.0.0.1", 0), Metrics) as server:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        operator.apply_finetune("met", {"recipe": RECIPE})
+        wait_for(lambda: operator.get(*PYTORCHJOB, "met"))
+        operator.set_status(*PYTORCHJOB, "met", {"conditions": [_true("Created"), _true("Running")]})
+        _rank0_pod(operator, "met", "no progress line in the log", metrics_port=server.server_address[1])
+        progress = wait_for(lambda: operator.status("met").get("progress"), message="status.progress")
+        server.shutdown()
+    assert progress == {
+        "step": 30, "totalSteps": 40, "percent": 75, "loss": 0.75, "evalLoss": 0.8, "tokensPerSecond": 512.0,
+        "etaSeconds": 61, "eta": "1m1s",
+    }  # fmt: skip
 
 
 def test_suspend_deletes_the_job_keeps_the_volume_and_resume_recreates_it(operator):
