@@ -325,7 +325,8 @@ def checked_in_path() -> Path:
 
 
 def openapi_schema() -> Schema:
-    return crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    schema: Schema = crd()["spec"]["versions"][0]["schema"]["openAPIV3Schema"]
+    return schema
 
 
 def unknown_fields(obj: Any, schema: Schema, path: str = "") -> list[str]:

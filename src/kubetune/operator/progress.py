@@ -73,6 +73,7 @@ def fetch_metrics(url: str) -> str | None:
     """The page, or None when the pod does not answer (starting, gone): the log is the fallback."""
     try:
         with urllib.request.urlopen(url, timeout=FETCH_TIMEOUT_S) as response:
-            return response.read().decode("utf-8", "replace")
+            body: bytes = response.read()
+            return body.decode("utf-8", "replace")
     except (OSError, ValueError):
         return None
