@@ -227,3 +227,16 @@ def test_pushes_are_throttled_and_the_last_status_wins(tmp_path):
     assert status_body(140, -3, {})["trainerStatus"]["progressPercentage"] == 100
     assert status_body(10, -3, {})["trainerStatus"]["estimatedRemainingSeconds"] == 0
     assert KubeflowProgress.from_env({}) is None
+
+
+def test_a_lone_process_exports_the_restart_count_its_checkpoint_carries():
+    """A restarted pod's process continues the series (2 after two restarts), so increase()
+    counts restarts across the counter resets of the container restarts."""
+    from kubetune.training.telemetry import Identity, Telemetry, TrainMetrics
+
+    metrics = TrainMetrics(Identity(job="j", rank=0, node="n"), multiprocess=False)
+    telemetry = Telemetry(metrics, None, total_steps=10, world_size=1, flops_per_token=1.0, peak_flops=1.0)
+    telemetry.started(step=4, epoch=0.5, resumes=2)
+    labels = {"job": "j", "rank": "0", "node": "n"}
+    assert metrics.registry.get_sample_value("kubetune_train_restarts_total", labels) == 2
+    assert metrics.registry.get_sample_value("kubetune_train_progress_ratio", labels) == 0.4

@@ -93,7 +93,7 @@ TRAIN_METRICS: tuple[Metric, ...] = (
     _train(
         "kubetune_train_restarts_total",
         "counter",
-        "1 per process that continued from a checkpoint: increase() counts restarts.",
+        "Restarts of the run so far (resumes from a checkpoint); increase() counts them across restarts.",
     ),
 )
 

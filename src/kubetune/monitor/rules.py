@@ -102,10 +102,11 @@ def _loss_not_finite(s: RuleSettings) -> Alert:
 
 
 def restarts(window: str) -> str:
-    """Process restarts of each rank in `window`, counted two ways, the larger kept: a worker that
-    torchrun restarts adds 1 to kubetune_train_restarts_total (the pod's metrics directory keeps
-    the dead worker's count), while a restarted container starts every counter from 0, so its
-    restarts are the resets of kubetune_train_tokens_total."""
+    """Process restarts of each rank in `window`, counted two ways, the larger kept:
+    kubetune_train_restarts_total (a worker that torchrun restarts adds 1 to the pod's
+    multiprocess sum; a restarted lone process exports the resume count its checkpoint carries),
+    and the resets of kubetune_train_tokens_total (a restart before the first checkpoint, which
+    resumes nothing, still starts every counter from 0)."""
     resumed = f"increase(kubetune_train_restarts_total[{window}])"
     resets = f"resets(kubetune_train_tokens_total[{window}])"
     return f"({resumed} > {resets} or {resets})"

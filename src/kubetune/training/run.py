@@ -96,7 +96,7 @@ def fit(parts: TrainParts, state: TrainState) -> None:
     recipe, env, telemetry = parts.recipe, parts.env, parts.telemetry
     run_log = RunLog(parts.run_dir.metrics_file, parts.total_steps, state.step, enabled=env.is_main)
     last_saved = state.step if parts.resume_from else -1
-    telemetry.started(state.step, state.epoch, resumed=parts.resume_from is not None)
+    telemetry.started(state.step, state.epoch, state.resumes)
     parts.runner.train()
     while state.step < parts.total_steps:
         t0 = time.perf_counter()

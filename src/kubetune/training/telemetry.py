@@ -130,7 +130,7 @@ class Telemetry:
         self._eval_loss: float | None = None
         self._last_logged: tuple[float, float] | None = None  # (epoch, loss) of the last logged step
 
-    def started(self, step: int, epoch: float, resumed: bool) -> None:
+    def started(self, step: int, epoch: float, resumes: int) -> None:
         if self.metrics is None:
             return
         m = self.metrics
@@ -138,9 +138,11 @@ class Telemetry:
         m["kubetune_train_step"].set(step)
         m["kubetune_train_epoch"].set(epoch)
         m["kubetune_train_progress_ratio"].set(step / max(1, self.total_steps))
-        # 1 in a process that continued from a checkpoint: increase() over a window counts the
-        # restarts, across process restarts (counter resets) and torchrun's multiprocess sums alike
-        m["kubetune_train_restarts_total"].inc(1 if resumed else 0)
+        # The run's restarts so far, counted so that increase() sees each one: a lone process
+        # exports the count its checkpoint carries (the series continues across pod restarts);
+        # torchrun's workers add 1 each when resumed, and multiprocess mode sums the attempts.
+        multiprocess = self.metrics.registry is None
+        m["kubetune_train_restarts_total"].inc(min(resumes, 1) if multiprocess else resumes)
         budget = memory.budget_bytes() or memory.limit_bytes()
         m["kubetune_train_memory_budget_bytes"].set(budget)
 
