@@ -173,6 +173,24 @@ def test_progress_comes_from_rank_0s_metrics_endpoint_when_it_serves_one(operato
     }  # fmt: skip
 
 
+def test_a_failed_job_is_diagnosed_kept_failed_after_its_ttl_and_retried_by_suspend_and_resume(operator):
+    operator.apply_finetune("oom", {"recipe": RECIPE, "ttlSecondsAfterFinished": 0})
+    wait_for(lambda: operator.get(*PYTORCHJOB, "oom"))
+    oom = {"terminated": {"reason": "OOMKilled", "exitCode": 137}}
+    _rank0_pod(operator, "oom", "Killed", restarts=3, last_state=oom)
+    failed = {**_true("Failed"), "reason": "BackoffLimitExceeded", "message": "the job has reached the backoff limit"}
+    operator.set_status(*PYTORCHJOB, "oom", {"conditions": [_true("Created"), _true("Running"), failed]})
+    condition = wait_for(lambda: operator.condition("oom", "Failed"), message="the Failed condition")
+    assert "BackoffLimitExceeded" in condition["message"] and "OOMKilled" in condition["message"]
+    assert operator.status("oom")["phase"] == "Failed"
+    wait_for(lambda: operator.get(*PYTORCHJOB, "oom") is None, message="the job deleted after its TTL")
+    assert operator.status("oom")["phase"] == "Failed"  # not recreated by itself
+    operator.edit_spec("oom", {"suspend": True})
+    wait_for(lambda: operator.status("oom").get("phase") == "Suspended")
+    operator.edit_spec("oom", {"suspend": False})
+    wait_for(lambda: operator.get(*PYTORCHJOB, "oom"), message="the job started again")
+
+
 def test_suspend_deletes_the_job_keeps_the_volume_and_resume_recreates_it(operator):
     operator.apply_finetune("pause", {"recipe": RECIPE})
     wait_for(lambda: operator.get(*PYTORCHJOB, "pause"))

@@ -195,6 +195,11 @@ def _follow(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> No
     try:
         seen, observed, step = _advance(client, ft, patch)
         _write_status(client, ft, seen, observed, step, patch)
+        # a finished job (succeeded or failed) goes after spec.ttlSecondsAfterFinished: after its
+        # status (and diagnosis) is written, which stays
+        ttl = plan.FineTuneSpec.from_dict(ft.get("spec") or {}).ttl_seconds
+        if seen.job is not None and plan.ttl_expired(seen.job, ttl, datetime.now(timezone.utc)):
+            actions.delete_training(client, *actions.meta(ft))
     except ClusterError as e:
         raise _temporary(e) from None
     except UserError as e:
@@ -226,8 +231,6 @@ def _advance(
     )
     step = plan.next_step(observed)
     _act(client, ft, spec, recipe, step.actions, patch)
-    if trained and seen.job is not None and plan.ttl_expired(seen.job, spec.ttl_seconds, datetime.now(timezone.utc)):
-        actions.delete_training(client, *actions.meta(ft))
     return seen, observed, step
 
 
