@@ -14,6 +14,7 @@ import urllib.request
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
+import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -90,8 +91,11 @@ def test_two_ranks_serve_every_contract_metric_from_one_port(tmp_path, tiny_over
     try:
         samples = scrape_while_running(proc, port, until_step=4)
     finally:
+        for child in psutil.Process(proc.pid).children(recursive=True):
+            child.kill()
         proc.kill()
-        proc.communicate(timeout=60)
+        out = proc.communicate(timeout=60)[0]
+    assert f":{port}/metrics" in out and out.count("metrics: http://") == 1, out[-2000:]  # rank 0 says where
     for metric in contract.TRAIN_METRICS:
         if metric.name == "kubetune_train_eval_loss":
             continue  # set by evaluations: the eval before training has run by then (below)
