@@ -132,12 +132,36 @@ def run_arm(launch: list[str], overrides: list[str], out: Path, monitored: bool)
 
 
 def steady_tokens_per_s(metrics: Path) -> float:
-    """Tokens per second between the end of the first fifth of the steps and the last step."""
+    """Tokens per second of wall time between the end of the first fifth of the steps and the
+    last step (wall time: whatever monitoring costs between steps counts too)."""
     rows = [json.loads(ln) for ln in metrics.read_text().splitlines() if ln.strip()]
-    start = rows[max(0, len(rows) // 5 - 1)]
-    end = rows[-1]
-    seconds = sum(sum(r["step_s"].values()) for r in rows if start["step"] < r["step"] <= end["step"])
-    return (end["tokens"] - start["tokens"]) / seconds
+    start, end = rows[max(0, len(rows) // 5 - 1)], rows[-1]
+    return (end["tokens"] - start["tokens"]) / (end["elapsed_s"] - start["elapsed_s"])
+
+
+def per_step_cost_us(steps: int = 2000) -> dict[str, float]:
+    """Microseconds the fit loop spends in telemetry per step (one process, plain registry): the
+    step's histograms and counters, a logged step's gauges, and five timed collectives."""
+    from kubetune.training.telemetry import Identity, Telemetry, TrainMetrics
+
+    telemetry = Telemetry(TrainMetrics(Identity("bench", 0, "n"), multiprocess=False), None, steps, 2, 1e6, 1e11)
+    telemetry.started(0, 0.0, 0)
+    phases = {"data": 0.001, "compute": 0.02, "optimizer": 0.003, "communication": 0.001}
+    out = {}
+    t = time.perf_counter()
+    for i in range(steps):
+        telemetry.step(i + 1, phases, 1.0, 1.0, 512)
+    out["step"] = (time.perf_counter() - t) / steps * 1e6
+    t = time.perf_counter()
+    for i in range(steps):
+        telemetry.logged(i + 1, 0.1, 1.0, 1e-4, 1.0, 4000.0)
+    out["logged step"] = (time.perf_counter() - t) / steps * 1e6
+    t = time.perf_counter()
+    for _ in range(steps):
+        for _ in range(5):
+            telemetry.collective("all_reduce", 8, 0.001)
+    out["5 collectives"] = (time.perf_counter() - t) / steps * 1e6
+    return out
 
 
 def main() -> None:
@@ -147,6 +171,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=300)
     args = parser.parse_args()
     print(f"machine: {cpu_model()}")
+    costs = per_step_cost_us()
+    print("telemetry per step: " + ", ".join(f"{k} {v:.0f} us" for k, v in costs.items()))
     with tempfile.TemporaryDirectory() as tmp:
         root = Path(tmp)
         launch, overrides = workload_args(args.workload, root, args.steps)

@@ -129,6 +129,7 @@ class Telemetry:
         self._first: tuple[int, float] | None = None  # (step, time) of this process's first step
         self._eval_loss: float | None = None
         self._last_logged: tuple[float, float] | None = None  # (epoch, loss) of the last logged step
+        self._memory_read = -1.0  # time.monotonic() of the last memory reading
 
     def started(self, step: int, epoch: float, resumes: int) -> None:
         if self.metrics is None:
@@ -182,8 +183,10 @@ class Telemetry:
                 "kubetune_train_grad_norm": grad_norm,
                 "kubetune_train_tokens_per_second": tokens_per_s / self.world_size,
                 "kubetune_train_mfu_ratio": self.mfu(tokens_per_s),
-                "kubetune_train_memory_bytes": memory.used_bytes(1),
             }
+            if time.monotonic() - self._memory_read >= 1.0:  # reading the cgroup's stats costs ~0.1 ms
+                self._memory_read = time.monotonic()
+                values["kubetune_train_memory_bytes"] = memory.used_bytes(1)
             if eta is not None:
                 values["kubetune_train_eta_seconds"] = eta
             for name, value in values.items():
