@@ -257,62 +257,71 @@ def assert_same_run(a: Path, b: Path, rel: float = 1e-4) -> None:
             assert wa[k].shape == wb[k].shape and (wa[k] - wb[k]).abs().max() < 1e-4, k
 
 
-def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides):
+@pytest.mark.parametrize(
+    ("method", "extra"),
+    [("full", []), pytest.param("lora", ["train.compile=true"], marks=pytest.mark.slow)],
+    ids=["full", "lora-compile"],
+)
+def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, method, extra):
     """DTensor TP over 2 ranks (q/k/v/gate/up by output, o/down by input; LoRA adapters
-    follow their base layer) trains exactly like one process: LoRA (with train.compile,
-    which then compiles the norms only) and full fine-tune."""
-    for method, extra in (("lora", ["train.compile=true"]), ("full", [])):
-        one, tp = tmp_path / f"one-{method}", tmp_path / f"tp-{method}"
-        common = [*dist_overrides, f"finetune.method={method}", "train.grad_accum=2", "eval.generate=1"]
-        finish(kubetune(["train", *common, f"output_dir={one}"]))
-        out = finish(kubetune(["train", "--nproc-per-node", "2", *common, *extra, "parallel.tp=2", f"output_dir={tp}"]))
-        assert "tp 2" in out
-        assert_same_run(one, tp)
-    # the exported full model is whole (gathered from the slices) and loads
-    from transformers import AutoModelForCausalLM
+    follow their base layer) trains exactly like one process: full fine-tune, and LoRA with
+    train.compile (which then compiles the norms only; `slow`: tp2xpp2 covers LoRA under TP
+    in CI)."""
+    one, tp = tmp_path / f"one-{method}", tmp_path / f"tp-{method}"
+    common = [*dist_overrides, f"finetune.method={method}", "train.grad_accum=2", "eval.generate=1"]
+    finish(kubetune(["train", *common, f"output_dir={one}"]))
+    out = finish(kubetune(["train", "--nproc-per-node", "2", *common, *extra, "parallel.tp=2", f"output_dir={tp}"]))
+    assert "tp 2" in out
+    assert_same_run(one, tp)
+    if method == "full":  # the exported full model is whole (gathered from the slices) and loads
+        from transformers import AutoModelForCausalLM
 
-    assert AutoModelForCausalLM.from_pretrained(tmp_path / "tp-full" / "model").config.num_hidden_layers == 2
+        assert AutoModelForCausalLM.from_pretrained(tp / "model").config.num_hidden_layers == 2
+
+
+PP_COMMON = ["train.grad_accum=2", "train.save_every=2", "eval.generate=1"]
 
 
 def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overrides):
     """2 GPipe stages over the step's micro-batches equal one process; the pipeline's
-    checkpoint then resumes under tensor parallelism and in one process, step-exact."""
+    checkpoint then resumes in one process, step-exact."""
     one, pp = tmp_path / "one", tmp_path / "pp"
-    common = [*dist_overrides, "train.grad_accum=2", "train.save_every=2", "eval.generate=1"]
+    common = [*dist_overrides, *PP_COMMON]
     finish(kubetune(["train", *common, f"output_dir={one}"]))
     out = finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", f"output_dir={pp}"]))
     assert "pp 2" in out
     assert_same_run(one, pp)
-    f1b = tmp_path / "1f1b"  # the 1F1B schedule: other order, same math
-    finish(
-        kubetune(
-            [
-                "train",
-                "--nproc-per-node",
-                "2",
-                *common,
-                "parallel.pp=2",
-                "parallel.pp_schedule=1f1b",
-                f"output_dir={f1b}",
-            ]
-        )
-    )
+    assert_resumes_like(one, pp / "checkpoints" / "step-2", tmp_path / "from-pp-single", [], [], common)
+
+
+@pytest.mark.slow  # the schedule and the reshard CI leaves to the GPipe test above
+def test_pipeline_1f1b_equals_one_process_and_reshards_to_tensor_parallel(tmp_path, dist_overrides):
+    """The 1F1B schedule (other order, same math) equals one process, and its checkpoint
+    resumes under tensor parallelism step-exact."""
+    one, f1b = tmp_path / "one", tmp_path / "1f1b"
+    common = [*dist_overrides, *PP_COMMON]
+    finish(kubetune(["train", *common, f"output_dir={one}"]))
+    pipeline = ["--nproc-per-node", "2", *common, "parallel.pp=2", "parallel.pp_schedule=1f1b"]
+    finish(kubetune(["train", *pipeline, f"output_dir={f1b}"]))
     assert_same_run(one, f1b)
-    ckpt = pp / "checkpoints" / "step-2"
+    tp = (["--nproc-per-node", "2"], ["parallel.tp=2"])
+    assert_resumes_like(one, f1b / "checkpoints" / "step-2", tmp_path / "from-pp-tp", *tp, common)
+
+
+def assert_resumes_like(one: Path, ckpt: Path, run: Path, launch: list, layout: list, common: list) -> None:
+    """Resuming `ckpt` (step 2) under `launch`/`layout` gives one process's steps 3 and 4."""
     assert (ckpt / "meta.json").is_file()
-    for name, launch, layout in (("tp", ["--nproc-per-node", "2"], ["parallel.tp=2"]), ("single", [], [])):
-        run = tmp_path / f"from-pp-{name}"
-        out = finish(kubetune(["train", *launch, *common, *layout, f"train.resume={ckpt}", f"output_dir={run}"]))
-        assert "resumed from" in out
-        steps = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
-        assert [r["step"] for r in steps] == [3, 4]
-        assert [r["loss"] for r in steps] == pytest.approx(losses(one)[2:], rel=1e-4)
+    out = finish(kubetune(["train", *launch, *common, *layout, f"train.resume={ckpt}", f"output_dir={run}"]))
+    assert "resumed from" in out
+    steps = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in steps] == [3, 4]
+    assert [r["loss"] for r in steps] == pytest.approx(losses(one)[2:], rel=1e-4)
 
 
 @pytest.mark.parametrize(
     ("layout", "same_as"),
     [
-        (["parallel.tp=2"], "ddp"),
+        pytest.param(["parallel.tp=2"], "ddp", marks=pytest.mark.slow),  # tp (full) and tp2xpp2 cover it
         (["parallel.tp=2", "parallel.pp=2"], "one"),
         pytest.param(["parallel.fsdp=2", "parallel.tp=2"], "ddp", marks=pytest.mark.slow),
         pytest.param(["parallel.pp=2"], "ddp", marks=pytest.mark.slow),

@@ -181,6 +181,7 @@ def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
     assert yaml.safe_load((run / "recipe.yaml").read_text())["output_dir"] == f"{pvc}/runs/contract"
 
 
+@pytest.mark.slow  # test_distributed's two-host test runs the same env contract across namespaces in CI
 def test_rendered_pytorchjob_across_two_network_namespaces(pod_world, two_hosts):
     """The same job with each replica on its own 'node' (a network namespace): the worker
     reaches the master only through the master's address, as the headless Service gives it."""

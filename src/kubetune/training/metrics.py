@@ -161,9 +161,7 @@ class RunLog:
         self.metrics = MetricsLog(metrics_path, start_step) if enabled else None
         self.progress = Progress(total_steps, start_step, enabled=enabled)
 
-    def step(
-        self, state: TrainState, result: StepResult, lr: float, epoch: float, elapsed_s: float, phases: dict[str, float]
-    ) -> None:
+    def step(self, state: TrainState, result: StepResult, lr: float, epoch: float, elapsed_s: float) -> None:
         if self.metrics is None:
             return
         tps = state.tokens / max(state.train_time_s, 1e-9)
@@ -178,7 +176,7 @@ class RunLog:
                 "tokens": state.tokens,
                 "tokens_per_s": round(tps, 2),
                 "elapsed_s": round(elapsed_s, 2),
-                "step_s": {phase: round(seconds, 5) for phase, seconds in phases.items()},
+                "step_s": {phase: round(seconds, 5) for phase, seconds in result.phases.items()},
             }
         )
         self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch)

@@ -9,6 +9,7 @@ and a vote on the memory budget when KUBETUNE_MEMORY_BUDGET is set).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from pathlib import Path
@@ -103,14 +104,14 @@ def fit(parts: TrainParts, state: TrainState) -> None:
         batches = next_micro_batches(parts.batcher, state, recipe.train.grad_accum)
         data_s = time.perf_counter() - t0
         result = train_step(parts.runner, parts.optim, batches, parts.layout, env)
+        result = dataclasses.replace(result, phases={"data": data_s, **result.phases})
         state.train_time_s += time.perf_counter() - t0
         state.step += 1
         state.tokens += result.tokens
-        phases = {"data": data_s, **result.phases}
-        telemetry.step(state.step, phases, result.loss, result.grad_norm, result.tokens)
+        telemetry.step(state.step, result.phases, result.loss, result.grad_norm, result.tokens)
         if state.step % recipe.train.log_every == 0 or state.step == parts.total_steps:
             epoch = state.epoch + state.row / max(1, parts.batcher.usable_rows(state.epoch))
-            run_log.step(state, result, parts.optim.lr, epoch, time.monotonic() - parts.started_at, phases)
+            run_log.step(state, result, parts.optim.lr, epoch, time.monotonic() - parts.started_at)
             tps = state.tokens / max(state.train_time_s, 1e-9)
             telemetry.logged(state.step, epoch, result.loss, parts.optim.lr, result.grad_norm, tps)
         if recipe.train.eval_every and state.step % recipe.train.eval_every == 0 and state.step < parts.total_steps:
