@@ -2,10 +2,21 @@
 no traceback, and nothing written to output_dir. Run through the real CLI process."""
 
 import json
+import subprocess
+import sys
 
-import pytest
+from .conftest import REPO, run_cli
 
-from .conftest import run_cli
+
+def start_cli(args: list[str]) -> subprocess.Popen:
+    """`python -m kubetune ARGS` as a real process (stdout and stderr apart)."""
+    return subprocess.Popen(
+        [sys.executable, "-m", "kubetune", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=str(REPO),
+    )
 
 
 def _cases(tiny_model_dir, qa_file, tmp_path):
@@ -45,18 +56,24 @@ CASES = [
 ]
 
 
-@pytest.mark.parametrize("case", CASES)
-def test_bad_input_is_one_line_and_exit_2(case, tiny_model_dir, qa_file, tmp_path):
-    args, must_mention = _cases(tiny_model_dir, qa_file, tmp_path)[case]
-    out = tmp_path / "out"
-    res = run_cli(["train", *args, f"output_dir={out}"] if "=" in args[-1] or len(args) > 1 else ["train", *args])
-    assert res.returncode == 2, res.stderr
-    assert "Traceback" not in res.stderr
-    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
-    assert len(lines) == 1, res.stderr
-    for word in must_mention:
-        assert word in lines[0], lines[0]
-    assert not out.exists() or not any(out.iterdir())
+def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, qa_file, tmp_path):
+    """Every case as its own real process, started together (each fails in its first seconds)."""
+    cases = _cases(tiny_model_dir, qa_file, tmp_path)
+    running = {}
+    for case in CASES:
+        args, _ = cases[case]
+        out = tmp_path / f"out-{CASES.index(case)}"
+        argv = ["train", *args, f"output_dir={out}"] if "=" in args[-1] or len(args) > 1 else ["train", *args]
+        running[case] = (start_cli(argv), out)
+    for case, (proc, out) in running.items():
+        _, stderr = proc.communicate(timeout=300)
+        assert proc.returncode == 2, f"{case}: {stderr}"
+        assert "Traceback" not in stderr, case
+        lines = [ln for ln in stderr.splitlines() if ln.strip()]
+        assert len(lines) == 1, f"{case}: {stderr}"
+        for word in cases[case][1]:
+            assert word in lines[0], f"{case}: {lines[0]}"
+        assert not out.exists() or not any(out.iterdir()), case
 
 
 def test_export_of_a_non_run_is_a_clear_error(tmp_path):

@@ -171,6 +171,7 @@ def test_rescaled_resume_two_one_two(tmp_path, dist_overrides):
     assert steps == list(range(1, 9))
 
 
+@pytest.mark.slow  # in CI, tests/k8s/test_contract.py kills a replica of the rendered job and it resumes
 def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
     run = tmp_path / "restart"
     args = [o for o in dist_overrides if not o.startswith("train.max_steps")] + [
@@ -343,6 +344,7 @@ def test_four_processes_in_two_dimensions(tmp_path_factory, dist_overrides, layo
 
 
 def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
+    procs, out_dir = [], tmp_path / "x"
     for bad, words in (
         (["parallel.fsdp=3"], "dp x fsdp x tp x pp"),
         (["parallel.tp=2", "model.name_or_path=smollm2-135m-instruct"], "9 attention heads"),
@@ -350,10 +352,14 @@ def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
         (["parallel.pp=2", "parallel.fsdp=2", "parallel.dp=1"], "parallel.fsdp=1"),
         (["parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=1"], "train.grad_accum>=2"),
     ):
-        proc = kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *bad, f"output_dir={tmp_path / 'x'}"])
-        out, _ = proc.communicate(timeout=120)
+        procs.append(
+            (kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *bad, f"output_dir={out_dir}"]), words)
+        )
+    for proc, words in procs:  # started together: each is refused by the launcher, none trains
+        out, _ = proc.communicate(timeout=180)
         assert proc.returncode == 2 and words in out, out[-2000:]
         assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+    assert not out_dir.exists() or not any(out_dir.iterdir())
 
 
 def test_two_hosts_in_network_namespaces_pytorchjob_contract(tmp_path, dist_overrides, two_hosts):
