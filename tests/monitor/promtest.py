@@ -12,17 +12,14 @@ must win over the scrape job's name (a PodMonitor gets the same result by relabe
 from __future__ import annotations
 
 import contextlib
-import io
 import math
 import os
 import shutil
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from urllib.parse import urlsplit
@@ -203,26 +200,5 @@ class ReplayExporter:
 
 # ---------------------------------------------------------------------------------- the CLI
 
-
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-
-def run_cli(*args: str) -> CliResult:
-    """`kubetune ARGS` in this process, through kubetune.cli.main (UserError -> exit 2 included)."""
-    from kubetune import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    argv, sys.argv = sys.argv, ["kubetune", *args]
-    code = 0
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = argv
-    return CliResult(code, out.getvalue(), err.getvalue())
+# `kubetune ARGS` in this process (UserError -> exit 2 included): the k8s tests' runner
+from ..k8s.conftest import CliResult, run_cli  # noqa: E402, F401 (re-exported for the monitor tests)
