@@ -1,0 +1,39 @@
+"""The contract's serving and component metrics are what those processes really export:
+contract.py names them for the dashboards and alerts, while serve/metrics.py, the device
+plugin and the extender define them, so a rename on either side must fail here."""
+
+from __future__ import annotations
+
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+
+from kubetune.monitor.contract import COMPONENT_METRICS, SERVE_METRICS, Metric
+
+
+def families(text: str) -> set[tuple[str, str]]:
+    """(name, type) of each family; a counter's `_created` timestamps (which the text parser reads
+    as gauges of their own when the name has a colon) are part of the counter, not a metric."""
+    parsed = text_string_to_metric_families(text)
+    return {(f.name.removesuffix("_total"), f.type) for f in parsed if not f.name.endswith("_created")}
+
+
+def promised(metrics: tuple[Metric, ...]) -> set[tuple[str, str]]:
+    return {(m.name.removesuffix("_total"), m.kind) for m in metrics}
+
+
+def test_the_server_exports_the_contracts_serving_metrics():
+    from kubetune.serve.metrics import ServeMetrics
+
+    registry = ServeMetrics("base", max_lora=2, adapter_names=["a"]).registry
+    assert families(generate_latest(registry).decode()) == promised(SERVE_METRICS)
+
+
+def test_the_components_export_the_contracts_component_metrics():
+    from fastapi.testclient import TestClient
+
+    from kubetune.cluster.deviceplugin.metrics import PluginMetrics
+    from kubetune.cluster.extender.app import create_app
+
+    plugin = families(generate_latest(PluginMetrics().registry).decode())
+    extender = families(TestClient(create_app()).get("/metrics").text)
+    assert plugin | extender == promised(COMPONENT_METRICS)
