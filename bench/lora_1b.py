@@ -35,8 +35,6 @@ TINYLLAMA = {
     "rms_norm_eps": 1e-5,
     "tie_word_embeddings": False,
 }
-# dense bf16 tensor-core peaks (vendor data sheets), FLOP/s
-GPU_PEAKS = {"H100": 989e12, "H200": 989e12, "A100": 312e12, "L40S": 362e12}
 SEQ = 512
 
 
@@ -71,7 +69,9 @@ def device_peak(device: str, threads: int) -> tuple[float, str]:
 
     if device == "cuda":
         name = torch.cuda.get_device_name()
-        for key, peak in GPU_PEAKS.items():
+        from kubetune.training.flops import ACCELERATOR_PEAKS  # dense bf16, vendors' data sheets
+
+        for key, peak in ACCELERATOR_PEAKS.items():
             if key in name:
                 return peak, f"{name} (data sheet, dense bf16)"
         return 0.0, f"{name} (no peak in the table)"
