@@ -249,3 +249,15 @@ def test_a_lone_process_exports_the_restart_count_its_checkpoint_carries():
     labels = {"job": "j", "rank": "0", "node": "n"}
     assert metrics.registry.get_sample_value("kubetune_train_restarts_total", labels) == 2
     assert metrics.registry.get_sample_value("kubetune_train_progress_ratio", labels) == 0.4
+
+
+def test_a_run_in_this_process_frees_its_port_and_observer(tmp_path, tiny_overrides):
+    from kubetune.training import dist
+    from kubetune.training.run import train_from_recipe
+
+    port = free_port()
+    args = [*tiny_overrides, "train.max_steps=2", "eval.generate=0", f"monitor.port={port}"]
+    train_from_recipe(None, [*args, f"output_dir={tmp_path / 'run'}"])
+    assert dist._observer is None
+    with socket.socket() as s:
+        s.bind(("0.0.0.0", port))  # a second run here could serve on it again

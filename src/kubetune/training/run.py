@@ -42,9 +42,12 @@ def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> Summary |
         layout = plan_layout(recipe.parallel, env)
         run_dir = claim_run_dir(recipe, env)
         parts = setup(recipe, env, layout, run_dir, started_at)
-        state = resume_or_start(parts)
-        fit(parts, state)
-        return finish(parts, state)
+        try:
+            state = resume_or_start(parts)
+            fit(parts, state)
+            return finish(parts, state)
+        finally:
+            parts.telemetry.close()  # the port and the collective observer, for a next run in this process
     finally:
         shutdown(env)
 

@@ -215,6 +215,16 @@ class Telemetry:
             self.kubeflow.update(100 * step / max(1, self.total_steps), 0, self._kubeflow_metrics(step, epoch, loss))
         self.kubeflow.close()
 
+    def close(self) -> None:
+        """Stop serving and observing (in-process callers may train again on the same port)."""
+        from kubetune.training.dist import observe_collectives
+
+        observe_collectives(None)
+        if self.metrics is not None and self.metrics.server is not None:
+            self.metrics.server.shutdown()
+            self.metrics.server.server_close()
+            self.metrics.server = None
+
     def eta_s(self, step: int) -> float | None:
         if self._first is None or step <= self._first[0]:
             return None
