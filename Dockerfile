@@ -10,6 +10,13 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     KUBETUNE_CACHE=/data/cache \
     HF_HOME=/data/hf
 
+# jemalloc: `kubetune train` preloads it (a CPU step's peak memory is half of glibc malloc's;
+# src/kubetune/allocator.py). DL3008: the base image's Debian release pins the version.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && apt-get install -y --no-install-recommends libjemalloc2 \
+ && rm -rf /var/lib/apt/lists/*
+
 # The CPU index: PyPI's default Linux wheel is the multi-GB CUDA build.
 RUN pip install --no-cache-dir --index-url https://download.pytorch.org/whl/cpu torch==2.13.0
 

@@ -1,9 +1,12 @@
 """Where one training step goes: the torch profiler over steps 4-12 of the train_vs_hf
-kubetune arm (160 rows of medical_flashcards, LoRA r=8 q/v, dropout 0.05, bf16, 2 threads).
+kubetune arm (160 rows of medical_flashcards, LoRA r=8 q/v, dropout 0.05, 2 threads), in the
+precision given (default `auto`: what the start-up probe chooses on this CPU; bf16 on a CPU
+without bf16 units would take hours).
 
-    .venv/bin/python bench/profile_step.py
+    .venv/bin/python bench/profile_step.py [auto|bf16|fp32] [extra recipe overrides...]
 """
 
+import sys
 import tempfile
 from pathlib import Path
 
@@ -14,6 +17,7 @@ import kubetune.training.run as run
 SHARED = Path(__file__).resolve().parents[2] / "shared" / "data" / "medical_flashcards"
 orig = run.train_step
 n = {"i": 0}
+PRECISION = sys.argv[1] if len(sys.argv) > 1 else "auto"
 prof = torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=False)
 
 
@@ -45,11 +49,12 @@ with tempfile.TemporaryDirectory() as tmp:
             "train.max_steps=14",
             "train.micro_batch_size=2",
             "train.grad_accum=1",
-            "train.precision=bf16",
+            f"train.precision={PRECISION}",
             "train.save_every=0",
             "train.num_threads=2",
             f"data.cache_dir={tmp}/c",
             f"output_dir={tmp}/r",
             "train.log_every=1000",
+            *sys.argv[2:],
         ],
     )

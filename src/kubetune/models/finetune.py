@@ -12,9 +12,11 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from kubetune.data.packing import IGNORE
 from kubetune.errors import ModelError
 from kubetune.models.attention import SEQLENS_KWARG, seqlens_from_cu
 from kubetune.models.attention import register as register_attention
+from kubetune.models.lm_loss import target_cross_entropy
 from kubetune.models.load import DTYPES, load_causal_lm, load_causal_lm_stage
 from kubetune.models.stages import Stage, decoder_layers
 from kubetune.recipe.schema import Recipe
@@ -177,6 +179,16 @@ class TargetLoss(nn.Module):
         if cu_seqlens is not None:  # packed rows: per-sample attention
             kwargs[SEQLENS_KWARG] = seqlens_from_cu(cu_seqlens)
         hidden = lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **kwargs).last_hidden_state
-        mask = targets != -100
-        logits = lm.lm_head(hidden[mask]).float()
-        return F.cross_entropy(logits, targets[mask], reduction="sum")
+        return head_loss(lm.lm_head, hidden, targets)
+
+
+def head_loss(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Summed cross-entropy of the target positions (`targets` != -100) through `lm_head`:
+    chunked, without the whole logits (kubetune.models.lm_loss), where the head is a plain
+    linear layer; through the module otherwise (a head with a bias or a wrapped one)."""
+    mask = targets != IGNORE
+    weight = getattr(lm_head, "weight", None)
+    if type(lm_head) is nn.Linear and lm_head.bias is None and isinstance(weight, torch.Tensor):
+        return target_cross_entropy(hidden[mask], weight, targets[mask])
+    logits = lm_head(hidden[mask]).float()
+    return F.cross_entropy(logits, targets[mask], reduction="sum")

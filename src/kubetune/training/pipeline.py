@@ -27,11 +27,10 @@ from typing import Any
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from kubetune.data.packing import IGNORE, Batch
 from kubetune.models.attention import SEQLENS_KWARG
-from kubetune.models.finetune import ModelParts
+from kubetune.models.finetune import ModelParts, head_loss
 from kubetune.models.generate import AutocastFactory
 from kubetune.training.dist import DistEnv
 from kubetune.training.parallel import MeshLayout
@@ -125,10 +124,8 @@ class PipelineRunner:
 
     def _loss(self, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
         """Summed cross-entropy of the target positions (the last stage only)."""
-        mask = targets != IGNORE
         with self.autocast():
-            logits = self.lm_head(hidden[mask])
-        loss = F.cross_entropy(logits.float(), targets[mask], reduction="sum")
+            loss = head_loss(self.lm_head, hidden, targets)
         self.sums.append(loss.detach())
         return loss * self.scale
 

@@ -14,6 +14,7 @@ import logging
 import time
 from pathlib import Path
 
+from kubetune import allocator
 from kubetune.errors import MemoryBudgetError, RunDirError
 from kubetune.export import save_trained
 from kubetune.recipe import Recipe, load_recipe, recipe_to_yaml
@@ -85,6 +86,8 @@ def resume_or_start(parts: TrainParts) -> TrainState:
         parts.run_dir.write_record(parts.recipe_as_given, "running")
     log.info("%s", describe_run(parts))
     log.info("%s", parts.kernels.describe())
+    if parts.env.device.type == "cpu":
+        log.info("memory allocator: %s", allocator.describe())
     if state.eval_before is None:
         answers = sample_answers(parts, whole_model(parts, trained=False)) if parts.recipe.eval.generate else []
         before = evaluate(parts.runner, parts.eval_batcher, parts.layout, parts.env)

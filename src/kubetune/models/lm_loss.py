@@ -1,0 +1,80 @@
+"""The LM head and its cross-entropy in one pass over row chunks, never the whole logits.
+
+`F.cross_entropy(lm_head(hidden))` keeps the [targets x vocab] logits, their fp32 copy and
+the log-softmax for the backward pass: for SmolLM2's 49k vocabulary and the ~1,100 target
+tokens of one default micro-batch that is ~650 MB of a step's peak, and under bf16 a full
+cast of the logits. Here the head runs on chunks of rows: each chunk's logits are computed
+in the compute dtype (bf16 under autocast), their log-sum-exp in fp32, and, because the loss
+is the end of the graph, the chunk's gradient with respect to the hidden states (and to the
+head's weight when it trains) is computed right there and the logits are dropped. The
+backward pass only scales what the forward pass stored. The FLOPs are the same as the plain
+path's; the memory is one chunk's logits. (Liger-Kernel's fused linear cross-entropy does
+the same on GPUs.)
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+CHUNK_ROWS = 256  # 256 x 49,152 fp32 logits: 50 MB per chunk
+
+
+def target_cross_entropy(
+    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int = CHUNK_ROWS
+) -> torch.Tensor:
+    """Summed cross-entropy of `hidden` [N, H] through the head `weight` [V, H] against
+    `targets` [N] (every row is a target: select them before). Autocast's dtype, when it is
+    on, is the dtype of the head's matmuls; the softmax and the sum are fp32."""
+    device_type = hidden.device.type
+    compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
+    with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    loss: torch.Tensor = _ChunkedHeadLoss.apply(hidden, weight, targets, compute, chunk_rows, with_grad)
+    return loss
+
+
+class _ChunkedHeadLoss(torch.autograd.Function):
+    @staticmethod
+    def forward(
+        ctx: Any,
+        hidden: torch.Tensor,
+        weight: torch.Tensor,
+        targets: torch.Tensor,
+        compute: torch.dtype,
+        chunk_rows: int,
+        with_grad: bool,
+    ) -> torch.Tensor:
+        weight_grad = with_grad and weight.requires_grad
+        w = weight.to(compute)
+        loss = torch.zeros((), dtype=torch.float32, device=hidden.device)
+        grad_hidden = torch.empty_like(hidden) if with_grad else None
+        grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight_grad else None
+        with torch.autocast(hidden.device.type, enabled=False):
+            for start in range(0, hidden.shape[0], chunk_rows):
+                h = hidden[start : start + chunk_rows].to(compute)
+                t = targets[start : start + chunk_rows]
+                logits = (h @ w.t()).float()
+                lse = torch.logsumexp(logits, dim=-1)
+                picked = logits.gather(1, t[:, None]).squeeze(1)
+                loss += (lse - picked).sum()
+                if not with_grad:
+                    continue
+                # d(sum of -log softmax[target]) / d logits = softmax - one_hot(target)
+                probs = logits.sub_(lse[:, None]).exp_()
+                probs[torch.arange(len(t), device=t.device), t] -= 1.0
+                probs_c = probs.to(compute)
+                assert grad_hidden is not None
+                grad_hidden[start : start + chunk_rows] = probs_c @ w
+                if grad_weight is not None:
+                    grad_weight += (probs_c.t() @ h).float()
+        ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None)
+        return loss
+
+    @staticmethod
+    def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        grad_hidden, grad_weight = ctx.saved_tensors
+        scale = grad_loss.to(torch.float32)
+        gh = grad_hidden * scale.to(grad_hidden.dtype) if grad_hidden is not None else None
+        gw = grad_weight * scale.to(grad_weight.dtype) if grad_weight is not None else None
+        return gh, gw, None, None, None, None

@@ -1,0 +1,87 @@
+"""The chunked LM-head cross-entropy equals the plain head + F.cross_entropy: loss and both
+gradients, across chunk boundaries, in fp32 and under bf16 autocast."""
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kubetune.models.finetune import head_loss
+from kubetune.models.lm_loss import target_cross_entropy
+
+
+def reference(hidden, weight, targets):
+    return F.cross_entropy((hidden @ weight.t()).float(), targets, reduction="sum")
+
+
+def inputs(n=37, h=24, v=101, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(n, h, generator=g)
+    weight = torch.randn(v, h, generator=g) * 0.3
+    targets = torch.randint(0, v, (n,), generator=g)
+    return hidden, weight, targets
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 37, 1000])
+@pytest.mark.parametrize("train_weight", [False, True])
+def test_loss_and_gradients_equal_the_plain_head(chunk, train_weight):
+    hidden, weight, targets = inputs()
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_(train_weight)
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_(train_weight)
+    ours = target_cross_entropy(h1, w1, targets, chunk_rows=chunk)
+    ref = reference(h2, w2, targets)
+    (ours * 0.5).backward()  # the caller's scale reaches the stored gradients
+    (ref * 0.5).backward()
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-5, atol=1e-6)
+    if train_weight:
+        torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-5, atol=1e-5)
+    else:
+        assert w1.grad is None
+
+
+def test_bf16_autocast_matches_the_plain_head_under_autocast():
+    hidden, weight, targets = inputs(n=64, h=32, v=257)
+    h1, h2 = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    wb = weight.to(torch.bfloat16)  # a frozen bf16 base, as precision=bf16 loads it
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = target_cross_entropy(h1, wb, targets, chunk_rows=16)
+        ref = F.cross_entropy((h2 @ wb.t()).float(), targets, reduction="sum")
+    ours.backward()
+    ref.backward()
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, ref, rtol=2e-3, atol=1e-2)
+    assert h1.grad.dtype == torch.float32
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=2e-2, atol=2e-3)
+
+
+def test_no_gradients_are_computed_without_grad_mode():
+    hidden, weight, targets = inputs()
+    with torch.no_grad():
+        loss = target_cross_entropy(hidden.requires_grad_(), weight, targets, chunk_rows=5)
+    assert not loss.requires_grad
+    torch.testing.assert_close(loss, reference(hidden.detach(), weight, targets), rtol=1e-5, atol=1e-4)
+
+
+def test_head_loss_selects_targets_and_keeps_a_head_with_bias_on_the_module_path():
+    hidden, weight, targets = inputs(n=20)
+    targets[::3] = -100
+    plain = nn.Linear(24, 101, bias=False)
+    biased = nn.Linear(24, 101, bias=True)
+    with torch.no_grad():
+        plain.weight.copy_(weight)
+        biased.weight.copy_(weight)
+        biased.bias.fill_(0.5)  # a constant shift of every logit: the loss is unchanged
+    mask = targets != -100
+    expected = reference(hidden[mask], weight, targets[mask])
+    torch.testing.assert_close(head_loss(plain, hidden, targets), expected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(head_loss(biased, hidden, targets), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_no_target_rows_give_a_zero_loss_and_zero_gradient():
+    hidden, weight, _ = inputs(n=4)
+    h = hidden.requires_grad_()
+    loss = target_cross_entropy(h[:0], weight, torch.empty(0, dtype=torch.long))
+    loss.backward()
+    assert float(loss.detach()) == 0.0
+    assert torch.count_nonzero(h.grad) == 0
