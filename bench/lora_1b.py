@@ -5,7 +5,10 @@ Random weights are fine for speed: the FLOPs and kernels are those of the real m
 r 16 on every linear layer, rows of the real medical flashcards (../shared/data), the same
 number of optimizer steps for both arms. MFU = useful model FLOPs (forward + backward to the
 activations of the frozen base, 4 x params per token, plus the adapters' weight gradients)
-over the device's peak: the table below for GPUs, measured (2048^3 matmul) on CPUs.
+over the device's peak in the arm's dtype: the data sheet for GPUs, measured (2048^3 matmul)
+on CPUs. HF Trainer runs bf16=True, except on a CPU whose bf16 matmuls reach under a tenth of
+fp32's (AVX2 only: no bf16 units), where it runs fp32 (`--hf-precision` overrides); kubetune
+runs its defaults (precision chosen by its probe) on the allocator `kubetune train` uses.
 
     .venv/bin/python bench/lora_1b.py --steps 6 --rows 2          # CPU: a few minutes
     python bench/lora_1b.py --steps 30 --rows 8 --device cuda     # what accelerator_check.sh runs
@@ -15,11 +18,14 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kubetune.allocator import find_jemalloc, preload_env
 
 REPO = Path(__file__).resolve().parents[1]
 DATA = REPO.parent / "shared" / "data" / "medical_flashcards" / "train.jsonl"
@@ -64,7 +70,8 @@ def flops_per_token(r: int = 16) -> float:
     return 4 * base + 6 * adapters
 
 
-def device_peak(device: str, threads: int) -> tuple[float, str]:
+def device_peak(device: str, threads: int) -> tuple[dict[str, float], str]:
+    """Peak FLOP/s per dtype: the data sheet's dense bf16 on GPUs, a 2048^3 matmul on CPUs."""
     import torch
 
     if device == "cuda":
@@ -73,19 +80,25 @@ def device_peak(device: str, threads: int) -> tuple[float, str]:
 
         for key, peak in ACCELERATOR_PEAKS.items():
             if key in name:
-                return peak, f"{name} (data sheet, dense bf16)"
-        return 0.0, f"{name} (no peak in the table)"
+                return {"bf16": peak}, f"{name} (data sheet, dense bf16)"
+        return {}, f"{name} (no peak in the table)"
     torch.set_num_threads(threads)
     best = {}
-    for dtype in (torch.float32, torch.bfloat16):
+    for dtype, label in ((torch.float32, "fp32"), (torch.bfloat16, "bf16")):
         a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
         a @ b
         t = time.perf_counter()
         a @ b
-        best[dtype] = 2 * 2048**3 / (time.perf_counter() - t)
-    return max(
-        best.values()
-    ), f"CPU, measured 2048^3 (fp32 {best[torch.float32] / 1e9:.0f}, bf16 {best[torch.bfloat16] / 1e9:.0f} GFLOP/s)"
+        best[label] = 2 * 2048**3 / (time.perf_counter() - t)
+    return best, f"CPU, measured 2048^3 (fp32 {best['fp32'] / 1e9:.0f}, bf16 {best['bf16'] / 1e9:.1f} GFLOP/s)"
+
+
+def hf_precision(peaks: dict[str, float]) -> str:
+    """bf16 for HF Trainer, unless this CPU's bf16 matmuls run at under a tenth of fp32's
+    (no bf16 units: AVX2 only), where bf16=True would take hours: fp32 then."""
+    if "fp32" in peaks and peaks["bf16"] < 0.1 * peaks["fp32"]:
+        return "fp32"
+    return "bf16"
 
 
 def arm_kubetune(model: Path, args: argparse.Namespace, tmp: str) -> dict:
@@ -117,7 +130,8 @@ def arm_kubetune(model: Path, args: argparse.Namespace, tmp: str) -> dict:
 
 
 def arm_hf(model: Path, args: argparse.Namespace, tmp: str) -> dict:
-    """HF Trainer + PEFT, bf16=True, rows of the same data padded per batch."""
+    """HF Trainer + PEFT (bf16=True, or fp32 where `--hf-precision` says), rows of the same
+    data padded per batch."""
     import torch
     from datasets import Dataset
     from peft import LoraConfig, get_peft_model
@@ -128,17 +142,18 @@ def arm_hf(model: Path, args: argparse.Namespace, tmp: str) -> dict:
     texts = [f"{r.get('input', '')}\n{r.get('output', '')}" for r in rows]
     enc = [tok(t, truncation=True, max_length=SEQ)["input_ids"] for t in texts]
     ds = Dataset.from_dict({"input_ids": enc, "labels": enc})
-    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16)
+    bf16 = args.hf_precision == "bf16"
+    lm = AutoModelForCausalLM.from_pretrained(model, dtype=torch.bfloat16 if bf16 else torch.float32)
     lm = get_peft_model(lm, LoraConfig(r=16, lora_alpha=32, target_modules="all-linear", task_type="CAUSAL_LM"))
     targs = TrainingArguments(
-        output_dir=f"{tmp}/hf", per_device_train_batch_size=args.rows, max_steps=args.steps, bf16=True,
+        output_dir=f"{tmp}/hf", per_device_train_batch_size=args.rows, max_steps=args.steps, bf16=bf16,
         logging_steps=1000, save_strategy="no", report_to=[], use_cpu=args.device == "cpu",
     )  # fmt: skip
     trainer = Trainer(model=lm, args=targs, train_dataset=ds, data_collator=DataCollatorForSeq2Seq(tok))
     t0 = time.perf_counter()
     trainer.train()
     real = sum(len(e) for e in enc)
-    return {"tokens_per_s": real / (time.perf_counter() - t0), "tokens": real, "precision": "bf16"}
+    return {"tokens_per_s": real / (time.perf_counter() - t0), "tokens": real, "precision": args.hf_precision}
 
 
 def main() -> None:
@@ -149,32 +164,41 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--arm", choices=["kubetune", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
+    p.add_argument("--hf-precision", choices=["auto", "bf16", "fp32"], default="auto", help="HF Trainer's dtype")
     args = p.parse_args()
     if args.arm:
         with tempfile.TemporaryDirectory() as tmp:
             fn = arm_kubetune if args.arm == "kubetune" else arm_hf
             print(json.dumps(fn(Path(args.model), args, tmp)))
         return
-    peak, where = device_peak(args.device, args.threads)
+    peaks, where = device_peak(args.device, args.threads)
+    hf_dtype = hf_precision(peaks) if args.hf_precision == "auto" else args.hf_precision
+    library = find_jemalloc()
     with tempfile.TemporaryDirectory() as tmp:
         model = make_model(Path(tmp))
         results = {}
         for arm in ("kubetune", "hf"):
             cmd = [sys.executable, __file__, "--arm", arm, "--model", str(model), *sys.argv[1:]]
-            res = subprocess.run(cmd, capture_output=True, text=True)
+            cmd += ["--hf-precision", hf_dtype]
+            env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
+            if arm == "kubetune" and library:  # what `kubetune train` runs on (kubetune.allocator)
+                env = preload_env(env, library)
+            res = subprocess.run(cmd, capture_output=True, text=True, env=env)
             results[arm] = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
             if res.returncode != 0:
                 print(f"{arm}: failed: {res.stderr.strip().splitlines()[-1:]}")
     fpt = flops_per_token()
-    print(f"peak: {peak / 1e12:.3f} TFLOP/s ({where}); useful FLOPs per token {fpt / 1e9:.2f} G")
+    shown = ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items())
+    print(f"peak TFLOP/s: {shown} ({where}); useful FLOPs per token {fpt / 1e9:.2f} G; MFU in each arm's dtype")
     for arm, r in results.items():
         if r:
+            peak = peaks.get(r["precision"]) or max(peaks.values(), default=0.0)
             mfu = r["tokens_per_s"] * fpt / peak if peak else float("nan")
             speed = f"{r['tokens_per_s']:9.1f} tokens/s  MFU {mfu:6.1%}"
             print(f"{arm:9s} {r['precision']:>5s} {speed}  ({r['tokens']} tokens)")
     if results.get("kubetune") and results.get("hf"):
         print(f"kubetune / HF Trainer: x{results['kubetune']['tokens_per_s'] / results['hf']['tokens_per_s']:.2f}")
-    print(json.dumps({"peak": peak, "results": results}))
+    print(json.dumps({"peaks": peaks, "results": results}))
 
 
 if __name__ == "__main__":

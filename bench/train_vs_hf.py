@@ -17,6 +17,10 @@ of this machine's matmul peak in the dtype the arm computes in, measured at the 
 the run twice: on 2048^3 and on the step's own shape ([tokens x hidden] @ [hidden x MLP]).
 The header names the CPU model and its ISA flags (AMX, AVX-512-BF16, ...).
 
+kubetune's arms run on jemalloc where it is installed, as `kubetune train` does (see
+kubetune.allocator); HF's arm runs on glibc malloc as a plain script does, and once more on
+jemalloc (`hf-fp32-jemalloc`), so that the allocator's share of the memory gap is visible.
+
 An arm whose compute dtype runs at under a tenth of the fp32 peak on this CPU (HF's bf16=True
 on a CPU without bf16 units) is not run: its line says so and gives the measured peaks.
 
@@ -39,6 +43,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from kubetune.allocator import find_jemalloc, jemalloc_loaded, preload_env
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED = REPO.parent / "shared" / "data" / "medical_flashcards"
@@ -275,11 +281,13 @@ def _kubetune_result(summary: dict) -> dict:
 
 ARMS = {
     "hf-fp32": lambda a: arm_hf(a, "fp32"),
+    "hf-fp32-jemalloc": lambda a: arm_hf(a, "fp32"),  # run_arm preloads jemalloc: the allocator alone
     "hf-bf16": lambda a: arm_hf(a, "bf16"),
     "kubetune": lambda a: arm_kubetune(a, "auto"),
     "kubetune-per-core": lambda a: arm_kubetune_per_core(a, "auto"),
 }
-FIXED_DTYPE = {"hf-fp32": "fp32", "hf-bf16": "bf16"}  # kubetune's arms report the dtype they chose
+# kubetune's arms report the dtype they chose
+FIXED_DTYPE = {"hf-fp32": "fp32", "hf-fp32-jemalloc": "fp32", "hf-bf16": "bf16"}
 
 
 def run_arm(name: str, args) -> dict:
@@ -300,6 +308,12 @@ def run_arm(name: str, args) -> dict:
         str(args.kt_micro),
     ]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
+    env.pop("LD_PRELOAD", None)
+    library = find_jemalloc()
+    # kubetune's arms run on what `kubetune train` runs on (jemalloc where installed, see
+    # kubetune.allocator); HF's on glibc malloc, as `python train.py` does, and once on jemalloc
+    if library and (name.startswith("kubetune") or name.endswith("jemalloc")):
+        env = preload_env(env, library)
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)
     if res.returncode != 0:
         raise SystemExit(f"arm {name} failed:\n{res.stderr[-3000:]}")
@@ -320,6 +334,7 @@ def main() -> None:
         result = ARMS[args.arm](args)
         result.setdefault("peak_rss_mb", resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)
         result.setdefault("dtype", FIXED_DTYPE.get(args.arm, "fp32"))
+        result["allocator"] = "jemalloc" if jemalloc_loaded() else "glibc"
         print(json.dumps(result))
         return
 
@@ -373,8 +388,7 @@ def main() -> None:
             f"{r['peak_rss_mb']:7.0f}MB {r['eval_loss']:9.4f} {r['perplexity']:7.3f} "
             f"{100 * flops / peak[r['dtype']]:6.1f}% {100 * flops / shape_peak[r['dtype']]:9.1f}%"
         )
-        if r.get("kernels"):
-            print(f"{'':17s} {r['kernels']}")
+        print(f"{'':17s} allocator: {r['allocator']}{'; ' + r['kernels'] if r.get('kernels') else ''}")
     for name, why in skipped.items():
         print(f"{name:17s} {why}")
     kt = results.get("kubetune")
