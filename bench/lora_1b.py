@@ -101,30 +101,31 @@ def hf_precision(peaks: dict[str, float]) -> str:
     return "bf16"
 
 
+def kubetune_overrides(model: Path, args: argparse.Namespace, tmp: str) -> list[str]:
+    return [
+        f"model.name_or_path={model}",
+        f"data.train={DATA}",
+        f"data.max_train_samples={args.steps * args.rows * 8}",
+        "data.eval=null",
+        f"data.max_seq_len={SEQ}",
+        f"data.cache_dir={tmp}/cache",
+        "lora.r=16",
+        "lora.alpha=32",
+        "lora.target_modules=all-linear",
+        f"train.max_steps={args.steps}",
+        f"train.micro_batch_size={args.rows}",
+        "train.save_every=0",
+        "train.log_every=1000",
+        "eval.generate=0",
+        f"train.device={args.device}",
+        f"output_dir={tmp}/run",
+    ]
+
+
 def arm_kubetune(model: Path, args: argparse.Namespace, tmp: str) -> dict:
     from kubetune.training.run import train_from_recipe
 
-    summary = train_from_recipe(
-        None,
-        [
-            f"model.name_or_path={model}",
-            f"data.train={DATA}",
-            f"data.max_train_samples={args.steps * args.rows * 8}",
-            "data.eval=0",
-            f"data.max_seq_len={SEQ}",
-            f"data.cache_dir={tmp}/cache",
-            "lora.r=16",
-            "lora.alpha=32",
-            "lora.target_modules=all-linear",
-            f"train.max_steps={args.steps}",
-            f"train.micro_batch_size={args.rows}",
-            "train.save_every=0",
-            "train.log_every=1000",
-            "eval.generate=0",
-            f"train.device={args.device}",
-            f"output_dir={tmp}/run",
-        ],
-    )
+    summary = train_from_recipe(None, kubetune_overrides(model, args, tmp))
     assert summary is not None
     return {"tokens_per_s": summary.tokens_per_s, "tokens": summary.train_tokens, "precision": summary.precision}
 
