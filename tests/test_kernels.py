@@ -48,13 +48,26 @@ def test_choose_probes_once_then_reads_the_cache(cache):
     files = list(cache.glob("*.json"))
     assert len(files) == 1
     recorded = json.loads(files[0].read_text())
-    assert set(recorded) == {"matmul_bf16", "matmul_fp32", "attention_half", "attention_fp32"}
+    attention = {"attention_half", "attention_fp32"}
+    # attention is timed only where half precision won: an fp32 run has no attention question
+    assert set(recorded) == {"matmul_bf16", "matmul_fp32"} | (attention if first.precision == "bf16" else set())
     assert all(v > 0 for v in recorded.values())
     again = kernels.choose("auto", "auto", SHAPES, torch.device("cpu"))
     assert again.cached and (again.precision, again.attention) == (first.precision, first.attention)
     other = ModelShapes(64, 256, 4, 16, (20, 35, 9))  # another model: its own probe
     kernels.choose("auto", "auto", other, torch.device("cpu"))
     assert len(list(cache.glob("*.json"))) == 2
+
+
+def test_attention_is_probed_later_when_a_recipe_asks_for_half_precision(cache, monkeypatch):
+    monkeypatch.setattr(kernels, "probe_matmuls", lambda shapes: {"matmul_bf16": 900.0, "matmul_fp32": 30.0})
+    assert kernels.choose("auto", "auto", SHAPES, torch.device("cpu")).precision == "fp32"
+    (path,) = cache.glob("*.json")
+    assert set(json.loads(path.read_text())) == {"matmul_bf16", "matmul_fp32"}  # no attention timed
+    plan = kernels.choose("bf16", "auto", SHAPES, torch.device("cpu"))  # the same machine, bf16 forced
+    assert plan.precision == "bf16" and plan.attention in ("native", "fp32") and not plan.cached
+    assert set(json.loads(path.read_text())) == {"matmul_bf16", "matmul_fp32", "attention_half", "attention_fp32"}
+    assert kernels.choose("bf16", "auto", SHAPES, torch.device("cpu")).cached
 
 
 def test_nothing_to_probe_when_the_recipe_says(cache):

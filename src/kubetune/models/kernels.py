@@ -76,13 +76,18 @@ def choose(precision: str, attention: str, shapes: ModelShapes, device: torch.de
     if precision != "auto" and (attention != "auto" or precision == "fp32"):
         return KernelPlan(precision, "fp32" if precision == "fp32" else attention)  # nothing to probe
     key = _cache_key(shapes)
-    cached = _read_cache(key)
-    if cached is not None:
-        plan = _plan_from(cached, precision, attention)
-        return KernelPlan(plan.precision, plan.attention, plan.evidence, cached=True)
-    timings = probe(shapes, attention_dtype=torch.float16 if precision == "fp16" else torch.bfloat16)
-    _write_cache(key, timings)
-    return _plan_from(timings, precision, attention)
+    cached = _read_cache(key) or {}
+    timings = dict(cached)
+    if precision == "auto" and "matmul_fp32" not in timings:
+        timings.update(probe_matmuls(shapes))
+    # the attention question only exists in half precision: an fp32 run never times it
+    half = precision if precision != "auto" else _precision_from(timings)
+    if half != "fp32" and attention == "auto" and "attention_fp32" not in timings:
+        timings.update(probe_attention(shapes, torch.float16 if half == "fp16" else torch.bfloat16))
+    if timings != cached:
+        _write_cache(key, timings)
+    plan = _plan_from(timings, precision, attention)
+    return KernelPlan(plan.precision, plan.attention, plan.evidence, cached=timings == cached)
 
 
 def _accelerator_plan(precision: str, attention: str, device: torch.device) -> KernelPlan:
@@ -96,9 +101,8 @@ def _plan_from(timings: dict[str, float], precision: str, attention: str) -> Ker
     """The choices the timings (ms) support; explicit recipe values always win."""
     evidence = []
     if precision == "auto":
-        half = timings["matmul_bf16"]
-        precision = "bf16" if half <= BF16_MARGIN * timings["matmul_fp32"] else "fp32"
-        evidence.append(f"bf16 {half:.1f} ms vs fp32 {timings['matmul_fp32']:.1f} ms per matmul pair")
+        precision = _precision_from(timings)
+        evidence.append(f"bf16 {timings['matmul_bf16']:.1f} ms vs fp32 {timings['matmul_fp32']:.1f} ms per matmul pair")
     if precision == "fp32":
         return KernelPlan("fp32", "fp32", tuple(evidence))
     if attention == "auto":
@@ -108,17 +112,23 @@ def _plan_from(timings: dict[str, float], precision: str, attention: str) -> Ker
     return KernelPlan(precision, attention, tuple(evidence))
 
 
+def _precision_from(timings: dict[str, float]) -> str:
+    return "bf16" if timings["matmul_bf16"] <= BF16_MARGIN * timings["matmul_fp32"] else "fp32"
+
+
 # --- the probes -------------------------------------------------------------------------
 
 
-def probe(shapes: ModelShapes, attention_dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
-    """Milliseconds per call of each candidate, on `shapes` (a slow candidate is cut short)."""
+def probe_matmuls(shapes: ModelShapes) -> dict[str, float]:
+    """Milliseconds per bf16 and fp32 matmul pair on `shapes` (a slow candidate is cut short)."""
     fp32 = _time(_matmul_pair(shapes, torch.float32))
-    out = {"matmul_fp32": fp32, "matmul_bf16": _time(_matmul_pair(shapes, torch.bfloat16), rival=fp32)}
-    upcast = _time(_attention(shapes, attention_dtype, upcast=True))
-    out["attention_fp32"] = upcast
-    out["attention_half"] = _time(_attention(shapes, attention_dtype, upcast=False), rival=upcast)
-    return out
+    return {"matmul_fp32": fp32, "matmul_bf16": _time(_matmul_pair(shapes, torch.bfloat16), rival=fp32)}
+
+
+def probe_attention(shapes: ModelShapes, dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
+    """Milliseconds per layer of per-sample attention upcast to fp32 and in `dtype`."""
+    upcast = _time(_attention(shapes, dtype, upcast=True))
+    return {"attention_fp32": upcast, "attention_half": _time(_attention(shapes, dtype, upcast=False), rival=upcast)}
 
 
 def _random(*shape: int, dtype: torch.dtype, requires_grad: bool = False) -> torch.Tensor:
