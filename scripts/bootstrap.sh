@@ -35,7 +35,7 @@ fi
 # src/kubetune/allocator.py), and with --dev Debian's prometheus (promtool), which the
 # monitoring tests run on loopback.
 system_wanted=()
-compgen -G "/usr/lib*/*libjemalloc.so.2" >/dev/null || compgen -G "/usr/lib/*/libjemalloc.so.2" >/dev/null \
+.venv/bin/python -c 'import sys; from kubetune.allocator import find_jemalloc; sys.exit(not find_jemalloc())' \
   || system_wanted+=(libjemalloc2)
 [[ "${1:-}" == "--dev" ]] && ! command -v promtool >/dev/null && system_wanted+=(prometheus)
 if ((${#system_wanted[@]})); then

@@ -105,6 +105,17 @@ def tiny_overrides(tiny_model_dir, qa_file, tmp_path) -> list[str]:
     ]
 
 
+def load_bench(name: str):
+    """bench/NAME.py as a module (bench/ is a folder of scripts, not a package)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module  # dataclasses look their module up while the class is made
+    spec.loader.exec_module(module)
+    return module
+
+
 def run_cli(args: list[str], env: dict | None = None, timeout: int = 300):
     """Run `python -m kubetune ...` as a real process; returns CompletedProcess."""
     import subprocess

@@ -5,7 +5,6 @@ the base and its adapter; the load generator's closed-loop clients measure it.""
 from __future__ import annotations
 
 import asyncio
-import importlib.util
 import json
 import socket
 import subprocess
@@ -15,19 +14,9 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import REPO, SHARED_DATA
+from tests.conftest import REPO, SHARED_DATA, load_bench
 
-
-def _load_bench(name: str):
-    """bench/NAME.py as a module (bench/ is a folder of scripts, not a package)."""
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[name] = module  # dataclasses look their module up while the class is made
-    spec.loader.exec_module(module)
-    return module
-
-
-serve_load = _load_bench("serve_load")
+serve_load = load_bench("serve_load")
 
 
 def _free_port() -> int:

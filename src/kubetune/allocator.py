@@ -53,6 +53,8 @@ def describe() -> str:
         return "jemalloc"
     if os.environ.get(ENV, "auto") == "system":
         return f"glibc malloc ({ENV}=system)"
+    if find_jemalloc() is not None:
+        return "glibc malloc (jemalloc is installed but only the `kubetune train` command preloads it)"
     return "glibc malloc (jemalloc not installed: apt-get install libjemalloc2 halves a CPU step's peak memory)"
 
 

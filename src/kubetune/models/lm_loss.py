@@ -73,8 +73,6 @@ class _ChunkedHeadLoss(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        grad_hidden, grad_weight = ctx.saved_tensors
-        scale = grad_loss.to(torch.float32)
-        gh = grad_hidden * scale.to(grad_hidden.dtype) if grad_hidden is not None else None
-        gw = grad_weight * scale.to(grad_weight.dtype) if grad_weight is not None else None
-        return gh, gw, None, None, None, None
+        # the forward pass stored d(loss)/d(input); the caller's scale is all that is left
+        grads = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
+        return grads[0], grads[1], None, None, None, None
