@@ -184,3 +184,23 @@ def test_prompt_prefixes_are_reused_per_adapter_with_the_same_tokens(tiny_runs):
         engine.stop()
     assert [hits for hits, _ in answers] == [0, 32, 32]
     assert answers[0][1] == answers[1][1]
+
+
+def test_run_serves_on_the_calling_thread_until_stopped(tiny_runs):
+    """The server runs the loop on the thread that loaded the model (Engine.run), so that
+    torch keeps one OpenMP pool; stop() from another thread ends it."""
+    _, engine = _engine(tiny_runs, Limits())
+    seen: list[threading.Thread] = []
+
+    def serve() -> None:
+        seen.append(threading.current_thread())
+        engine.run()
+
+    thread = threading.Thread(target=serve)
+    thread.start()
+    sink = Collector()
+    engine.submit(Request("t", [11, 12, 13], Sampling(3), sink))
+    assert sink.done.wait(60) and len(sink.tokens) == 3
+    engine.stop()
+    thread.join(10)
+    assert not thread.is_alive() and seen == [thread]

@@ -46,6 +46,7 @@ def kv_budget(explicit: int | None) -> int:
 
 
 def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
+    """Load and warm up; the caller runs `engine.run()` on this same thread (see Engine.run)."""
     threads = opts.threads or host.threads()
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
@@ -61,7 +62,6 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     metrics = ServeMetrics(served.base_name, len(served.adapter_names), served.adapter_names)
     engine = Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, limits, metrics)
     engine.warm_up()
-    engine.start()
     summary = (
         f"native engine serving {', '.join(served.models)} | "
         f"{str(dtype).removeprefix('torch.')}, {threads} thread(s) | "

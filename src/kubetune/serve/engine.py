@@ -187,14 +187,24 @@ class Engine:
                 ids[:, :1], start[:, None], Rows(zero, start, torch.ones(1, dtype=torch.long), True, False), [BASE]
             )
 
+    def run(self) -> None:
+        """Run the loop on the calling thread until `stop`. The server calls it on the thread
+        that loaded the model: torch's OpenMP runtime (libgomp) keeps one pool of workers per
+        thread that ever ran a parallel op, and once the pools hold more threads than there
+        are cores it stops spinning between ops, which made every decode step ~1.5x slower
+        (BENCHMARKS.md section 5)."""
+        self._thread = threading.current_thread()
+        self._run()
+
     def start(self) -> None:
+        """Run the loop on a new thread (tests, benchmarks; see `run` for why the server does not)."""
         self._thread = threading.Thread(target=self._run, name="kubetune-engine", daemon=True)
         self._thread.start()
 
     def stop(self) -> None:
         self._stopping = True
         self._wake.set()
-        if self._thread:
+        if self._thread and self._thread is not threading.current_thread():
             self._thread.join(timeout=30)
 
     # --- the loop --------------------------------------------------------------------------

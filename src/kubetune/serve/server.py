@@ -50,7 +50,7 @@ def serve(opts: ServeOptions) -> None:
         app, host=opts.host, port=opts.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
     )
     server = DrainingServer(config, state, opts.drain_seconds)
-    loader = threading.Thread(target=_load_into, args=(state, opts, server), name="kubetune-load", daemon=True)
+    loader = threading.Thread(target=_load_into, args=(state, opts, server), name="kubetune-engine", daemon=True)
     loader.start()
     server.run()
     if state.engine is not None:
@@ -60,15 +60,19 @@ def serve(opts: ServeOptions) -> None:
 
 
 def _load_into(state: ServerState, opts: ServeOptions, server: Any) -> None:
+    """Load the model, then run the engine on this thread until the server stops."""
     try:
         from kubetune.serve.build import build_engine
 
         t0 = time.monotonic()
-        state.served, state.engine, state.metrics, summary = build_engine(opts)
-        _say(f"{summary} | loaded in {time.monotonic() - t0:.1f} s; ready on http://{opts.host}:{opts.port}")
+        served, engine, metrics, summary = build_engine(opts)
     except BaseException as e:  # a bad target or adapter: report it and stop the server
         server.load_error = e
         server.should_exit = True
+        return
+    state.served, state.engine, state.metrics = served, engine, metrics
+    _say(f"{summary} | loaded in {time.monotonic() - t0:.1f} s; ready on http://{opts.host}:{opts.port}")
+    engine.run()  # on this thread, the one that loaded the model (see Engine.run)
 
 
 def _say(text: str) -> None:
