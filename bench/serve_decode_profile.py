@@ -51,12 +51,12 @@ def main() -> None:
     engine._admit()
     with torch.inference_mode():
         while any(s.prompt_left for s in engine._slots):
-            engine._prefill()
+            engine._step()
         for _ in range(args.steps):
-            engine._decode()
+            engine._step()
         t0 = time.perf_counter()
         for _ in range(8):
-            engine._decode()
+            engine._step()
         step = (time.perf_counter() - t0) / 8
         print(
             f"{args.seqs} sequences, {len(adapters)} adapters: decode step {step * 1e3:.1f} ms "
@@ -66,7 +66,7 @@ def main() -> None:
 
         with profile(activities=[ProfilerActivity.CPU]) as prof:
             for _ in range(5):
-                engine._decode()
+                engine._step()
     print(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=12))
 
 

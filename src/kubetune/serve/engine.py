@@ -1,10 +1,11 @@
 """The native serving engine: continuous batching over one model and many LoRA adapters.
 
 One thread owns the model. Each turn of its loop it takes new and aborted requests, admits
-waiting ones while the running limit and the KV-cache budget allow, reads up to
-`prefill_chunk` prompt tokens (so a long prompt is read over several turns and never stalls
-the running sequences for long), and runs one decode step for every sequence that is
-generating, whichever adapter each uses. Sequences join and leave between steps.
+waiting ones while the running limit and the KV-cache budget allow, and runs one forward
+over the next token of every sequence that is generating, whichever adapter each uses, plus
+up to `prefill_chunk` tokens of the prompts being read (so a long prompt is read over
+several turns and never stalls the running sequences for long). Sequences join and leave
+between turns.
 
 Requests talk to the engine through `submit` / `abort` (any thread) and receive their
 tokens through the `sink` callback they gave (called on the engine's thread).
@@ -23,7 +24,7 @@ from typing import Any
 
 import torch
 
-from kubetune.serve.kvcache import PrefixCache, Rows, SlotCache
+from kubetune.serve.kvcache import BATCH_KWARG, Batch, PrefixCache, SlotCache
 from kubetune.serve.lora import BASE, LoraBatch
 from kubetune.serve.metrics import ServeMetrics
 
@@ -175,17 +176,12 @@ class Engine:
         return len(self._slots) + len(self._waiting) + self._pending
 
     def warm_up(self, prompt_tokens: int = 16) -> None:
-        """A prefill and a decode step on slot 0 before the first request (which would otherwise
-        pay for oneDNN's kernel choice and the cache's first allocation); nothing is counted."""
+        """A prompt chunk and a decode step on slot 0 before the first request (which would
+        otherwise pay for oneDNN's kernel choice and the cache's first allocation); nothing is counted."""
         with torch.inference_mode():
             self.cache.reserve(1, prompt_tokens + 1)
-            ids = torch.ones(1, prompt_tokens, dtype=torch.long)
-            zero, count = torch.zeros(1, dtype=torch.long), torch.tensor([prompt_tokens])
-            self._forward(ids, torch.arange(prompt_tokens)[None], Rows(zero, zero, count, False, True), [BASE])
-            start = torch.tensor([prompt_tokens])
-            self._forward(
-                ids[:, :1], start[:, None], Rows(zero, start, torch.ones(1, dtype=torch.long), True, False), [BASE]
-            )
+            self._forward(torch.ones(prompt_tokens, dtype=torch.long), Batch.of([], [(0, 0, prompt_tokens)]), [BASE])
+            self._forward(torch.ones(1, dtype=torch.long), Batch.of([prompt_tokens], []), [BASE])
 
     def run(self) -> None:
         """Run the loop on the calling thread until `stop`. The server calls it on the thread
@@ -224,7 +220,7 @@ class Engine:
             while not self._stopping:
                 self._take_inbox()
                 self._admit()
-                worked = self._prefill() | self._decode()
+                worked = self._step()
                 self._publish()
                 if not worked:
                     self._wake.wait(timeout=0.5)
@@ -268,69 +264,61 @@ class Engine:
             seq.cached = self.prefixes.restore(seq.request.prompt, seq.request.adapter, seq.slot)
             self._slots.append(seq)  # a prefilling sequence: after every decoding one
 
-    # --- prefill ---------------------------------------------------------------------------
-    def _prefill(self) -> bool:
+    # --- one forward per turn ---------------------------------------------------------------
+    def _step(self) -> bool:
+        """The next token of every decoding sequence and the next chunks of prompts, in one
+        forward; returns False when there was nothing to do."""
+        decoding = [s for s in self._slots if not s.prompt_left]  # in slots 0..d-1 (see _order_slots)
+        chunks = self._prompt_chunks()
+        if not decoding and not chunks:
+            return False
+        ids = [s.tokens[-1] for s in decoding]
+        for seq, take in chunks:
+            ids += seq.tokens[seq.cached : seq.cached + take]
+        batch = Batch.of([s.cached for s in decoding], [(s.slot, s.cached, take) for s, take in chunks])
+        adapters = [s.request.adapter for s in decoding]
+        for seq, take in chunks:
+            adapters += [seq.request.adapter] * take
+        hidden = self._forward(torch.tensor(ids), batch, adapters)
+        # a sequence samples from its last token: every decoding one, and each prompt read to the end
+        sampled, rows = list(decoding), list(range(len(decoding)))
+        for seq in decoding:
+            seq.cached += 1
+        for (seq, take), chunk in zip(chunks, batch.chunks):
+            seq.cached += take
+            if not seq.prompt_left:
+                sampled.append(seq)
+                rows.append(chunk.offset + take - 1)
+                self.prefixes.remember(seq.request.prompt, seq.request.adapter, seq.slot)
+        if sampled:
+            self._emit(sampled, self._sample(self.head(hidden[rows]).float(), sampled))
+        self._order_slots()
+        return True
+
+    def _prompt_chunks(self) -> list[tuple[Sequence, int]]:
+        """(sequence, tokens to read) for prompts being read, oldest first, `prefill_chunk` in all."""
         budget, chosen = self.limits.prefill_chunk, []
         for seq in self._slots:
             if seq.prompt_left and budget:
                 take = min(seq.prompt_left, budget)
-                chosen.append((seq.slot, seq, take))
+                chosen.append((seq, take))
                 budget -= take
-        if not chosen:
-            return False
-        width = max(take for _, _, take in chosen)
-        ids = torch.zeros(len(chosen), width, dtype=torch.long)
-        for row, (_, seq, take) in enumerate(chosen):
-            ids[row, :take] = torch.tensor(seq.tokens[seq.cached : seq.cached + take])
-        starts = torch.tensor([seq.cached for _, seq, _ in chosen])
-        rows = Rows(
-            slots=torch.tensor([seq.slot for _, seq, _ in chosen]),
-            starts=starts,
-            counts=torch.tensor([take for _, _, take in chosen]),
-            decode=False,
-            fresh=bool((starts == 0).all()),
-        )
-        hidden = self._forward(
-            ids, starts[:, None] + torch.arange(width), rows, [s.request.adapter for _, s, _ in chosen]
-        )
-        done = []
-        for row, (_, seq, take) in enumerate(chosen):
-            seq.cached += take
-            if not seq.prompt_left:
-                done.append((row, take - 1, seq))
-                self.prefixes.remember(seq.request.prompt, seq.request.adapter, seq.slot)
-        if done:
-            last = hidden[[r for r, _, _ in done], [c for _, c, _ in done]]
-            self._emit([s for _, _, s in done], self._sample(self.head(last).float(), [s for _, _, s in done]))
-        self._order_slots()
-        return True
+        return chosen
 
-    # --- decode ----------------------------------------------------------------------------
-    def _decode(self) -> bool:
-        seqs = [s for s in self._slots if not s.prompt_left]
-        if not seqs:
-            return False
-        starts = torch.tensor([s.cached for s in seqs])
-        n = len(seqs)
-        rows = Rows(
-            slots=torch.arange(n), starts=starts, counts=torch.ones(n, dtype=torch.long), decode=True, fresh=False
-        )
-        ids = torch.tensor([[s.tokens[-1]] for s in seqs])
-        hidden = self._forward(ids, starts[:, None], rows, [s.request.adapter for s in seqs])
-        for s in seqs:
-            s.cached += 1
-        self._emit(seqs, self._sample(self.head(hidden[:, 0]).float(), seqs))
-        self._order_slots()
-        return True
-
-    def _forward(self, ids: torch.Tensor, positions: torch.Tensor, rows: Rows, adapters: list[int]) -> torch.Tensor:
-        self.cache.rows = rows
+    def _forward(self, ids: torch.Tensor, batch: Batch, adapters: list[int]) -> torch.Tensor:
+        """[tokens] ids -> [tokens, hidden] last hidden states."""
+        self.cache.batch = batch
         self.lora.set(adapters)
-        mask = self.cache.mask(rows, ids.shape[1])
+        # a 4-D mask passes through transformers untouched; slot_attention reads the batch instead
+        mask = batch.decode_mask if batch.decode_mask is not None else torch.ones(1, 1, 1, 1, dtype=torch.bool)
         out = self.decoder(
-            input_ids=ids, position_ids=positions, attention_mask=mask, use_cache=True, **{self._cache_kw: self.cache}
+            input_ids=ids[None],
+            position_ids=batch.positions[None],
+            attention_mask=mask,
+            use_cache=True,
+            **{self._cache_kw: self.cache, BATCH_KWARG: batch},
         )
-        return out.last_hidden_state
+        return out.last_hidden_state[0]
 
     # --- tokens out ------------------------------------------------------------------------
     def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:

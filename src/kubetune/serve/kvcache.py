@@ -7,6 +7,11 @@ from the top. When a sequence finishes, the last decoding sequence moves into it
 and when a prompt is read its sequence moves down to the end of the decoding range: one copy
 of one sequence's cache per event, never per step.
 
+One forward serves a whole engine turn: its tokens are flattened into one row (vLLM's
+layout), the new token of every decoding sequence first, then the chunks of prompts being
+read. The linear layers see every token of the turn in one matmul, and a prompt arriving
+costs its own tokens only, not a second pass over the model's layers.
+
 The cache plugs into transformers' own model code as its `cache` (the model calls
 `update(k, v, layer_idx)` in every attention layer), and `slot_attention` is registered as
 an attention implementation: the model code, rotary embeddings and projections stay
@@ -17,29 +22,67 @@ grow on demand and never past it.
 from __future__ import annotations
 
 import collections
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
 from torch.nn import functional as F
 
 ATTENTION_NAME = "kubetune_slots"
+BATCH_KWARG = "kubetune_batch"  # how the forward hands the Batch to slot_attention
 GROW_TOKENS = 256  # capacity grows in steps of this many positions
 
 
-@dataclass
-class Rows:
-    """The rows of one forward: for each, its slot, the position of its first new token and how many."""
+@dataclass(frozen=True)
+class Chunk:
+    """Prompt tokens of one sequence in the flat batch: positions start .. start+count-1."""
 
-    slots: torch.Tensor  # [b]
-    starts: torch.Tensor  # [b]
-    counts: torch.Tensor  # [b]
-    decode: bool  # every row has one new token and the slots are 0..b-1
-    fresh: bool  # every row starts at position 0 (a first prefill chunk): no cached keys to read
+    slot: int
+    start: int
+    count: int
+    offset: int  # index of its first token in the batch
+
+
+@dataclass
+class Batch:
+    """The tokens of one forward, flattened: one new token per decoding sequence (slots
+    0..decode-1, in order), then the prompt chunks."""
+
+    decode_starts: list[int]  # position of each decoding sequence's new token
+    chunks: list[Chunk]
+    slots: torch.Tensor = field(init=False)  # [tokens] the slot of each token
+    positions: torch.Tensor = field(init=False)  # [tokens] its position in its sequence
+    decode_mask: torch.Tensor | None = field(init=False)  # [decode, 1, 1, keys]: keys 0..start
+
+    def __post_init__(self) -> None:
+        n = len(self.decode_starts)
+        starts = torch.tensor(self.decode_starts, dtype=torch.long)
+        slots, positions = [torch.arange(n)], [starts]
+        for c in self.chunks:
+            slots.append(torch.full((c.count,), c.slot, dtype=torch.long))
+            positions.append(torch.arange(c.start, c.start + c.count))
+        self.slots, self.positions = torch.cat(slots), torch.cat(positions)
+        self.decode_mask = None
+        if n:
+            keys = torch.arange(int(starts.max()) + 1)
+            self.decode_mask = (keys[None, :] <= starts[:, None])[:, None, None, :]
+
+    @classmethod
+    def of(cls, decode_starts: list[int], chunks: list[tuple[int, int, int]]) -> Batch:
+        """From the decoding sequences' positions and (slot, start, count) per prompt chunk."""
+        placed, offset = [], len(decode_starts)
+        for slot, start, count in chunks:
+            placed.append(Chunk(slot, start, count, offset))
+            offset += count
+        return cls(decode_starts, placed)
 
     @property
-    def ends(self) -> torch.Tensor:
-        return self.starts + self.counts
+    def decode(self) -> int:
+        return len(self.decode_starts)
+
+    @property
+    def tokens(self) -> int:
+        return int(self.slots.shape[0])
 
 
 class SlotCache:
@@ -53,7 +96,7 @@ class SlotCache:
         self.capacity = 0
         self.k: list[torch.Tensor] = []
         self.v: list[torch.Tensor] = []
-        self.rows: Rows | None = None
+        self.batch: Batch | None = None  # of the forward in progress
 
     # --- memory -------------------------------------------------------------------------
     def plan(self, slots: int, capacity: int, max_slots: int | None = None) -> tuple[int, int]:
@@ -115,42 +158,17 @@ class SlotCache:
     def update(
         self, key: torch.Tensor, value: torch.Tensor, layer_idx: int, *args: Any, **kwargs: Any
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.rows
-        assert rows is not None, "set the rows of the forward first"
+        """Write the batch's new K/V ([1, kv_heads, tokens, dim]) into their slots; the whole
+        store goes to slot_attention, which reads each sequence's part."""
+        batch = self.batch
+        assert batch is not None, "set the batch of the forward first"
         k_store, v_store = self.k[layer_idx], self.v[layer_idx]
-        if rows.decode:
-            n = key.shape[0]
-            arange = torch.arange(n)
-            k_store[arange, :, rows.starts] = key[:, :, 0]
-            v_store[arange, :, rows.starts] = value[:, :, 0]
-            length = int(rows.ends.max())
-            return k_store[:n, :, :length], v_store[:n, :, :length]
-        # prefill chunks: write the valid tokens of each row into its slot
-        b_idx, j_idx = _valid(rows.counts, key.shape[2])
-        k_store[rows.slots[b_idx], :, rows.starts[b_idx] + j_idx] = key[b_idx, :, j_idx]
-        v_store[rows.slots[b_idx], :, rows.starts[b_idx] + j_idx] = value[b_idx, :, j_idx]
-        if rows.fresh:
-            return key, value
-        length = int(rows.ends.max())
-        return k_store[rows.slots, :, :length], v_store[rows.slots, :, :length]
+        k_store[batch.slots, :, batch.positions] = key[0].transpose(0, 1)
+        v_store[batch.slots, :, batch.positions] = value[0].transpose(0, 1)
+        return k_store, v_store
 
     def get_seq_length(self, layer_idx: int = 0) -> int:
         return 0
-
-    # --- masks --------------------------------------------------------------------------
-    def mask(self, rows: Rows, width: int) -> torch.Tensor:
-        """[b, 1, width, keys] bool: a row's query j sees keys 0 .. start+j (its own sequence only)."""
-        keys = int(rows.ends.max()) if not rows.fresh else width
-        key_pos = torch.arange(keys)
-        query_pos = rows.starts[:, None] + torch.arange(width)[None, :]  # [b, width]
-        return (key_pos[None, None, :] <= query_pos[:, :, None])[:, None]
-
-
-def _valid(counts: torch.Tensor, width: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """(row, column) indices of the real tokens of right-padded rows."""
-    valid = torch.arange(width)[None, :] < counts[:, None]
-    rows, columns = valid.nonzero(as_tuple=True)
-    return rows, columns
 
 
 def slot_attention(
@@ -163,23 +181,52 @@ def slot_attention(
     dropout: float = 0.0,
     **kwargs: Any,
 ) -> tuple[torch.Tensor, None]:
-    """SDPA over the slot cache. A decode step puts each key/value head's query heads on the
-    query axis ([b, kv_heads, group, d]), so grouped-query attention needs no copy of K/V."""
-    b, heads, width, dim = query.shape
+    """Attention of a flat batch over the slot stores (`key`, `value`: [slots, kv_heads,
+    capacity, dim]); `query` is [1, heads, tokens, dim]. Returns [1, tokens, heads, dim]."""
+    batch: Batch = kwargs[BATCH_KWARG]
+    scale = scaling or query.shape[-1] ** -0.5
+    parts = []
+    if batch.decode:
+        parts.append(_decode_attention(query[0, :, : batch.decode], key, value, batch, scale))
+    for c in batch.chunks:
+        parts.append(_chunk_attention(query[:, :, c.offset : c.offset + c.count], key, value, c, scale))
+    out = parts[0] if len(parts) == 1 else torch.cat(parts)
+    return out[None], None
+
+
+def _decode_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, batch: Batch, scale: float
+) -> torch.Tensor:
+    """One query per decoding sequence ([heads, n, dim]) over slots 0..n-1. Each key/value
+    head's query heads go on the query axis ([n, kv_heads, group, dim]), so grouped-query
+    attention needs no copy of K/V, and plain matmuls beat SDPA's flash kernel at this size
+    (its per-call set-up costs more than the few KFLOPs of each head)."""
+    heads, n, dim = query.shape
     kv_heads = key.shape[1]
-    if width == 1:
-        # one query per sequence: plain matmuls beat SDPA's flash kernel at this size (its
-        # per-call set-up costs more than the few KFLOPs of each head)
-        grouped = query.reshape(b, kv_heads, heads // kv_heads, dim)
-        scores = torch.matmul(grouped, key.transpose(-1, -2)) * (scaling or dim**-0.5)
-        if attention_mask is not None:
-            scores = scores.masked_fill(~attention_mask, float("-inf"))
-        out = torch.matmul(scores.softmax(dim=-1), value)
-        return out.reshape(b, 1, heads, dim), None
-    out = F.scaled_dot_product_attention(
-        query, key, value, attn_mask=attention_mask, scale=scaling, enable_gqa=heads != kv_heads
-    )
-    return out.transpose(1, 2), None
+    assert batch.decode_mask is not None
+    length = batch.decode_mask.shape[-1]
+    k, v = key[:n, :, :length], value[:n, :, :length]
+    grouped = query.transpose(0, 1).reshape(n, kv_heads, heads // kv_heads, dim)
+    scores = torch.matmul(grouped, k.transpose(-1, -2)) * scale
+    scores = scores.masked_fill(~batch.decode_mask, float("-inf"))
+    out = torch.matmul(scores.softmax(dim=-1), v)
+    return out.reshape(n, heads, dim)
+
+
+def _chunk_attention(
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, c: Chunk, scale: float
+) -> torch.Tensor:
+    """A prompt chunk ([1, heads, count, dim]) over its sequence's keys 0 .. start+count-1,
+    causal: query j sees keys up to start+j. Returns [count, heads, dim]."""
+    end = c.start + c.count
+    k, v = key[c.slot : c.slot + 1, :, :end], value[c.slot : c.slot + 1, :, :end]
+    gqa = query.shape[1] != key.shape[1]
+    if c.start == 0:  # square: SDPA's own causal mask
+        out = F.scaled_dot_product_attention(query, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
+    else:
+        mask = torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None]
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    return out[0].transpose(0, 1)
 
 
 def register() -> str:

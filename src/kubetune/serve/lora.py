@@ -3,11 +3,11 @@
 PEFT reads each adapter (its file format, key names and scaling), then its layers are
 unloaded and every targeted linear layer becomes a `MultiLoraLinear` holding all adapters
 side by side: A concatenated to [sum of ranks, in], B (times the adapter's scaling) to
-[out, sum of ranks]. A decode step whose rows use different adapters then costs two small
+[out, sum of ranks]. A forward whose tokens use different adapters then costs two small
 matmuls and one mask per layer, whatever the number of adapters (the idea of Punica /
 S-LoRA's batched kernels), instead of one sub-batch per adapter as PEFT's mixed-batch
-forward does. Rows of the base model get a zero mask; a batch of base rows only skips the
-adapters altogether.
+forward does. Tokens of the base model get a zero mask; a batch of base tokens only skips
+the adapters altogether.
 """
 
 from __future__ import annotations
@@ -25,22 +25,22 @@ BASE = -1  # the adapter index of a row that uses the base model
 
 @dataclass
 class LoraBatch:
-    """The adapter of each row of the current forward, shared by every MultiLoraLinear."""
+    """The adapter of each token of the current forward, shared by every MultiLoraLinear."""
 
-    rows: torch.Tensor | None = None  # [batch] adapter index per row, BASE for the base model
+    tokens: torch.Tensor | None = None  # [tokens] adapter index per token, BASE for the base model
     _masks: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    def set(self, rows: list[int]) -> None:
-        self.rows = None if all(r == BASE for r in rows) else torch.tensor(rows)
+    def set(self, adapters: list[int]) -> None:
+        self.tokens = None if all(a == BASE for a in adapters) else torch.tensor(adapters)
         self._masks.clear()
 
     def mask(self, layer: MultiLoraLinear, dtype: torch.dtype) -> torch.Tensor:
-        """[batch, 1, sum of ranks]: 1 where the column belongs to the row's adapter. Layers with
-        the same adapters share one mask per step."""
+        """[tokens, sum of ranks]: 1 where the column belongs to the token's adapter. Layers
+        with the same adapters share one mask per step."""
         key = layer.layout_key
         if key not in self._masks:
-            assert self.rows is not None
-            self._masks[key] = (self.rows[:, None, None] == layer.column_owner).to(dtype)
+            assert self.tokens is not None
+            self._masks[key] = (self.tokens[:, None] == layer.column_owner).to(dtype)
         return self._masks[key]
 
 
@@ -66,7 +66,7 @@ class MultiLoraLinear(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        if self.batch.rows is None or not len(self.column_owner):
+        if self.batch.tokens is None or not len(self.column_owner):
             return y
         h = nn.functional.linear(x, self.a) * self.batch.mask(self, x.dtype)
         return y + nn.functional.linear(h, self.b)
