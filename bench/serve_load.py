@@ -3,8 +3,8 @@
 Three arms, one after another on the same machine (never concurrently), each server started
 fresh and stopped after its arm:
 
-- **kubetune**: `.venv/bin/kubetune serve MODEL_DIR --engine native`, with 4 adapter names
-  (`--adapter a1=RUN ... a4=RUN`) when a LoRA run directory is given (`--run`);
+- **kubetune**: `.venv/bin/kubetune serve MODEL_DIR --engine native` (for the mix, a second
+  server with 4 adapter names, `--adapter a1=RUN ... a4=RUN`, from the LoRA run `--run`);
 - **naive**: bench/naive_server.py, FastAPI + HF `model.generate`, one request at a time;
 - **vllm**: vLLM's OpenAI server from the virtualenv of scripts/vllm_venv.sh
   (`python -m vllm.entrypoints.openai.api_server`, the command kubetune.serve.contract.vllm_argv
@@ -23,7 +23,8 @@ end-to-end latency at p50 and p99, and the peak RSS of the server's process tree
 sampled every 0.25 s; children such as vLLM's engine core included). Then, for kubetune (and
 for vLLM with `--mix-arms kubetune,vllm`, in a second server started with `--enable-lora`),
 the 4-adapter mix at C=16: requests round-robin over the base and a1..a4, next to the same
-load on the base alone.
+load on the base alone in that server (its ratio to the main server's level at the same C is
+the cost of holding adapters).
 
     .venv/bin/python bench/serve_load.py --run runs/smollm2-135m-lora-cpu --json bench/results/serve-load.json
     .venv/bin/python bench/serve_load.py --quick --arms naive            # smoke run (C = 1, 4; 16 tokens)
@@ -417,18 +418,18 @@ def adapter_path(run: Path) -> Path:
     return run if (run / "adapter_config.json").is_file() else run / "adapter"
 
 
-def kubetune_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str) -> ArmSpec:
+def kubetune_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str, lora: bool = False) -> ArmSpec:
     exe = REPO / ".venv" / "bin" / "kubetune"
     target = args.kubetune_target or model_dir
     argv = [str(exe), "serve", target, "--host", "127.0.0.1", "--port", str(port), "--engine", "native"]
-    names = [f"a{i + 1}" for i in range(args.adapters)] if args.run else []
+    names = [f"a{i + 1}" for i in range(args.adapters)] if args.run and lora else []
     for n in names:
         argv += ["--adapter", f"{n}={args.run}"]
     note = (
         f"its own choice (kubetune serve picks bf16 where the CPU has AMX/AVX-512-BF16, fp32 otherwise: {dtype} here)"
     )
     skip = None if exe.exists() else f"{exe} is missing (scripts/bootstrap.sh installs it)"
-    return ArmSpec("kubetune", argv, server_env(), "/ready", note, names, skip)
+    return ArmSpec("kubetune+lora" if names else "kubetune", argv, server_env(), "/ready", note, names, skip)
 
 
 def naive_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str) -> ArmSpec:
@@ -587,7 +588,7 @@ def ratios(arms: dict[str, dict]) -> dict:
             "kubetune/naive": kt[c] / nv[c] if c in kt and c in nv else None,
             "vllm/naive": vl[c] / nv[c] if c in vl and c in nv else None,
         }
-    for arm in ("kubetune", "vllm+lora"):
+    for arm in ("kubetune+lora", "vllm+lora"):
         mix = (arms.get(arm) or {}).get("mix") or {}
         if mix.get("base_only", {}).get("tokens_per_s") and mix.get("base+adapters", {}).get("tokens_per_s"):
             out[f"{arm} mix/base_only"] = mix["base+adapters"]["tokens_per_s"] / mix["base_only"]["tokens_per_s"]
@@ -739,10 +740,17 @@ def main(argv: list[str] | None = None) -> dict:
     builders = {"kubetune": kubetune_arm, "naive": naive_arm, "vllm": vllm_arm}
     for name in args.arms:
         spec = builders[name](args, model_dir, free_port(), dtype)
-        result["arms"][name] = run_arm(spec, args, prompts, log_dir, mix=name == "kubetune" and name in args.mix_arms)
-        if name == "vllm" and "vllm" in args.mix_arms and args.run and result["arms"][name]["status"] == "ok":
-            spec = vllm_arm(args, model_dir, free_port(), dtype, lora=True)
-            result["arms"]["vllm+lora"] = run_arm(spec, args, prompts, log_dir, mix=True, mix_only=True)
+        result["arms"][name] = run_arm(spec, args, prompts, log_dir)
+        if (
+            name in ("kubetune", "vllm")
+            and name in args.mix_arms
+            and args.run
+            and result["arms"][name]["status"] == "ok"
+        ):
+            # the mix in a second server that holds the adapters, for both engines alike (a
+            # server holding adapters does more work per token even for base requests)
+            spec = builders[name](args, model_dir, free_port(), dtype, lora=True)
+            result["arms"][f"{name}+lora"] = run_arm(spec, args, prompts, log_dir, mix=True, mix_only=True)
     result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
     result["ratios"] = ratios(result["arms"])
     print()

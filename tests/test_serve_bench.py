@@ -172,3 +172,16 @@ def test_vllm_arm_runs_the_contract_command(tmp_path):
     assert spec.skip and "scripts/vllm_venv.sh" in spec.skip
     rec = serve_load.run_arm(spec, args, ["q"], tmp_path)
     assert rec["status"].startswith("not run: ")
+
+
+def test_kubetune_arm_holds_adapters_only_for_the_mix(tmp_path):
+    """Both engines run the main levels without adapters and the mix in a second server that
+    holds them, so neither pays for adapters it is not asked for."""
+    (tmp_path / "adapter").mkdir()
+    (tmp_path / "adapter" / "adapter_config.json").write_text('{"r": 16}')
+    args = serve_load.parse_args(["--arms", "kubetune", "--run", str(tmp_path)])
+    plain = serve_load.kubetune_arm(args, "/models/smol", 8123, "fp32")
+    assert plain.name == "kubetune" and "--adapter" not in plain.argv and not plain.adapters
+    lora = serve_load.kubetune_arm(args, "/models/smol", 8124, "fp32", lora=True)
+    assert lora.name == "kubetune+lora" and lora.adapters == ["a1", "a2", "a3", "a4"]
+    assert lora.argv.count("--adapter") == 4
