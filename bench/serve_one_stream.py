@@ -9,6 +9,7 @@ section 5, for A/B runs of two builds of the server on the same port).
 from __future__ import annotations
 
 import argparse
+import itertools
 import time
 
 
@@ -36,7 +37,7 @@ def main() -> None:
             if chunk.choices and chunk.choices[0].delta.content:
                 arrivals.append(time.perf_counter())
         took = time.perf_counter() - t0
-        gaps = sorted(b - a for a, b in zip(arrivals, arrivals[1:]))
+        gaps = sorted(b - a for a, b in itertools.pairwise(arrivals))
         median = gaps[len(gaps) // 2] * 1e3 if gaps else float("nan")
         print(f"{len(arrivals)} chunks in {took:.2f} s = {len(arrivals) / took:.1f}/s; median gap {median:.1f} ms")
 
