@@ -42,6 +42,14 @@ class Chunk:
     count: int
     offset: int  # index of its first token in the batch
 
+    def mask(self) -> torch.Tensor | None:
+        """[count, start+count] causal mask over the sequence's keys; None when the chunk starts
+        the sequence (SDPA's own causal mask then fits)."""
+        if self.start == 0:
+            return None
+        end = self.start + self.count
+        return torch.arange(end)[None, :] <= torch.arange(self.start, end)[:, None]
+
 
 @dataclass
 class Batch:
@@ -53,6 +61,7 @@ class Batch:
     slots: torch.Tensor = field(init=False)  # [tokens] the slot of each token
     positions: torch.Tensor = field(init=False)  # [tokens] its position in its sequence
     decode_mask: torch.Tensor | None = field(init=False)  # [decode, 1, 1, keys]: keys 0..start
+    chunk_masks: list[torch.Tensor | None] = field(init=False)  # per chunk, built once for every layer
 
     def __post_init__(self) -> None:
         n = len(self.decode_starts)
@@ -62,6 +71,7 @@ class Batch:
             slots.append(torch.full((c.count,), c.slot, dtype=torch.long))
             positions.append(torch.arange(c.start, c.start + c.count))
         self.slots, self.positions = torch.cat(slots), torch.cat(positions)
+        self.chunk_masks = [c.mask() for c in self.chunks]
         self.decode_mask = None
         if n:
             keys = torch.arange(int(starts.max()) + 1)
@@ -188,8 +198,8 @@ def slot_attention(
     parts = []
     if batch.decode:
         parts.append(_decode_attention(query[0, :, : batch.decode], key, value, batch, scale))
-    for c in batch.chunks:
-        parts.append(_chunk_attention(query[:, :, c.offset : c.offset + c.count], key, value, c, scale))
+    for c, mask in zip(batch.chunks, batch.chunk_masks):
+        parts.append(_chunk_attention(query[:, :, c.offset : c.offset + c.count], key, value, c, mask, scale))
     out = parts[0] if len(parts) == 1 else torch.cat(parts)
     return out[None], None
 
@@ -214,18 +224,16 @@ def _decode_attention(
 
 
 def _chunk_attention(
-    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, c: Chunk, scale: float
+    query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, c: Chunk, mask: torch.Tensor | None, scale: float
 ) -> torch.Tensor:
     """A prompt chunk ([1, heads, count, dim]) over its sequence's keys 0 .. start+count-1,
-    causal: query j sees keys up to start+j. Returns [count, heads, dim]."""
+    causal: query j sees keys up to start+j (`mask`, or SDPA's own causal mask when the chunk
+    starts the sequence). Returns [count, heads, dim]."""
     end = c.start + c.count
     k, v = key[c.slot : c.slot + 1, :, :end], value[c.slot : c.slot + 1, :, :end]
     gqa = query.shape[1] != key.shape[1]
-    if c.start == 0:  # square: SDPA's own causal mask
-        out = F.scaled_dot_product_attention(query, k, v, is_causal=True, scale=scale, enable_gqa=gqa)
-    else:
-        mask = torch.arange(end)[None, :] <= torch.arange(c.start, end)[:, None]
-        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scale, enable_gqa=gqa)
+    causal = mask is None
+    out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, is_causal=causal, scale=scale, enable_gqa=gqa)
     return out[0].transpose(0, 1)
 
 

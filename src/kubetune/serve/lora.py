@@ -38,20 +38,21 @@ class LoraBatch:
 
     tokens: torch.Tensor | None = None  # [tokens] adapter index per token, BASE for the base model
     forward: int = 0  # counts forwards, so that groups never reuse an earlier forward's inputs
-    _masks: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)
+    _masks: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)  # by group columns
 
     def set(self, adapters: list[int]) -> None:
         self.tokens = None if all(a == BASE for a in adapters) else torch.tensor(adapters)
         self.forward += 1
         self._masks.clear()
 
-    def mask(self, owners: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
-        """[tokens, columns]: 1 where column j (of adapter owners[j]) belongs to the token's
-        adapter. Groups with the same columns share one mask per forward."""
-        if owners not in self._masks:
+    def mask(self, group: LoraGroup, dtype: torch.dtype) -> torch.Tensor:
+        """[tokens, columns]: 1 where a column of `group` belongs to the token's adapter. Groups
+        with the same columns (the same layer kinds of every decoder layer) share one mask per forward."""
+        mask = self._masks.get(group.owners)
+        if mask is None:
             assert self.tokens is not None
-            self._masks[owners] = (self.tokens[:, None] == torch.tensor(owners)).to(dtype)
-        return self._masks[owners]
+            mask = self._masks[group.owners] = (self.tokens[:, None] == group.owner_ids).to(dtype)
+        return mask
 
 
 class LoraGroup:
@@ -60,7 +61,8 @@ class LoraGroup:
     def __init__(self, batch: LoraBatch) -> None:
         self.batch = batch
         self.a = torch.empty(0)  # [columns of every member, in]
-        self.owners: tuple[int, ...] = ()
+        self.owners: tuple[int, ...] = ()  # the adapter of each column
+        self.owner_ids = torch.empty(0, dtype=torch.long)  # the same, as a tensor
         self._seen: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (forward, input, masked h)
 
     def join(self, a: torch.Tensor, owners: list[int]) -> slice:
@@ -68,6 +70,7 @@ class LoraGroup:
         first = len(self.owners)
         self.a = a if not first else torch.cat([self.a, a])
         self.owners += tuple(owners)
+        self.owner_ids = torch.tensor(self.owners)
         return slice(first, len(self.owners))
 
     def hidden(self, x: torch.Tensor) -> torch.Tensor:
@@ -78,7 +81,7 @@ class LoraGroup:
             if self.batch.tokens is None:
                 h = x.new_zeros(*x.shape[:-1], len(self.owners))
             else:
-                h = nn.functional.linear(x, self.a) * self.batch.mask(self.owners, x.dtype)
+                h = nn.functional.linear(x, self.a) * self.batch.mask(self, x.dtype)
             seen = self._seen = (self.batch.forward, x, h)
         return seen[2]
 
@@ -150,13 +153,13 @@ def install(model: nn.Module, adapters: list[AdapterWeights]) -> LoraBatch:
     batch = LoraBatch()
     groups: dict[tuple[str, frozenset[str] | str], LoraGroup] = {}
     for path in sorted({path for adapter in adapters for path in adapter.layers}):
-        users = [i for i, adapter in enumerate(adapters) if path in adapter.layers]
+        held = [(i, adapters[i].layers[path]) for i in range(len(adapters)) if path in adapters[i].layers]
         parent_path, _, child = path.rpartition(".")
         family = next((f for f in SHARED_INPUT if child in f), child)
         group = groups.setdefault((parent_path, family), LoraGroup(batch))
-        a = torch.cat([adapters[i].layers[path][0] for i in users])
-        b = torch.cat([adapters[i].layers[path][1].float() * adapters[i].layers[path][2] for i in users], dim=1)
-        owners = [i for i in users for _ in range(adapters[i].layers[path][0].shape[0])]
+        a = torch.cat([a for _, (a, _, _) in held])
+        b = torch.cat([b.float() * scaling for _, (_, b, scaling) in held], dim=1)
+        owners = [i for i, (a, _, _) in held for _ in range(a.shape[0])]
         parent = model.get_submodule(parent_path)
         setattr(parent, child, MultiLoraLinear(getattr(parent, child), group, a, b, owners))
     return batch
