@@ -298,8 +298,8 @@ class Engine:
     def _prompt_chunks(self) -> list[tuple[Sequence, int]]:
         """(sequence, tokens to read) for prompts being read, oldest first, `prefill_chunk` in all."""
         budget, chosen = self.limits.prefill_chunk, []
-        for seq in self._slots:
-            if seq.prompt_left and budget:
+        for seq in sorted((s for s in self._slots if s.prompt_left), key=lambda s: s.started or 0.0):
+            if budget:
                 take = min(seq.prompt_left, budget)
                 chosen.append((seq, take))
                 budget -= take
@@ -351,10 +351,22 @@ class Engine:
         seq.request.sink(Event(None, reason))
 
     def _order_slots(self) -> None:
-        """Put decoding sequences in slots 0..d-1 and prefilling ones right after them, in
-        list order, moving the caches of those whose slot changes (a few per finished or
-        newly decoding sequence; none on an ordinary step)."""
-        wanted = [s for s in self._slots if not s.prompt_left] + [s for s in self._slots if s.prompt_left]
+        """Put decoding sequences in slots 0..d-1 and prefilling ones in d..n-1, moving as few
+        caches as possible: a sequence already in its range stays, the others fill the free
+        slots of theirs (one move per finished or newly decoding sequence, none on an ordinary
+        step; keeping the list's order instead moved every later sequence down one slot when
+        one finished). The list then follows the slots."""
+        d, n = sum(1 for s in self._slots if not s.prompt_left), len(self._slots)
+
+        def placed(seq: Sequence) -> bool:
+            return d <= seq.slot < n if seq.prompt_left else seq.slot < d
+
+        staying = {s.slot for s in self._slots if placed(s)}
+        free_decode = (t for t in range(d) if t not in staying)
+        free_prefill = (t for t in range(d, n) if t not in staying)
+        wanted: list[Sequence] = list(self._slots)
+        for seq in self._slots:
+            wanted[seq.slot if placed(seq) else next(free_prefill if seq.prompt_left else free_decode)] = seq
         occupant = {s.slot: s for s in wanted}
         for target, seq in enumerate(wanted):
             if seq.slot == target:

@@ -1,15 +1,18 @@
-"""Linear layers with weights pre-packed for oneDNN, where that is measured to be faster.
+"""Linear layers with weights pre-packed for oneDNN, unless that is measured to be slower.
 
 A decode step multiplies a few rows (one per running sequence) by every weight matrix; the
 plain GEMM path re-reads the weight in its stored layout each time, while oneDNN's packed
 layout (reordered once at load, as inductor's freezing and vLLM's CPU backend do) feeds its
 micro-kernels directly. On the AVX2 EPYC of BENCHMARKS.md the LM head went from 31 to 12 ms at
-16 rows. Whether it wins depends on the CPU and the shape, so each distinct weight shape is
-timed both ways at start-up on the serving batch size, and only the winners are packed.
+16 rows, and a whole decode step with every layer packed ran 1.08x one with the shapes an
+earlier, noisier race had picked (bench/serve_engine_ab.py). Whether it wins depends on the
+CPU and the shape, so each distinct weight shape is timed both ways at start-up on the
+serving batch size, and a shape stays plain only where the plain path is clearly faster.
 """
 
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable
 
@@ -17,7 +20,10 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-MIN_GAIN = 0.9  # pack only when the packed path takes at most 90% of the plain one
+PLAIN_MARGIN = 0.9  # a shape stays plain only when it takes at most 90% of the packed time
+COLD_BYTES = 96 << 20  # weights are raced in copies of at least this much: beyond a CPU's last-level cache
+MAX_COPIES = 256  # ... but never more copies than this (a tiny test model's weights)
+ROUNDS = 5
 
 
 def _linear_packed(x: torch.Tensor, packed: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
@@ -39,21 +45,31 @@ class PackedLinear(nn.Module):
         return _linear_packed(x, self.packed, self.bias)
 
 
-def _time(fn: Callable[[], object], repeats: int = 3) -> float:
+def _seconds(fn: Callable[[], object]) -> float:
+    t0 = time.perf_counter()
     fn()
-    best = float("inf")
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t0)
-    return best
+    return time.perf_counter() - t0
 
 
 def _race(module: nn.Linear, rows: int) -> tuple[float, float]:
-    x = torch.randn(rows, module.in_features, dtype=module.weight.dtype)
+    """Seconds per call, plain and packed: the medians of rounds that alternate the two, so
+    that a shared machine slowing down for a moment slows both. In a forward each weight is
+    read once per step, long after the cache dropped it, so each round cycles through copies
+    larger than any last-level cache: with one hot weight, plain looked as fast as packed for
+    576 -> 192 and 1536 -> 576 at 16 rows on the AVX2 EPYC, while cold it was 10-40% slower."""
     weight = module.weight.detach()
-    packed = torch.ops.mkldnn._reorder_linear_weight(weight, rows)
-    return _time(lambda: F.linear(x, weight)), _time(lambda: _linear_packed(x, packed, None))
+    count = min(MAX_COPIES, max(1, -(-COLD_BYTES // (weight.numel() * weight.itemsize))))
+    copies = [weight.clone() for _ in range(count)]
+    packed = [torch.ops.mkldnn._reorder_linear_weight(w, rows) for w in copies]
+    x = torch.randn(rows, module.in_features, dtype=weight.dtype)
+    plain_fn = lambda: [F.linear(x, w) for w in copies]  # noqa: E731
+    packed_fn = lambda: [_linear_packed(x, p, None) for p in packed]  # noqa: E731
+    plain_fn(), packed_fn()
+    rounds = [(_seconds(plain_fn), _seconds(packed_fn)) for _ in range(ROUNDS)]
+    return (
+        statistics.median(r[0] for r in rounds) / len(copies),
+        statistics.median(r[1] for r in rounds) / len(copies),
+    )
 
 
 def available() -> bool:
@@ -75,12 +91,13 @@ def choose_shapes(model: nn.Module, rows: int) -> dict[tuple[int, int, torch.dty
 
 
 def pack(model: nn.Module, rows: int, only_faster: bool = True) -> str:
-    """Replace the linear layers whose shape runs faster packed (every one with
-    `only_faster=False`); returns a one-line account."""
+    """Replace the linear layers of every shape that is not clearly faster plain (every one,
+    without a race, with `only_faster=False`); returns a one-line account."""
     if not available():
         return "linear: plain (oneDNN is not available in this torch)"
-    timings = choose_shapes(model, rows)
-    winners = {k for k, (plain, packed) in timings.items() if packed <= MIN_GAIN * plain or not only_faster}
+    shapes = {(m.in_features, m.out_features, m.weight.dtype) for m in model.modules() if type(m) is nn.Linear}
+    timings = choose_shapes(model, rows) if only_faster else {}
+    winners = {k for k, (plain, packed) in timings.items() if plain > PLAIN_MARGIN * packed} if only_faster else shapes
     replaced = 0
     with torch.inference_mode():
         for parent in list(model.modules()):
@@ -88,9 +105,9 @@ def pack(model: nn.Module, rows: int, only_faster: bool = True) -> str:
                 if type(child) is nn.Linear and (child.in_features, child.out_features, child.weight.dtype) in winners:
                     setattr(parent, name, PackedLinear(child, rows))
                     replaced += 1
+    line = f"linear: oneDNN-packed for {len(winners)}/{len(shapes)} weight shapes ({replaced} layers"
+    if not timings:
+        return line + ", not raced)"
     largest = max(timings, key=lambda k: k[0] * k[1])
     plain, packed = timings[largest]
-    return (
-        f"linear: oneDNN-packed for {len(winners)}/{len(timings)} weight shapes ({replaced} layers; "
-        f"{largest[0]}x{largest[1]}: {packed * 1e3:.1f} vs {plain * 1e3:.1f} ms plain at {rows} rows)"
-    )
+    return line + f"; {largest[0]}x{largest[1]}: {packed * 1e3:.1f} vs {plain * 1e3:.1f} ms plain at {rows} rows)"
