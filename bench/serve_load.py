@@ -544,6 +544,103 @@ def run_arm(
     return record
 
 
+def _tree_cpu_seconds(server: Server) -> float:
+    """User + system CPU seconds of the server's process tree so far."""
+    import psutil
+
+    total = 0.0
+    with contextlib.suppress(psutil.NoSuchProcess):
+        root = psutil.Process(server.proc.pid)
+        for p in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
+                t = p.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+def run_interleaved(specs: list[ArmSpec], args: argparse.Namespace, prompts: list[str], log_dir: Path) -> dict:
+    """Every arm's server up at once, idle but for its own levels, and the levels alternate:
+    for each C, `--interleave` rounds, each running every arm once (ABBA order). On a shared VM
+    whose speed drifts by a third within minutes, arms run one after the other compare moments,
+    not servers; alternating puts both arms in every moment. The CPU the idle servers burn
+    meanwhile is recorded too (an idle server must not slow the one under load)."""
+    servers: dict[str, Server] = {}
+    record: dict[str, Any] = {"rounds": args.interleave, "levels": {}, "idle_cpu_s": {}}
+    try:
+        bases: dict[str, str] = {}
+        for spec in specs:
+            assert spec.argv is not None, spec.skip
+            port = int(spec.argv[spec.argv.index("--port") + 1])
+            print(f"[{spec.name}] starting: {' '.join(spec.argv)}", flush=True)
+            server = servers[spec.name] = Server(spec.name, spec.argv, spec.env, log_dir / f"{spec.name}.log", port)
+            why = server.wait_ready(spec.ready_path, args.ready_timeout)
+            if why:
+                raise RuntimeError(f"{spec.name}: {why}")
+            ids = [m["id"] for m in server.models() if not m.get("parent")]
+            bases[spec.name] = args.served_name if args.served_name in ids else ids[0]
+            print(f"[{spec.name}] ready in {time.perf_counter() - server.started:.1f} s", flush=True)
+            warm = min(args.warmup, max(args.concurrency))
+            asyncio.run(run_level(server.base_url, [bases[spec.name]], prompts, warm, args.max_tokens, 1))
+        names = list(servers)
+        for c in args.concurrency:
+            per_arm: dict[str, list[dict]] = {n: [] for n in names}
+            for r in range(args.interleave):
+                for name in names if r % 2 == 0 else names[::-1]:
+                    others = {n: _tree_cpu_seconds(servers[n]) for n in names if n != name}
+                    level = asyncio.run(
+                        run_level(
+                            servers[name].base_url,
+                            [bases[name]],
+                            prompts,
+                            c,
+                            args.max_tokens,
+                            rpc(args, c),
+                            args.duration,
+                        )
+                    )
+                    level["idle_cpu_s_of_others"] = {
+                        n: round(_tree_cpu_seconds(servers[n]) - t, 2) for n, t in others.items()
+                    }
+                    per_arm[name].append(level)
+                    print(
+                        f"[{name}] round {r + 1}: {fmt_level(level)}; "
+                        f"idle servers' CPU {level['idle_cpu_s_of_others']} s",
+                        flush=True,
+                    )
+            record["levels"][str(c)] = per_arm
+    finally:
+        for name, server in servers.items():
+            record.setdefault("peak_rss_bytes", {})[name] = server.peak_rss
+            server.stop()
+    return record
+
+
+def interleaved_report(rec: dict) -> str:
+    import statistics
+
+    lines = [f"interleaved: {rec['rounds']} rounds per C, arms alternating (ABBA); generated tokens/s per round"]
+    for c, per_arm in rec["levels"].items():
+        names = list(per_arm)
+        for name in names:
+            tps = [lv["tokens_per_s"] or 0.0 for lv in per_arm[name]]
+            lines.append(
+                f"  C={c:>3} {name:<9} "
+                + " ".join(f"{t:7.1f}" for t in tps)
+                + f"   median {statistics.median(tps):7.1f}"
+            )
+        if len(names) == 2:
+            a, b = names
+            ratios = [
+                (x["tokens_per_s"] or 0.0) / (y["tokens_per_s"] or float("inf")) for x, y in zip(per_arm[a], per_arm[b])
+            ]
+            lines.append(
+                f"  C={c:>3} {a}/{b} per round "
+                + " ".join(f"{q:.2f}" for q in ratios)
+                + f"; median {statistics.median(ratios):.2f}"
+            )
+    return "\n".join(lines)
+
+
 def _around(line: str, m: re.Match, width: int = 240) -> str:
     line = line.strip()
     if len(line) <= width:
@@ -678,6 +775,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--ready-timeout", type=float, default=900.0, help="seconds a server may take to load")
     ap.add_argument("--log-dir", help="where the servers' logs go (default: a new temporary directory)")
     ap.add_argument("--json", help="write the results here")
+    ap.add_argument(
+        "--interleave",
+        type=int,
+        default=0,
+        help="N: start every arm's server at once and alternate the arms' levels, N rounds per C\n"
+        "(the ratios of a drifting VM; no mix levels)",
+    )
     ap.add_argument("--quick", action="store_true", help="smoke run: concurrency 1,4; 16 tokens; 2 requests per client")
     args = ap.parse_args(argv)
     if args.quick:
@@ -738,6 +842,15 @@ def main(argv: list[str] | None = None) -> dict:
         "arms": {},
     }
     builders = {"kubetune": kubetune_arm, "naive": naive_arm, "vllm": vllm_arm}
+    if args.interleave:
+        specs = [builders[name](args, model_dir, free_port(), dtype) for name in args.arms]
+        result["interleaved"] = run_interleaved(specs, args, prompts, log_dir)
+        result["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S%z")
+        print()
+        print(interleaved_report(result["interleaved"]))
+        if args.json:
+            Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+        return result
     for name in args.arms:
         spec = builders[name](args, model_dir, free_port(), dtype)
         result["arms"][name] = run_arm(spec, args, prompts, log_dir)
