@@ -1,15 +1,17 @@
 """Two builds of the native engine in one process, timed alternately on the same decode load:
 the way to compare engine choices on a shared VM whose speed drifts by a third between runs
-minutes apart (BENCHMARKS.md section 5). Each arm loads its own copy of the model, packs it
-by the same start-up race, reads N prompts of 50 tokens and decodes `--warm` steps; then
+minutes apart (BENCHMARKS.md section 5). Each arm loads its own copy of the model, builds
+its linear layers as the arm says, reads N prompts of 50 tokens and decodes `--warm` steps; then
 rounds of `--steps` timed decode steps alternate between the arms.
 
-Arms are packing policies for the linear layers (serve/packed.py): `race` (what `kubetune
-serve` does: each weight shape timed plain and packed at start-up, the winners packed),
-`all` (every layer packed) and `none` (plain GEMMs).
+Arms: `serve` (what `kubetune serve` builds: q/k/v and gate/up fused into one GEMM each,
+serve/lora.py; each weight shape timed plain and packed at start-up and packed unless plain is
+clearly faster, serve/packed.py), `apart` (the same without fusion: one GEMM per projection,
+as transformers' modules are), `all` (fused, every shape packed without a race) and `none`
+(fused, plain GEMMs).
 
     .venv/bin/python bench/serve_engine_ab.py --seqs 16
-    .venv/bin/python bench/serve_engine_ab.py --seqs 64 --arms all,none
+    .venv/bin/python bench/serve_engine_ab.py --seqs 64 --arms serve,all,none
 """
 
 from __future__ import annotations
@@ -20,8 +22,15 @@ import time
 
 import torch
 
+ARMS = {  # name: (fuse, packing)
+    "serve": (True, "race"),
+    "apart": (False, "race"),
+    "all": (True, "all"),
+    "none": (True, "none"),
+}
 
-def build(packing: str, seqs: int, adapters: list, rows: int):
+
+def build(arm: str, seqs: int, adapters: list, rows: int):
     from kubetune.models.load import resolve_model
     from kubetune.serve.engine import Engine, Limits, Request, Sampling
     from kubetune.serve.kvcache import SlotCache, register
@@ -29,9 +38,10 @@ def build(packing: str, seqs: int, adapters: list, rows: int):
     from kubetune.serve.models import load_served
     from kubetune.serve.packed import pack
 
-    served = load_served(resolve_model("smollm2-135m-instruct"), adapters, torch.float32, register())
+    fuse, packing = ARMS[arm]
+    served = load_served(resolve_model("smollm2-135m-instruct"), adapters, torch.float32, register(), fuse=fuse)
     if packing != "none":
-        print(f"{packing}: {pack(served.lm, rows, only_faster=packing == 'race')}")
+        print(f"{arm}: {pack(served.lm, rows, only_faster=packing == 'race')}")
     cfg = served.lm.config
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     cache = SlotCache(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, torch.float32, 4 << 30)
@@ -49,7 +59,7 @@ def main() -> None:
     from kubetune.serve.contract import Adapter
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--arms", default="race,all,none")
+    ap.add_argument("--arms", default="serve,apart")
     ap.add_argument("--seqs", type=int, default=16)
     ap.add_argument("--warm", type=int, default=40, help="untimed decode steps first (cache lengths)")
     ap.add_argument("--steps", type=int, default=4, help="timed steps per arm per round")

@@ -206,3 +206,28 @@ def test_run_serves_on_the_calling_thread_until_stopped(tiny_runs):
     engine.stop()
     thread.join(10)
     assert not thread.is_alive() and seen == [thread]
+
+
+def test_fused_projections_equal_the_separate_layers(tiny_runs):
+    """q/k/v and gate/up run as one GEMM each (with the adapters' blocks), and give the same
+    logits as the model with one layer per projection, for base and adapter tokens in one batch."""
+    from kubetune.serve.lora import FusedLinear, Member
+
+    a, b = tiny_runs
+    outs = []
+    ids = torch.randint(10, 2000, (1, 6))
+    for fuse in (True, False):
+        served = load_served(str(a), [Adapter("qv", str(b))], torch.float32, "eager", fuse=fuse)
+        attn = served.lm.model.layers[0].self_attn
+        assert isinstance(attn.q_proj, Member) is fuse and isinstance(attn.v_proj, Member) is fuse
+        assert isinstance(served.lm.model.layers[0].mlp.up_proj, Member) is fuse
+        assert isinstance(attn.o_proj, FusedLinear)  # alone, but it holds run a's adapter
+        served.lora.set([-1, 0, 1, 1, 0, -1])
+        with torch.no_grad():
+            outs.append(served.lm(input_ids=ids).logits)
+        served.lora.set([-1] * 6)
+        with torch.no_grad():
+            outs.append(served.lm(input_ids=ids).logits)
+    torch.testing.assert_close(outs[0], outs[2], atol=1e-5, rtol=1e-5)  # mixed adapters
+    torch.testing.assert_close(outs[1], outs[3], atol=1e-5, rtol=1e-5)  # base only
+    assert not torch.allclose(outs[0], outs[1], atol=1e-4)  # the adapters did change the logits

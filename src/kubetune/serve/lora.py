@@ -1,20 +1,26 @@
-"""Many LoRA adapters over one base model, in one batch.
+"""The served model's linear layers: sibling projections fused into one GEMM, and many LoRA
+adapters over one base model in one batch.
 
-PEFT reads each adapter (its file format, key names and scaling), then its layers are
-unloaded and every targeted linear layer becomes a `MultiLoraLinear` holding all adapters
-side by side: A concatenated to [sum of ranks, in], B (times the adapter's scaling) to
-[out, sum of ranks]. A forward whose tokens use different adapters then costs two small
-matmuls and one mask per layer, whatever the number of adapters (the idea of Punica /
-S-LoRA's batched kernels), instead of one sub-batch per adapter as PEFT's mixed-batch
-forward does. Tokens of the base model get a zero mask; a batch of base tokens only skips
-the adapters altogether.
+**Fusion.** Layers that transformers' decoder calls on the very same tensor (q/k/v of an
+attention, gate/up of an MLP) become one `FusedLinear` whose weight is theirs stacked: one
+GEMM reads the input once and streams one larger weight, as vLLM's QKVParallelLinear /
+MergedColumnParallelLinear do. Small weights stream badly from memory (576 -> 192 at 5-6 GiB/s
+on the AVX2 EPYC of BENCHMARKS.md, 576 -> 3072 at 9-12), so fewer, larger GEMMs matter most
+where a step is a few rows: a whole decode step ran 1.06x faster fused at 1 row, 1.09x at 4,
+and the same within the noise at 16 (bench/serve_engine_ab.py). Each original layer is
+replaced by a `Member` that returns its columns of the shared result, so transformers' model
+code runs unchanged.
 
-Layers that read the same tensor (q/k/v of an attention, gate/up of an MLP: vLLM fuses
-their base weights for the same reason) share a `LoraGroup`: the first to run multiplies
-the input by every member's A at once and masks it once, the others take their columns;
-each layer's B rides in its base weight (see MultiLoraLinear). At 16 decode rows these
-small ops cost more in per-call overhead than in arithmetic, so fewer calls is what makes a
-mixed batch cheap.
+**Adapters.** PEFT reads each adapter (its file format, key names and scaling), then its
+layers are unloaded, and every targeted layer holds all adapters side by side: the members'
+A concatenated to [columns, in], each B (times the adapter's scaling) to [out, columns]. A
+forward whose tokens use different adapters multiplies the input by every A at once, masks
+the columns that are not the token's adapter (Punica / S-LoRA's idea: one batch, whatever
+the mix, instead of one sub-batch per adapter as PEFT's mixed-batch forward does), and the Bs
+ride in the base weight along the input axis: [x | h] @ [W | B].T is the base GEMM, the
+adapters' second matmul and the sum in one call (at 16 rows, 576 -> 1536: 295 us against 336
+for the base GEMM plus an addmm; base alone 266). In a fused layer each member's B sits in its
+own columns (block diagonal). Tokens of the base model get a zero mask.
 """
 
 from __future__ import annotations
@@ -28,86 +34,105 @@ from torch import nn
 from kubetune.errors import ModelError
 
 BASE = -1  # the adapter index of a token that uses the base model
-# siblings that transformers' decoder layers call on the very same input tensor
-SHARED_INPUT = (frozenset({"q_proj", "k_proj", "v_proj"}), frozenset({"gate_proj", "up_proj"}))
+# siblings that transformers' decoder layers call on the very same input tensor, in call order
+SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 
 
 @dataclass
 class LoraBatch:
-    """The adapter of each token of the current forward, shared by every MultiLoraLinear."""
+    """The adapter of each token of the current forward, shared by every FusedLinear."""
 
-    tokens: torch.Tensor | None = None  # [tokens] adapter index per token, BASE for the base model
-    forward: int = 0  # counts forwards, so that groups never reuse an earlier forward's inputs
-    _masks: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)  # by group columns
+    tokens: torch.Tensor | None = None  # [tokens] adapter index per token; None: base only
+    _masks: dict[tuple[int, ...], torch.Tensor] = field(default_factory=dict)  # by column owners
 
     def set(self, adapters: list[int]) -> None:
         self.tokens = None if all(a == BASE for a in adapters) else torch.tensor(adapters)
-        self.forward += 1
         self._masks.clear()
 
-    def mask(self, group: LoraGroup, dtype: torch.dtype) -> torch.Tensor:
-        """[tokens, columns]: 1 where a column of `group` belongs to the token's adapter. Groups
-        with the same columns (the same layer kinds of every decoder layer) share one mask per forward."""
-        mask = self._masks.get(group.owners)
+    def mask(self, owners: tuple[int, ...], owner_ids: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """[tokens, columns]: 1 where a column belongs to the token's adapter. Layers with the
+        same column owners (the same kinds in every decoder layer) share one mask per forward."""
+        mask = self._masks.get(owners)
         if mask is None:
             assert self.tokens is not None
-            mask = self._masks[group.owners] = (self.tokens[:, None] == group.owner_ids).to(dtype)
+            mask = self._masks[owners] = (self.tokens[:, None] == owner_ids).to(dtype)
         return mask
 
 
-class LoraGroup:
-    """The adapters' A of layers that read the same input, as one matrix."""
+@dataclass(frozen=True)
+class Lora:
+    """One base layer's adapters: A [columns, in], B times scaling [out, columns], the adapter of each column."""
 
-    def __init__(self, batch: LoraBatch) -> None:
+    a: torch.Tensor
+    b: torch.Tensor
+    owners: list[int]
+
+
+class FusedLinear(nn.Module):
+    """The layers of one input, as one `joint` nn.Linear (packed for oneDNN where that is
+    faster, see serve.packed): weight [sum of outs, in + adapter columns]."""
+
+    def __init__(self, bases: list[nn.Linear], loras: list[Lora | None], batch: LoraBatch) -> None:
+        super().__init__()
+        dtype = bases[0].weight.dtype
         self.batch = batch
-        self.a = torch.empty(0)  # [columns of every member, in]
-        self.owners: tuple[int, ...] = ()  # the adapter of each column
-        self.owner_ids = torch.empty(0, dtype=torch.long)  # the same, as a tensor
-        self._seen: tuple[int, torch.Tensor, torch.Tensor] | None = None  # (forward, input, masked h)
+        self.in_features = bases[0].in_features
+        self.splits = [b.out_features for b in bases]
+        self.a = torch.cat([lo.a for lo in loras if lo]).to(dtype) if any(loras) else None
+        self.owners = tuple(o for lo in loras if lo for o in lo.owners)
+        self.owner_ids = torch.tensor(self.owners, dtype=torch.long)
+        has_bias = any(getattr(b, "bias", None) is not None for b in bases)
+        columns = len(self.owners)
+        self.joint = nn.Linear(bases[0].in_features + columns, sum(self.splits), has_bias, dtype=dtype)
+        with torch.no_grad():
+            self.joint.weight.zero_()
+            row, col = 0, bases[0].in_features
+            for base, lora in zip(bases, loras):
+                rows = slice(row, row + base.out_features)
+                self.joint.weight[rows, : base.in_features] = base.weight.detach()
+                if lora:
+                    self.joint.weight[rows, col : col + len(lora.owners)] = lora.b.to(dtype)
+                    col += len(lora.owners)
+                bias = getattr(base, "bias", None)  # None for bias-free layers, whatever the stubs say
+                if has_bias:
+                    self.joint.bias[rows] = 0 if bias is None else bias.detach()
+                row += base.out_features
+        self._last: tuple[torch.Tensor, list[torch.Tensor], set[int]] | None = None  # (input, outputs, not yet taken)
 
-    def join(self, a: torch.Tensor, owners: list[int]) -> slice:
-        """Add a member's A (its adapters side by side); returns its columns in the group's h."""
-        first = len(self.owners)
-        self.a = a if not first else torch.cat([self.a, a])
-        self.owners += tuple(owners)
-        self.owner_ids = torch.tensor(self.owners)
-        return slice(first, len(self.owners))
-
-    def hidden(self, x: torch.Tensor) -> torch.Tensor:
-        """x @ A.T, masked per token (zeros when no token uses an adapter): computed by the
-        first member to run, reused by the rest."""
-        seen = self._seen
-        if seen is None or seen[0] != self.batch.forward or seen[1] is not x:
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.a is not None:
             if self.batch.tokens is None:
                 h = x.new_zeros(*x.shape[:-1], len(self.owners))
             else:
-                h = nn.functional.linear(x, self.a) * self.batch.mask(self, x.dtype)
-            seen = self._seen = (self.batch.forward, x, h)
-        return seen[2]
+                h = nn.functional.linear(x, self.a) * self.batch.mask(self.owners, self.owner_ids, x.dtype)
+            x = torch.cat([x, h], dim=-1)
+        return self.joint(x)
+
+    def take(self, x: torch.Tensor, member: int) -> torch.Tensor:
+        """Member `member`'s output for input `x`: the first member to ask runs the GEMM, the
+        others take their columns of it; the result is dropped once every member has."""
+        last = self._last
+        if last is None or last[0] is not x or member not in last[2]:
+            last = self._last = (x, list(self.forward(x).split(self.splits, dim=-1)), set(range(len(self.splits))))
+        last[2].discard(member)
+        if not last[2]:
+            self._last = None
+        return last[1][member]
 
 
-class MultiLoraLinear(nn.Module):
-    """y = x W.T + h B.T as one matmul, [x | h] @ [W | B].T: the adapters' B rides in the
-    base layer's weight along the input axis, so the base GEMM (packed for oneDNN where that
-    is faster, see serve.packed) does the adapters' second matmul and the sum too. Measured
-    at 16 rows on 576 -> 1536: 295 us against 336 for the base GEMM plus an addmm (base alone
-    266). A batch without adapter tokens multiplies zeros for h."""
+class Member(nn.Module):
+    """Stands where one of a FusedLinear's original layers stood."""
 
-    def __init__(self, base: nn.Linear, group: LoraGroup, a: torch.Tensor, b: torch.Tensor, owners: list[int]) -> None:
+    def __init__(self, fused: FusedLinear, index: int) -> None:
         super().__init__()
-        dtype = base.weight.dtype
-        self.group = group
-        self.columns = group.join(a.to(dtype), owners)
-        self.in_features, self.out_features = base.in_features, base.out_features
-        self.joint = nn.Linear(base.in_features + b.shape[1], base.out_features, base.bias is not None, dtype=dtype)
-        with torch.no_grad():
-            self.joint.weight.copy_(torch.cat([base.weight.detach(), b.to(dtype)], dim=1))
-            if base.bias is not None:
-                self.joint.bias.copy_(base.bias.detach())
+        self.index = index
+        self.in_features, self.out_features = fused.in_features, fused.splits[index]
+        if index == 0:  # the first member owns it, so it appears once in state and module walks
+            self.fused = fused
+        self._shared = (fused,)  # a tuple: not registered as a submodule
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        h = self.group.hidden(x)[..., self.columns]
-        return self.joint(torch.cat([x, h], dim=-1))
+        return self._shared[0].take(x, self.index)
 
 
 @dataclass(frozen=True)
@@ -147,19 +172,43 @@ def read_adapters(base: Any, adapters: list[tuple[str, str]]) -> list[AdapterWei
     return found
 
 
-def install(model: nn.Module, adapters: list[AdapterWeights]) -> LoraBatch:
-    """Replace every targeted Linear of `model` with a MultiLoraLinear holding `adapters`
-    (adapter index i = position in the list), siblings that share an input in one group."""
+def _lora_of(path: str, adapters: list[AdapterWeights]) -> Lora | None:
+    held = [(i, adapters[i].layers[path]) for i in range(len(adapters)) if path in adapters[i].layers]
+    if not held:
+        return None
+    a = torch.cat([a for _, (a, _, _) in held])
+    b = torch.cat([b.float() * scaling for _, (_, b, scaling) in held], dim=1)
+    return Lora(a, b, [i for i, (a, _, _) in held for _ in range(a.shape[0])])
+
+
+def _families(model: nn.Module, fuse: bool) -> list[tuple[str, list[str]]]:
+    """(parent path, child names) of every linear layer, siblings of one input together."""
+    found = []
+    for parent_path, parent in model.named_modules():
+        linear = {n for n, c in parent.named_children() if type(c) is nn.Linear}
+        for family in SHARED_INPUT if fuse else ():
+            if set(family) <= linear and len({getattr(parent, n).in_features for n in family}) == 1:
+                found.append((parent_path, list(family)))
+                linear -= set(family)
+        found += [(parent_path, [n]) for n in sorted(linear)]
+    return found
+
+
+def install(model: nn.Module, adapters: list[AdapterWeights], fuse: bool = True) -> LoraBatch:
+    """Fuse siblings (unless `fuse` is False: benchmarks compare) and hold `adapters` (adapter
+    index i = position in the list) in every layer they target; linear layers that are neither
+    fused nor targeted stay as they are."""
     batch = LoraBatch()
-    groups: dict[tuple[str, frozenset[str] | str], LoraGroup] = {}
-    for path in sorted({path for adapter in adapters for path in adapter.layers}):
-        held = [(i, adapters[i].layers[path]) for i in range(len(adapters)) if path in adapters[i].layers]
-        parent_path, _, child = path.rpartition(".")
-        family = next((f for f in SHARED_INPUT if child in f), child)
-        group = groups.setdefault((parent_path, family), LoraGroup(batch))
-        a = torch.cat([a for _, (a, _, _) in held])
-        b = torch.cat([b.float() * scaling for _, (_, b, scaling) in held], dim=1)
-        owners = [i for i, (a, _, _) in held for _ in range(a.shape[0])]
+    for parent_path, names in _families(model, fuse):
         parent = model.get_submodule(parent_path)
-        setattr(parent, child, MultiLoraLinear(getattr(parent, child), group, a, b, owners))
+        prefix = f"{parent_path}." if parent_path else ""
+        loras = [_lora_of(prefix + n, adapters) for n in names]
+        if len(names) == 1 and loras[0] is None:
+            continue
+        fused = FusedLinear([getattr(parent, n) for n in names], loras, batch)
+        if len(names) == 1:
+            setattr(parent, names[0], fused)
+        else:
+            for i, n in enumerate(names):
+                setattr(parent, n, Member(fused, i))
     return batch

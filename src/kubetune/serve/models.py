@@ -102,7 +102,7 @@ def plan_served(target: str, adapters: list[Adapter]) -> Plan:
     return Plan(main, base_name, extra)
 
 
-def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str) -> ServedSet:
+def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str, fuse: bool = True) -> ServedSet:
     plan = plan_served(target, adapters)
     main, base_name, extra = plan.main, plan.base_name, plan.adapters
     if main.is_lora:
@@ -116,7 +116,7 @@ def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: 
     served = ServedSet(lm, tokenizer, base_name)
     served.models[base_name] = Served(base_name, main.renderer(tokenizer))
     weights = read_adapters(lm, [(name, str(src.weights)) for name, src in extra])
-    served.lora = install(lm, weights)
+    served.lora = install(lm, weights, fuse)
     for i, (name, src) in enumerate(extra):
         served.models[name] = Served(name, src.renderer(tokenizer), i, base_name)
     served.max_rank = max((w.rank for w in weights), default=0)
