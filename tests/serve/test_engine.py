@@ -188,6 +188,23 @@ def test_prompt_prefixes_are_reused_per_adapter_with_the_same_tokens(tiny_runs):
     assert answers[0][1] == answers[1][1]
 
 
+def test_a_burst_reuses_the_prefix_the_first_prompt_wrote(tiny_runs):
+    """Requests admitted together take their prefix when their first chunk is read: with 42
+    prompt tokens read per turn, the first prompt is read alone, and the other two reuse its
+    32-token prefix (they all answer alike, as the same prompt must)."""
+    _, engine = _engine(tiny_runs, Limits(prefill_chunk=42))
+    sinks = [Collector() for _ in range(3)]
+    for i, sink in enumerate(sinks):
+        engine.submit(Request(f"b{i}", list(range(300, 340)) + [5, 6], Sampling(6), sink, 0))
+    engine.start()
+    try:
+        assert all(sink.done.wait(60) for sink in sinks)
+    finally:
+        engine.stop()
+    assert engine.prefixes.hits == 64
+    assert sinks[0].tokens == sinks[1].tokens == sinks[2].tokens
+
+
 def test_run_serves_on_the_calling_thread_until_stopped(tiny_runs):
     """The server runs the loop on the thread that loaded the model (Engine.run), so that
     torch keeps one OpenMP pool; stop() from another thread ends it."""

@@ -261,7 +261,6 @@ class Engine:
             seq.started = time.monotonic()
             self.metrics.queued(seq.started - seq.request.arrival)
             seq.slot = len(self._slots)  # free: slots 0..n-1 are taken in order (see _order_slots)
-            seq.cached = self.prefixes.restore(seq.request.prompt, seq.request.adapter, seq.slot)
             self._slots.append(seq)  # a prefilling sequence: after every decoding one
 
     # --- one forward per turn ---------------------------------------------------------------
@@ -296,13 +295,19 @@ class Engine:
         return True
 
     def _prompt_chunks(self) -> list[tuple[Sequence, int]]:
-        """(sequence, tokens to read) for prompts being read, oldest first, `prefill_chunk` in all."""
+        """(sequence, tokens to read) for prompts being read, oldest first, `prefill_chunk` in
+        all. A prompt takes what the prefix cache knows of it when its first chunk is about to
+        be read, not when it was admitted: of a burst of requests admitted together, the later
+        ones then reuse the template's header that the first ones wrote."""
         budget, chosen = self.limits.prefill_chunk, []
         for seq in sorted((s for s in self._slots if s.prompt_left), key=lambda s: s.started or 0.0):
-            if budget:
-                take = min(seq.prompt_left, budget)
-                chosen.append((seq, take))
-                budget -= take
+            if not budget:
+                break
+            if seq.cached == 0:
+                seq.cached = self.prefixes.restore(seq.request.prompt, seq.request.adapter, seq.slot)
+            take = min(seq.prompt_left, budget)
+            chosen.append((seq, take))
+            budget -= take
         return chosen
 
     def _forward(self, ids: torch.Tensor, batch: Batch, adapters: list[int]) -> torch.Tensor:
