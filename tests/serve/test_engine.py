@@ -188,11 +188,13 @@ def test_prompt_prefixes_are_reused_per_adapter_with_the_same_tokens(tiny_runs):
     assert answers[0][1] == answers[1][1]
 
 
-def test_a_burst_reuses_the_prefix_the_first_prompt_wrote(tiny_runs):
-    """Requests admitted together take their prefix when their first chunk is read: with 42
-    prompt tokens read per turn, the first prompt is read alone, and the other two reuse its
-    32-token prefix (they all answer alike, as the same prompt must)."""
-    _, engine = _engine(tiny_runs, Limits(prefill_chunk=42))
+@pytest.mark.parametrize("prefill_chunk", [512, 20])
+def test_a_burst_reuses_the_prefix_the_first_prompt_wrote(tiny_runs, prefill_chunk):
+    """Requests admitted together take their prefix when their first chunk is read, and wait
+    while another chunk of the same turn writes it: whether the whole burst fits one turn
+    (512) or the first prompt is read over three (20), the first prompt reads its 32-token
+    prefix and the other two reuse it (they all answer alike, as the same prompt must)."""
+    _, engine = _engine(tiny_runs, Limits(prefill_chunk=prefill_chunk))
     sinks = [Collector() for _ in range(3)]
     for i, sink in enumerate(sinks):
         engine.submit(Request(f"b{i}", list(range(300, 340)) + [5, 6], Sampling(6), sink, 0))

@@ -285,10 +285,10 @@ class Engine:
             seq.cached += 1
         for (seq, take), chunk in zip(chunks, batch.chunks):
             seq.cached += take
+            self.prefixes.remember(seq.request.prompt, seq.request.adapter, seq.slot, seq.cached)
             if not seq.prompt_left:
                 sampled.append(seq)
                 rows.append(chunk.offset + take - 1)
-                self.prefixes.remember(seq.request.prompt, seq.request.adapter, seq.slot)
         if sampled:
             self._emit(sampled, self._sample(self.head(hidden[rows]).float(), sampled))
         self._order_slots()
@@ -297,16 +297,24 @@ class Engine:
     def _prompt_chunks(self) -> list[tuple[Sequence, int]]:
         """(sequence, tokens to read) for prompts being read, oldest first, `prefill_chunk` in
         all. A prompt takes what the prefix cache knows of it when its first chunk is about to
-        be read, not when it was admitted: of a burst of requests admitted together, the later
-        ones then reuse the template's header that the first ones wrote."""
+        be read, not when it was admitted; and a prompt whose next unknown block another chunk
+        of this turn is writing waits one turn and takes it from the cache. So of a burst of
+        chat requests the first one reads the shared header and the others only their own
+        text: a third fewer prefill FLOPs for this bench's prompts, and the whole burst's first
+        tokens sooner."""
         budget, chosen = self.limits.prefill_chunk, []
+        written: set[int] = set()  # blocks this turn's chunks complete
         for seq in sorted((s for s in self._slots if s.prompt_left), key=lambda s: s.started or 0.0):
             if not budget:
                 break
+            prompt, adapter = seq.request.prompt, seq.request.adapter
             if seq.cached == 0:
-                seq.cached = self.prefixes.restore(seq.request.prompt, seq.request.adapter, seq.slot)
+                if self.prefixes.first_unknown(prompt, adapter) in written:
+                    continue
+                seq.cached = self.prefixes.restore(prompt, adapter, seq.slot)
             take = min(seq.prompt_left, budget)
             chosen.append((seq, take))
+            written |= self.prefixes.completed_by(prompt, adapter, seq.cached, seq.cached + take)
             budget -= take
         return chosen
 

@@ -289,11 +289,26 @@ class PrefixCache:
         self.hits += found
         return found
 
-    def remember(self, tokens: list[int], adapter: int, slot: int) -> None:
-        """Keep the full blocks of a prompt whose K/V now sit in `slot`."""
+    def first_unknown(self, tokens: list[int], adapter: int) -> int | None:
+        """The key of the first block of `tokens` that `restore` would not find (None: all known)."""
+        for key in self._chain(tokens, adapter, len(tokens) - 1) if self.max_blocks else ():
+            if key not in self.blocks:
+                return key
+        return None
+
+    def completed_by(self, tokens: list[int], adapter: int, start: int, end: int) -> set[int]:
+        """Keys of the blocks that reading tokens[start:end] completes."""
+        if not self.max_blocks:
+            return set()
+        keys = self._chain(tokens, adapter, end)
+        return set(keys[start // self.BLOCK :])
+
+    def remember(self, tokens: list[int], adapter: int, slot: int, written: int) -> None:
+        """Keep the full blocks among the first `written` tokens of a prompt, whose K/V now sit
+        in `slot` (called after every chunk, so a long prompt shares its head while it is read)."""
         if not self.max_blocks:
             return
-        for i, key in enumerate(self._chain(tokens, adapter, len(tokens))):
+        for i, key in enumerate(self._chain(tokens, adapter, written)):
             if key in self.blocks:
                 self.blocks.move_to_end(key)
                 continue

@@ -1,0 +1,95 @@
+"""Time to first token of a burst: N chat prompts submitted to the native engine at once,
+in-process (no HTTP), as at the start of each level of `serve_load.py` (BENCHMARKS.md
+section 5). Prints each burst's prompt tokens, its slowest and median first token and the
+prompt tokens it took from the prefix cache. `--cold` empties the prefix cache before
+each burst, so the template's header is not known yet (a new system prompt, or the first
+burst after a start). Built and run on one thread, as `kubetune serve` does.
+
+    .venv/bin/python bench/serve_burst.py --size 16 --bursts 5 --cold
+    # the same engine before a change, side by side:
+    git archive COMMIT src | tar -x -C /tmp/old && PYTHONPATH=/tmp/old/src .venv/bin/python bench/serve_burst.py --cold
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import threading
+import time
+from pathlib import Path
+
+PROMPTS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "medical_flashcards" / "test.jsonl"
+
+
+def main() -> None:
+    from kubetune.models.load import resolve_model
+    from kubetune.serve.build import build_engine
+    from kubetune.serve.server import ServeOptions
+
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--size", type=int, default=16, help="requests per burst")
+    ap.add_argument("--bursts", type=int, default=5)
+    ap.add_argument("--cold", action="store_true", help="empty the prefix cache before each burst")
+    ap.add_argument("--prompts", default=str(PROMPTS))
+    args = ap.parse_args()
+    built: dict = {}
+    ready = threading.Event()
+
+    def engine_thread() -> None:
+        built["all"] = build_engine(ServeOptions(target=resolve_model("smollm2-135m-instruct")))
+        ready.set()
+        built["all"][1].run()
+
+    threading.Thread(target=engine_thread, daemon=True).start()
+    ready.wait()
+    served, engine, _, summary = built["all"]
+    print(summary, flush=True)
+    tok = served.tokenizer
+    questions = [json.loads(line)["input"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
+    prompts = [
+        tok(
+            tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
+            add_special_tokens=False,
+        )["input_ids"]
+        for q in questions
+    ]
+    _burst(engine, [prompts[0]])  # a first request: warms the engine (and the prefix cache, unless --cold)
+    for b in range(args.bursts):
+        if args.cold:
+            engine.prefixes.blocks.clear()
+        burst = prompts[1 + b * args.size : 1 + (b + 1) * args.size]
+        hits = engine.prefixes.hits
+        ttft = _burst(engine, burst)
+        print(
+            f"burst {b}: {sum(map(len, burst))} prompt tokens, first token max {max(ttft):.3f} s, "
+            f"median {statistics.median(ttft):.3f} s; {engine.prefixes.hits - hits} "
+            "prompt tokens from the prefix cache",
+            flush=True,
+        )
+    engine.stop()
+
+
+def _burst(engine, prompts: list[list[int]]) -> list[float]:
+    """Submit every prompt at once (one new token each); seconds to each one's first token."""
+    from kubetune.serve.engine import Request, Sampling
+
+    done = [threading.Event() for _ in prompts]
+    ttft = [0.0] * len(prompts)
+    start = time.monotonic()
+    for i, prompt in enumerate(prompts):
+
+        def sink(ev, i=i) -> None:
+            if ev.token is not None:
+                ttft[i] = time.monotonic() - start
+            if ev.finish_reason:
+                done[i].set()
+
+        engine.submit(Request(f"burst{i}", prompt, Sampling(1), sink))
+    for event in done:
+        event.wait()
+    return ttft
+
+
+if __name__ == "__main__":
+    main()
