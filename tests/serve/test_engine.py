@@ -148,6 +148,24 @@ def test_kv_budget_limits_the_batch_and_never_a_request_that_fits(tiny_runs):
     assert all(s.finish in ("length", "stop") for s in sinks)
 
 
+def test_the_cache_grows_only_when_its_slots_or_positions_run_out():
+    """Growing copies the whole cache (seconds for 64 slots): one sequence at a time never
+    grows it past one slot, more sequences double the slots, a longer one rounds its
+    positions up, and the budget caps both."""
+    cache = SlotCache(layers=2, kv_heads=1, head_dim=4, dtype=torch.float32, budget_bytes=2 * 2 * 4 * 4 * 4096)
+    for _ in range(5):  # five requests one after the other
+        cache.reserve(1, 100, max_slots=64)
+    assert (cache.slots, cache.capacity) == (1, 256)
+    cache.reserve(3, 100, max_slots=64)
+    assert cache.slots == 3  # need beyond double: exactly what is needed
+    cache.reserve(4, 100, max_slots=64)
+    assert cache.slots == 6  # doubled
+    cache.reserve(2, 300, max_slots=64)
+    assert (cache.slots, cache.capacity) == (6, 512)
+    assert len(cache.k) == 2 and cache.k[0].shape == (6, 1, 512, 4)
+    assert not cache.fits(9, 512)  # 9 x 512 > the 4,096-token budget
+
+
 def test_abort_leaves_the_batch_at_the_next_step(tiny_runs):
     _, engine = _engine(tiny_runs, Limits())
     first = threading.Event()

@@ -111,13 +111,16 @@ class SlotCache:
     # --- memory -------------------------------------------------------------------------
     def plan(self, slots: int, capacity: int, max_slots: int | None = None) -> tuple[int, int]:
         """The shape (slots, positions) the cache must have to hold `slots` sequences of up to
-        `capacity` positions: never smaller than now; where the budget allows, slots double (up
-        to `max_slots`) and positions round up to GROW_TOKENS, so that growing, which copies the
-        whole cache, happens a few times per load change instead of at every admission."""
+        `capacity` positions: never smaller than now; when more slots are needed they double
+        where the budget allows (up to `max_slots`), and positions round up to GROW_TOKENS, so
+        that growing, which copies the whole cache, happens a few times per load change instead
+        of at every admission (and never while the slots suffice: a stall of seconds, and the
+        memory of slots no one uses)."""
         need = max(slots, self.slots)
+        doubled = need if need <= self.slots else min(max(need, 2 * self.slots), max_slots or need)
         rounded = max(self.capacity, -(-capacity // GROW_TOKENS) * GROW_TOKENS)
         for cand_slots, cand_capacity in (
-            (min(max(need, 2 * self.slots), max_slots or need), rounded),
+            (doubled, rounded),
             (need, rounded),
             (need, max(self.capacity, capacity)),
         ):
