@@ -1,11 +1,13 @@
 """Packed-row attention alternatives, forward + backward of one layer (2 rows x 512 tokens,
 SmolLM2 shapes): kubetune's per-sample fp32 flash SDPA, samples padded into one call
-(fp32/bf16), per-sample bf16 math attention, flex_attention with a document mask; then the
-cost of one LoRA dropout mask.
+(fp32/bf16), nested jagged tensors (one SDPA call over all samples), per-sample bf16 math
+attention, flex_attention with a document mask; then the cost of one LoRA dropout mask.
+`--dtype` is the training dtype the inputs arrive in (fp32 where the CPU has no bf16 units).
 
-    .venv/bin/python bench/attention_alternatives.py
+    .venv/bin/python bench/attention_alternatives.py [--dtype bf16|fp32]
 """
 
+import argparse
 import itertools
 import time
 
@@ -15,6 +17,9 @@ import torch.nn.functional as F
 
 from kubetune.models.attention import packed_attention_forward, seqlens_from_cu
 
+ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+ap.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16")
+DTYPE = {"bf16": torch.bfloat16, "fp32": torch.float32}[ap.parse_args().dtype]
 torch.set_num_threads(2)
 B, T, H, KV, D = 2, 512, 9, 3, 64
 rng = np.random.default_rng(0)
@@ -61,6 +66,20 @@ def padded(q, k, v, dtype=torch.float32):
     return out.reshape(b, t, h, d).to(q.dtype)
 
 
+def nested(q, k, v, dtype=torch.float32):
+    """All samples in one SDPA call as a nested jagged tensor [samples, heads, (length), dim]."""
+    b, h, t, d = q.shape
+    offsets = torch.tensor(cu, dtype=torch.long)
+
+    def nj(x):
+        x = x.repeat_interleave(h // x.shape[1], 1)  # GQA: every query head its K/V
+        values = x.transpose(1, 2).reshape(b * t, h, d).to(dtype)
+        return torch.nested.nested_tensor_from_jagged(values, offsets).transpose(1, 2)
+
+    o = F.scaled_dot_product_attention(nj(q), nj(k), nj(v), is_causal=True)
+    return o.transpose(1, 2).values().reshape(b, t, h, d).to(q.dtype)
+
+
 # math bf16 per sample with bmm
 def per_sample_math(q, k, v):
     b, h, t, d = q.shape
@@ -85,6 +104,8 @@ fns = {
     "per_sample": per_sample,
     "padded_fp32": padded,
     "padded_bf16": lambda q, k, v: padded(q, k, v, torch.bfloat16),
+    "nested_fp32": nested,
+    "nested_bf16": lambda q, k, v: nested(q, k, v, torch.bfloat16),
     "math_bf16": per_sample_math,
 }
 try:
@@ -107,9 +128,9 @@ try:
     fns["flex_bf16"] = flex
 except Exception as e:
     print("flex unavailable", e)
-q = torch.randn(B, H, T, D, dtype=torch.bfloat16, requires_grad=True)
-k = torch.randn(B, KV, T, D, dtype=torch.bfloat16, requires_grad=True)
-v = torch.randn(B, KV, T, D, dtype=torch.bfloat16, requires_grad=True)
+q = torch.randn(B, H, T, D, dtype=DTYPE, requires_grad=True)
+k = torch.randn(B, KV, T, D, dtype=DTYPE, requires_grad=True)
+v = torch.randn(B, KV, T, D, dtype=DTYPE, requires_grad=True)
 ref = per_sample(q, k, v).float()
 for name, fn in fns.items():
     try:

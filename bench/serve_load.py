@@ -558,6 +558,23 @@ def _tree_cpu_seconds(server: Server) -> float:
     return total
 
 
+def _settle(servers: list[Server], quiet: float = 0.05, window: float = 0.5, limit: float = 20.0) -> float:
+    """Wait until the servers together burn under `quiet` CPU seconds per `window` (10% of a
+    core), at most `limit` seconds; returns the wait. vLLM's engine keeps its threads busy for
+    about a second after its last request, which, unwaited, fell on the first second of the
+    next arm's level: the first requests of kubetune's levels that followed vLLM's took ~1 s
+    longer to their first token (runs 7-9, BENCHMARKS.md section 5)."""
+    start = time.perf_counter()
+    before = sum(_tree_cpu_seconds(s) for s in servers)
+    while time.perf_counter() - start < limit:
+        time.sleep(window)
+        now = sum(_tree_cpu_seconds(s) for s in servers)
+        if now - before < quiet:
+            break
+        before = now
+    return time.perf_counter() - start
+
+
 def run_interleaved(specs: list[ArmSpec], args: argparse.Namespace, prompts: list[str], log_dir: Path) -> dict:
     """Every arm's server up at once, idle but for its own levels, and the levels alternate:
     for each C, `--interleave` rounds, each running every arm once (ABBA order). On a shared VM
@@ -586,6 +603,7 @@ def run_interleaved(specs: list[ArmSpec], args: argparse.Namespace, prompts: lis
             per_arm: dict[str, list[dict]] = {n: [] for n in names}
             for r in range(args.interleave):
                 for name in names if r % 2 == 0 else names[::-1]:
+                    settled = _settle(list(servers.values()))
                     others = {n: _tree_cpu_seconds(servers[n]) for n in names if n != name}
                     level = asyncio.run(
                         run_level(
@@ -601,10 +619,11 @@ def run_interleaved(specs: list[ArmSpec], args: argparse.Namespace, prompts: lis
                     level["idle_cpu_s_of_others"] = {
                         n: round(_tree_cpu_seconds(servers[n]) - t, 2) for n, t in others.items()
                     }
+                    level["settle_s"] = round(settled, 2)
                     per_arm[name].append(level)
                     print(
                         f"[{name}] round {r + 1}: {fmt_level(level)}; "
-                        f"idle servers' CPU {level['idle_cpu_s_of_others']} s",
+                        f"idle servers' CPU {level['idle_cpu_s_of_others']} s (quiet after {settled:.1f} s)",
                         flush=True,
                     )
             record["levels"][str(c)] = per_arm
