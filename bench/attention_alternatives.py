@@ -1,7 +1,8 @@
 """Packed-row attention alternatives, forward + backward of one layer (2 rows x 512 tokens,
 SmolLM2 shapes): kubetune's per-sample fp32 flash SDPA, samples padded into one call
-(fp32/bf16), nested jagged tensors (one SDPA call over all samples), per-sample bf16 math
-attention, flex_attention with a document mask; then the cost of one LoRA dropout mask.
+(fp32/bf16), nested jagged tensors (one SDPA call over all samples), per-sample math
+attention in the inputs' dtype, flex_attention with a document mask; then the cost of one LoRA
+dropout mask.
 `--dtype` is the training dtype the inputs arrive in (fp32 where the CPU has no bf16 units).
 
     .venv/bin/python bench/attention_alternatives.py [--dtype bf16|fp32]
@@ -80,7 +81,7 @@ def nested(q, k, v, dtype=torch.float32):
     return o.transpose(1, 2).values().reshape(b, t, h, d).to(q.dtype)
 
 
-# math bf16 per sample with bmm
+# math attention per sample with bmm (softmax in fp32)
 def per_sample_math(q, k, v):
     b, h, t, d = q.shape
     k = k.repeat_interleave(h // k.shape[1], 1)
@@ -106,7 +107,7 @@ fns = {
     "padded_bf16": lambda q, k, v: padded(q, k, v, torch.bfloat16),
     "nested_fp32": nested,
     "nested_bf16": lambda q, k, v: nested(q, k, v, torch.bfloat16),
-    "math_bf16": per_sample_math,
+    "math_per_sample": per_sample_math,
 }
 try:
     from torch.nn.attention.flex_attention import create_block_mask, flex_attention
