@@ -13,18 +13,15 @@ burst after a start). Built and run on one thread, as `kubetune serve` does.
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import threading
 import time
-from pathlib import Path
 
-PROMPTS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "medical_flashcards" / "test.jsonl"
+from serve_inproc import PROMPTS, chat_prompts, start_engine
 
 
 def main() -> None:
     from kubetune.models.load import resolve_model
-    from kubetune.serve.build import build_engine
     from kubetune.serve.server import ServeOptions
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -33,27 +30,9 @@ def main() -> None:
     ap.add_argument("--cold", action="store_true", help="empty the prefix cache before each burst")
     ap.add_argument("--prompts", default=str(PROMPTS))
     args = ap.parse_args()
-    built: dict = {}
-    ready = threading.Event()
-
-    def engine_thread() -> None:
-        built["all"] = build_engine(ServeOptions(target=resolve_model("smollm2-135m-instruct")))
-        ready.set()
-        built["all"][1].run()
-
-    threading.Thread(target=engine_thread, daemon=True).start()
-    ready.wait()
-    served, engine, _, summary = built["all"]
+    served, engine, summary = start_engine(ServeOptions(target=resolve_model("smollm2-135m-instruct")))
     print(summary, flush=True)
-    tok = served.tokenizer
-    questions = [json.loads(line)["input"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    prompts = [
-        tok(
-            tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
-            add_special_tokens=False,
-        )["input_ids"]
-        for q in questions
-    ]
+    prompts = chat_prompts(served.tokenizer, args.prompts)
     _burst(engine, [prompts[0]])  # a first request: warms the engine (and the prefix cache, unless --cold)
     for b in range(args.bursts):
         if args.cold:

@@ -14,17 +14,14 @@ requests round-robin over the base and 4 adapters (copies of `--run`'s adapter).
 from __future__ import annotations
 
 import argparse
-import json
 import threading
 import time
-from pathlib import Path
 
-PROMPTS = Path(__file__).resolve().parents[1].parent / "shared" / "data" / "medical_flashcards" / "test.jsonl"
+from serve_inproc import PROMPTS, chat_prompts, start_engine
 
 
 def main() -> None:
     from kubetune.models.load import resolve_model
-    from kubetune.serve.build import build_engine
     from kubetune.serve.contract import Adapter
     from kubetune.serve.engine import Request, Sampling
     from kubetune.serve.server import ServeOptions
@@ -40,27 +37,9 @@ def main() -> None:
     args = ap.parse_args()
     adapters = tuple(Adapter(f"a{i}", args.run) for i in range(1, 5)) if args.mix and args.run else ()
     opts = ServeOptions(target=resolve_model("smollm2-135m-instruct"), adapters=adapters)
-    built: dict = {}
-    ready = threading.Event()
-
-    def engine_thread() -> None:
-        built["all"] = build_engine(opts)
-        ready.set()
-        built["all"][1].run()
-
-    threading.Thread(target=engine_thread, daemon=True).start()
-    ready.wait()
-    served, engine, _, summary = built["all"]
+    served, engine, summary = start_engine(opts)
     print(summary, flush=True)
-    tok = served.tokenizer
-    questions = [json.loads(line)["input"] for line in Path(args.prompts).read_text().splitlines() if line.strip()]
-    prompts = [
-        tok(
-            tok.apply_chat_template([{"role": "user", "content": q}], add_generation_prompt=True, tokenize=False),
-            add_special_tokens=False,
-        )["input_ids"]
-        for q in questions
-    ]
+    prompts = chat_prompts(served.tokenizer, args.prompts)
     lock = threading.Lock()
     state = {"generated": 0, "next": 0, "stop": False}
     ttft: list[float] = []

@@ -282,3 +282,26 @@ def test_kubeflow_not_installed_is_a_temporary_error_and_conflicts_count_as_crea
 def test_cluster_errors_become_temporary_errors():
     error = handlers._temporary(ClusterError("cannot reach the Kubernetes API at https://x: timeout"))
     assert isinstance(error, kopf.TemporaryError) and error.delay == handlers.RETRY_DELAY_S
+
+
+def test_a_recipe_change_outlives_a_tick_that_started_from_an_older_body():
+    """The timer writes status.conditions whole from the body it was given; a tick whose body
+    predates the previous tick's patch must write the RecipeChange again, not drop it."""
+    outcome = {
+        "type": "RecipeChange",
+        "status": "False",
+        "reason": "NotResumable",
+        "message": "m",
+        "observedGeneration": 3,
+    }
+    memo = kopf.Memo(recipe_change=outcome)
+    stale = {"metadata": {"name": "x"}, "status": {"conditions": [{"type": "Training", "status": "True"}]}}
+    for _ in range(2):  # the tick that wrote it, then one that read an older body
+        patch = kopf.Patch()
+        handlers._write_recipe_change(stale, memo, patch)
+        kinds = {c["type"]: c for c in patch.status["conditions"]}
+        assert kinds["RecipeChange"]["reason"] == "NotResumable" and "Training" in kinds
+    shown = {"metadata": {"name": "x"}, "status": {"conditions": [{**outcome, "lastTransitionTime": "t"}]}}
+    patch = kopf.Patch()
+    handlers._write_recipe_change(shown, memo, patch)
+    assert "recipe_change" not in memo and not patch.status

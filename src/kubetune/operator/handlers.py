@@ -204,8 +204,21 @@ def _follow(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> No
         raise _temporary(e) from None
     except UserError as e:
         _set_condition(patch, ft, plan.condition("Ready", False, "CannotRender", "\n".join(e.problems)))
-    pending = memo.pop("recipe_change", None)
-    if pending is not None:
+    _write_recipe_change(ft, memo, patch)
+
+
+def _write_recipe_change(ft: dict[str, Any], memo: kopf.Memo, patch: kopf.Patch) -> None:
+    """The outcome of the last recipe edit, rewritten every tick until the body shows it: a tick
+    can start from a body that predates the previous tick's patch, and its conditions (one
+    list, replaced whole) would drop a RecipeChange written only once."""
+    pending = memo.get("recipe_change")
+    if pending is None:
+        return
+    shown = next((c for c in (ft.get("status") or {}).get("conditions") or [] if c.get("type") == "RecipeChange"), None)
+    if shown is not None and all(shown.get(k) == v for k, v in pending.items()):
+        if memo.get("recipe_change") is pending:  # not an edit that arrived meanwhile
+            memo.pop("recipe_change", None)
+    else:
         _set_condition(patch, ft, pending)
 
 
