@@ -299,9 +299,9 @@ class Engine:
         all. A prompt takes what the prefix cache knows of it when its first chunk is about to
         be read, not when it was admitted; and a prompt whose next unknown block another chunk
         of this turn is writing waits one turn and takes it from the cache. So of a burst of
-        chat requests the first one reads the shared header and the others only their own
-        text: a third fewer prefill FLOPs for this bench's prompts, and the whole burst's first
-        tokens sooner."""
+        chat requests with a header not yet cached, the first one reads the header and the others
+        only their own text (16 of the bench's chat prompts: 240 tokens reused instead of 80, the
+        slowest first token 5-20% sooner; BENCHMARKS.md section 5)."""
         budget, chosen = self.limits.prefill_chunk, []
         written: set[int] = set()  # blocks this turn's chunks complete
         for seq in sorted((s for s in self._slots if s.prompt_left), key=lambda s: s.started or 0.0):
