@@ -361,7 +361,7 @@ def main() -> None:
     )
     target_frac = float(tok_data.trainable.mean())
     fpt = flops_per_token(config, target_frac)
-    from kubetune.models.kernels import cpu_model
+    from kubetune.models.measure import cpu_model
 
     print(f"machine: {cpu_model()}, {os.cpu_count()} cores, torch threads {args.threads}; flags: {isa_flags()}")
     for label, pk in (

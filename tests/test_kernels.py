@@ -1,19 +1,64 @@
-"""Kernel choices are measured on the machine, cached per machine, and overridable."""
+"""Kernel choices are measured fairly on the machine, cached, confirmed, and overridable.
+
+Most tests run the decision rules on a fake machine: a clock that moves only when a
+candidate runs, by the cost the test scripts for each call. The failure modes are the ones
+seen on real machines: a cold first call (oneDNN primitive creation, AMX JIT), a preempted
+call, a busy neighbour, and a wrong answer kept in the cache.
+"""
 
 from __future__ import annotations
 
 import json
 import logging
+import random
+from collections import Counter
+from collections.abc import Callable
 
 import pytest
 import torch
 
-from kubetune.models import kernels
+from kubetune.models import kernels, measure
 from kubetune.models.attention import per_sample_attention
 from kubetune.models.kernels import KernelPlan, ModelShapes
+from kubetune.models.measure import Question, Race
 from kubetune.training.run import train_from_recipe
 
 SHAPES = ModelShapes(hidden=64, intermediate=128, heads=4, head_dim=16, sample_lengths=(20, 35, 9))
+PRECISION = Question("precision", default="fp32", challenger="bf16", margin=0.9, key={"t": 1}, prior="bf16")
+
+
+class FakeMachine:
+    """Call i of candidate `name` costs `costs[name](i)` milliseconds of the fake clock."""
+
+    def __init__(self, **costs: Callable[[int], float]) -> None:
+        self.costs = costs
+        self.now = 0.0
+        self.calls: Counter[str] = Counter()
+        self.order: list[str] = []  # which candidate ran, workload call by workload call
+
+    def clock(self) -> float:
+        return self.now
+
+    def workloads(self) -> dict[str, measure.Workload]:
+        def make(name: str) -> measure.Workload:
+            def run(calls: int) -> None:
+                self.order.append(name)
+                for _ in range(calls):
+                    self.now += self.costs[name](self.calls[name]) / 1e3
+                    self.calls[name] += 1
+
+            return run
+
+        return {name: make(name) for name in self.costs}
+
+
+def steady(ms: float, cold: float | None = None) -> Callable[[int], float]:
+    return lambda i: cold if (i == 0 and cold is not None) else ms
+
+
+def noisy(ms: float, rng: random.Random, slow_share: float = 0.3) -> Callable[[int], float]:
+    """A busy neighbour: a share of the calls takes 2-5x as long."""
+    return lambda i: ms * (rng.uniform(2, 5) if rng.random() < slow_share else rng.uniform(0.95, 1.05))
 
 
 @pytest.fixture
@@ -22,51 +67,158 @@ def cache(tmp_path, monkeypatch):
     return tmp_path / "cache" / "kernels"
 
 
-def timings(bf16: float, fp32: float, attn_half: float = 2.0, attn_fp32: float = 1.0) -> dict[str, float]:
-    return {"matmul_bf16": bf16, "matmul_fp32": fp32, "attention_half": attn_half, "attention_fp32": attn_fp32}
+def decide(m: FakeMachine, q: Question = PRECISION) -> measure.Decision:
+    return measure.decide(q, m.workloads(), m.clock)
 
 
-def test_bf16_only_where_it_is_clearly_faster():
-    assert kernels._plan_from(timings(bf16=40.0, fp32=100.0), "auto", "auto").precision == "bf16"
-    assert kernels._plan_from(timings(bf16=95.0, fp32=100.0), "auto", "auto").precision == "fp32"  # within margin
-    assert kernels._plan_from(timings(bf16=900.0, fp32=30.0), "auto", "auto").precision == "fp32"
+def test_a_slow_cold_call_does_not_decide():
+    # the old probe timed bf16's first call against fp32's warm best, and dropped it at 3x
+    m = FakeMachine(fp32=steady(18.0), bf16=steady(7.0, cold=80.0))
+    d = decide(m)
+    assert d.choice == "bf16" and d.settled
+    assert d.medians["bf16"] == pytest.approx(7.0) and d.quartiles["bf16"][1] < 80.0  # the cold call is not a sample
+    assert not d.hopeless
 
 
-def test_attention_kernel_follows_the_measurement_and_the_recipe_wins():
-    native = kernels._plan_from(timings(40.0, 100.0, attn_half=1.0, attn_fp32=3.0), "auto", "auto")
-    upcast = kernels._plan_from(timings(40.0, 100.0, attn_half=3.0, attn_fp32=1.0), "auto", "auto")
-    assert (native.attention, upcast.attention) == ("native", "fp32")
-    forced = kernels._plan_from(timings(40.0, 100.0, attn_half=3.0, attn_fp32=1.0), "auto", "native")
-    assert forced.attention == "native"
-    assert kernels._plan_from(timings(900.0, 30.0), "bf16", "auto").precision == "bf16"  # explicit precision
-    assert "bf16 40.0 ms vs fp32 100.0 ms" in native.describe()
+def test_a_preempted_warm_call_does_not_drop_a_candidate():
+    m = FakeMachine(fp32=steady(18.0), bf16=lambda i: 90.0 if i == 1 else 7.0)  # call 1 is the first warm one
+    d = decide(m)
+    assert d.choice == "bf16" and not d.hopeless
 
 
-def test_choose_probes_once_then_reads_the_cache(cache):
+def test_a_hopeless_candidate_is_dropped_after_two_warm_calls():
+    m = FakeMachine(fp32=steady(6.0), bf16=steady(600.0))  # bf16 on a CPU without bf16 units
+    d = decide(m, Question("precision", "fp32", "bf16", 0.9, {}, prior="fp32"))
+    assert d.choice == "fp32" and d.hopeless == ("bf16",)
+    assert m.calls["bf16"] == 3  # cold + two warmed calls, never raced
+    assert "dropped after 2 warm calls" in d.describe()
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_a_busy_neighbour_does_not_change_the_answer(seed):
+    rng = random.Random(seed)
+    assert decide(FakeMachine(fp32=noisy(18.0, rng), bf16=noisy(7.3, rng))).choice == "bf16"
+    fp32_cpu = Question("precision", "fp32", "bf16", 0.9, {}, prior="fp32")
+    assert decide(FakeMachine(fp32=noisy(6.0, rng), bf16=noisy(17.0, rng)), fp32_cpu).choice == "fp32"
+
+
+def test_candidates_are_interleaved_in_alternating_order():
+    m = FakeMachine(fp32=steady(10.0), bf16=steady(5.0))
+    measure.race(m.workloads(), rounds=4, clock=m.clock)
+    raced = m.order[6:]  # after one cold and two warm calls each
+    assert raced == ["fp32", "bf16", "bf16", "fp32", "fp32", "bf16", "bf16", "fp32"]
+
+
+def test_each_sample_is_long_enough_to_outlast_a_scheduler_tick():
+    m = FakeMachine(fp32=steady(1.0), bf16=steady(0.5))
+    r = measure.race(m.workloads(), rounds=3, clock=m.clock)
+    calls_per_sample = (m.calls["bf16"] - 3) / 3
+    assert calls_per_sample * 0.5 >= measure.MIN_SAMPLE_S * 1e3
+    assert r.median("bf16") == pytest.approx(0.5)  # per call, however many calls a sample holds
+
+
+def test_overlapping_spreads_are_measured_longer():
+    rng = random.Random(1)
+    m = FakeMachine(fp32=lambda i: rng.uniform(8, 12), bf16=lambda i: rng.uniform(8.5, 12.5))
+    d = decide(m)
+    assert d.rounds > measure.ROUNDS and not d.settled
+    assert d.choice == "fp32"  # bf16 is not clearly faster: the default stays
+    assert "spreads overlap" in d.describe()
+
+
+def test_timings_against_the_cpu_flags_are_measured_longer_then_believed():
+    m = FakeMachine(fp32=steady(18.0), bf16=steady(7.0))
+    flags_say_fp32 = Question("precision", "fp32", "bf16", 0.9, {}, prior="fp32")
+    d = decide(m, flags_say_fp32)
+    assert d.choice == "bf16" and d.rounds >= measure.MAX_ROUNDS
+    assert "against the CPU flags" in d.describe()
+
+
+def test_the_margin_keeps_fp32_unless_bf16_is_clearly_faster():
+    def verdict(bf16: float, fp32: float) -> str:
+        return measure.judge(PRECISION, Race({"bf16": (bf16,) * 5, "fp32": (fp32,) * 5})).choice
+
+    assert verdict(40.0, 100.0) == "bf16"
+    assert verdict(95.0, 100.0) == "fp32"
+    assert verdict(900.0, 30.0) == "fp32"
+
+
+def fake_probe(monkeypatch, m: FakeMachine, flags_have_bf16: bool = True) -> None:
+    monkeypatch.setattr(kernels, "matmul_workloads", lambda shapes: m.workloads())
+    monkeypatch.setattr(kernels, "cpu_has_bf16_units", lambda: flags_have_bf16)
+
+
+def test_a_cached_wrong_answer_is_contradicted_measured_again_and_rewritten(cache, monkeypatch):
+    wrong = FakeMachine(fp32=steady(11.8), bf16=steady(43.4))  # the issue's bad start
+    fake_probe(monkeypatch, wrong)
+    assert kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=wrong.clock).precision == "fp32"
+    right = FakeMachine(fp32=steady(17.8), bf16=steady(7.3))  # the same machine, fairly timed
+    fake_probe(monkeypatch, right)
+    plan = kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=right.clock)
+    assert plan.precision == "bf16" and not plan.cached
+    assert "re-measured: the cached choice was contradicted" in plan.describe()
+    (path,) = cache.glob("precision-*.json")
+    assert json.loads(path.read_text())["choice"] == "bf16"
+
+
+def test_a_cached_answer_is_confirmed_by_a_short_round(cache, monkeypatch):
+    m = FakeMachine(fp32=steady(17.8), bf16=steady(7.3))
+    fake_probe(monkeypatch, m)
+    kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=m.clock)
+    first = m.calls["bf16"]
+    again = kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=m.clock)
+    assert (
+        again.cached
+        and again.precision == "bf16"
+        and "cached; confirmed now: bf16 7.3 vs fp32 17.8" in again.describe()
+    )
+    assert m.calls["bf16"] - first < first  # a short round, not a new measurement
+
+
+def test_a_noisy_confirming_round_does_not_overturn_a_clear_decision(cache, monkeypatch):
+    m = FakeMachine(fp32=steady(17.8), bf16=steady(7.3))
+    fake_probe(monkeypatch, m)
+    kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=m.clock)
+    rng = random.Random(0)
+    busy = FakeMachine(fp32=lambda i: rng.uniform(10, 40), bf16=lambda i: rng.uniform(5, 40))
+    fake_probe(monkeypatch, busy)
+    assert kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=busy.clock).precision == "bf16"
+
+
+def test_remeasure_ignores_the_cache(cache, monkeypatch):
+    m = FakeMachine(fp32=steady(17.8), bf16=steady(7.3))
+    fake_probe(monkeypatch, m)
+    kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=m.clock)
+    plan = kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=m.clock, remeasure=True)
+    assert not plan.cached and plan.precision == "bf16"
+
+
+def test_a_real_probe_decides_once_then_confirms_from_the_cache(cache):
     first = kernels.choose("auto", "auto", SHAPES, torch.device("cpu"))
     assert not first.cached and first.precision in ("bf16", "fp32") and first.evidence
-    files = list(cache.glob("*.json"))
-    assert len(files) == 1
-    recorded = json.loads(files[0].read_text())
-    attention = {"attention_half", "attention_fp32"}
+    files = sorted(p.name.split("-")[0] for p in cache.glob("*.json"))
     # attention is timed only where half precision won: an fp32 run has no attention question
-    assert set(recorded) == {"matmul_bf16", "matmul_fp32"} | (attention if first.precision == "bf16" else set())
-    assert all(v > 0 for v in recorded.values())
+    assert files == (["attention", "precision"] if first.precision == "bf16" else ["precision"])
+    recorded = json.loads(next(cache.glob("precision-*.json")).read_text())
+    assert recorded["rounds"] >= measure.ROUNDS and all(v > 0 for v in recorded["medians"].values())
+    assert recorded["machine"]["cpu"] and recorded["key"]["hidden"] == 64
     again = kernels.choose("auto", "auto", SHAPES, torch.device("cpu"))
     assert again.cached and (again.precision, again.attention) == (first.precision, first.attention)
-    other = ModelShapes(64, 256, 4, 16, (20, 35, 9))  # another model: its own probe
+    other = ModelShapes(64, 256, 4, 16, (20, 35, 9))  # another model: its own question
     kernels.choose("auto", "auto", other, torch.device("cpu"))
-    assert len(list(cache.glob("*.json"))) == 2
+    assert len(list(cache.glob("precision-*.json"))) == 2
+    samples = ModelShapes(64, 128, 4, 16, (50, 14))  # other data, same projections: the same precision answer
+    assert kernels.choose("auto", "fp32", samples, torch.device("cpu")).cached
 
 
 def test_attention_is_probed_later_when_a_recipe_asks_for_half_precision(cache, monkeypatch):
-    monkeypatch.setattr(kernels, "probe_matmuls", lambda shapes: {"matmul_bf16": 900.0, "matmul_fp32": 30.0})
-    assert kernels.choose("auto", "auto", SHAPES, torch.device("cpu")).precision == "fp32"
-    (path,) = cache.glob("*.json")
-    assert set(json.loads(path.read_text())) == {"matmul_bf16", "matmul_fp32"}  # no attention timed
+    m = FakeMachine(fp32=steady(6.0), bf16=steady(600.0))
+    fake_probe(monkeypatch, m, flags_have_bf16=False)
+    assert kernels.choose("auto", "auto", SHAPES, torch.device("cpu"), clock=m.clock).precision == "fp32"
+    assert not list(cache.glob("attention-*.json"))  # no attention timed
     plan = kernels.choose("bf16", "auto", SHAPES, torch.device("cpu"))  # the same machine, bf16 forced
     assert plan.precision == "bf16" and plan.attention in ("native", "fp32") and not plan.cached
-    assert set(json.loads(path.read_text())) == {"matmul_bf16", "matmul_fp32", "attention_half", "attention_fp32"}
+    assert len(list(cache.glob("attention-*.json"))) == 1
     assert kernels.choose("bf16", "auto", SHAPES, torch.device("cpu")).cached
 
 
@@ -74,19 +226,6 @@ def test_nothing_to_probe_when_the_recipe_says(cache):
     assert kernels.choose("fp32", "auto", SHAPES, torch.device("cpu")) == KernelPlan("fp32", "fp32")
     assert kernels.choose("bf16", "native", SHAPES, torch.device("cpu")) == KernelPlan("bf16", "native")
     assert not cache.exists()
-
-
-def test_a_far_slower_candidate_is_timed_once():
-    calls = []
-
-    def slow():
-        calls.append(1)
-        torch.ones(300, 300) @ torch.ones(300, 300)
-
-    assert kernels._time(slow, rival=1e-6) > 0
-    assert len(calls) == 1
-    kernels._time(slow)
-    assert len(calls) == 1 + 4  # warm-up and three timed calls
 
 
 def test_both_attention_kernels_compute_the_same_attention():
@@ -108,6 +247,6 @@ def test_training_with_auto_kernels_logs_its_choice(tmp_path, tiny_overrides, ca
     )
     assert summary is not None and summary.steps == 2
     lines = [r.getMessage() for r in caplog.records if r.getMessage().startswith("kernels: ")]
-    assert len(lines) == 1 and "precision=" in lines[0] and "ms" in lines[0]
+    assert len(lines) == 1 and "precision=" in lines[0] and "ms" in lines[0] and "rounds" in lines[0]
     recorded = (tmp_path / "r" / "recipe.yaml").read_text()
     assert "precision: auto" in recorded  # the run record keeps the recipe as given

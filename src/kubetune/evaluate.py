@@ -9,16 +9,15 @@ from kubetune.data import prepare_data
 from kubetune.export import load_trained
 from kubetune.models.attention import register as register_attention
 from kubetune.models.finetune import ModelParts
-from kubetune.models.kernels import ModelShapes
-from kubetune.models.kernels import choose as choose_kernels
-from kubetune.models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model
+from kubetune.models.kernels import autocast_context, compute_precision
+from kubetune.models.load import DTYPES, load_causal_lm, load_config, load_tokenizer, resolve_model
 from kubetune.recipe import load_recipe
 from kubetune.recipe.layout import data_parallel_only
 from kubetune.rundir import RunDir
 from kubetune.training.dist import init_distributed
 from kubetune.training.report import fmt_number, setup_logging
 from kubetune.training.runner import LocalRunner
-from kubetune.training.setup import autocast_context, configure_threads, eval_batcher, first_row_samples
+from kubetune.training.setup import configure_threads, eval_batcher
 from kubetune.training.step import EvalResult, evaluate
 
 
@@ -26,23 +25,27 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     env = init_distributed("auto")
     setup_logging(env)
     run = RunDir(Path(target))
+    recipe = run.recipe(overrides) if run.is_run() else load_recipe(target, overrides).recipe
+    configure_threads(recipe.train.num_threads, env)  # before the precision: threads change the answer
+    source = resolve_model(recipe.model.name_or_path)
+    config = load_config(source, recipe.model.revision, recipe.model.trust_remote_code)
+    precision = compute_precision(recipe.train.precision, config, env.device)  # what training chose here
+    recipe = recipe.with_kernels(precision, "fp32")
     if run.is_run():
-        recipe = run.recipe(overrides)
         model, tokenizer = load_trained(run, recipe, for_training=True)
     else:
-        recipe = load_recipe(target, overrides).recipe
-        source = resolve_model(recipe.model.name_or_path)
         tokenizer = load_tokenizer(source, recipe.model.revision, recipe.model.trust_remote_code)
-        model = load_causal_lm(source, DTYPES[recipe.base_dtype_name()], register_attention())
-    configure_threads(recipe.train.num_threads, env)
+        model = load_causal_lm(
+            source,
+            DTYPES[recipe.base_dtype_name()],
+            register_attention(),
+            recipe.model.revision,
+            recipe.model.trust_remote_code,
+        )
     parts = ModelParts.of(model.to(env.device))
     data = prepare_data(recipe, tokenizer)
     layout = data_parallel_only(env.world_size, env.rank)
     batcher = eval_batcher(recipe, data, tokenizer.pad_token_id, layout)
-    precision: str = recipe.train.precision
-    if precision == "auto":  # what training would choose on this machine (measured once, then cached)
-        shapes = ModelShapes.of(parts.lm.config, first_row_samples(batcher) if batcher else [recipe.data.max_seq_len])
-        precision = choose_kernels(precision, "fp32", shapes, env.device).precision
     runner = LocalRunner(parts.loss, parts.loss, env.device, autocast_context(precision, env.device))
     result = evaluate(runner, batcher, layout, env)
     print(

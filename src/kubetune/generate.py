@@ -12,21 +12,26 @@ from kubetune.errors import RunDirError
 from kubetune.export import load_trained
 from kubetune.models.finetune import ModelParts
 from kubetune.models.generate import generate_text
-from kubetune.models.load import load_causal_lm, load_tokenizer
+from kubetune.models.kernels import autocast_context, compute_precision
+from kubetune.models.load import DTYPES, load_causal_lm, load_config, load_tokenizer, resolve_model
 from kubetune.rundir import RunDir
 
 
 def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0) -> str:
     path = Path(target)
     run = RunDir(path)
+    cpu = torch.device("cpu")
     template, system = "chat", None
     if run.is_run():
         recipe = run.recipe()
         template, system = recipe.data.template, recipe.data.system_prompt
-        model, tokenizer = load_trained(run, recipe)
+        config = load_config(resolve_model(recipe.model.name_or_path), recipe.model.revision)
+        precision = compute_precision(recipe.train.precision, config, cpu)  # training's decision on this machine
+        model, tokenizer = load_trained(run, recipe.with_kernels(precision, "fp32"))
     elif (path / "config.json").is_file():
+        precision = compute_precision("auto", load_config(str(path)), cpu)
         tokenizer = load_tokenizer(str(path))
-        model = load_causal_lm(str(path), torch.float32)
+        model = load_causal_lm(str(path), DTYPES[precision])
         if not getattr(tokenizer, "chat_template", None):
             template = "alpaca"
     else:
@@ -40,6 +45,7 @@ def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperatur
         text,
         max_new_tokens,
         add_special_tokens=not renderer.uses_chat_template,
-        device=torch.device("cpu"),
+        device=cpu,
+        autocast=autocast_context(precision, cpu),
         temperature=temperature,
     )

@@ -2,14 +2,17 @@
 
 Which compute precision and which attention kernel are fastest depends on the machine:
 bf16 matmuls run on AMX tiles on a 4th-generation Xeon, on AVX-512-BF16 on a Zen 4 EPYC,
-and, on a CPU with neither (AVX2 only), through a slow conversion path that can be 30x
-slower than fp32. So where the recipe says `auto`, a short probe on the model's own shapes
-decides at start-up (well under a second on a machine where one candidate is clearly
-slower: a candidate is dropped as soon as one call of it is far slower than the best),
-the result is cached per CPU model, ISA level, torch version, thread count and shape in
-the kubetune cache, and the choice is logged in one line:
+and, on a CPU with neither, through a conversion path that is several to many times slower
+than fp32. So where the recipe says `auto`, the model's own shapes are timed at start-up
+by the fair rules of `kubetune.models.measure` (warm-up, interleaved rounds, medians, more
+rounds where the evidence is unclear or contradicts the CPU's bf16 flags), the decision is
+cached per CPU model, ISA, torch version, thread count and shapes, confirmed by a short
+round at every later start, and logged in one line:
 
-    kernels: precision=fp32 (bf16 612.4 ms vs fp32 10.9 ms per 256x576x1536 matmul pair), ...
+    kernels: precision=fp32, attention=fp32 (fp32 10.9 ms [10.7-11.2] vs bf16 27.1 ms [...] per matmul pair, 7 rounds)
+
+Training, `kubetune eval`, `kubetune generate` and `kubetune serve --dtype auto` all take
+their precision from `choose` here: one rule for one fact.
 
 Accelerators are not probed: CUDA and Gaudi run bf16 natively (fp16 on CUDA devices
 without bf16), and their attention runs in the compute dtype.
@@ -17,26 +20,23 @@ without bf16), and their attention runs in the compute dtype.
 
 from __future__ import annotations
 
-import hashlib
-import json
+import contextlib
 import logging
-import platform
-import time
-from collections.abc import Callable
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
-from kubetune.fsutil import atomic_write_json, cache_root
+from kubetune.models import measure
+from kubetune.models.generate import AutocastFactory
+from kubetune.models.measure import Clock, Decision, Question, Workload
 
 log = logging.getLogger("kubetune")
 
-PROBE_VERSION = 1  # bump when a probe's workload changes: old cached choices are then ignored
-SLOWER_CUTOFF = 3.0  # one call this many times slower than the best candidate: stop timing it
 PROBE_ROWS = 256  # tokens per probe matmul: large enough to reach the kernel's steady speed
 BF16_MARGIN = 0.9  # bf16 changes the numerics: choose it only when clearly faster (<= 90% of fp32)
+BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU units that make bf16 matmuls fast
 
 
 @dataclass(frozen=True)
@@ -47,10 +47,10 @@ class ModelShapes:
     intermediate: int
     heads: int
     head_dim: int
-    sample_lengths: tuple[int, ...]
+    sample_lengths: tuple[int, ...] = ()
 
     @classmethod
-    def of(cls, config: Any, sample_lengths: list[int]) -> ModelShapes:
+    def of(cls, config: Any, sample_lengths: list[int] | tuple[int, ...] = ()) -> ModelShapes:
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
         return cls(config.hidden_size, config.intermediate_size, heads, head_dim, tuple(sample_lengths))
@@ -61,33 +61,60 @@ class KernelPlan:
     precision: str  # bf16 | fp16 | fp32: the autocast dtype of the compute
     attention: str  # fp32 (samples upcast to fp32 for the flash kernel) | native (the compute dtype)
     evidence: tuple[str, ...] = ()  # one phrase per measured choice
-    cached: bool = False
+    cached: bool = False  # every measured choice came from the cache (confirmed at this start)
 
     def describe(self) -> str:
         why = f" ({'; '.join(self.evidence)})" if self.evidence else ""
-        cached = " [cached]" if self.cached else ""
-        return f"kernels: precision={self.precision}, attention={self.attention}{why}{cached}"
+        return f"kernels: precision={self.precision}, attention={self.attention}{why}"
 
 
-def choose(precision: str, attention: str, shapes: ModelShapes, device: torch.device) -> KernelPlan:
-    """Resolve `auto` choices: probe (or read the cache) on CPU, known facts elsewhere."""
+def choose(
+    precision: str,
+    attention: str,
+    shapes: ModelShapes,
+    device: torch.device,
+    clock: Clock | None = None,
+    remeasure: bool = False,
+) -> KernelPlan:
+    """Resolve `auto` choices: measured (or cached and confirmed) on CPU, known facts elsewhere."""
     if device.type != "cpu":
         return _accelerator_plan(precision, attention, device)
-    if precision != "auto" and (attention != "auto" or precision == "fp32"):
-        return KernelPlan(precision, "fp32" if precision == "fp32" else attention)  # nothing to probe
-    key = _cache_key(shapes)
-    cached = _read_cache(key) or {}
-    timings = dict(cached)
-    if precision == "auto" and "matmul_fp32" not in timings:
-        timings.update(probe_matmuls(shapes))
-    # the attention question only exists in half precision: an fp32 run never times it
-    half = precision if precision != "auto" else _precision_from(timings)
-    if half != "fp32" and attention == "auto" and "attention_fp32" not in timings:
-        timings.update(probe_attention(shapes, torch.float16 if half == "fp16" else torch.bfloat16))
-    if timings != cached:
-        _write_cache(key, timings)
-    plan = _plan_from(timings, precision, attention)
-    return KernelPlan(plan.precision, plan.attention, plan.evidence, cached=timings == cached)
+    decisions: list[Decision] = []
+    if precision == "auto":
+        decisions.append(_settle(precision_question(shapes), lambda: matmul_workloads(shapes), clock, remeasure))
+        precision = decisions[-1].choice
+    if precision == "fp32":
+        return _plan(precision, "fp32", decisions)  # the attention question exists only in half precision
+    if attention == "auto":
+        dtype = torch.float16 if precision == "fp16" else torch.bfloat16
+        q = attention_question(shapes, dtype)
+        decisions.append(_settle(q, lambda: attention_workloads(shapes, dtype), clock, remeasure))
+        attention = decisions[-1].choice
+    return _plan(precision, attention, decisions)
+
+
+def autocast_context(precision: str, device: torch.device) -> AutocastFactory:
+    """The autocast a precision computes under (none for fp32)."""
+    if precision == "fp32":
+        return contextlib.nullcontext
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
+    return lambda: torch.autocast(device.type, dtype=dtype)
+
+
+def compute_precision(precision: str, config: Any, device: torch.device) -> str:
+    """The precision of a process that only runs the model (eval, generate, serve): the
+    same decision as training's, on the model's projection shapes."""
+    return choose(precision, "fp32", ModelShapes.of(config), device).precision
+
+
+def _settle(q: Question, build: Any, clock: Clock | None, remeasure: bool) -> Decision:
+    kw = {"clock": clock} if clock is not None else {}
+    return measure.settle(q, build, remeasure=remeasure, **kw)
+
+
+def _plan(precision: str, attention: str, decisions: list[Decision]) -> KernelPlan:
+    evidence = tuple(f"{d.question}: {d.describe()}" for d in decisions)
+    return KernelPlan(precision, attention, evidence, cached=bool(decisions) and all(d.cached for d in decisions))
 
 
 def _accelerator_plan(precision: str, attention: str, device: torch.device) -> KernelPlan:
@@ -97,38 +124,46 @@ def _accelerator_plan(precision: str, attention: str, device: torch.device) -> K
     return KernelPlan(precision, "native" if attention == "auto" else attention)
 
 
-def _plan_from(timings: dict[str, float], precision: str, attention: str) -> KernelPlan:
-    """The choices the timings (ms) support; explicit recipe values always win."""
-    evidence = []
-    if precision == "auto":
-        precision = _precision_from(timings)
-        evidence.append(f"bf16 {timings['matmul_bf16']:.1f} ms vs fp32 {timings['matmul_fp32']:.1f} ms per matmul pair")
-    if precision == "fp32":
-        return KernelPlan("fp32", "fp32", tuple(evidence))
-    if attention == "auto":
-        native, upcast = timings["attention_half"], timings["attention_fp32"]
-        attention = "native" if native < upcast else "fp32"
-        evidence.append(f"attention {precision} {native:.1f} ms vs fp32 {upcast:.1f} ms per layer")
-    return KernelPlan(precision, attention, tuple(evidence))
+# --- the questions ----------------------------------------------------------------------
 
 
-def _precision_from(timings: dict[str, float]) -> str:
-    return "bf16" if timings["matmul_bf16"] <= BF16_MARGIN * timings["matmul_fp32"] else "fp32"
+def cpu_has_bf16_units() -> bool:
+    """AMX or AVX-512-BF16: the flags that predict fast bf16 matmuls (timing decides)."""
+    return any(f in measure.cpu_flags() for f in BF16_FLAGS)
 
 
-# --- the probes -------------------------------------------------------------------------
+def precision_question(shapes: ModelShapes) -> Question:
+    return Question(
+        name="precision",
+        default="fp32",
+        challenger="bf16",
+        margin=BF16_MARGIN,
+        key={
+            "threads": torch.get_num_threads(),
+            "rows": PROBE_ROWS,
+            "hidden": shapes.hidden,
+            "intermediate": shapes.intermediate,
+        },
+        prior="bf16" if cpu_has_bf16_units() else "fp32",
+        unit="per matmul pair",
+    )
 
 
-def probe_matmuls(shapes: ModelShapes) -> dict[str, float]:
-    """Milliseconds per bf16 and fp32 matmul pair on `shapes` (a slow candidate is cut short)."""
-    fp32 = _time(_matmul_pair(shapes, torch.float32))
-    return {"matmul_fp32": fp32, "matmul_bf16": _time(_matmul_pair(shapes, torch.bfloat16), rival=fp32)}
-
-
-def probe_attention(shapes: ModelShapes, dtype: torch.dtype = torch.bfloat16) -> dict[str, float]:
-    """Milliseconds per layer of per-sample attention upcast to fp32 and in `dtype`."""
-    upcast = _time(_attention(shapes, dtype, upcast=True))
-    return {"attention_fp32": upcast, "attention_half": _time(_attention(shapes, dtype, upcast=False), rival=upcast)}
+def attention_question(shapes: ModelShapes, dtype: torch.dtype) -> Question:
+    return Question(
+        name="attention",
+        default="fp32",
+        challenger="native",
+        margin=1.0,
+        key={
+            "threads": torch.get_num_threads(),
+            "heads": shapes.heads,
+            "head_dim": shapes.head_dim,
+            "samples": list(shapes.sample_lengths or (PROBE_ROWS,)),
+            "dtype": str(dtype),
+        },
+        unit="per layer",
+    )
 
 
 def _random(*shape: int, dtype: torch.dtype, requires_grad: bool = False) -> torch.Tensor:
@@ -137,81 +172,41 @@ def _random(*shape: int, dtype: torch.dtype, requires_grad: bool = False) -> tor
     return torch.randn(*shape, generator=g).to(dtype).requires_grad_(requires_grad)
 
 
-def _matmul_pair(shapes: ModelShapes, dtype: torch.dtype) -> Callable[[], object]:
-    """An MLP projection's forward and its backward to the activations, as training runs them."""
-    x = _random(PROBE_ROWS, shapes.hidden, dtype=dtype)
-    w = _random(shapes.hidden, shapes.intermediate, dtype=dtype)
-    g = _random(PROBE_ROWS, shapes.intermediate, dtype=dtype)
-    return lambda: (x @ w, g @ w.t())
-
-
-def _attention(shapes: ModelShapes, dtype: torch.dtype, upcast: bool) -> Callable[[], object]:
-    """Forward and backward of per-sample causal attention over one packed row."""
-    from kubetune.models.attention import per_sample_attention
-
-    t = sum(shapes.sample_lengths)
-    q, k, v = (_random(1, shapes.heads, t, shapes.head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
-
-    def run() -> None:
-        out = per_sample_attention(q, k, v, list(shapes.sample_lengths), scaling=None, dropout=0.0, upcast=upcast)
-        out.sum().backward()
+def _repeat(fn: Any) -> Workload:
+    def run(calls: int) -> None:
+        for _ in range(calls):
+            fn()
 
     return run
 
 
-def _time(fn: Callable[[], object], rival: float | None = None, repeats: int = 3) -> float:
-    """Best of `repeats` calls in ms after a warm-up; one call when it is far slower than `rival`."""
-    t0 = time.perf_counter()
-    fn()  # warm-up (and, for a hopeless candidate, the only call)
-    first = (time.perf_counter() - t0) * 1e3
-    if rival is not None and first > SLOWER_CUTOFF * rival:
-        return first
-    best = first
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        best = min(best, (time.perf_counter() - t0) * 1e3)
-    return best
+def matmul_workloads(shapes: ModelShapes) -> Mapping[str, Workload]:
+    """An MLP projection's forward and its backward to the activations, as a LoRA step runs
+    them (the frozen base computes no weight gradient), in each dtype."""
+
+    def pair(dtype: torch.dtype) -> Workload:
+        x = _random(PROBE_ROWS, shapes.hidden, dtype=dtype)
+        w = _random(shapes.hidden, shapes.intermediate, dtype=dtype)
+        g = _random(PROBE_ROWS, shapes.intermediate, dtype=dtype)
+        return _repeat(lambda: (x @ w, g @ w.t()))
+
+    return {"fp32": pair(torch.float32), "bf16": pair(torch.bfloat16)}
 
 
-# --- the cache --------------------------------------------------------------------------
+def attention_workloads(shapes: ModelShapes, dtype: torch.dtype) -> Mapping[str, Workload]:
+    """Forward and backward of per-sample causal attention over one packed row, upcast to
+    fp32 (`fp32`) or in `dtype` (`native`)."""
+    from kubetune.models.attention import per_sample_attention
 
+    lengths = list(shapes.sample_lengths or (PROBE_ROWS,))
+    t = sum(lengths)
+    q, k, v = (_random(1, shapes.heads, t, shapes.head_dim, dtype=dtype, requires_grad=True) for _ in range(3))
 
-def cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or platform.machine()
+    def layer(upcast: bool) -> Workload:
+        def run() -> None:
+            out = per_sample_attention(q, k, v, lengths, scaling=None, dropout=0.0, upcast=upcast)
+            out.sum().backward()
 
+        return _repeat(run)
 
-def _cache_key(shapes: ModelShapes) -> str:
-    parts = {
-        "probe": PROBE_VERSION,
-        "cpu": cpu_model(),
-        "isa": torch.backends.cpu.get_cpu_capability(),
-        "torch": torch.__version__,
-        "threads": torch.get_num_threads(),
-        "shapes": asdict(shapes),
-    }
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:20]
-
-
-def _cache_file(key: str) -> Path:
-    return cache_root() / "kernels" / f"{key}.json"
-
-
-def _read_cache(key: str) -> dict[str, float] | None:
-    try:
-        data = json.loads(_cache_file(key).read_text())
-    except (OSError, ValueError):
-        return None
-    return {k: float(v) for k, v in data.items()}
-
-
-def _write_cache(key: str, timings: dict[str, float]) -> None:
-    path = _cache_file(key)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_json(path, timings)
+    return {"fp32": layer(True), "native": layer(False)}

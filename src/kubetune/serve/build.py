@@ -14,22 +14,30 @@ from kubetune.serve import host
 from kubetune.serve.engine import Engine, Limits
 from kubetune.serve.kvcache import SlotCache, register
 from kubetune.serve.metrics import ServeMetrics
-from kubetune.serve.models import ServedSet, load_served
+from kubetune.serve.models import ServedSet, load_served, plan_served
 from kubetune.serve.packed import pack
 
 KV_SHARE_OF_FREE = 0.5  # of the memory the container has left once the weights are in
 KV_MAX_WITHOUT_LIMIT = 8 << 30  # a laptop or a pod without a limit: never more than this
 
 
-def pick_dtype(name: str) -> torch.dtype:
-    """bf16 where the CPU has bf16 units (AMX, AVX-512-BF16), fp32 otherwise; never fp16 on CPU."""
-    if name == "auto":
-        return torch.bfloat16 if host.cpu_has_bf16() else torch.float32
-    if name in ("bf16", "bfloat16"):
-        return torch.bfloat16
-    if name in ("fp32", "float32"):
-        return torch.float32
-    raise UserError(f"--dtype {name}: choose auto, bf16 or fp32 (fp16 is not used on CPU: it is emulated and slow)")
+DTYPE_NAMES = {"bf16": "bf16", "bfloat16": "bf16", "fp32": "fp32", "float32": "fp32", "auto": "auto"}
+
+
+def check_dtype(name: str) -> str:
+    """`--dtype` as bf16 | fp32 | auto; never fp16 on CPU."""
+    if name not in DTYPE_NAMES:
+        raise UserError(f"--dtype {name}: choose auto, bf16 or fp32 (fp16 is not used on CPU: it is emulated and slow)")
+    return DTYPE_NAMES[name]
+
+
+def pick_dtype(name: str, config: Any) -> torch.dtype:
+    """bf16 or fp32; `auto` is training's decision on this machine (kubetune.models.kernels:
+    the model's shapes timed, cached, confirmed), not a second rule."""
+    from kubetune.models.kernels import compute_precision
+
+    precision = compute_precision(check_dtype(name), config, torch.device("cpu"))
+    return torch.bfloat16 if precision == "bf16" else torch.float32
 
 
 def kv_budget(explicit: int | None) -> int:
@@ -50,7 +58,10 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     threads = opts.threads or host.threads()
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    dtype = pick_dtype(opts.dtype)
+    from kubetune.models.load import load_config
+
+    plan = plan_served(opts.target, list(opts.adapters))
+    dtype = pick_dtype(opts.dtype, load_config(plan.base_source))
     served = load_served(opts.target, list(opts.adapters), dtype, register())
     config = served.lm.config
     limits = _limits(opts.limits, config)

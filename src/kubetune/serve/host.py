@@ -1,5 +1,6 @@
 """What the serving process may use of the machine it runs on: the CPU quota and memory
-limit of its container (cgroup v2, then v1), and whether the CPU has bf16 units.
+limit of its container (cgroup v2, then v1). Whether it computes in bf16 is measured, like
+training's precision (kubetune.models.kernels).
 
 A pod sees every core and all of the node's memory through os.cpu_count() and /proc/meminfo;
 sizing threads or the KV cache from those is how CPU servers end up throttled or OOM-killed.
@@ -11,7 +12,6 @@ import os
 from pathlib import Path
 
 CGROUP = Path("/sys/fs/cgroup")
-BF16_FLAGS = ("amx_bf16", "avx512_bf16")
 
 
 def _read(path: Path) -> str | None:
@@ -59,11 +59,3 @@ def available_memory() -> int:
         if line.startswith("MemAvailable:"):
             return int(line.split()[1]) * 1024
     return 4 << 30
-
-
-def cpu_has_bf16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """True when the CPU has bf16 matmul units (AMX or AVX-512-BF16). Without them bf16 is
-    emulated and much slower than fp32, and fp16 is never used on CPU."""
-    text = _read(cpuinfo) or ""
-    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
-    return any(f in flags for f in BF16_FLAGS)

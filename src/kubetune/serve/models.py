@@ -87,6 +87,14 @@ class Plan:
     base_name: str
     adapters: list[tuple[str, _Source]]
 
+    @property
+    def base_source(self) -> str:
+        """What the base model's weights and config are loaded from."""
+        if self.main.is_lora:
+            assert self.main.recipe is not None
+            return resolve_model(self.main.recipe.model.name_or_path)
+        return str(self.main.weights)
+
 
 def plan_served(target: str, adapters: list[Adapter]) -> Plan:
     """Check the target and the adapters (one clear line each) before anything is loaded."""
@@ -105,13 +113,8 @@ def plan_served(target: str, adapters: list[Adapter]) -> Plan:
 def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str, fuse: bool = True) -> ServedSet:
     plan = plan_served(target, adapters)
     main, base_name, extra = plan.main, plan.base_name, plan.adapters
-    if main.is_lora:
-        assert main.recipe is not None
-        base_source = resolve_model(main.recipe.model.name_or_path)
-    else:
-        base_source = str(main.weights)
     tokenizer = load_tokenizer(str(main.weights))
-    lm = load_causal_lm(base_source, dtype, attn)
+    lm = load_causal_lm(plan.base_source, dtype, attn)
     lm.eval()
     served = ServedSet(lm, tokenizer, base_name)
     served.models[base_name] = Served(base_name, main.renderer(tokenizer))

@@ -39,11 +39,11 @@ class ServeOptions:
 
 
 def serve(opts: ServeOptions) -> None:
-    from kubetune.serve.build import pick_dtype
+    from kubetune.serve.build import check_dtype
     from kubetune.serve.models import plan_served
 
     plan_served(opts.target, list(opts.adapters))  # a bad target or adapter fails here, in one line
-    pick_dtype(opts.dtype)
+    check_dtype(opts.dtype)
     state = ServerState(default_max_tokens=opts.default_max_tokens)
     app = create_app(state)
     config = uvicorn.Config(

@@ -7,7 +7,6 @@ optimizer over the wrapped parameters.
 
 from __future__ import annotations
 
-import contextlib
 import math
 import os
 from dataclasses import dataclass
@@ -21,7 +20,7 @@ from kubetune.errors import DataError, RunDirError
 from kubetune.models.attention import seqlens_from_cu
 from kubetune.models.finetune import ModelParts, build_model
 from kubetune.models.generate import AutocastFactory
-from kubetune.models.kernels import KernelPlan, ModelShapes
+from kubetune.models.kernels import KernelPlan, ModelShapes, autocast_context
 from kubetune.models.kernels import choose as choose_kernels
 from kubetune.models.load import DTYPES, load_config, load_tokenizer, resolve_model
 from kubetune.models.stages import Stage
@@ -167,13 +166,6 @@ def configure_threads(num_threads: int | None, env: DistEnv) -> None:
         or max(1, (os.cpu_count() or 1) // max(1, env.local_world_size))
     )
     torch.set_num_threads(n)
-
-
-def autocast_context(precision: str, device: torch.device) -> AutocastFactory:
-    if precision == "fp32":
-        return contextlib.nullcontext
-    dtype = torch.bfloat16 if precision == "bf16" else torch.float16
-    return lambda: torch.autocast(device.type, dtype=dtype)
 
 
 def train_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout) -> Batcher:
