@@ -39,7 +39,8 @@ def train(
     nproc_per_node: str | None = typer.Option(
         None,
         "--nproc-per-node",
-        help="Start torchrun with N local processes; auto = one per accelerator, or one per CPU core.",
+        help="Start torchrun with N local processes; auto = one per accelerator, or one per CPU core. "
+        "Default on CPU: one process, or one per core where that measures faster (`kubetune kernels`).",
     ),
     nnodes: str | None = typer.Option(None, "--nnodes", help="torchrun --nnodes (N or MIN:MAX)."),
     node_rank: int | None = typer.Option(None, "--node-rank", help="torchrun --node-rank."),
@@ -51,9 +52,10 @@ def train(
 
     reexec_with_jemalloc()  # before torch allocates anything (kubetune.allocator says why)
     recipe, overrides = _split_recipe_args(args or [])
-    from kubetune.training.launch import launch_torchrun, local_processes, needs_agent, precheck
+    from kubetune.training.launch import die_with_agent, launch_torchrun, needs_agent, precheck
 
-    nproc = local_processes(nproc_per_node) if nproc_per_node is not None else None
+    die_with_agent()  # a torchrun worker: gone with its agent, never training on alone
+    nproc, overrides = _local_processes(nproc_per_node, nnodes, recipe, overrides)
     if nproc or nnodes:
         world = (nproc or 1) * int(nnodes or 1) if nnodes is None or str(nnodes).isdigit() else None
         _worker_environment(precheck(recipe, overrides, world or 0, nproc or 1) if world else {})
@@ -64,6 +66,40 @@ def train(
     from kubetune.training.run import train_from_recipe
 
     train_from_recipe(recipe, overrides)
+
+
+def _local_processes(
+    nproc_per_node: str | None, nnodes: str | None, recipe: str | None, overrides: list[str]
+) -> tuple[int | None, list[str]]:
+    """`--nproc-per-node`, or where it is not given on a plain start, the measured choice
+    between one process and one per core (with the batch split that keeps the recipe's)."""
+    from kubetune.training.launch import local_processes, needs_agent
+    from kubetune.training.processes import plan_processes, started_by_launcher
+
+    if nproc_per_node is not None:
+        return local_processes(nproc_per_node), overrides
+    if nnodes or needs_agent() or started_by_launcher():
+        return None, overrides
+    plan = plan_processes(recipe, overrides)
+    typer.echo(f"kubetune: {plan.describe()}", err=True)
+    if plan.processes == 1:
+        return None, overrides
+    return plan.processes, [*overrides, *plan.overrides]
+
+
+@app.command()
+def kernels(
+    args: list[str] = typer.Argument(None, help="[RECIPE] [key=value ...]; no recipe = the embedded default."),
+    remeasure: bool = typer.Option(False, "--remeasure", help="Measure again and rewrite the cached decisions."),
+):
+    """What `kubetune train` chooses on this machine (precision, attention, processes), and why."""
+    from kubetune.allocator import reexec_with_jemalloc
+
+    reexec_with_jemalloc()  # measured under the allocator training runs on
+    from kubetune.training.choices import describe_choices
+
+    recipe, overrides = _split_recipe_args(args or [])
+    typer.echo(describe_choices(recipe, overrides, remeasure))
 
 
 @app.command("eval")

@@ -82,11 +82,11 @@ def race(
     workloads: Mapping[str, Workload],
     rounds: int,
     clock: Clock = time.perf_counter,
-    units: Mapping[str, int] | None = None,
+    units: Mapping[str, float] | None = None,
 ) -> Race:
     """Warm every candidate, drop the hopeless ones on warmed timings, then time the rest in
     `rounds` interleaved rounds. `units[name]`: units of work one call of that candidate does
-    (N processes working at once do N), so that samples compare work per second."""
+    (N processes working at once do N times the work), so that samples compare work per second."""
     units = units or {}
     names = list(workloads)
     for name in names:
@@ -129,6 +129,10 @@ class Question:
     key: Mapping[str, Any]  # everything the answer depends on besides the machine
     prior: str | None = None
     unit: str = "per call"  # how the evidence names one unit of work
+    # None: a cached decision is confirmed by a short round at every start. A number: the
+    # cache is trusted this many seconds, then measured again (for questions whose
+    # candidates cost seconds to set up, such as starting processes).
+    max_age_s: float | None = None
 
 
 @dataclass(frozen=True)
@@ -182,7 +186,7 @@ class Decision:
             text += ", re-measured: the cached choice was contradicted"
         elif self.cached:
             now = " vs ".join(f"{n} {m:.1f}" for n, m in sorted(self.confirmed_by.items(), key=lambda p: p[1]))
-            text += f", cached; confirmed now: {now} ms" if now else ", cached"
+            text += f", cached; confirmed now: {now} ms" if now else f", cached {_age(self.decided_at)} ago"
         return text
 
     def as_json(self) -> dict[str, Any]:
@@ -245,6 +249,10 @@ def settle(
     (written to the cache). `workloads` builds the candidates (they allocate, so only
     when timing)."""
     cached = None if remeasure else read_decision(q)
+    if cached is not None and q.max_age_s is not None:
+        if time.time() - cached.decided_at < q.max_age_s:
+            return _with(cached, cached=True)
+        cached = None  # expired: measured again, as if new
     built = workloads()
     if cached is not None:
         check = race(built, CONFIRM_ROUNDS, clock, **kw)
@@ -255,6 +263,11 @@ def settle(
     decision = decide(q, built, clock, **kw)
     write_decision(q, decision)
     return _with(decision, remeasured=cached is not None)
+
+
+def _age(t: float) -> str:
+    s = max(0.0, time.time() - t)
+    return f"{s / 86400:.1f} d" if s >= 86400 else f"{s / 3600:.1f} h" if s >= 3600 else f"{s / 60:.0f} min"
 
 
 def _clear(q: Question, r: Race) -> bool:
@@ -295,10 +308,14 @@ def cpu_flags(cpuinfo: Path = Path("/proc/cpuinfo")) -> frozenset[str]:
     return frozenset(next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), []))
 
 
+def cache_root_kernels() -> Path:
+    return cache_root() / "kernels"
+
+
 def cache_file(q: Question) -> Path:
     parts = {"version": CACHE_VERSION, "question": q.name, "machine": machine(), "key": dict(q.key)}
     digest = hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    return cache_root() / "kernels" / f"{q.name}-{digest}.json"
+    return cache_root_kernels() / f"{q.name}-{digest}.json"
 
 
 def read_decision(q: Question) -> Decision | None:
@@ -312,14 +329,3 @@ def write_decision(q: Question, d: Decision) -> None:
     path = cache_file(q)
     path.parent.mkdir(parents=True, exist_ok=True)
     atomic_write_json(path, {**d.as_json(), "key": dict(q.key), "machine": machine()})
-
-
-def cached_decisions() -> list[tuple[Path, dict[str, Any]]]:
-    """Every decision in the cache, newest first (for `kubetune kernels`)."""
-    out = []
-    for path in (cache_root() / "kernels").glob("*.json"):
-        try:
-            out.append((path, json.loads(path.read_text())))
-        except (OSError, ValueError):
-            continue
-    return sorted(out, key=lambda p: -float(p[1].get("decided_at", 0.0)))

@@ -31,6 +31,23 @@ def needs_agent(env: dict[str, str] | None = None) -> bool:
     return "PET_NNODES" in env and "RANK" not in env
 
 
+def die_with_agent(env: dict[str, str] | None = None) -> None:
+    """Make this torchrun worker die with its agent. An agent killed by SIGKILL (the OOM
+    killer, `kill -9` of `kubetune train`) cannot stop its workers, which would go on
+    training into the run directory beside the next run."""
+    env = dict(os.environ if env is None else env)
+    if "TORCHELASTIC_RUN_ID" not in env or not sys.platform.startswith("linux"):
+        return
+    import ctypes
+    import signal
+
+    agent = os.getppid()
+    pr_set_pdeathsig = 1
+    ctypes.CDLL(None, use_errno=True).prctl(pr_set_pdeathsig, signal.SIGKILL)
+    if os.getppid() != agent:  # the agent died before the request took effect
+        os._exit(1)
+
+
 def local_processes(value: str) -> int:
     """`--nproc-per-node`: a number, or `auto`: one process per accelerator, else one per
     physical CPU core, each with one thread (BENCHMARKS.md measures this against one

@@ -1,0 +1,358 @@
+"""One process with a thread per core, or one single-thread process per core: measured.
+
+A CPU training step mixes large matmuls, which scale with threads, with many small
+operations (per-sample attention, norms, casts, the Python that issues each of them),
+which do not: a second thread mostly waits for them. N single-thread processes with data
+parallelism run all of it N-wide, at the cost of a copy of the model per process and one
+gradient all-reduce per step. Which wins depends on the CPU and the model, so
+`kubetune train` without `--nproc-per-node` times both on the model's own decoder layer
+(forward and backward over the recipe's first micro-batch, in the precision training
+will use), by the fair rules of `kubetune.models.measure`: warmed, interleaved, medians,
+cached per machine and shapes, confirmed at each start.
+
+N processes keep the recipe's global batch: `train.grad_accum` (or else
+`train.micro_batch_size`) is divided by N, so the rows of every optimizer step are the
+same as in one process (kubetune.training.step normalises by the step's target tokens).
+A run resumes with the process count it started with.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import copy
+import dataclasses
+import json
+import os
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from kubetune.models.measure import Decision, Question, Workload
+
+MARGIN = 0.95  # N processes cost N model copies and a gradient all-reduce per step: clearly faster, or one
+MAX_AGE_S = 7 * 86400  # starting the probe processes costs seconds: a decision is kept a week, then re-measured
+MEMORY_SHARE = 0.7  # of the memory this process may use: N processes must fit under it
+DIST_ENV = (
+    "LOCAL_RANK",
+    "TORCHELASTIC_RUN_ID",
+    "RANK",
+    "WORLD_SIZE",
+    "MASTER_ADDR",
+    "PET_NNODES",
+    "PET_NPROC_PER_NODE",
+)
+
+
+@dataclass(frozen=True)
+class ProcessPlan:
+    """How `kubetune train` runs here: `processes` local processes with `overrides` added."""
+
+    processes: int
+    overrides: tuple[str, ...] = ()
+    why: str = ""
+
+    def describe(self) -> str:
+        threads = "1 thread each" if self.processes > 1 else f"{os.cpu_count()} thread(s)"
+        return f"processes: {self.processes} x {threads} ({self.why})"
+
+
+def started_by_launcher(env: Mapping[str, str] | None = None) -> bool:
+    """torchrun, a Kubeflow pod or an MPI-style launcher has set this process's rank."""
+    env = os.environ if env is None else env
+    return any(k in env for k in DIST_ENV)
+
+
+def plan_processes(recipe_arg: str | None, overrides: list[str], remeasure: bool = False) -> ProcessPlan:
+    """One process, or one per core where that measures faster and the batch splits evenly."""
+    from kubetune.recipe import load_recipe
+
+    recipe = load_recipe(recipe_arg, overrides).recipe
+    fixed = _fixed_reason(recipe)
+    if fixed:
+        return ProcessPlan(1, why=fixed)
+    started = _started_with(Path(recipe.output_dir))
+    n = started or _cores()
+    split = batch_split(recipe.train.micro_batch_size, recipe.train.grad_accum, n)
+    if split is None:
+        t = recipe.train
+        return ProcessPlan(
+            1,
+            why=f"train.micro_batch_size={t.micro_batch_size} and train.grad_accum={t.grad_accum}: "
+            f"neither divides by {n}, so {n} processes would change the batch",
+        )
+    if started is not None:
+        return _plan(started, split, f"as the run in {recipe.output_dir} started")
+    roomy = _memory_for(recipe, n)
+    if roomy:
+        return ProcessPlan(1, why=roomy)
+    decision = measure_processes(recipe, n, split, remeasure)
+    return _plan(n if decision.choice == "processes" else 1, split, decision.describe())
+
+
+def _plan(processes: int, split: tuple[int, int], why: str) -> ProcessPlan:
+    if processes == 1:
+        return ProcessPlan(1, why=why)
+    micro, accum = split
+    return ProcessPlan(processes, (f"train.micro_batch_size={micro}", f"train.grad_accum={accum}"), why)
+
+
+def batch_split(micro: int, accum: int, n: int) -> tuple[int, int] | None:
+    """(micro-batch, grad_accum) per process that keep micro x accum rows per step over n
+    processes: grad_accum divided first (the micro-batch, i.e. the kernels' shapes, stay)."""
+    if accum % n == 0:
+        return micro, accum // n
+    if micro % n == 0:
+        return micro // n, accum
+    return None
+
+
+def _cores() -> int:
+    import psutil
+
+    physical = psutil.cpu_count(logical=False) or os.cpu_count() or 1
+    return max(1, min(physical, len(os.sched_getaffinity(0))))
+
+
+def _fixed_reason(recipe: Any, env: Mapping[str, str] | None = None) -> str | None:
+    """Why there is nothing to measure: the processes are given, or only one makes sense."""
+    env = os.environ if env is None else env
+    cores = _cores()
+    if started_by_launcher(env):
+        return "started by a launcher"
+    if cores < 2:
+        return "one core"
+    if recipe.train.device not in ("auto", "cpu") or _has_accelerator():
+        return "an accelerator: one process per device is --nproc-per-node auto"
+    if recipe.train.num_threads or env.get("OMP_NUM_THREADS"):
+        return "threads set (train.num_threads or OMP_NUM_THREADS); --nproc-per-node N for processes"
+    p = recipe.parallel
+    if p.tp > 1 or p.pp > 1 or p.fsdp > 1 or p.dp not in (-1, cores):
+        return "parallel.* names its own layout: give --nproc-per-node"
+    return None
+
+
+def _has_accelerator() -> bool:
+    from kubetune.training.dist import accelerator_count
+
+    return accelerator_count() > 0
+
+
+def _started_with(output_dir: Path) -> int | None:
+    """The world size of the newest checkpoint in `output_dir`, if the run has one."""
+    from kubetune.training import checkpoint as ckpt
+
+    newest = ckpt.latest_checkpoint(output_dir)
+    return ckpt.read_meta(newest).world_size if newest is not None else None
+
+
+def _memory_for(recipe: Any, n: int) -> str | None:
+    """Why `n` copies of the model would not fit in memory (None when they would)."""
+    import psutil
+
+    from kubetune.training import memory
+
+    need = n * _process_bytes(recipe)
+    room = MEMORY_SHARE * min(memory.limit_bytes(), psutil.virtual_memory().available)
+    if need <= room:
+        return None
+    return f"{n} processes would need ~{need / 2**30:.1f} GiB, {room / 2**30:.1f} GiB is free to use"
+
+
+def _process_bytes(recipe: Any) -> float:
+    """A rough peak for one training process: the weights one and a half times over (the
+    frozen base, its casts, the adapters' optimizer state) plus the interpreter, torch and
+    one micro-batch's activations."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from kubetune.models.load import load_config, resolve_model
+
+    m = recipe.model
+    config = load_config(resolve_model(m.name_or_path), m.revision, m.trust_remote_code)
+    with torch.device("meta"):
+        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+    width = 2 if recipe.base_dtype_name() == "bf16" or recipe.train.precision == "auto" else 4
+    return 1.5 * params * width + 1.5 * 2**30
+
+
+# --- the measurement --------------------------------------------------------------------
+
+
+def measure_processes(recipe: Any, cores: int, split: tuple[int, int], remeasure: bool = False) -> Decision:
+    """Time one decoder layer (with the recipe's adapters) forward and backward over the
+    recipe's first micro-batch: here with the threads one training process would use, and
+    in `cores` single-thread processes at once, each on its share of the batch."""
+    import torch
+
+    from kubetune import allocator
+    from kubetune.models import kernels, measure
+    from kubetune.models.attention import seqlens_from_cu
+
+    torch.set_num_threads(os.cpu_count() or 1)  # as kubetune.training.setup.configure_threads does
+    config, batcher = probe_inputs(recipe)
+    lengths = seqlens_from_cu(batcher.micro_batch(0, 0)[0].cu_seqlens)
+    precision = kernels.compute_precision(recipe.train.precision, config, torch.device("cpu"))
+    per_process = lengths[: max(1, len(lengths) * split[0] // recipe.train.micro_batch_size)]
+    spec = LayerSpec(recipe.with_kernels(precision, "fp32").model_dump(mode="json"), config.to_dict())
+    q = Question(
+        name="processes",
+        default="threads",
+        challenger="processes",
+        margin=MARGIN,
+        key={"cores": cores, "jemalloc": allocator.jemalloc_loaded(), "samples": lengths, "per_process": per_process}
+        | spec.key(),
+        unit="per 1k tokens of a decoder layer",
+        max_age_s=MAX_AGE_S,
+    )
+    units = {"threads": sum(lengths) / 1000, "processes": cores * sum(per_process) / 1000}
+    with contextlib.ExitStack() as stack:
+
+        def workloads() -> dict[str, Workload]:  # only when measuring: starting processes costs seconds
+            pool = stack.enter_context(WorkerPool(cores, spec, per_process))
+            return {"threads": layer_workload(spec, lengths), "processes": pool.run}
+
+        return measure.settle(q, workloads, remeasure=remeasure, units=units)
+
+
+def probe_inputs(recipe: Any) -> tuple[Any, Any]:
+    """The model's config and the recipe's training batcher (one process)."""
+    from kubetune.data import prepare_data
+    from kubetune.models.load import load_config, load_tokenizer, resolve_model
+    from kubetune.recipe.layout import data_parallel_only
+    from kubetune.training.setup import train_batcher
+
+    m = recipe.model
+    source = resolve_model(m.name_or_path)
+    tokenizer = load_tokenizer(source, m.revision, m.trust_remote_code)
+    data = prepare_data(recipe, tokenizer)  # cached on disk: the training processes read it again for free
+    batcher = train_batcher(recipe, data, tokenizer.pad_token_id, data_parallel_only(1, 0))
+    return load_config(source, m.revision, m.trust_remote_code), batcher
+
+
+@dataclass(frozen=True)
+class LayerSpec:
+    """One decoder layer as the recipe trains it (its kernel choices resolved), in JSON for
+    the probe processes."""
+
+    recipe: dict[str, Any]
+    config: dict[str, Any]
+
+    def key(self) -> dict[str, Any]:
+        """What the timing depends on: the layer's shapes, the precision, the adapters."""
+        shapes = {k: self.config.get(k) for k in LAYER_FIELDS}
+        r = self.recipe
+        return {"layer": shapes, "precision": r["train"]["precision"], "finetune": r["finetune"], "lora": r["lora"]}
+
+
+LAYER_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+
+
+def layer_workload(spec: LayerSpec, lengths: list[int]) -> Workload:
+    """Forward and backward of one decoder layer over packed samples of `lengths`, built
+    the way training builds the model (kubetune.models.finetune: LoRA or full)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    from kubetune.models.attention import SEQLENS_KWARG, register
+    from kubetune.models.finetune import prepare_for_training
+    from kubetune.models.kernels import autocast_context
+    from kubetune.models.load import DTYPES
+    from kubetune.recipe import Recipe
+
+    recipe = Recipe.model_validate(spec.recipe)
+    cfg = AutoConfig.for_model(**copy.deepcopy(spec.config))
+    cfg.num_hidden_layers, cfg.vocab_size = 1, 8  # one layer; the embedding and head are not timed
+    dtype = DTYPES[recipe.base_dtype_name()]
+    lm = AutoModelForCausalLM.from_config(cfg, attn_implementation=register("fp32"), dtype=dtype)
+    prepare_for_training(lm, recipe.model_copy(update={"train": recipe.train.model_copy(update={"compile": False})}))
+    lm.train()
+    layer, rotary = lm.model.layers[0], lm.model.rotary_emb
+    g = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, sum(lengths), cfg.hidden_size, generator=g).to(dtype).requires_grad_(True)
+    positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    autocast = autocast_context(recipe.train.precision, torch.device("cpu"))
+    kwargs = {SEQLENS_KWARG: lengths}
+
+    def run(calls: int) -> None:
+        for _ in range(calls):
+            with autocast():
+                out = layer(hidden, position_ids=positions, position_embeddings=rotary(hidden, positions), **kwargs)
+            out.float().sum().backward()
+
+    return run
+
+
+class WorkerPool:
+    """`n` single-thread processes (`python -m kubetune.training.processes`) that run the
+    layer workload together on command: one line per command over their stdin and stdout."""
+
+    def __init__(self, n: int, spec: LayerSpec, lengths: list[int]) -> None:
+        self.n, self.payload = n, json.dumps({"spec": dataclasses.asdict(spec), "lengths": lengths})
+        self.procs: list[subprocess.Popen[str]] = []
+
+    def __enter__(self) -> WorkerPool:
+        env = {**os.environ, "OMP_NUM_THREADS": "1"}  # their OpenMP pools, from the first op
+        for _ in range(self.n):
+            proc = subprocess.Popen(
+                [sys.executable, "-m", "kubetune.training.processes"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                text=True,
+                env=env,
+            )
+            assert proc.stdin is not None
+            proc.stdin.write(self.payload + "\n")
+            proc.stdin.flush()
+            self.procs.append(proc)
+        for proc in self.procs:
+            self._expect(proc, "ready")
+        return self
+
+    def run(self, calls: int) -> None:
+        for proc in self.procs:
+            assert proc.stdin is not None
+            proc.stdin.write(f"{calls}\n")
+            proc.stdin.flush()
+        for proc in self.procs:
+            self._expect(proc, "done")
+
+    @staticmethod
+    def _expect(proc: subprocess.Popen[str], word: str) -> None:
+        assert proc.stdout is not None
+        line = proc.stdout.readline().strip()
+        if line != word:
+            raise RuntimeError(f"a probe process stopped ({line or 'no answer'}); see its error above")
+
+    def __exit__(self, *exc: object) -> None:
+        for proc in self.procs:
+            with contextlib.suppress(OSError):  # a worker that already died
+                assert proc.stdin is not None
+                proc.stdin.close()
+        for proc in self.procs:
+            try:
+                proc.wait(timeout=10)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+
+
+def _worker_main() -> None:
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # transformers' deprecations, once per probe
+
+    torch.set_num_threads(1)
+    job = json.loads(sys.stdin.readline())
+    run = layer_workload(LayerSpec(**job["spec"]), job["lengths"])
+    print("ready", flush=True)
+    for line in sys.stdin:
+        run(int(line))
+        print("done", flush=True)
+
+
+if __name__ == "__main__":
+    _worker_main()
