@@ -5,10 +5,14 @@ dropout 0.05 on q_proj/v_proj), same rows (the first N of medical_flashcards tra
 one epoch), same tokens (kubetune's tokenizer pipeline: chat template, labels on the
 response, one EOS), same optimizer settings. HF Trainer gets padded batches (the usual
 DataCollatorForSeq2Seq dynamic padding), in fp32 and with bf16=True (CPU autocast).
-kubetune runs its defaults (packed rows, precision and attention kernel chosen by its
-start-up probe: bf16 base weights with fp32 adapters where this CPU has bf16 units, fp32
-where it has not), once as one process with all threads and once as one single-thread
-process per core (`--nproc-per-node`, same global batch).
+kubetune runs its defaults (packed rows; precision, attention kernel and processes chosen by
+its start-up probes: bf16 base weights with fp32 adapters where bf16 measures faster, fp32
+where it does not; one process, or one single-thread process per core where that measures
+faster): the `kubetune` arm is `kubetune train` as a user types it, and its output names
+the probes' choices. Beside it: one process with all threads (`kubetune-1proc`), one
+single-thread process per core forced (`kubetune-per-core`, `--nproc-per-node`, same global
+batch), and, where the probe did not choose bf16, the defaults with bf16 forced
+(`kubetune-bf16`), so that the choice can be checked against the alternative.
 
 Reported per arm: real (non-padding) tokens per second over the whole training loop, peak
 RSS of the process, eval loss and perplexity on the first M rows of test.jsonl (the same
@@ -231,6 +235,23 @@ def kubetune_overrides(args, precision: str, tmp: str, threads: int, micro: int)
     ]
 
 
+def arm_kubetune_cli(args, precision: str) -> dict:
+    """`kubetune train` as a user runs it: no --nproc-per-node, no thread count, so its
+    start-up probes choose the precision and one process or one per core."""
+    overrides = [o for o in kubetune_overrides(args, precision, "{tmp}", 1, args.kt_micro) if "num_threads" not in o]
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, "-m", "kubetune", "train", *(o.replace("{tmp}", tmp) for o in overrides)]
+        env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
+        res = subprocess.run(cmd, capture_output=True, text=True, env=env)
+        if res.returncode != 0:
+            raise SystemExit(res.stdout[-2000:] + res.stderr[-2000:])
+        summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
+    out = _kubetune_result(summary)
+    out["peak_rss_mb"] = sum(summary["peak_rss_mb_per_rank"])  # all processes together
+    out["processes"] = next((ln.split("kubetune: ", 1)[1] for ln in res.stderr.splitlines() if "processes:" in ln), "")
+    return out
+
+
 def arm_kubetune(args, precision: str) -> dict:
     from kubetune.training.run import train_from_recipe
 
@@ -283,8 +304,10 @@ ARMS = {
     "hf-fp32": lambda a: arm_hf(a, "fp32"),
     "hf-fp32-jemalloc": lambda a: arm_hf(a, "fp32"),  # run_arm preloads jemalloc: the allocator alone
     "hf-bf16": lambda a: arm_hf(a, "bf16"),
-    "kubetune": lambda a: arm_kubetune(a, "auto"),
+    "kubetune": lambda a: arm_kubetune_cli(a, "auto"),  # the defaults: every start-up choice measured
+    "kubetune-1proc": lambda a: arm_kubetune(a, "auto"),
     "kubetune-per-core": lambda a: arm_kubetune_per_core(a, "auto"),
+    "kubetune-bf16": lambda a: arm_kubetune_cli(a, "bf16"),  # run only where the probe chose otherwise
 }
 # kubetune's arms report the dtype they chose
 FIXED_DTYPE = {"hf-fp32": "fp32", "hf-fp32-jemalloc": "fp32", "hf-bf16": "bf16"}
@@ -348,6 +371,9 @@ def main() -> None:
     shape_peak = matmul_peak(args.threads, step_tokens, config.hidden_size, config.intermediate_size)
     results, skipped = {}, {}
     for name in args.arms.split(","):
+        if name == "kubetune-bf16" and results.get("kubetune", {}).get("dtype") == "bf16":
+            skipped[name] = "not run: the probe chose bf16 for the kubetune arm already"
+            continue
         dtype = FIXED_DTYPE.get(name)
         if dtype and peak[dtype] < 0.1 * peak["fp32"]:
             skipped[name] = (
@@ -389,10 +415,13 @@ def main() -> None:
             f"{100 * flops / peak[r['dtype']]:6.1f}% {100 * flops / shape_peak[r['dtype']]:9.1f}%"
         )
         print(f"{'':17s} allocator: {r['allocator']}{'; ' + r['kernels'] if r.get('kernels') else ''}")
+        if r.get("processes"):
+            print(f"{'':17s} {r['processes']}")
     for name, why in skipped.items():
         print(f"{name:17s} {why}")
     kt = results.get("kubetune")
     if kt:
+        print(f"the probe's choice (kubetune arm): precision={kt['dtype']}; {kt.get('processes', '')}")
         before = f"eval loss {kt['eval_loss_before']:.4f}, perplexity {kt['perplexity_before']:.3f}"
         print(f"base model before training: {before}")
     print(json.dumps({"peak": peak, "shape_peak": shape_peak, "results": results, "skipped": skipped}))

@@ -129,6 +129,32 @@ def test_consumed_rows_are_a_prefix_for_any_world_size(tokenizer):
     assert torch.equal(resumed.input_ids, expected.input_ids)
 
 
+@pytest.mark.parametrize("dp", [2, 4])
+def test_evaluation_scores_every_row_whatever_the_world_size(tokenizer, dp):
+    data = _data(tokenizer, n=41)
+    kw = {"max_seq_len": 256, "micro_batch_size": 1, "packing": True, "seed": 0, "pad_id": 0, "shuffle": False}
+    n_rows = len(Batcher(data, **kw).epoch_rows(0))
+    assert n_rows % dp, "the test needs rows that do not split evenly"
+    ranks = [Batcher(data, dp_rank=r, dp_size=dp, every_row=True, **kw) for r in range(dp)]
+    counts = {b.micro_batches_left(0) for b in ranks}
+    assert len(counts) == 1  # every rank runs the same number of forwards (FSDP, TP need it)
+    scored, empty = 0, 0
+    for b in ranks:
+        row = 0
+        while b.micro_batches_left(0, row):
+            batch, row = b.micro_batch(0, row)
+            scored += batch.target_tokens
+            empty += batch.real_tokens == 0
+    whole = Batcher(data, **kw)
+    expected, row = 0, 0
+    while whole.micro_batches_left(0, row):
+        batch, row = whole.micro_batch(0, row)
+        expected += batch.target_tokens
+    assert scored == expected and empty >= 1
+    dropping = Batcher(data, dp_rank=0, dp_size=dp, **kw)  # training's batcher keeps equal shares
+    assert dropping.usable_rows(0) == n_rows - n_rows % dp
+
+
 def test_tokenized_cache_is_reused(tmp_path, tokenizer):
     calls = []
 

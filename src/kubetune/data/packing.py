@@ -73,6 +73,7 @@ class Batcher:
         dp_rank: int = 0,
         dp_size: int = 1,
         shuffle: bool = True,
+        every_row: bool = False,
     ):
         self.data = data
         self.max_seq_len = max_seq_len
@@ -83,6 +84,10 @@ class Batcher:
         self.dp_rank = dp_rank
         self.dp_size = dp_size
         self.shuffle = shuffle
+        # Training drops the last rows that cannot go to every rank in equal shares (a step's
+        # collectives need the same micro-batches everywhere). Evaluation must score every
+        # row: a rank whose share has run out gets an empty micro-batch instead.
+        self.every_row = every_row
         self._cache: dict[int, list[list[int]]] = {}
 
     def epoch_rows(self, epoch: int) -> list[list[int]]:
@@ -101,9 +106,11 @@ class Batcher:
         return self._cache[epoch]
 
     def usable_rows(self, epoch: int, start: int = 0) -> int:
-        """Rows this epoch can still give, from row `start`, in equal shares to every rank."""
+        """Rows this epoch can still give, from row `start`, in equal shares to every rank
+        (`every_row`: rounded up, the missing ones empty)."""
         n = len(self.epoch_rows(epoch))
-        return start + ((n - start) // self.dp_size) * self.dp_size
+        shares = -(-(n - start) // self.dp_size) if self.every_row else (n - start) // self.dp_size
+        return start + shares * self.dp_size
 
     def micro_batches_left(self, epoch: int, start: int = 0) -> int:
         per_rank = (self.usable_rows(epoch, start) - start) // self.dp_size
@@ -118,10 +125,15 @@ class Batcher:
         """
         rows = self.epoch_rows(epoch)
         end = min(self.usable_rows(epoch, start), start + self.micro_batch_size * self.dp_size)
-        chunk = [rows[i] for i in range(start + self.dp_rank, end, self.dp_size)]
-        if not chunk:
+        if start >= end:
             raise IndexError(f"row {start} is past the end of epoch {epoch}")
-        return self.collate(chunk), end
+        chunk = [rows[i] for i in range(start + self.dp_rank, min(end, len(rows)), self.dp_size)]
+        return (self.collate(chunk) if chunk else self.empty()), end
+
+    def empty(self) -> Batch:
+        """A micro-batch of one padding token: no real tokens, nothing to score."""
+        one = torch.full((1, 1), self.pad_id, dtype=torch.int64)
+        return Batch(one, torch.zeros_like(one), torch.full_like(one, IGNORE), [0, 1], 0, 0)
 
     def collate(self, rows: list[list[int]]) -> Batch:
         lengths = [sum(int(self.data.lengths[i]) for i in row) for row in rows]

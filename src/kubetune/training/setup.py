@@ -205,6 +205,7 @@ def eval_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout
         dp_rank=layout.data_parallel_rank,
         dp_size=layout.data_parallel_size,
         shuffle=False,
+        every_row=True,
     )
 
 
