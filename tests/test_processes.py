@@ -13,6 +13,7 @@ import sys
 import psutil
 import pytest
 
+from kubetune.errors import ModelError
 from kubetune.models import measure
 from kubetune.models.measure import Decision
 from kubetune.recipe import load_recipe
@@ -172,3 +173,19 @@ def test_workers_die_with_their_agent(tiny_overrides, tmp_path):
     agent.wait()
     gone, alive = psutil.wait_procs(workers, timeout=20)
     assert not alive and len(gone) == len(workers), f"workers outlived their agent: {[p.pid for p in alive]}"
+
+
+def test_a_failed_measurement_trains_as_one_process_and_bad_input_stays_one_line(free_threads, monkeypatch, tmp_path):
+    def broken(*a, **k):
+        raise RuntimeError("a probe process stopped: no answer")
+
+    monkeypatch.setattr(processes, "measure_processes", broken)
+    plan = plan_processes(None, [*free_threads, f"output_dir={tmp_path / 'run'}"])
+    assert plan.processes == 1 and "the measurement failed (a probe process stopped: no answer)" in plan.why
+
+    def bad_input(*a, **k):
+        raise ModelError("lora.target_modules: qkv_proj not in this model")
+
+    monkeypatch.setattr(processes, "measure_processes", bad_input)
+    with pytest.raises(ModelError, match=r"lora\.target_modules"):
+        plan_processes(None, [*free_threads, f"output_dir={tmp_path / 'run'}"])

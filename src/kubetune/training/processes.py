@@ -30,6 +30,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubetune.errors import UserError
 from kubetune.models.measure import Decision, Question, Workload
 
 MARGIN = 0.95  # N processes cost N model copies and a gradient all-reduce per step: clearly faster, or one
@@ -88,8 +89,18 @@ def plan_processes(recipe_arg: str | None, overrides: list[str], remeasure: bool
     roomy = _memory_for(recipe, n)
     if roomy:
         return ProcessPlan(1, why=roomy)
-    decision = measure_processes(recipe, n, split, remeasure)
+    try:
+        decision = measure_processes(recipe, n, split, remeasure)
+    except UserError:
+        raise  # bad input: training would stop on it too, with the same line
+    except Exception as e:  # the probe itself failed: train anyway, as one process
+        return ProcessPlan(1, why=f"the measurement failed ({_first_line(e)}); --nproc-per-node N to choose")
     return _plan(n if decision.choice == "processes" else 1, split, decision.describe())
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _plan(processes: int, split: tuple[int, int], why: str) -> ProcessPlan:
@@ -211,8 +222,9 @@ def measure_processes(recipe: Any, cores: int, split: tuple[int, int], remeasure
     with contextlib.ExitStack() as stack:
 
         def workloads() -> dict[str, Workload]:  # only when measuring: starting processes costs seconds
+            here = layer_workload(spec, lengths)  # first: a bad recipe fails here, in one line
             pool = stack.enter_context(WorkerPool(cores, spec, per_process))
-            return {"threads": layer_workload(spec, lengths), "processes": pool.run}
+            return {"threads": here, "processes": pool.run}
 
         return measure.settle(q, workloads, remeasure=remeasure, units=units)
 
@@ -324,7 +336,7 @@ class WorkerPool:
         assert proc.stdout is not None
         line = proc.stdout.readline().strip()
         if line != word:
-            raise RuntimeError(f"a probe process stopped ({line or 'no answer'}); see its error above")
+            raise RuntimeError(f"a probe process stopped: {line or 'no answer'}")
 
     def __exit__(self, *exc: object) -> None:
         for proc in self.procs:
@@ -347,7 +359,11 @@ def _worker_main() -> None:
 
     torch.set_num_threads(1)
     job = json.loads(sys.stdin.readline())
-    run = layer_workload(LayerSpec(**job["spec"]), job["lengths"])
+    try:
+        run = layer_workload(LayerSpec(**job["spec"]), job["lengths"])
+    except Exception as e:  # the parent reports it in one line
+        print(f"failed to build the layer: {_first_line(e)}", flush=True)
+        sys.exit(1)
     print("ready", flush=True)
     for line in sys.stdin:
         run(int(line))
