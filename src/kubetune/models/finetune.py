@@ -122,11 +122,15 @@ def prepare_for_training(lm: Any, recipe: Recipe, device_type: str = "cpu") -> A
             p.requires_grad_(True)  # tied embeddings stay tied: the trainable copy is the same tensor
     if recipe.train.gradient_checkpointing == "on":
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    if recipe.train.compile:
-        # A tensor-parallel MLP runs DTensor hooks that the compiled region's backward does
-        # not survive (recursion in autograd): compile only the norms then.
-        compile_regions(lm, mlp=recipe.parallel.tp == 1, backend=COMPILE_BACKENDS.get(device_type, "inductor"))
+    if recipe.train.compile is True:  # `auto` is decided during training (kubetune.training.auto_compile)
+        compile_regions(lm, mlp=compiles_mlp(recipe), backend=COMPILE_BACKENDS.get(device_type, "inductor"))
     return model
+
+
+def compiles_mlp(recipe: Recipe) -> bool:
+    """A tensor-parallel MLP runs DTensor hooks that the compiled region's backward does not
+    survive (recursion in autograd): only the norms are compiled then."""
+    return recipe.parallel.tp == 1
 
 
 # Gaudi compiles through Habana's own dynamo backend; inductor does not know the device
@@ -142,11 +146,17 @@ def compile_regions(lm: Any, mlp: bool = True, backend: str = "inductor") -> Non
     compiled graph serves all layers. The CLI points the inductor cache at the kubetune
     cache (kubetune.cli), so that compiled code outlives the process.
     """
+    for module in compiled_regions(lm, mlp):
+        module.compile(dynamic=True, backend=backend)
+
+
+def compiled_regions(lm: Any, mlp: bool = True) -> list[nn.Module]:
+    """The modules regional compile compiles: each decoder layer's norms, and its MLP."""
+    out: list[nn.Module] = []
     for layer in decoder_layers(lm):
-        if mlp:
-            layer.mlp.compile(dynamic=True, backend=backend)
-        layer.input_layernorm.compile(dynamic=True, backend=backend)
-        layer.post_attention_layernorm.compile(dynamic=True, backend=backend)
+        out += [layer.mlp] if mlp else []
+        out += [layer.input_layernorm, layer.post_attention_layernorm]
+    return out
 
 
 class TargetLoss(nn.Module):

@@ -197,7 +197,12 @@ class TrainSection(Section):
     gradient_checkpointing: OnOff = Field(
         "off", description="off | on (recompute activations) | offload (save activations to CPU memory)."
     )
-    compile: bool = Field(False, description="torch.compile the model (persistent cache in the kubetune cache).")
+    compile: bool | Literal["auto"] = Field(
+        "auto",
+        description="Regional torch.compile of each layer's MLP and norms (persistent cache in the kubetune cache). "
+        "auto = only where the run is long enough to pay back a compile, then kept only if compiled steps "
+        "measure faster than eager ones (docs/start-up-choices.md); true or false to choose.",
+    )
     seed: int = Field(42, description="Seed for weights init, dropout and data order.")
     eval_every: int = Field(0, ge=0, description="Evaluate every N steps (0 = only before and after training).")
     save_every: int = Field(50, ge=0, description="Checkpoint every N steps (0 = only at the end).")

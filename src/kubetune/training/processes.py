@@ -8,7 +8,8 @@ gradient all-reduce per step. Which wins depends on the CPU and the model, so
 `kubetune train` without `--nproc-per-node` times both on the model's own decoder layer
 (forward and backward over the recipe's first micro-batch, in the precision training
 will use), by the fair rules of `kubetune.models.measure`: warmed, interleaved, medians,
-cached per machine and shapes, confirmed at each start.
+cached per machine, shapes and adapters for a week (starting the probe's processes costs
+seconds, so it is not re-checked at every start).
 
 N processes keep the recipe's global batch: `train.grad_accum` (or else
 `train.micro_batch_size`) is divided by N, so the rows of every optimizer step are the
@@ -86,9 +87,9 @@ def plan_processes(recipe_arg: str | None, overrides: list[str], remeasure: bool
         )
     if started is not None:
         return _plan(started, split, f"as the run in {recipe.output_dir} started")
-    roomy = _memory_for(recipe, n)
-    if roomy:
-        return ProcessPlan(1, why=roomy)
+    no_room = _memory_for(recipe, n)
+    if no_room:
+        return ProcessPlan(1, why=no_room)
     try:
         decision = measure_processes(recipe, n, split, remeasure)
     except UserError:

@@ -106,14 +106,21 @@ def fit(parts: TrainParts, state: TrainState) -> None:
     telemetry.started(state.step, state.epoch, state.resumes)
     parts.runner.train()
     while state.step < parts.total_steps:
+        if parts.auto_compile:
+            parts.auto_compile.before_step()
         t0 = time.perf_counter()
         batches = next_micro_batches(parts.batcher, state, recipe.train.grad_accum)
         data_s = time.perf_counter() - t0
         result = train_step(parts.runner, parts.optim, batches, parts.layout, env)
         result = dataclasses.replace(result, phases={"data": data_s, **result.phases})
-        state.train_time_s += time.perf_counter() - t0
+        step_s = time.perf_counter() - t0
+        state.train_time_s += step_s
         state.step += 1
         state.tokens += result.tokens
+        if parts.auto_compile and (
+            decided := parts.auto_compile.after_step(step_s, result.tokens, parts.total_steps - state.step)
+        ):
+            log.info("%s", decided)
         telemetry.step(state.step, result.phases, result.loss, result.grad_norm, result.tokens)
         if state.step % recipe.train.log_every == 0 or state.step == parts.total_steps:
             epoch = state.epoch + state.row / max(1, parts.batcher.usable_rows(state.epoch))

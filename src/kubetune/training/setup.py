@@ -18,7 +18,14 @@ import torch
 from kubetune.data import Batcher, PreparedData, prepare_data
 from kubetune.errors import DataError, RunDirError
 from kubetune.models.attention import seqlens_from_cu
-from kubetune.models.finetune import ModelParts, build_model
+from kubetune.models.finetune import (
+    COMPILE_BACKENDS,
+    ModelParts,
+    build_model,
+    compile_regions,
+    compiled_regions,
+    compiles_mlp,
+)
 from kubetune.models.generate import AutocastFactory
 from kubetune.models.kernels import KernelPlan, ModelShapes, autocast_context
 from kubetune.models.kernels import choose as choose_kernels
@@ -28,6 +35,7 @@ from kubetune.recipe import Recipe
 from kubetune.recipe.layout import Layout, check_model
 from kubetune.rundir import RunDir
 from kubetune.training import checkpoint as ckpt
+from kubetune.training.auto_compile import AutoCompile
 from kubetune.training.dist import DistEnv, gather_objects
 from kubetune.training.optim import Optimization, build_optimization
 from kubetune.training.parallel import MeshLayout
@@ -58,6 +66,7 @@ class TrainParts:
     resume_from: Path | None  # the checkpoint to continue from, None for a fresh start
     started_at: float  # time.monotonic() when the command started
     telemetry: Telemetry  # Prometheus metrics (monitor.port) and Kubeflow progress
+    auto_compile: AutoCompile | None  # train.compile=auto: decided on the first steps
 
 
 def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, started_at: float) -> TrainParts:
@@ -110,7 +119,25 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         resume_from=resume_from,
         started_at=started_at,
         telemetry=telemetry,
+        auto_compile=auto_compile(recipe, model, env, config) if recipe.train.compile == "auto" else None,
     )
+
+
+def auto_compile(recipe: Recipe, model: ModelParts, env: DistEnv, config: Any) -> AutoCompile:
+    """What `train.compile=auto` compiles, and what its measurements depend on."""
+    mlp, backend = compiles_mlp(recipe), COMPILE_BACKENDS.get(env.device.type, "inductor")
+    key = {
+        "device": env.device.type,
+        "processes": env.world_size,
+        "layer": {k: getattr(config, k, None) for k in ("model_type", "hidden_size", "intermediate_size")},
+        "precision": recipe.train.precision,
+        "finetune": recipe.finetune.method,
+        "lora": recipe.lora.model_dump(mode="json"),
+        "rows": [recipe.train.micro_batch_size, recipe.data.max_seq_len],
+        "mlp": mlp,
+    }
+    regions = compiled_regions(model.lm, mlp)
+    return AutoCompile(regions, lambda: compile_regions(model.lm, mlp, backend), key, env)
 
 
 def pipeline_runner(
