@@ -29,7 +29,7 @@ from kubetune.training.dist import DistEnv, gather_objects
 
 WARM_STEPS = 3  # eager steps timed before deciding; the first pays one-off costs and is not counted
 AB_STEPS = 8  # compiled and eager steps alternated after the compile
-MAX_GAIN = 0.3  # until measured here: the largest share of a step a compiled region is assumed to save
+MAX_GAIN = 0.15  # until measured here: an optimistic bound on the share of a step compiling the regions saves
 FIRST_COST_S = 60.0  # until measured here: what a first compile (cold inductor cache) is assumed to cost
 MARGIN = 0.97  # compiled steps must be >= 3% faster per token to be kept
 AB_ORDER = ("compiled", "eager", "eager", "compiled")
