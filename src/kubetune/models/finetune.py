@@ -16,6 +16,7 @@ from kubetune.data.packing import IGNORE
 from kubetune.errors import ModelError
 from kubetune.models.attention import SEQLENS_KWARG, seqlens_from_cu
 from kubetune.models.attention import register as register_attention
+from kubetune.models.dropout import use_fast_dropout
 from kubetune.models.lm_loss import target_cross_entropy
 from kubetune.models.load import DTYPES, load_causal_lm, load_causal_lm_stage
 from kubetune.models.stages import Stage, decoder_layers
@@ -91,6 +92,7 @@ def apply_lora(model: Any, recipe: Recipe) -> Any:
         bias="none",
     )
     model = get_peft_model(model, config)
+    use_fast_dropout(model)  # the same dropout, a quarter of the random draws (kubetune.models.dropout)
     # PEFT draws each lora_A from the global generator in module order, so a pipeline stage
     # that holds layers 15-29 would draw what layer 0 gets in one process. Draw each from a
     # generator seeded by (seed, parameter name) instead: the same init in every layout.
