@@ -163,7 +163,9 @@ def serve(
     port: int = typer.Option(8000, "--port"),
     engine: str = typer.Option("auto", "--engine", help="auto | native | vllm (vLLM's OpenAI server, if installed)."),
     dtype: str = typer.Option(
-        "auto", "--dtype", help="auto (bf16 where the CPU has bf16 units, else fp32) | bf16 | fp32."
+        "auto",
+        "--dtype",
+        help="auto (what training measured faster on this CPU, see `kubetune kernels`) | bf16 | fp32.",
     ),
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences decoded together."),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Requests queued behind them; more get 429."),
@@ -180,6 +182,9 @@ def serve(
     drain_seconds: float = typer.Option(
         30.0, "--drain-seconds", help="On SIGTERM, how long in-flight requests may finish."
     ),
+    max_body_bytes: int = typer.Option(
+        2 << 20, "--max-body-bytes", help="Larger request bodies are refused with a 413."
+    ),
 ):
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
     from kubetune.serve.contract import ENGINES, parse_adapter
@@ -193,6 +198,7 @@ def serve(
         ("--max-model-len", max_model_len),
         ("--prefill-chunk", prefill_chunk),
         ("--port", port),
+        ("--max-body-bytes", max_body_bytes),
     ):
         if value < 1:
             raise UserError(f"{name} {value}: must be at least 1")
@@ -207,13 +213,16 @@ def serve(
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options
 
         exec_vllm(vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs))
+    import dataclasses
+
     from kubetune.serve.engine import Limits
     from kubetune.serve.server import ServeOptions
     from kubetune.serve.server import serve as run_server
 
     limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
     kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
-    run_server(ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds))
+    opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds)
+    run_server(dataclasses.replace(opts, max_body_bytes=max_body_bytes))
 
 
 @recipe_app.command("show")

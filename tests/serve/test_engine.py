@@ -5,12 +5,13 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 
 import pytest
 import torch
 
 from kubetune.serve.contract import Adapter
-from kubetune.serve.engine import AdmissionError, Engine, Event, Limits, Request, Sampling
+from kubetune.serve.engine import MAX_FAILED_STEPS, AdmissionError, Engine, Event, Limits, Request, Sampling
 from kubetune.serve.kvcache import SlotCache, register
 from kubetune.serve.metrics import ServeMetrics
 from kubetune.serve.models import load_served
@@ -268,3 +269,49 @@ def test_fused_projections_equal_the_separate_layers(tiny_runs):
     torch.testing.assert_close(outs[0], outs[2], atol=1e-5, rtol=1e-5)  # mixed adapters
     torch.testing.assert_close(outs[1], outs[3], atol=1e-5, rtol=1e-5)  # base only
     assert not torch.allclose(outs[0], outs[1], atol=1e-4)  # the adapters did change the logits
+
+
+def test_one_request_whose_sampling_fails_ends_alone(tiny_runs, monkeypatch):
+    from kubetune.serve import engine as engine_module
+
+    _, engine = _engine(tiny_runs, Limits())
+    real = engine_module._sample_row
+
+    def fails_for_seed_13(logits, sampling, generator):
+        if sampling.seed == 13:
+            raise RuntimeError("invalid multinomial distribution")
+        return real(logits, sampling, generator)
+
+    monkeypatch.setattr(engine_module, "_sample_row", fails_for_seed_13)
+    engine.start()
+    try:
+        bad, good, greedy = Collector(), Collector(), Collector()
+        engine.submit(Request("bad", [11, 12, 13], Sampling(8, 1.0, 1.0, 13), bad))
+        engine.submit(Request("good", [11, 12, 13], Sampling(8, 1.0, 1.0, 14), good))
+        engine.submit(Request("tiny-t", [11, 12, 13], Sampling(8, 1e-39, 1.0, 15), greedy))  # 1/t overflows
+        for sink in (bad, good, greedy):
+            assert sink.done.wait(60)
+        assert bad.finish == "error" and good.finish == "length" and greedy.finish == "length"
+        assert engine.error is None and len(good.tokens) == 8
+    finally:
+        engine.stop()
+
+
+def test_a_broken_forward_fails_its_requests_then_the_engine_says_so(tiny_runs, monkeypatch):
+    _, engine = _engine(tiny_runs, Limits())
+    monkeypatch.setattr(engine, "_forward", lambda *a: (_ for _ in ()).throw(RuntimeError("broken kernel")))
+    engine.start()
+    sinks = [Collector() for _ in range(MAX_FAILED_STEPS)]
+    try:
+        for i, sink in enumerate(sinks):
+            engine.submit(Request(f"r{i}", [11, 12, 13], Sampling(4), sink))
+            assert sink.done.wait(60) and sink.finish == "error"
+        deadline = time.monotonic() + 30
+        while engine.error is None and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert engine.error is not None and engine.in_flight == 0
+        with pytest.raises(AdmissionError) as e:
+            engine.submit(Request("late", [11], Sampling(4), Collector()))
+        assert e.value.status == 503
+    finally:
+        engine.stop()

@@ -12,6 +12,7 @@ import openai
 import pytest
 
 from kubetune.serve.api import ServerState, create_app
+from kubetune.serve.engine import Limits
 
 from ..conftest import run_cli
 from .conftest import ServerProcess, metric
@@ -232,3 +233,91 @@ def test_bad_targets_and_options_are_one_line(tmp_path):
 
 def _base(client) -> str:
     return next(m.id for m in client.models.list().data if getattr(m, "parent", None) is None)
+
+
+RAW_BAD = [  # (endpoint, JSON text, status, the field the error names): each once killed or fooled the server
+    ("completions", '{"model": "run-a", "prompt": "", "max_tokens": 4}', 400, "prompt"),
+    ("completions", '{"model": "run-a", "prompt": "x", "seed": 18446744073709551616, "temperature": 1}', 400, "seed"),
+    ("completions", '{"model": "run-a", "prompt": "x", "seed": -1}', 400, "seed"),
+    ("completions", '{"model": "run-a", "prompt": "\\ud800"}', 400, "prompt"),
+    ("completions", '{"model": "run-a", "prompt": "a\\u0000b"}', 400, "prompt"),
+    ("completions", '{"model": "run-a", "prompt": "x", "max_tokens": true}', 400, "max_tokens"),
+    ("completions", '{"model": "run-a", "prompt": "x", "stream": "yes"}', 400, "stream"),
+    (
+        "chat/completions",
+        '{"model": "run-a", "messages": [{"role": "user", "content": "\\ud800"}]}',
+        400,
+        "messages.0.content",
+    ),
+    (
+        "chat/completions",
+        '{"model": "run-a", "messages": [{"role": "user", "content": "x"}], "temperature": 1e400}',
+        400,
+        "temperature",
+    ),
+]
+
+
+@pytest.mark.parametrize(("endpoint", "body", "status", "param"), RAW_BAD)
+def test_bad_input_is_a_4xx_naming_the_field_and_the_engine_lives_on(tiny_server, endpoint, body, status, param):
+    r = httpx.post(
+        f"{tiny_server.url}/v1/{endpoint}",
+        content=body.encode(),
+        timeout=30,
+        headers={"content-type": "application/json"},
+    )
+    assert r.status_code == status, r.text
+    assert r.json()["error"]["param"] == param, r.text
+    ok = httpx.post(
+        f"{tiny_server.url}/v1/completions",
+        timeout=60,
+        json={"model": "run-a", "prompt": "1 2", "max_tokens": 2, "temperature": 1e-39, "seed": 2**64 - 1},
+    )
+    assert ok.status_code == 200 and ok.json()["choices"][0]["finish_reason"] == "length"
+    assert httpx.get(f"{tiny_server.url}/health", timeout=5).status_code == 200
+
+
+def test_oversized_bodies_and_prompts_are_refused_before_the_work(tiny_server):
+    big = {"model": "run-a", "prompt": "word " * 600_000}  # 3 MB: over the 2 MiB default
+    r = httpx.post(f"{tiny_server.url}/v1/completions", json=big, timeout=30)
+    assert r.status_code == 413 and "--max-body-bytes" in r.json()["error"]["message"]
+    long = {"model": "run-a", "prompt": "w" * 1_000_000}  # under the body limit, far over the prompt limit
+    t0 = time.monotonic()
+    r = httpx.post(f"{tiny_server.url}/v1/completions", json=long, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
+    assert time.monotonic() - t0 < 5  # refused by its length, not after tokenizing it
+
+
+def test_a_dead_engine_fails_health_and_ready_and_answers_503_at_once(tiny_runs, monkeypatch):
+    from .test_engine import _engine
+
+    served, engine = _engine(tiny_runs, Limits())
+    monkeypatch.setattr(engine, "_forward", lambda *a: (_ for _ in ()).throw(RuntimeError("broken kernel")))
+    state = ServerState(served=served, engine=engine, metrics=engine.metrics)
+    engine.start()
+    ask = {"model": "run-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}
+
+    async def check():
+        transport = httpx.ASGITransport(app=create_app(state))
+        async with httpx.AsyncClient(transport=transport, base_url="http://t", timeout=60) as c:
+            for _ in range(3):  # each request that meets the broken forward ends with an OpenAI error
+                r = await c.post("/v1/chat/completions", json=ask)
+                if r.status_code == 503:
+                    break
+                assert r.status_code == 500 and "broken kernel" in r.json()["error"]["message"]
+            streamed = await c.post("/v1/chat/completions", json={**ask, "stream": True})
+            assert streamed.status_code in (200, 503)
+            if streamed.status_code == 200:  # an error object, never a finish_reason "error"
+                assert '"error"' in streamed.text and '"finish_reason": "error"' not in streamed.text
+            deadline = time.monotonic() + 30
+            while engine.error is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            assert (await c.get("/health")).status_code == 503
+            assert (await c.get("/ready")).status_code == 503
+            r = await c.post("/v1/chat/completions", json=ask)
+            assert r.status_code == 503 and "engine failed" in r.json()["error"]["message"]
+
+    try:
+        asyncio.run(check())
+    finally:
+        engine.stop()

@@ -28,6 +28,12 @@ from kubetune.serve.protocol import ChatCompletionRequest, CompletionRequest, er
 from kubetune.serve.text import TextStream
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer the stream
+MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused untokenized
+DEFAULT_MAX_BODY_BYTES = 2 << 20  # --max-body-bytes: a request body larger than this is a 413
+
+
+class EngineFailure(Exception):
+    """The engine ended a request with an error (its sampling, its forward, or the loop)."""
 
 
 class Mailbox:
@@ -60,6 +66,7 @@ class ServerState:
     """What the routes need; `served` and `engine` are None until the model has loaded."""
 
     default_max_tokens: int = 512
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     served: Any = None
     engine: Any = None
     metrics: Any = None
@@ -68,8 +75,14 @@ class ServerState:
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
+    def failed(self) -> str | None:
+        """Why the engine can no longer answer (its loop died), None while it can."""
+        error = getattr(self.engine, "error", None)
+        return None if error is None else f"the engine failed ({error!r}); the server must be restarted"
+
+    @property
     def ready(self) -> bool:
-        return self.engine is not None and not self.draining
+        return self.engine is not None and not self.draining and self.failed is None
 
 
 class ApiError(Exception):
@@ -82,16 +95,19 @@ def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kubetune serve", docs_url=None, redoc_url=None)
     app.state.kubetune = state
     _errors(app)
+    app.add_middleware(BodyLimit, limit=state.max_body_bytes)
 
     @app.get(HEALTH_PATH)
-    async def health() -> dict[str, str]:
-        return {"status": "ok"}
+    async def health() -> JSONResponse:
+        if state.failed:  # the liveness probe restarts the pod
+            return JSONResponse({"status": state.failed}, status_code=503)
+        return JSONResponse({"status": "ok"})
 
     @app.get(READY_PATH)
     async def ready() -> JSONResponse:
         if state.ready:
             return JSONResponse({"status": "ready"})
-        why = "draining" if state.draining else "loading"
+        why = state.failed or ("draining" if state.draining else "loading")
         return JSONResponse({"status": why}, status_code=503)
 
     @app.get(METRICS_PATH)
@@ -149,7 +165,7 @@ def _errors(app: FastAPI) -> None:
         first = e.errors()[0] if e.errors() else {"loc": (), "msg": "invalid request"}
         if first.get("type") == "json_invalid":
             return JSONResponse(error_body(400, f"the body is not valid JSON: {first.get('msg')}"), status_code=400)
-        where = ".".join(str(p) for p in first.get("loc", ()) if p != "body")
+        where = ".".join(str(p) for p in first.get("loc", ()) if _is_field(p))
         message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
         return JSONResponse(error_body(400, message, where or None), status_code=400)
 
@@ -157,8 +173,62 @@ def _errors(app: FastAPI) -> None:
     async def http_error(_: Request, e: StarletteHTTPException) -> JSONResponse:
         return JSONResponse(error_body(e.status_code, str(e.detail)), status_code=e.status_code)
 
+    @app.exception_handler(Exception)
+    async def bug(_: Request, e: Exception) -> JSONResponse:  # never a plain-text 500
+        return JSONResponse(error_body(500, f"internal error: {e!r}"), status_code=500)
+
+
+def _is_field(part: Any) -> bool:
+    """A path element of the request body, not pydantic's name of a union branch or validator."""
+    return isinstance(part, int) or (part != "body" and str(part).isidentifier() and part not in _TYPE_NAMES)
+
+
+_TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict"}
+
+
+class BodyLimit:
+    """413 for a request body over `limit` bytes, by its Content-Length or, when chunked, as
+    it arrives (pure ASGI: the body is never buffered whole before the check)."""
+
+    def __init__(self, app: Any, limit: int) -> None:
+        self.app, self.limit = app, limit
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope.get("headers") or []).get(b"content-length")
+        if length is not None and length.isdigit() and int(length) > self.limit:
+            return await self._refuse(send)
+        seen = 0
+
+        async def counted() -> Any:
+            nonlocal seen
+            message = await receive()
+            seen += len(message.get("body", b""))
+            if seen > self.limit:
+                raise _TooLarge
+            return message
+
+        try:
+            await self.app(scope, counted, send)
+        except _TooLarge:
+            await self._refuse(send)
+
+    async def _refuse(self, send: Any) -> None:
+        import json
+
+        body = json.dumps(error_body(413, f"the request body is over {self.limit} bytes (--max-body-bytes)")).encode()
+        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+        await send({"type": "http.response.body", "body": body})
+
+
+class _TooLarge(Exception):
+    pass
+
 
 def _served(state: ServerState) -> Any:
+    if state.failed:
+        raise ApiError(503, state.failed)
     if not state.ready:
         raise ApiError(
             503,
@@ -187,7 +257,19 @@ def _chat_prompt(renderer: Any, messages: list[dict[str, str]]) -> str:
 
 async def _complete(state: ServerState, request: Request, body: Any, model: Any, prompt: str, chat: bool) -> Response:
     served, engine = state.served, state.engine
-    ids = served.tokenizer(prompt, add_special_tokens=not (chat and model.renderer.uses_chat_template))["input_ids"]
+    param = "messages" if chat else "prompt"
+    if len(prompt) > engine.limits.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # refused before the costly part
+        raise ApiError(
+            400,
+            f"the prompt has {len(prompt)} characters, far over this server's "
+            f"{engine.limits.max_prompt_tokens} tokens (--max-prompt-tokens)",
+            param,
+        )
+    special = not (chat and model.renderer.uses_chat_template)
+    # in a worker thread: tokenizing a long prompt must not hold up /health or other requests
+    ids = (await asyncio.to_thread(served.tokenizer, prompt, add_special_tokens=special))["input_ids"]
+    if not ids:
+        raise ApiError(400, "the prompt is empty; give at least one token of text", param)
     max_tokens = body.requested_max_tokens() or min(state.default_max_tokens, engine.limits.max_model_len - len(ids))
     sampling = Sampling(max(1, max_tokens), body.temperature, body.top_p, body.seed)
     if state.mailbox is None:
@@ -261,11 +343,13 @@ async def _next_piece(
         reply.completion_tokens += 1
         delta, stopped = text.push(ev.token)
         if stopped:
-            engine.abort(reply.id)
+            engine.abort(reply.id, "stop")
             await _drain_until_end(events)
             return delta, "stop"
         return delta, None
-    return text.flush(), "stop" if ev.finish_reason == "stop" else ev.finish_reason
+    if ev.finish_reason == "error":
+        raise EngineFailure(ev.error or "the engine failed")
+    return text.flush(), ev.finish_reason
 
 
 async def _drain_until_end(events: asyncio.Queue[Event]) -> None:
@@ -286,7 +370,10 @@ async def _collect(
                 piece.cancel()
                 engine.abort(reply.id)
                 raise ApiError(499, "client disconnected")
-            delta, finish = piece.result()
+            try:
+                delta, finish = piece.result()
+            except EngineFailure as e:
+                raise ApiError(500, str(e)) from None
             pieces.append(delta)
             if finish:
                 return reply.body([reply.message("".join(pieces), finish)], chunk=False, usage=True)
@@ -313,7 +400,13 @@ async def _sse(
             first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
             yield line(reply.body([first], chunk=True, usage=False))
         while True:
-            delta, finish = await _next_piece(engine, events, text, reply)
+            try:
+                delta, finish = await _next_piece(engine, events, text, reply)
+            except EngineFailure as e:  # as vLLM streams it: an error object, then the end
+                finished = True
+                yield line(error_body(500, str(e)))
+                yield "data: [DONE]\n\n"
+                return
             if delta:
                 yield line(reply.body([_delta(reply, delta)], chunk=True, usage=False))
             if finish:

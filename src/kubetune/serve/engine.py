@@ -39,6 +39,10 @@ class Limits:
     prefix_caching: bool = True  # reuse the K/V of prompt prefixes seen before
 
 
+SAMPLING_EPS = 1e-5  # a temperature below this samples greedily (as vLLM does): 1/t would overflow
+MAX_FAILED_STEPS = 3  # forwards failing one after another: the engine is broken, not one request
+
+
 @dataclass(frozen=True)
 class Sampling:
     max_tokens: int
@@ -46,13 +50,18 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
 
+    @property
+    def greedy(self) -> bool:
+        return self.temperature < SAMPLING_EPS
+
 
 @dataclass(frozen=True)
 class Event:
     """What a request hears from the engine: one new token, or the end (with its reason)."""
 
     token: int | None
-    finish_reason: str | None = None  # "stop" (EOS), "length", "abort"
+    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", "abort", "error"
+    error: str | None = None  # with "error": what failed
 
 
 Sink = Callable[[Event], None]
@@ -157,6 +166,8 @@ class Engine:
             )
 
     def submit(self, request: Request) -> None:
+        if self.error is not None:
+            raise AdmissionError(503, f"the engine has failed ({self.error!r}); the server must be restarted")
         self.check(len(request.prompt), request.sampling.max_tokens)
         with self._lock:
             waiting = len(self._waiting) + self._pending
@@ -166,13 +177,17 @@ class Engine:
             self._inbox.put(("submit", request))
         self._wake.set()
 
-    def abort(self, request_id: str) -> None:
-        self._inbox.put(("abort", request_id))
+    def abort(self, request_id: str, reason: str = "abort") -> None:
+        """End a request early: the client went away ("abort") or a stop string matched ("stop")."""
+        self._inbox.put(("abort", (request_id, reason)))
         self._wake.set()
 
     @property
     def in_flight(self) -> int:
-        """Requests submitted and not finished (running, waiting or on their way in)."""
+        """Requests submitted and not finished (running, waiting or on their way in); none
+        once the engine has failed (they were all ended with an error)."""
+        if self.error is not None:
+            return 0
         return len(self._slots) + len(self._waiting) + self._pending
 
     def warm_up(self, prompt_tokens: int = 16) -> None:
@@ -207,24 +222,50 @@ class Engine:
     def _run(self) -> None:
         try:
             self._loop()
-        except BaseException as e:  # a bug: fail every request now, and /health reports it
+        except BaseException as e:  # a bug: fail every request now; /health and /ready report it
             import traceback
 
             traceback.print_exc()
             self.error = e
+            while True:  # and those still on their way in
+                try:
+                    kind, item = self._inbox.get_nowait()
+                except queue.Empty:
+                    break
+                if kind == "submit":
+                    self._waiting.append(_new_sequence(item))
             for seq in [*self._slots, *self._waiting]:
-                seq.request.sink(Event(None, "error"))
+                seq.request.sink(Event(None, "error", f"the engine failed: {e!r}"))
 
     def _loop(self) -> None:
+        failed_steps = 0
         with torch.inference_mode():
             while not self._stopping:
                 self._take_inbox()
                 self._admit()
-                worked = self._step()
+                try:
+                    worked = self._step()
+                    if worked:  # a forward that worked: earlier failures were the requests', not the engine's
+                        failed_steps = 0
+                except Exception as e:  # the step's requests end; the loop goes on
+                    failed_steps += 1
+                    if failed_steps >= MAX_FAILED_STEPS:
+                        raise
+                    self._fail_running(e)
+                    worked = True
                 self._publish()
                 if not worked:
                     self._wake.wait(timeout=0.5)
                     self._wake.clear()
+
+    def _fail_running(self, e: Exception) -> None:
+        """A forward failed: end the sequences it held, with the error, and free their slots."""
+        import traceback
+
+        traceback.print_exc()
+        for seq in list(self._slots):
+            self._finish(seq, "error", f"the forward pass failed: {e!r}")
+        self.cache.batch = None
 
     def _take_inbox(self) -> None:
         while True:
@@ -237,17 +278,17 @@ class Engine:
                     self._waiting.append(_new_sequence(item))
                     self._pending -= 1
             else:
-                self._abort(item)
+                self._abort(*item)
         self._order_slots()
 
-    def _abort(self, request_id: str) -> None:
+    def _abort(self, request_id: str, reason: str) -> None:
         for seq in list(self._waiting):
             if seq.request.id == request_id:
                 self._waiting.remove(seq)
-                self._finish(seq, "abort")
+                self._finish(seq, reason)
         for seq in list(self._slots):
             if seq.request.id == request_id:
-                self._finish(seq, "abort")
+                self._finish(seq, reason)
 
     def _admit(self) -> None:
         while self._waiting and len(self._slots) < self.limits.max_num_seqs:
@@ -290,7 +331,8 @@ class Engine:
                 sampled.append(seq)
                 rows.append(chunk.offset + take - 1)
         if sampled:
-            self._emit(sampled, self._sample(self.head(hidden[rows]).float(), sampled))
+            tokens = self._sample(self.head(hidden[rows]).float(), sampled)
+            self._emit([s for s, t in zip(sampled, tokens) if t is not None], [t for t in tokens if t is not None])
         self._order_slots()
         return True
 
@@ -334,11 +376,18 @@ class Engine:
         return out.last_hidden_state[0]
 
     # --- tokens out ------------------------------------------------------------------------
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int]:
-        tokens = logits.argmax(dim=-1).tolist()
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
+        """The next token of each sequence; None (and the sequence ended with an error) where
+        its sampling failed: one request's failure is never the batch's."""
+        tokens: list[int | None] = list(logits.argmax(dim=-1).tolist())
         for i, seq in enumerate(seqs):
-            if seq.request.sampling.temperature > 0:
+            if seq.request.sampling.greedy:
+                continue
+            try:
                 tokens[i] = _sample_row(logits[i], seq.request.sampling, seq.generator)
+            except Exception as e:  # this request alone ends
+                tokens[i] = None
+                self._finish(seq, "error", f"sampling failed: {e!r}")
         return tokens
 
     def _emit(self, seqs: list[Sequence], tokens: list[int]) -> None:
@@ -357,11 +406,11 @@ class Engine:
             elif seq.generated >= seq.request.sampling.max_tokens or len(seq.tokens) >= self.limits.max_model_len:
                 self._finish(seq, "length")
 
-    def _finish(self, seq: Sequence, reason: str) -> None:
+    def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         if seq in self._slots:
             self._slots.remove(seq)  # its slot is reused after _order_slots
         self.metrics.finished(seq.request, len(seq.request.prompt) if seq.started else 0, seq.generated, reason)
-        seq.request.sink(Event(None, reason))
+        seq.request.sink(Event(None, reason, error))
 
     def _order_slots(self) -> None:
         """Put decoding sequences in slots 0..d-1 and prefilling ones in d..n-1, moving as few
@@ -405,7 +454,7 @@ class Engine:
 
 def _new_sequence(request: Request) -> Sequence:
     gen = None
-    if request.sampling.temperature > 0:
+    if not request.sampling.greedy:
         gen = torch.Generator()
         gen.manual_seed(request.sampling.seed if request.sampling.seed is not None else torch.seed())
     return Sequence(request, list(request.prompt), generator=gen)

@@ -1,30 +1,59 @@
 """The OpenAI request bodies `kubetune serve` accepts, and its error body.
 
-Validation failures become 400s in OpenAI's error shape (see api.py), never 500s. Unknown
-extra fields (e.g. `user`, `logit_bias`) are accepted and ignored, as vLLM does, so that
-clients written for OpenAI work unchanged.
+Validation failures become 400s in OpenAI's error shape (see api.py), never 500s. Types are
+strict, as JSON states them: `true` is not a number, `"yes"` is not a boolean, `1.5` is
+not a count. Text must be valid Unicode without NUL characters (a lone surrogate such as
+`\ud800` cannot be encoded, so no tokenizer can read it), and every number must be finite
+and in range before the engine sees it. Unknown extra fields (e.g. `user`) are accepted
+and ignored, as vLLM does, so that clients written for OpenAI work unchanged.
 """
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import math
+from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+
+SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
+
+
+def _text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (a lone surrogate such as \\ud800?)") from None
+    if "\x00" in value:
+        raise ValueError("holds a NUL character (\\u0000), which is not text")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_text)]
+Finite = Annotated[float, AfterValidator(_finite)]
+STRICT = ConfigDict(extra="allow", strict=True)
 
 
 class StreamOptions(BaseModel):
+    model_config = STRICT
+
     include_usage: bool = False
 
 
 class _Sampling(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     model: str = Field(min_length=1)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    temperature: Finite = Field(1.0, ge=0.0, le=2.0)
+    top_p: Finite = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=1, description="one choice per request")
-    stop: str | list[str] | None = None
-    seed: int | None = None
+    stop: Text | list[Text] | None = None
+    seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
 
@@ -39,15 +68,17 @@ class _Sampling(BaseModel):
 
 
 class TextPart(BaseModel):
+    model_config = STRICT
+
     type: Literal["text"]
-    text: str
+    text: Text
 
 
 class ChatMessage(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = STRICT
 
     role: Literal["system", "developer", "user", "assistant"]
-    content: str | list[TextPart] | None = None
+    content: Text | list[TextPart] | None = None
 
     def text(self) -> str:
         if isinstance(self.content, list):
@@ -65,7 +96,7 @@ class ChatCompletionRequest(_Sampling):
 
 
 class CompletionRequest(_Sampling):
-    prompt: str | list[str]
+    prompt: Text | list[Text]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
 
     def prompt_text(self) -> str | None:
@@ -80,7 +111,9 @@ class CompletionRequest(_Sampling):
 
 ERROR_TYPES = {
     400: "invalid_request_error",
+    401: "authentication_error",
     404: "not_found_error",
+    413: "invalid_request_error",
     429: "rate_limit_error",
     503: "service_unavailable",
 }

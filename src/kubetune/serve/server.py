@@ -17,7 +17,7 @@ from typing import Any
 
 import uvicorn
 
-from kubetune.serve.api import ServerState, create_app
+from kubetune.serve.api import DEFAULT_MAX_BODY_BYTES, ServerState, create_app
 from kubetune.serve.contract import DEFAULT_PORT, Adapter
 from kubetune.serve.engine import Limits
 
@@ -36,6 +36,7 @@ class ServeOptions:
     threads: int | None = None
     drain_seconds: float = 30.0
     default_max_tokens: int = 512
+    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
 
 
 def serve(opts: ServeOptions) -> None:
@@ -44,7 +45,7 @@ def serve(opts: ServeOptions) -> None:
 
     plan_served(opts.target, list(opts.adapters))  # a bad target or adapter fails here, in one line
     check_dtype(opts.dtype)
-    state = ServerState(default_max_tokens=opts.default_max_tokens)
+    state = ServerState(default_max_tokens=opts.default_max_tokens, max_body_bytes=opts.max_body_bytes)
     app = create_app(state)
     config = uvicorn.Config(
         app, host=opts.host, port=opts.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
@@ -91,7 +92,7 @@ class DrainingServer(uvicorn.Server):
 
     def handle_exit(self, sig: int, frame: Any) -> None:
         state = self.state
-        if sig == signal.SIGTERM and not state.draining and state.engine is not None:
+        if sig == signal.SIGTERM and not state.draining and state.engine is not None and not state.failed:
             state.draining = True
             _say(f"SIGTERM: draining ({state.engine.in_flight} in flight, at most {self.drain_seconds:.0f} s)")
             threading.Thread(target=self._drain, daemon=True).start()
@@ -101,7 +102,7 @@ class DrainingServer(uvicorn.Server):
     def _drain(self) -> None:
         engine = self.state.engine
         deadline = time.monotonic() + self.drain_seconds
-        while engine.in_flight and time.monotonic() < deadline:
+        while engine.in_flight and engine.error is None and time.monotonic() < deadline:
             time.sleep(0.05)
         left = engine.in_flight
         _say(f"drained; {left} request(s) cut at the deadline" if left else "drained; exiting")

@@ -1,0 +1,61 @@
+"""A property-based fuzz of the request schema against a real `kubetune serve` process: no
+body, however wrong, gets a 5xx, hangs, or leaves the engine dead."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+# any Unicode, lone surrogates and NUL included
+TEXT = st.text(st.characters(codec=None, categories=None), max_size=40)
+JUNK = st.one_of(
+    st.none(), st.booleans(), st.integers(-(2**70), 2**70), st.floats(), TEXT, st.lists(st.integers(), max_size=3)
+)
+COUNT = st.one_of(st.integers(-3, 24), JUNK)
+NUMBER = st.one_of(st.floats(-1, 3), st.floats(allow_nan=True, allow_infinity=True), JUNK)
+MESSAGE = st.fixed_dictionaries(
+    {"role": st.one_of(st.sampled_from(["system", "user", "assistant", "developer", "tool"]), JUNK)},
+    optional={
+        "content": st.one_of(
+            TEXT, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2), JUNK
+        )
+    },
+)
+COMMON = {
+    "max_tokens": COUNT,
+    "temperature": NUMBER,
+    "top_p": NUMBER,
+    "seed": st.one_of(st.integers(-(2**66), 2**66), JUNK),
+    "stream": st.one_of(st.booleans(), JUNK),
+    "stop": st.one_of(TEXT, st.lists(TEXT, max_size=3), JUNK),
+    "n": COUNT,
+    "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.one_of(st.booleans(), JUNK)}), JUNK),
+}
+MODEL = st.one_of(st.just("run-a"), st.just("qv"), TEXT, JUNK)
+COMPLETION = st.fixed_dictionaries(
+    {"model": MODEL}, optional={"prompt": st.one_of(TEXT, st.lists(TEXT, max_size=2), JUNK), **COMMON}
+)
+CHAT = st.fixed_dictionaries(
+    {"model": MODEL}, optional={"messages": st.one_of(st.lists(MESSAGE, max_size=3), JUNK), **COMMON}
+)
+
+
+@settings(
+    max_examples=120, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(endpoint=st.sampled_from(["completions", "chat/completions"]), completion=COMPLETION, chat=CHAT)
+def test_no_request_gets_a_5xx_or_kills_the_engine(tiny_server, endpoint, completion, chat):
+    body = completion if endpoint == "completions" else chat
+    r = httpx.post(
+        f"{tiny_server.url}/v1/{endpoint}",
+        content=json.dumps(body).encode(),  # NaN and lone surrogates as Python's json writes them
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code < 500, (body, r.status_code, r.text[:500])
+    if r.status_code >= 400:
+        assert r.json()["error"]["message"]
+    assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200
