@@ -185,8 +185,17 @@ def serve(
     max_body_bytes: int = typer.Option(
         2 << 20, "--max-body-bytes", help="Larger request bodies are refused with a 413."
     ),
+    api_key: list[str] = typer.Option(
+        None, "--api-key", help="Require `Authorization: Bearer KEY` (repeatable; also $KUBETUNE_API_KEY, K1,K2)."
+    ),
+    api_key_file: list[Path] = typer.Option(
+        None, "--api-key-file", help="A file of keys, one per line (# comments); repeatable."
+    ),
 ):
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
+    import os
+
+    from kubetune.serve.auth import describe, load_api_keys
     from kubetune.serve.contract import ENGINES, parse_adapter
 
     adapters = tuple(parse_adapter(a) for a in adapter or [])
@@ -202,6 +211,8 @@ def serve(
     ):
         if value < 1:
             raise UserError(f"{name} {value}: must be at least 1")
+    api_keys = load_api_keys(api_key or [], api_key_file or [], os.environ)
+    typer.echo(f"kubetune: {describe(api_keys)}", err=True)
     if engine == "auto":
         from kubetune.serve.vllm_engine import auto_picks_vllm
 
@@ -212,17 +223,17 @@ def serve(
     if engine == "vllm":
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options
 
-        exec_vllm(vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs))
+        exec_vllm(vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs), api_keys)
     import dataclasses
 
-    from kubetune.serve.engine import Limits
+    from kubetune.serve.engine_client import Limits
     from kubetune.serve.server import ServeOptions
     from kubetune.serve.server import serve as run_server
 
     limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
     kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
     opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds)
-    run_server(dataclasses.replace(opts, max_body_bytes=max_body_bytes))
+    run_server(dataclasses.replace(opts, max_body_bytes=max_body_bytes, api_keys=api_keys))
 
 
 @recipe_app.command("show")

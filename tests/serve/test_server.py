@@ -12,7 +12,7 @@ import openai
 import pytest
 
 from kubetune.serve.api import ServerState, create_app
-from kubetune.serve.engine import Limits
+from kubetune.serve.engine_client import Limits
 
 from ..conftest import run_cli
 from .conftest import ServerProcess, metric

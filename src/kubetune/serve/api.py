@@ -21,9 +21,10 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kubetune.serve.auth import ApiKeyAuth
 from kubetune.serve.contract import HEALTH_PATH, METRICS_PATH, READY_PATH
-from kubetune.serve.engine import AdmissionError, Event, Sampling
-from kubetune.serve.engine import Request as EngineRequest
+from kubetune.serve.engine_client import AdmissionError, Event, Sampling
+from kubetune.serve.engine_client import Request as EngineRequest
 from kubetune.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
 from kubetune.serve.text import TextStream
 
@@ -67,6 +68,7 @@ class ServerState:
 
     default_max_tokens: int = 512
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_keys: tuple[str, ...] = ()  # none: every route is open (kubetune.serve.auth)
     served: Any = None
     engine: Any = None
     metrics: Any = None
@@ -96,6 +98,7 @@ def create_app(state: ServerState) -> FastAPI:
     app.state.kubetune = state
     _errors(app)
     app.add_middleware(BodyLimit, limit=state.max_body_bytes)
+    app.add_middleware(ApiKeyAuth, keys=state.api_keys)  # added last = runs first, before any body is read
 
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:

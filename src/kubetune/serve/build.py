@@ -11,7 +11,8 @@ import torch
 
 from kubetune.errors import UserError
 from kubetune.serve import host
-from kubetune.serve.engine import Engine, Limits
+from kubetune.serve.engine import Engine
+from kubetune.serve.engine_client import Limits
 from kubetune.serve.kvcache import SlotCache, register
 from kubetune.serve.metrics import ServeMetrics
 from kubetune.serve.models import ServedSet, load_served, plan_served

@@ -18,72 +18,17 @@ import inspect
 import queue
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 import torch
 
+from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request, Sampling
 from kubetune.serve.kvcache import BATCH_KWARG, Batch, PrefixCache, SlotCache
 from kubetune.serve.lora import BASE, LoraBatch
 from kubetune.serve.metrics import ServeMetrics
 
-
-@dataclass(frozen=True)
-class Limits:
-    max_num_seqs: int = 64  # sequences in the running batch
-    max_waiting: int = 256  # requests queued behind them; more get 429
-    max_model_len: int = 4096  # prompt + generated tokens of one sequence
-    max_prompt_tokens: int = 4096
-    prefill_chunk: int = 512  # prompt tokens read per engine turn
-    prefix_caching: bool = True  # reuse the K/V of prompt prefixes seen before
-
-
-SAMPLING_EPS = 1e-5  # a temperature below this samples greedily (as vLLM does): 1/t would overflow
 MAX_FAILED_STEPS = 3  # forwards failing one after another: the engine is broken, not one request
-
-
-@dataclass(frozen=True)
-class Sampling:
-    max_tokens: int
-    temperature: float = 0.0
-    top_p: float = 1.0
-    seed: int | None = None
-
-    @property
-    def greedy(self) -> bool:
-        return self.temperature < SAMPLING_EPS
-
-
-@dataclass(frozen=True)
-class Event:
-    """What a request hears from the engine: one new token, or the end (with its reason)."""
-
-    token: int | None
-    finish_reason: str | None = None  # "stop" (EOS or a stop string), "length", "abort", "error"
-    error: str | None = None  # with "error": what failed
-
-
-Sink = Callable[[Event], None]
-
-
-@dataclass
-class Request:
-    id: str
-    prompt: list[int]
-    sampling: Sampling
-    sink: Sink
-    adapter: int = BASE
-    adapter_name: str | None = None
-    arrival: float = field(default_factory=time.monotonic)
-
-
-class AdmissionError(Exception):
-    """A request the engine will not take: `status` 400 (it can never fit) or 429 (full now)."""
-
-    def __init__(self, status: int, message: str, param: str | None = None) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
 
 
 @dataclass
@@ -331,8 +276,8 @@ class Engine:
                 sampled.append(seq)
                 rows.append(chunk.offset + take - 1)
         if sampled:
-            tokens = self._sample(self.head(hidden[rows]).float(), sampled)
-            self._emit([s for s, t in zip(sampled, tokens) if t is not None], [t for t in tokens if t is not None])
+            events = self._sample(self.head(hidden[rows]).float(), sampled)
+            self._emit([s for s, e in zip(sampled, events) if e is not None], [e for e in events if e is not None])
         self._order_slots()
         return True
 
@@ -376,34 +321,75 @@ class Engine:
         return out.last_hidden_state[0]
 
     # --- tokens out ------------------------------------------------------------------------
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[int | None]:
-        """The next token of each sequence; None (and the sequence ended with an error) where
-        its sampling failed: one request's failure is never the batch's."""
-        tokens: list[int | None] = list(logits.argmax(dim=-1).tolist())
+    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Event | None]:
+        """The next token of each sequence (as the Event its request will hear); None (and the
+        sequence ended with an error) where its sampling failed: one request's failure is never
+        the batch's. `logits` stay the model's own: log-probabilities are reported from them."""
+        chosen, failed = logits, set()
+        adjusted = [i for i, s in enumerate(seqs) if s.request.sampling.adjusts_logits or s.request.constraint]
+        if adjusted:  # most batches have none: no copy
+            chosen = logits.clone()
+        for i in adjusted:
+            try:
+                self._adjust(chosen[i], seqs[i])
+            except Exception as e:  # this request alone ends
+                failed.add(i)
+                self._finish(seqs[i], "error", f"adjusting the logits failed: {e!r}")
+        best = chosen.argmax(dim=-1).tolist()
+        events: list[Event | None] = [None] * len(seqs)
         for i, seq in enumerate(seqs):
-            if seq.request.sampling.greedy:
+            sampling = seq.request.sampling
+            if i in failed:
                 continue
             try:
-                tokens[i] = _sample_row(logits[i], seq.request.sampling, seq.generator)
-            except Exception as e:  # this request alone ends
-                tokens[i] = None
+                token = best[i] if sampling.greedy else _sample_row(chosen[i], sampling, seq.generator)
+                events[i] = _token_event(token, logits[i], sampling.logprobs)
+            except Exception as e:
                 self._finish(seq, "error", f"sampling failed: {e!r}")
-        return tokens
+        return events
 
-    def _emit(self, seqs: list[Sequence], tokens: list[int]) -> None:
+    def _adjust(self, row: torch.Tensor, seq: Sequence) -> None:
+        """A request's penalties, biases, minimum length and grammar, on its logits row, in place."""
+        s, prompt_len = seq.request.sampling, len(seq.request.prompt)
+        if s.logit_bias:
+            ids, bias = zip(*s.logit_bias)
+            row.index_add_(0, torch.tensor(ids), torch.tensor(bias, dtype=row.dtype))
+        if s.repetition_penalty != 1.0:  # as vLLM: over the prompt and the answer
+            seen = torch.tensor(seq.tokens).unique()
+            v = row[seen]
+            row[seen] = torch.where(v > 0, v / s.repetition_penalty, v * s.repetition_penalty)
+        answer = seq.tokens[prompt_len:]
+        if (s.presence_penalty or s.frequency_penalty) and answer:  # as OpenAI: over the answer
+            counts = torch.bincount(torch.tensor(answer), minlength=row.numel())[: row.numel()].to(row.dtype)
+            row -= s.frequency_penalty * counts + s.presence_penalty * (counts > 0).to(row.dtype)
+        if seq.generated < s.min_tokens:
+            ends = [*s.stop_token_ids, *([] if self.eos is None else [self.eos])]
+            row[ends] = float("-inf")
+        if seq.request.constraint is not None:
+            seq.request.constraint.mask(row)
+
+    def _emit(self, seqs: list[Sequence], events: list[Event]) -> None:
         now = time.monotonic()
-        for seq, token in zip(seqs, tokens):
+        for seq, event in zip(seqs, events):
+            token, request = event.token, seq.request
+            assert token is not None
+            try:
+                complete = request.constraint is not None and request.constraint.advance(token)
+            except Exception as e:  # a token the grammar refuses: a bug of the grammar, this answer ends
+                self._finish(seq, "error", f"the grammar failed: {e!r}")
+                continue
             seq.tokens.append(token)
             seq.generated += 1
             if seq.last_token is None:
-                self.metrics.first_token(now - seq.request.arrival)
+                self.metrics.first_token(now - request.arrival)
             else:
                 self.metrics.inter_token(now - seq.last_token)
             seq.last_token = now
-            seq.request.sink(Event(token))
-            if token == self.eos:
+            request.sink(event)
+            sampling = request.sampling
+            if complete or (token == self.eos and not sampling.ignore_eos) or token in sampling.stop_token_ids:
                 self._finish(seq, "stop")
-            elif seq.generated >= seq.request.sampling.max_tokens or len(seq.tokens) >= self.limits.max_model_len:
+            elif seq.generated >= sampling.max_tokens or len(seq.tokens) >= self.limits.max_model_len:
                 self._finish(seq, "length")
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
@@ -460,8 +446,22 @@ def _new_sequence(request: Request) -> Sequence:
     return Sequence(request, list(request.prompt), generator=gen)
 
 
+def _token_event(token: int, logits: torch.Tensor, alternatives: int | None) -> Event:
+    if alternatives is None:
+        return Event(token)
+    logprobs = logits.log_softmax(-1)
+    top: tuple[tuple[int, float], ...] = ()
+    if alternatives:
+        values, ids = logprobs.topk(alternatives)
+        top = tuple(zip(ids.tolist(), values.tolist()))
+    return Event(token, logprob=float(logprobs[token]), top_logprobs=top)
+
+
 def _sample_row(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
     scaled = logits / sampling.temperature
+    if sampling.top_k and sampling.top_k < scaled.numel():
+        kth = scaled.topk(sampling.top_k).values[-1]
+        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
     if sampling.top_p < 1.0:
         sorted_logits, order = scaled.sort(descending=True)
         probs = sorted_logits.softmax(-1)

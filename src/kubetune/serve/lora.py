@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from kubetune.errors import ModelError
+from kubetune.serve.engine_client import BASE
 
-BASE = -1  # the adapter index of a token that uses the base model
 # siblings that transformers' decoder layers call on the very same input tensor, in call order
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))
 

@@ -19,7 +19,7 @@ import uvicorn
 
 from kubetune.serve.api import DEFAULT_MAX_BODY_BYTES, ServerState, create_app
 from kubetune.serve.contract import DEFAULT_PORT, Adapter
-from kubetune.serve.engine import Limits
+from kubetune.serve.engine_client import Limits
 
 log = logging.getLogger("kubetune.serve")
 
@@ -37,6 +37,7 @@ class ServeOptions:
     drain_seconds: float = 30.0
     default_max_tokens: int = 512
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
+    api_keys: tuple[str, ...] = ()  # kubetune.serve.auth.load_api_keys; none = open
 
 
 def serve(opts: ServeOptions) -> None:
@@ -45,7 +46,9 @@ def serve(opts: ServeOptions) -> None:
 
     plan_served(opts.target, list(opts.adapters))  # a bad target or adapter fails here, in one line
     check_dtype(opts.dtype)
-    state = ServerState(default_max_tokens=opts.default_max_tokens, max_body_bytes=opts.max_body_bytes)
+    state = ServerState(
+        default_max_tokens=opts.default_max_tokens, max_body_bytes=opts.max_body_bytes, api_keys=opts.api_keys
+    )
     app = create_app(state)
     config = uvicorn.Config(
         app, host=opts.host, port=opts.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
