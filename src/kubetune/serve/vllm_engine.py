@@ -15,6 +15,7 @@ from pathlib import Path
 
 from kubetune.errors import UserError
 from kubetune.serve import host
+from kubetune.serve.auth import VLLM_API_KEY_ENV
 from kubetune.serve.contract import Adapter, VllmOptions, vllm_argv, vllm_cpu_kvcache_gib
 
 VLLM_PYTHON_ENV = "KUBETUNE_VLLM_PYTHON"  # a python with vLLM (e.g. .venv-vllm/bin/python), if not this one
@@ -72,7 +73,7 @@ def _vllm_rank(rank: int) -> int:
     return next((r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= rank), rank)
 
 
-def exec_vllm(opts: VllmOptions) -> None:
+def exec_vllm(opts: VllmOptions, api_keys: tuple[str, ...] = ()) -> None:
     python = vllm_python()
     if python is None:
         raise UserError(
@@ -83,8 +84,23 @@ def exec_vllm(opts: VllmOptions) -> None:
     env = dict(os.environ)
     if "VLLM_CPU_KVCACHE_SPACE" not in env:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(vllm_cpu_kvcache_gib(host.memory_limit(), 1 << 30))
-    print(f"kubetune: exec {python} {' '.join(argv[1:])}", file=sys.stderr, flush=True)
-    os.execve(python, [python, *argv[1:]], env)
+    key_args = _pass_api_keys(api_keys, env)
+    print(
+        f"kubetune: exec {python} {' '.join(argv[1:])}{' --api-key ...' if key_args else ''}",
+        file=sys.stderr,
+        flush=True,
+    )
+    os.execve(python, [python, *argv[1:], *key_args], env)
+
+
+def _pass_api_keys(api_keys: tuple[str, ...], env: dict[str, str]) -> list[str]:
+    """The keys as vLLM takes them: one in its VLLM_API_KEY (an environment stays private to the
+    process, a command line does not), several as `--api-key K1 K2 ...` (VLLM_API_KEY holds one)."""
+    env.pop(VLLM_API_KEY_ENV, None)  # already among api_keys; vLLM must see exactly these
+    if len(api_keys) == 1:
+        env[VLLM_API_KEY_ENV] = api_keys[0]
+        return []
+    return ["--api-key", *api_keys] if api_keys else []
 
 
 def auto_picks_vllm(target: str) -> tuple[bool, str]:
