@@ -1,0 +1,163 @@
+"""Constrained decoding for `response_format` and forced tool calls, on llguidance.
+
+llguidance (the grammar engine behind vLLM's `guided_decoding_backend=guidance`) compiles a
+JSON schema into a grammar over the tokenizer's vocabulary and, at each step, gives the set
+of tokens that keep the output a prefix of some valid document. Building its tokenizer costs
+about half a second, so one `Grammars` per server holds it, and compiled grammars are cached
+by spec (clients send the same schema on every request).
+
+Per sequence, the engine asks its `Constraint` to `mask` the logits row before sampling and
+`advance` it with the chosen token; `advance` says when the document is complete, so the
+sequence stops there without waiting for the model's EOS.
+
+JSON is written without free whitespace, with json.dumps's separators (`", "`, `": "`): a
+grammar that allows any whitespace lets a small model run newlines until max_tokens (a known
+failure of flexible-whitespace grammars), and this is the spacing models see most.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import llguidance
+import llguidance.hf
+import torch
+from pydantic import TypeAdapter
+
+from kubetune.serve.tools import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, ToolGrammar
+
+JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
+ANY_OBJECT: dict[str, Any] = {"type": "object"}
+# short errors: the verbose ones carry the parser's state and the whole grammar (the client's schema)
+LIMITS = llguidance.LLParserLimits(verbose_errors=False)
+_BITS = torch.arange(32, dtype=torch.int32)
+
+
+class ConstraintError(RuntimeError):
+    """The sequence left its grammar (a token the mask forbade, or the grammar engine failed)."""
+
+
+class Constraint:
+    """One sequence's grammar state. Used on the engine's thread only."""
+
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+        self._matcher = matcher
+        self._vocab = vocab_size  # the tokenizer's; ids at or above it are the model's padding rows
+        self._bitmask = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
+
+    def mask(self, logits: torch.Tensor) -> None:
+        """Set -inf in place (a [vocab] float row) wherever the grammar forbids the next token.
+
+        EOS stays allowed only where the document may end; padding ids beyond the tokenizer's
+        vocabulary are always forbidden."""
+        if logits.shape[-1] < self._vocab:
+            raise ConstraintError(f"logits have {logits.shape[-1]} ids, the tokenizer {self._vocab}")
+        self._matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
+        self._check()
+        allowed = ((self._bitmask.unsqueeze(1) >> _BITS) & 1).view(-1)[: self._vocab]
+        logits[: self._vocab].masked_fill_(allowed == 0, float("-inf"))
+        logits[self._vocab :] = float("-inf")
+
+    def advance(self, token: int) -> bool:
+        """Consume the sampled token; True when the document is complete and the sequence must stop."""
+        if not self._matcher.consume_token(token):
+            raise ConstraintError(f"structured output: token {token} is not allowed here ({self._why()})")
+        return bool(self._matcher.is_stopped())
+
+    def _check(self) -> None:
+        if self._matcher.is_error():
+            raise ConstraintError(f"structured output: {self._why()}")
+
+    def _why(self) -> str:
+        return (self._matcher.get_error() or "the grammar engine gave no reason").splitlines()[0]
+
+
+ConstraintFactory = Callable[[], Constraint]
+Spec = ResponseFormat | ToolGrammar | Mapping[str, Any]
+_FORMAT: TypeAdapter[Any] = TypeAdapter(ResponseFormat)
+
+
+class Grammars:
+    """The server's grammar compiler: one llguidance tokenizer, a bounded cache of grammars."""
+
+    def __init__(self, tokenizer: Any, eos_token_id: int | None = None, cache_size: int = 64) -> None:
+        self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=eos_token_id)
+        self._vocab = int(self._tokenizer.vocab_size)
+        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._cache_size = cache_size
+        self._lock = threading.Lock()  # requests compile on the API's worker threads
+
+    def compile(self, spec: Spec | None) -> ConstraintFactory | None:
+        """A factory of fresh Constraints for a response_format (a model or its JSON) or a
+        ToolGrammar; None where nothing is constrained ({"type": "text"}). ValueError naming
+        the field where the schema cannot be compiled."""
+        schema, param, parts = _schema_of(spec)
+        if schema is None:
+            return None
+        template = self._template(schema, param, parts)
+        vocab = self._vocab
+        return lambda: Constraint(template.deep_copy(), vocab)
+
+    def _template(
+        self, schema: dict[str, Any], param: str, parts: tuple[tuple[str, dict[str, Any]], ...]
+    ) -> llguidance.LLMatcher:
+        key = json.dumps(schema, sort_keys=True)
+        with self._lock:
+            if key in self._cache:
+                self._cache.move_to_end(key)
+                return self._cache[key]
+        error = self._error(schema)
+        if error:
+            raise ValueError(self._blame(param, parts, error))
+        matcher = llguidance.LLMatcher(self._tokenizer, self._grammar(schema), log_level=0, limits=LIMITS)
+        with self._lock:
+            self._cache[key] = matcher
+            while len(self._cache) > self._cache_size:
+                self._cache.popitem(last=False)
+        return matcher
+
+    @staticmethod
+    def _grammar(schema: dict[str, Any]) -> str:
+        return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))  # type: ignore[arg-type]
+
+    def _error(self, schema: dict[str, Any]) -> str | None:
+        """What llguidance finds wrong with a schema (unknown type, unsupported keyword, ...)."""
+        try:
+            grammar = self._grammar(schema)
+        except ValueError as e:
+            return str(e)
+        failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer, limits=LIMITS)
+        return _one_line(messages[0]) if failed else None
+
+    def _blame(self, param: str, parts: tuple[tuple[str, dict[str, Any]], ...], error: str) -> str:
+        """The message of the 400: the field of the first schema that fails alone, and why."""
+        field, why = param, error
+        for name, schema in parts:
+            own = self._error(schema)
+            if own:
+                field, why = name, own
+                break
+        return f"{field}: this JSON schema cannot be used for constrained decoding ({why}); fix or simplify it"
+
+
+def _one_line(message: str, limit: int = 300) -> str:
+    text = " ".join(message.split())
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def _schema_of(spec: Spec | None) -> tuple[dict[str, Any] | None, str, tuple[tuple[str, dict[str, Any]], ...]]:
+    """(the schema to follow or None, the request field it came from, its parts for errors)."""
+    if spec is None:
+        return None, "", ()
+    if isinstance(spec, ToolGrammar):
+        return spec.schema, spec.param, spec.parts
+    fmt = _FORMAT.validate_python(spec) if isinstance(spec, Mapping) else spec
+    if isinstance(fmt, ResponseFormatJsonObject):
+        return ANY_OBJECT, "response_format", ()
+    if isinstance(fmt, ResponseFormatJsonSchema):
+        return fmt.json_schema.schema_, "response_format.json_schema.schema", ()
+    return None, "", ()
