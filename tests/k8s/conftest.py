@@ -75,6 +75,7 @@ RESOURCES = {
     "v1/services": ("Service", True),
     "apps/v1/deployments": ("Deployment", True),
     "networking.k8s.io/v1/ingresses": ("Ingress", True),
+    "networking.k8s.io/v1/networkpolicies": ("NetworkPolicy", True),
     "policy/v1/poddisruptionbudgets": ("PodDisruptionBudget", True),
     "autoscaling/v2/horizontalpodautoscalers": ("HorizontalPodAutoscaler", True),
     "scheduling.k8s.io/v1/priorityclasses": ("PriorityClass", False),

@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetune.errors import UserError
+from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import follow
 from kubetune.k8s import render as r
 from kubetune.k8s import serve as s
@@ -26,6 +26,7 @@ from kubetune.recipe.k8s import PROFILE_IMAGES, VLLM_IMAGES
 from kubetune.recipe.loader import load_recipe
 from kubetune.rundir import RunDir
 from kubetune.serve.contract import (
+    DEFAULT_MAX_BODY_BYTES,
     DEFAULT_PORT,
     DRAIN_TIMEOUT_S,
     HEALTH_PATH,
@@ -76,6 +77,7 @@ def test_objects_in_apply_order_all_in_the_jobs_namespace():
     assert kinds == [
         "Namespace",
         "Secret",
+        "NetworkPolicy",  # before the Deployment: no pod runs unguarded
         "ConfigMap",
         "Deployment",
         "Service",
@@ -308,7 +310,10 @@ def test_every_object_validates_strictly(profile, engine):
     [("serve-cpu-native.yaml", SMOL, "cpu", "native"), ("serve-nvidia-vllm.yaml", SEED, "nvidia", "vllm")],
 )
 def test_snapshot(name, recipe, profile, engine):
-    text = r.to_yaml(rendered(recipe, profile=profile, engine=engine, ingress_host="llm.example.com").objects)
+    # the vLLM one with an API key and cert-manager's TLS, the native one open (the defaults)
+    access = {"api_key_secret": "llm-keys", "cert_manager_issuer": "letsencrypt"} if engine == "vllm" else {}
+    objects = rendered(recipe, profile=profile, engine=engine, ingress_host="llm.example.com", **access).objects
+    text = r.to_yaml(objects)
     path = SNAPSHOTS / name
     if os.environ.get("KUBETUNE_UPDATE_SNAPSHOTS"):
         path.write_text(text)
@@ -331,6 +336,114 @@ def test_a_local_run_directory(tmp_path):
     assert f"kubectl cp {run_dir} team/cardio-lora-data:/data/runs/cardio-lora" in note
 
 
+# ------------------------------------------------------------------------------ access and placement
+
+KEY_SECRET = "llm-keys"
+API_KEY_VALUE = "sk-never-in-a-manifest-0123456789"
+
+
+@pytest.mark.parametrize(
+    ("engine", "variable", "probe"), [("native", "KUBETUNE_API_KEY", READY_PATH), ("vllm", "VLLM_API_KEY", HEALTH_PATH)]
+)
+def test_the_api_key_comes_from_the_named_secret(engine, variable, probe):
+    """Required (not optional): without its Secret a pod does not start rather than serve openly.
+    vLLM's /v1/models needs the key once one is set, so its probes ask /health."""
+    container = server(rendered(engine=engine, api_key_secret=KEY_SECRET).objects)
+    ref = {"secretKeyRef": {"name": KEY_SECRET, "key": s.API_KEY_SECRET_KEY}}
+    assert env_of(container)[variable] == ref
+    assert container["readinessProbe"]["httpGet"]["path"] == probe
+    assert container["startupProbe"]["httpGet"]["path"] == probe
+    assert not [e for e in server(rendered(engine=engine).objects)["env"] if "API_KEY" in e["name"]]
+
+
+def test_the_key_itself_is_never_rendered(cli, tmp_path, monkeypatch):
+    """Not even when the shell that renders holds it (as the server's own variables)."""
+    monkeypatch.setenv("KUBETUNE_API_KEY", API_KEY_VALUE)
+    monkeypatch.setenv("VLLM_API_KEY", API_KEY_VALUE)
+    out = tmp_path / "serve"
+    for extra in ([], ["--engine", "vllm"]):
+        result = cli("k8s", "render-serve", SEED, "--api-key-secret", KEY_SECRET, *extra, "-o", str(out))
+        assert result.code == 0, result.err
+        assert f"kubectl create secret generic {KEY_SECRET} -n {NS} --from-literal=api-key=" in result.err
+        printed = cli("k8s", "render-serve", SEED, "--api-key-secret", KEY_SECRET, *extra)
+        written = "".join(p.read_text() for p in out.iterdir())
+        assert KEY_SECRET in written and KEY_SECRET in printed.out
+        assert API_KEY_VALUE not in written + printed.out + printed.err + result.err
+
+
+def test_network_policy_lets_in_the_namespace_the_ingress_controller_and_prometheus_only():
+    out = rendered(ingress_namespace="traefik", monitoring_namespace="observability")
+    policy = one(out.objects, "NetworkPolicy")
+    pod_labels = one(out.objects, "Deployment")["spec"]["template"]["metadata"]["labels"]
+    spec = policy["spec"]
+    assert policy["metadata"]["name"] == SERVE
+    assert spec["podSelector"]["matchLabels"].items() <= pod_labels.items()
+    assert spec["policyTypes"] == ["Ingress"]  # egress open: a hub base model is downloaded at start
+    (rule,) = spec["ingress"]
+    assert rule["ports"] == [{"port": "http", "protocol": "TCP"}]
+    namespaces = [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in rule["from"][1:]]
+    assert rule["from"][0] == {"podSelector": {}} and namespaces == ["traefik", "observability"]
+    defaults = one(rendered().objects, "NetworkPolicy")["spec"]["ingress"][0]["from"]
+    assert [p["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"] for p in defaults[1:]] == [
+        "ingress-nginx",
+        "monitoring",
+    ]
+    assert not [o for o in rendered(network_policy=False).objects if o["kind"] == "NetworkPolicy"]
+
+
+def test_ingress_tls_from_a_secret_or_from_cert_manager():
+    host = "llm.example.com"
+    plain = one(rendered(ingress_host=host).objects, "Ingress")
+    assert "tls" not in plain["spec"] and "cert-manager.io/cluster-issuer" not in plain["metadata"]["annotations"]
+    given = one(rendered(ingress_host=host, ingress_tls_secret="llm-cert").objects, "Ingress")
+    assert given["spec"]["tls"] == [{"hosts": [host], "secretName": "llm-cert"}]
+    assert "cert-manager.io/cluster-issuer" not in given["metadata"]["annotations"]
+    issued = one(rendered(ingress_host=host, cert_manager_issuer="letsencrypt").objects, "Ingress")
+    assert issued["spec"]["tls"] == [{"hosts": [host], "secretName": f"{SERVE}-tls"}]
+    assert issued["metadata"]["annotations"]["cert-manager.io/cluster-issuer"] == "letsencrypt"
+    with pytest.raises(RecipeError, match="give --ingress-host too"):
+        rendered(cert_manager_issuer="letsencrypt")
+
+
+def test_the_ingress_allows_the_bodies_the_server_accepts():
+    notes = one(rendered().objects, "Ingress")["metadata"]["annotations"]
+    assert notes["nginx.ingress.kubernetes.io/proxy-body-size"] == s.nginx_size(DEFAULT_MAX_BODY_BYTES) == "2m"
+    assert (s.nginx_size(3 << 19), s.nginx_size(1000)) == ("1536k", "1000")
+
+
+def test_the_cpu_feature_label_is_preferred_unless_required():
+    label = load_recipe(SMOL).recipe.k8s.amx_label
+    term = {"matchExpressions": [{"key": label, "operator": "In", "values": ["true"]}]}
+
+    def node_affinity(**settings):
+        pod = one(rendered(**settings).objects, "Deployment")["spec"]["template"]["spec"]
+        return pod.get("affinity", {}).get("nodeAffinity")
+
+    assert node_affinity() == {"preferredDuringSchedulingIgnoredDuringExecution": [{"weight": 100, "preference": term}]}
+    required = {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}
+    assert node_affinity(require_cpu_features=True) == required
+    assert node_affinity(profile="nvidia") is None
+
+
+def test_access_warnings():
+    host = "llm.example.com"
+    assert any("no --api-key-secret" in w for w in rendered(ingress_host=host).warnings)
+    keyed = rendered(ingress_host=host, api_key_secret=KEY_SECRET).warnings
+    assert any("in clear text" in w for w in keyed) and not any("no --api-key-secret" in w for w in keyed)
+    safe = rendered(ingress_host=host, api_key_secret=KEY_SECRET, ingress_tls_secret="llm-cert").warnings
+    assert not any("clear text" in w or "api-key" in w for w in safe)
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+@pytest.mark.parametrize("engine", s.ENGINES)
+def test_the_access_objects_validate_strictly(profile, engine):
+    access = {"api_key_secret": KEY_SECRET, "ingress_host": "llm.example.com"}
+    for tls in ({"ingress_tls_secret": "llm-cert"}, {"cert_manager_issuer": "letsencrypt"}):
+        out = rendered(SEED, profile=profile, engine=engine, require_cpu_features=True, **access, **tls)
+        assert validate_objects(out.objects) == []
+        assert [o for o in out.objects if o["kind"] == "NetworkPolicy"]
+
+
 # ------------------------------------------------------------------------------ the command
 
 
@@ -347,12 +460,13 @@ def test_cli_writes_one_file_per_object_for_kustomize(cli, tmp_path):
         "k8s", "render-serve", SMOL, "--profile", "cpu", "--hf-token-file", str(token), "--check", "-o", str(out)
     )
     assert result.code == 0, result.err
-    assert result.out == "" and "checked 9 objects: all valid" in result.err
+    assert result.out == "" and "checked 10 objects: all valid" in result.err
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(
         [
             "namespace-kubetune.yaml",
             f"secret-{SERVE}-hf-token.yaml",
+            f"networkpolicy-{SERVE}.yaml",
             f"configmap-{SERVE}-prometheus-adapter-rule.yaml",
             f"deployment-{SERVE}.yaml",
             f"service-{SERVE}.yaml",
@@ -376,7 +490,7 @@ def test_cli_stdout_redacts_the_token_and_warns_on_stderr(cli, monkeypatch):
     assert result.code == 0, result.err
     assert TOKEN not in result.out + result.err and f"# Secret {SERVE}-hf-token: not printed" in result.out
     docs = [d for d in yaml.safe_load_all(result.out) if d]
-    assert docs[2]["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--adapter", "x=/data/y"]
+    assert docs[3]["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--adapter", "x=/data/y"]
     assert "warning: no --ingress-host" in result.err
 
 
@@ -395,6 +509,9 @@ def test_cli_stdout_redacts_the_token_and_warns_on_stderr(cli, monkeypatch):
         ([SMOL, "--replicas", "0"], "--replicas/--min-replicas must be at least 1"),
         ([SMOL, "--name", "9lives"], "--name '9lives': a Service name is a DNS-1035 label"),
         ([SMOL, "--ingress-host", "http://x"], "--ingress-host 'http://x': a DNS name"),
+        ([SMOL, "--ingress-tls-secret", "cert"], "a certificate is for a host; give --ingress-host too"),
+        ([SMOL, "--api-key-secret", "Keys_1"], "--api-key-secret 'Keys_1': a Secret name is lower-case"),
+        ([SMOL, "--ingress-namespace", "a.b"], "--ingress-namespace 'a.b': a namespace is lower-case"),
         ([SMOL, "k8s.resources.cpu=0"], "k8s.resources.cpu must be more than 0"),
         ([SMOL, "--profile", "gaudi", "k8s.resources.accelerators=0"], "the gaudi profile needs"),
         (["/"], "/ is not a kubetune run directory (no recipe.yaml)"),
@@ -430,6 +547,7 @@ def test_submit_applies_the_serving_objects_in_order():
     assert lines[0] == "created Namespace kubetune"
     assert [c[1] for c in fake.calls if c[0] == "create"] == [
         "Namespace",
+        "NetworkPolicy",
         "ConfigMap",
         "Deployment",
         "Service",
@@ -478,6 +596,7 @@ def test_delete_removes_the_serving_objects_by_label_and_leaves_the_jobs():
         "HorizontalPodAutoscaler",
         "PodDisruptionBudget",
         "Ingress",
+        "NetworkPolicy",
         "Service",
         "ConfigMap",
         "Secret",
@@ -494,7 +613,12 @@ def test_submit_status_delete_through_the_cli_and_the_api_server(cli, kube, tmp_
     assert result.code == 0, result.err
     assert f"created Deployment {NS}/{SERVE}" in result.out and f"kubetune k8s status {SERVE}" in result.out
     assert list(kube.objects("apps/v1/deployments")) == [(NS, SERVE)]
-    for plural in ("v1/services", "networking.k8s.io/v1/ingresses", "policy/v1/poddisruptionbudgets"):
+    for plural in (
+        "v1/services",
+        "networking.k8s.io/v1/ingresses",
+        "networking.k8s.io/v1/networkpolicies",
+        "policy/v1/poddisruptionbudgets",
+    ):
         assert list(kube.objects(plural)) == [(NS, SERVE)], plural
     assert kube.objects("autoscaling/v2/horizontalpodautoscalers")[(NS, SERVE)]["spec"]["minReplicas"] == 2
     again = cli("k8s", "submit", "--serve", SMOL, "--replicas", "2", "--ingress-host", "llm.example.com")

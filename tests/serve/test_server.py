@@ -82,7 +82,10 @@ def test_completions_stream_and_stop_string(client):
     ("kwargs", "error", "param"),
     [
         ({"model": "nope"}, openai.NotFoundError, "model"),
-        ({"n": 2}, openai.BadRequestError, "n"),
+        ({"n": 17}, openai.BadRequestError, "n"),
+        ({"top_logprobs": 3}, openai.BadRequestError, "top_logprobs"),
+        ({"logit_bias": {"999999": 5}}, openai.BadRequestError, "logit_bias"),
+        ({"chat_template": "{{ 1 }}"}, openai.BadRequestError, "chat_template"),
         ({"max_tokens": 100_000}, openai.BadRequestError, "max_tokens"),
         ({"temperature": 5}, openai.BadRequestError, "temperature"),
         ({"messages": []}, openai.BadRequestError, "messages"),
@@ -91,7 +94,8 @@ def test_completions_stream_and_stop_string(client):
 def test_bad_requests_get_openai_errors(client, kwargs, error, param):
     ask = {"model": "run-a", "messages": [{"role": "user", "content": "hi"}], **kwargs}
     with pytest.raises(error) as e:
-        client.chat.completions.create(**ask)
+        known = {k: v for k, v in ask.items() if k != "chat_template"}
+        client.chat.completions.create(**known, extra_body={k: v for k, v in ask.items() if k not in known})
     body = e.value.body
     assert isinstance(body, dict) and body.get("param") == param and body.get("message")
 

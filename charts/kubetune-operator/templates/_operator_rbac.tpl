@@ -90,7 +90,7 @@ through whole lifecycles, records every request, and fails on a rule missing or 
   resources: [services]
   verbs: [create]
 - apiGroups: [networking.k8s.io]
-  resources: [ingresses]
+  resources: [ingresses, networkpolicies]
   verbs: [create]
 - apiGroups: [policy]
   resources: [poddisruptionbudgets]

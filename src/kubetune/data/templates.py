@@ -97,12 +97,34 @@ class PromptRenderer:
         return self.template.format(**custom_fields(self.template, row))
 
     def _chat_prompt(self, messages: list[Message]) -> str:
+        return self.chat_prompt(messages)
+
+    def chat_prompt(
+        self,
+        messages: list[Message],
+        chat_template: str | None = None,
+        add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        **template_kwargs: Any,
+    ) -> str:
+        """A conversation through the chat template (the tokenizer's, or `chat_template`),
+        with the run's system prompt where the conversation has none."""
         if self.system_prompt and (not messages or messages[0]["role"] != "system"):
             messages = [{"role": "system", "content": self.system_prompt}] + messages
-        if not getattr(self.tokenizer, "chat_template", None):
+        if not (chat_template or getattr(self.tokenizer, "chat_template", None)):
             raise ValueError(
                 "the tokenizer has no chat template; set data.template=alpaca (or llama2, or a custom string)"
             )
         # with tokenize=False the result is the rendered text (the declared return type is the union
         # of every mode's result)
-        return cast(str, self.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True))
+        return cast(
+            str,
+            self.tokenizer.apply_chat_template(
+                messages,
+                tokenize=False,
+                chat_template=chat_template,
+                add_generation_prompt=add_generation_prompt,
+                continue_final_message=continue_final_message,
+                **template_kwargs,
+            ),
+        )

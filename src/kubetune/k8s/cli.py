@@ -141,6 +141,68 @@ _cpu_target_opt = typer.Option(
     rich_help_panel=SERVE_PANEL,
 )
 
+_api_key_secret_opt = typer.Option(
+    None,
+    "--api-key-secret",
+    help="An existing Secret whose key `api-key` holds the server's API key (several: comma-separated; vLLM takes "
+    "one); every route but the probes and /metrics then needs `Authorization: Bearer KEY`.",
+    rich_help_panel=SERVE_PANEL,
+)
+_no_network_policy_opt = typer.Option(
+    False, "--no-network-policy", help="Render no NetworkPolicy for the server.", rich_help_panel=SERVE_PANEL
+)
+_ingress_namespace_opt = typer.Option(
+    None,
+    "--ingress-namespace",
+    help="The ingress controller's namespace, let in by the NetworkPolicy (default ingress-nginx).",
+    rich_help_panel=SERVE_PANEL,
+)
+_monitoring_namespace_opt = typer.Option(
+    None,
+    "--monitoring-namespace",
+    help="Prometheus's namespace, let in by the NetworkPolicy for /metrics (default monitoring).",
+    rich_help_panel=SERVE_PANEL,
+)
+_tls_secret_opt = typer.Option(
+    None,
+    "--ingress-tls-secret",
+    help="TLS on the Ingress from this kubernetes.io/tls Secret (needs --ingress-host).",
+    rich_help_panel=SERVE_PANEL,
+)
+_issuer_opt = typer.Option(
+    None,
+    "--cert-manager-issuer",
+    help="TLS on the Ingress from this cert-manager ClusterIssuer, into the Secret <name>-tls (needs --ingress-host).",
+    rich_help_panel=SERVE_PANEL,
+)
+_require_cpu_opt = typer.Option(
+    False,
+    "--require-cpu-features",
+    help="cpu: schedule only on nodes with k8s.amx_label (default: preferred, other nodes run fp32).",
+    rich_help_panel=SERVE_PANEL,
+)
+
+
+def _access_settings(
+    api_key_secret: str | None,
+    no_network_policy: bool,
+    ingress_namespace: str | None,
+    monitoring_namespace: str | None,
+    ingress_tls_secret: str | None,
+    cert_manager_issuer: str | None,
+    require_cpu_features: bool,
+) -> dict[str, Any]:
+    """The access and placement options as ServeSettings fields (None = not given)."""
+    return {
+        "api_key_secret": api_key_secret,
+        "network_policy": False if no_network_policy else None,
+        "ingress_namespace": ingress_namespace,
+        "monitoring_namespace": monitoring_namespace,
+        "ingress_tls_secret": ingress_tls_secret,
+        "cert_manager_issuer": cert_manager_issuer,
+        "require_cpu_features": True if require_cpu_features else None,
+    }
+
 
 def _serve_settings(
     engine: str | None,
@@ -156,6 +218,7 @@ def _serve_settings(
     autoscale: str | None,
     queue_target: int | None,
     cpu_target: int | None,
+    access: dict[str, Any],
 ):
     """The serving options as given (None = not given) -> ServeSettings with the defaults."""
     from kubetune.k8s.serve import ServeSettings
@@ -175,6 +238,7 @@ def _serve_settings(
         "autoscale": autoscale,
         "queue_target": queue_target,
         "cpu_target": cpu_target,
+        **access,
     }
     return ServeSettings(**{k: v for k, v in given.items() if v is not None})
 
@@ -195,6 +259,12 @@ def _render_serve(args: list[str], profile: str | None, settings, token: str | N
     rendered = render_serve(recipe, settings, hf_token=token, local_run=local_run)
     for warning in rendered.warnings:
         _note(f"warning: {warning}")
+    if settings.api_key_secret:
+        _note(
+            f"the pods read their API key from Secret {settings.api_key_secret} (they do not start without it): "
+            f"kubectl create secret generic {settings.api_key_secret} -n {rendered.names.namespace} "
+            "--from-literal=api-key=KEY (several keys: KEY1,KEY2; vLLM takes one)"
+        )
     return rendered
 
 
@@ -250,14 +320,21 @@ def render_serve_cmd(
     autoscale: str | None = _autoscale_opt,
     queue_target: int | None = _queue_target_opt,
     cpu_target: int | None = _cpu_target_opt,
+    api_key_secret: str | None = _api_key_secret_opt,
+    no_network_policy: bool = _no_network_policy_opt,
+    ingress_namespace: str | None = _ingress_namespace_opt,
+    monitoring_namespace: str | None = _monitoring_namespace_opt,
+    ingress_tls_secret: str | None = _tls_secret_opt,
+    cert_manager_issuer: str | None = _issuer_opt,
+    require_cpu_features: bool = _require_cpu_opt,
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Write one file per object + kustomization.yaml here."
     ),
     hf_token_file: Path | None = _token_opt,
     check: bool = typer.Option(False, "--check", help="Validate every object offline (kubernetes-validate, strict)."),
 ):
-    """Render the serving objects of a trained run: Deployment, Service, Ingress, PodDisruptionBudget,
-    HorizontalPodAutoscaler and the prometheus-adapter rule it reads (stdout, or files with -o).
+    """Render the serving objects of a trained run: Deployment, Service, Ingress, NetworkPolicy,
+    PodDisruptionBudget, HorizontalPodAutoscaler and the prometheus-adapter rule it reads (stdout, or files with -o).
 
     `kubetune k8s submit --serve RUN ...` applies the same objects; `status` and `delete` take
     their name (`<job>-serve`).
@@ -278,6 +355,15 @@ def render_serve_cmd(
         autoscale,
         queue_target,
         cpu_target,
+        _access_settings(
+            api_key_secret,
+            no_network_policy,
+            ingress_namespace,
+            monitoring_namespace,
+            ingress_tls_secret,
+            cert_manager_issuer,
+            require_cpu_features,
+        ),
     )
     rendered = _render_serve(args or [], profile, settings, _read_token(hf_token_file))
     if check:
@@ -311,6 +397,13 @@ def submit_cmd(
     autoscale: str | None = _autoscale_opt,
     queue_target: int | None = _queue_target_opt,
     cpu_target: int | None = _cpu_target_opt,
+    api_key_secret: str | None = _api_key_secret_opt,
+    no_network_policy: bool = _no_network_policy_opt,
+    ingress_namespace: str | None = _ingress_namespace_opt,
+    monitoring_namespace: str | None = _monitoring_namespace_opt,
+    ingress_tls_secret: str | None = _tls_secret_opt,
+    cert_manager_issuer: str | None = _issuer_opt,
+    require_cpu_features: bool = _require_cpu_opt,
     via_operator: bool = typer.Option(
         False,
         "--via-operator",
@@ -335,6 +428,18 @@ def submit_cmd(
         "--queue-target": queue_target,
         "--cpu-target": cpu_target,
     }
+    access = _access_settings(
+        api_key_secret,
+        no_network_policy,
+        ingress_namespace,
+        monitoring_namespace,
+        ingress_tls_secret,
+        cert_manager_issuer,
+        require_cpu_features,
+    )
+    flags = {field: "--" + field.replace("_", "-") for field in access}
+    flags["network_policy"] = "--no-network-policy"
+    serve_options.update({flags[field]: value for field, value in access.items()})
     token = _read_token(hf_token_file)
     if via_operator:
         _submit_finetune(args or [], profile, api, token, with_runtime, serve, serve_options)
@@ -356,6 +461,7 @@ def submit_cmd(
             autoscale,
             queue_target,
             cpu_target,
+            access,
         )
         rendered = _render_serve(args or [], profile, settings, token)
     else:

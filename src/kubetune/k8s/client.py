@@ -59,6 +59,7 @@ KINDS = {
         Kind("apps/v1", "Deployment", "deployments", True),
         Kind("batch/v1", "Job", "jobs", True),
         Kind("networking.k8s.io/v1", "Ingress", "ingresses", True),
+        Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", True),
         Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),
         Kind("autoscaling/v2", "HorizontalPodAutoscaler", "horizontalpodautoscalers", True),
         Kind("scheduling.k8s.io/v1", "PriorityClass", "priorityclasses", False),

@@ -48,6 +48,7 @@ SERVING_KINDS = (
     ("autoscaling/v2", "HorizontalPodAutoscaler"),
     ("policy/v1", "PodDisruptionBudget"),
     ("networking.k8s.io/v1", "Ingress"),
+    ("networking.k8s.io/v1", "NetworkPolicy"),
     ("v1", "Service"),
     ("v1", "ConfigMap"),
     (MONITORING_API, "ServiceMonitor"),

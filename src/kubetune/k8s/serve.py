@@ -4,6 +4,8 @@ Objects, in apply order, all in the recipe's `k8s.namespace` (the training job's
 volume claim can be mounted), named `<job>-serve` unless `--name` says otherwise:
 
 - Namespace, [Secret] (the Hugging Face token, for gated base models),
+- [NetworkPolicy] (default on): the server's port open to the namespace's own pods, the ingress
+  controller's namespace and the monitoring namespace only,
 - [ConfigMap `<name>-prometheus-adapter-rule`] (with `--autoscale queue`): the prometheus-adapter
   rule that exposes `vllm:num_requests_waiting` to the HorizontalPodAutoscaler, renamed
   `vllm_num_requests_waiting` (a Kubernetes metric name cannot hold ':'), as the adapter's
@@ -17,7 +19,10 @@ volume claim can be mounted), named `<job>-serve` unless `--name` says otherwise
 - [ServiceMonitor, with monitor.in_cluster]: Prometheus scrapes the Service's `http` port
   (`kubetune.monitor.objects`, labelled with monitor.release),
 - [HorizontalPodAutoscaler autoscaling/v2] on the waiting requests per pod, CPU as fallback,
-- Ingress (nginx: no buffering of server-sent events, long timeouts).
+- Ingress (nginx: no buffering of server-sent events, long timeouts, the server's body limit;
+  TLS from a Secret or a cert-manager issuer).
+
+The API key is never rendered: `--api-key-secret` names a Secret the pods read it from.
 
 Plain dicts except where `profiles` already builds a part. No torch, no API calls.
 """
@@ -54,6 +59,7 @@ from kubetune.recipe.loader import load_recipe
 from kubetune.recipe.schema import DEFAULT_MODEL, Recipe
 from kubetune.rundir import RunDir
 from kubetune.serve.contract import (
+    DEFAULT_MAX_BODY_BYTES,
     DEFAULT_PORT,
     DRAIN_TIMEOUT_S,
     HEALTH_PATH,
@@ -93,10 +99,17 @@ PROBE_PERIOD_S = 10
 PRESTOP_SLEEP_S = 10
 EXIT_MARGIN_S = 10
 INGRESS_TIMEOUT_S = 3600  # a long answer streams for minutes; nginx's default cuts it at 60 s
+# the Secret of --api-key-secret: its key `api-key` holds the server's key(s), comma-separated,
+# read by the pods as kubetune serve's and vLLM's own variable (vLLM takes one key)
+API_KEY_SECRET_KEY = "api-key"
+API_KEY_ENV = {"native": "KUBETUNE_API_KEY", "vllm": "VLLM_API_KEY"}
+CPU_FEATURE_WEIGHT = 100  # the preferred node affinity's weight (1..100): the strongest preference
 VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
 VLLM_DEFAULT_LORA_RANK = 16
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
+_DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 _SIZE = re.compile(r"(?<![\d.])(\d+(?:\.\d+)?)([bm])(?![a-z0-9])")
 
 
@@ -117,6 +130,13 @@ class ServeSettings:
     autoscale: str = "queue"
     queue_target: int = 2  # waiting requests per pod the HPA aims at
     cpu_target: int = 80  # CPU utilisation (% of the request) the HPA aims at
+    api_key_secret: str | None = None  # an existing Secret whose key `api-key` the server requires; None = open
+    network_policy: bool = True  # the NetworkPolicy `<name>`; off where the cluster's policies are managed elsewhere
+    ingress_namespace: str = "ingress-nginx"  # the ingress controller's namespace (allowed by the NetworkPolicy)
+    monitoring_namespace: str = "monitoring"  # Prometheus's namespace (allowed, for /metrics)
+    ingress_tls_secret: str | None = None  # TLS on the Ingress from this kubernetes.io/tls Secret
+    cert_manager_issuer: str | None = None  # TLS from cert-manager: this ClusterIssuer writes the Secret
+    require_cpu_features: bool = False  # cpu: only nodes with k8s.amx_label (else they are preferred)
 
     def replica_range(self) -> tuple[int, int]:
         lo = self.min_replicas if self.min_replicas is not None else self.replicas
@@ -152,6 +172,26 @@ class ServeSettings:
             )
         if self.ingress_host is not None and not re.fullmatch(r"[a-z0-9*]([-a-z0-9.]*[a-z0-9])?", self.ingress_host):
             out.append(f"--ingress-host {self.ingress_host!r}: a DNS name such as llm.example.com")
+        return out + self.access_problems()
+
+    def access_problems(self) -> list[str]:
+        """The API key's Secret, the NetworkPolicy's namespaces, the Ingress's TLS."""
+        out = []
+        for flag, value, pattern, what in (
+            ("--api-key-secret", self.api_key_secret, _DNS_1123_SUBDOMAIN, "a Secret name"),
+            ("--ingress-tls-secret", self.ingress_tls_secret, _DNS_1123_SUBDOMAIN, "a Secret name"),
+            ("--cert-manager-issuer", self.cert_manager_issuer, _DNS_1123_SUBDOMAIN, "a ClusterIssuer name"),
+            ("--ingress-namespace", self.ingress_namespace, _DNS_1123_LABEL, "a namespace"),
+            ("--monitoring-namespace", self.monitoring_namespace, _DNS_1123_LABEL, "a namespace"),
+        ):
+            if value is not None and (
+                len(value) > (63 if pattern is _DNS_1123_LABEL else 253) or not pattern.match(value)
+            ):
+                out.append(f"{flag} {value!r}: {what} is lower-case letters, digits and '-' (e.g. llm-serve)")
+        if (self.ingress_tls_secret or self.cert_manager_issuer) and not self.ingress_host:
+            out.append(
+                "--ingress-tls-secret/--cert-manager-issuer: a certificate is for a host; give --ingress-host too"
+            )
         return out
 
 
@@ -377,7 +417,16 @@ def server_env(plan: _Plan) -> list[KubeObject]:
     if plan.k8s.profile == "gaudi" and plan.engine == "vllm":
         # tensor parallel with HPU graphs needs the lazy collectives (Intel's vLLM docs)
         env.append({"name": "PT_HPU_ENABLE_LAZY_COLLECTIVES", "value": "true"})
+    if plan.settings.api_key_secret:
+        env.append(_api_key_env(plan))
     return env
+
+
+def _api_key_env(plan: _Plan) -> KubeObject:
+    """The server's key(s) from --api-key-secret. Not optional: without that Secret the pod does
+    not start (CreateContainerConfigError) rather than serve an open API."""
+    ref = {"name": plan.settings.api_key_secret, "key": API_KEY_SECRET_KEY}
+    return {"name": API_KEY_ENV[plan.engine], "valueFrom": {"secretKeyRef": ref}}
 
 
 def _kvcache_gib(plan: _Plan) -> int:
@@ -402,8 +451,16 @@ def _probe(path: str, period: int, timeout: int, failures: int) -> KubeObject:
     }
 
 
+def _ready_path(plan: _Plan) -> str:
+    if plan.engine == "native":
+        return READY_PATH
+    # vLLM asks for the key on /v1/models, and a probe could only send it written into the manifest;
+    # its /health stays open and, as vLLM listens only once the model is loaded, means ready too.
+    return HEALTH_PATH if plan.settings.api_key_secret else VLLM_READY_PATH
+
+
 def server_container(plan: _Plan, startup_s: int) -> KubeObject:
-    ready = READY_PATH if plan.engine == "native" else VLLM_READY_PATH
+    ready = _ready_path(plan)
     mounts: list[KubeObject] = [
         {"name": "models" if plan.settings.model_image else "data", "mountPath": plan.root},
         {"name": "dshm", "mountPath": "/dev/shm"},
@@ -462,6 +519,21 @@ def _volumes(plan: _Plan) -> list[KubeObject]:
     return volumes
 
 
+def _affinity(plan: _Plan) -> KubeObject | None:
+    """The profile's CPU-feature requirement (cpu: AMX nodes, for bf16 matmuls) as a preference
+    unless --require-cpu-features: on a cluster without such nodes (or without their NFD label) the
+    server is scheduled anyway and runs in fp32, where a requirement would leave it Pending."""
+    affinity: KubeObject | None = objects.to_dict(profiles.node_affinity(plan.k8s))
+    if not affinity or plan.settings.require_cpu_features:
+        return affinity
+    node = affinity["nodeAffinity"]
+    terms = node.pop("requiredDuringSchedulingIgnoredDuringExecution")["nodeSelectorTerms"]
+    node["preferredDuringSchedulingIgnoredDuringExecution"] = [
+        {"weight": CPU_FEATURE_WEIGHT, "preference": term} for term in terms
+    ]
+    return affinity
+
+
 def _drop_none(d: KubeObject) -> KubeObject:
     return {k: v for k, v in d.items() if v is not None}
 
@@ -479,7 +551,7 @@ def deployment(plan: _Plan) -> KubeObject:
             "automountServiceAccountToken": False,  # the server never talks to the API server
             "nodeSelector": dict(k8s.node_selector) or None,
             "tolerations": objects.to_dict(profiles.tolerations(k8s)),
-            "affinity": objects.to_dict(profiles.node_affinity(k8s)),
+            "affinity": _affinity(plan),
             "securityContext": objects.to_dict(profiles.pod_security(k8s)),
             "hostIPC": True if profiles.PROFILES[k8s.profile].host_ipc else None,
             "priorityClassName": k8s.priority_class,
@@ -533,7 +605,39 @@ def service(plan: _Plan) -> KubeObject:
     }
 
 
-def ingress(plan: _Plan) -> KubeObject:
+def network_policy(plan: _Plan) -> KubeObject:
+    """Who may open the server's port: the namespace's own pods, the ingress controller and
+    Prometheus; nobody else. A NetworkPolicy sees ports, not paths, so Prometheus reaches the API
+    as well as /metrics (the API key guards the API). The kubelet's probes come from the node, not
+    from a pod, and pass. Egress stays open: a hub base model is downloaded at start (HF_HOME)
+    and the names it needs resolved, where a run on the claim or in an image needs nothing."""
+    settings = plan.settings
+
+    def namespace(name: str) -> KubeObject:
+        return {"namespaceSelector": {"matchLabels": {"kubernetes.io/metadata.name": name}}}
+
+    peers = [{"podSelector": {}}, namespace(settings.ingress_namespace), namespace(settings.monitoring_namespace)]
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": plan.meta(plan.names.job),
+        "spec": {
+            "podSelector": {"matchLabels": plan.selector},
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": peers, "ports": [{"port": PORT_NAME, "protocol": "TCP"}]}],
+        },
+    }
+
+
+def nginx_size(n_bytes: int) -> str:
+    """A byte count in nginx's size syntax (k and m are binary), exactly."""
+    for unit, scale in (("m", 1 << 20), ("k", 1 << 10)):
+        if n_bytes % scale == 0:
+            return f"{n_bytes // scale}{unit}"
+    return str(n_bytes)
+
+
+def _ingress_annotations(plan: _Plan) -> dict[str, str]:
     nginx = "nginx.ingress.kubernetes.io"
     annotations = {
         # server-sent events: each token goes out as it is made, not when nginx's buffer fills
@@ -541,17 +645,37 @@ def ingress(plan: _Plan) -> KubeObject:
         f"{nginx}/proxy-request-buffering": "off",
         f"{nginx}/proxy-read-timeout": str(INGRESS_TIMEOUT_S),
         f"{nginx}/proxy-send-timeout": str(INGRESS_TIMEOUT_S),
-        f"{nginx}/proxy-body-size": "16m",  # long prompts
+        # what the server accepts (--max-body-bytes): a larger body stops at the edge of the cluster
+        f"{nginx}/proxy-body-size": nginx_size(DEFAULT_MAX_BODY_BYTES),
     }
+    if plan.settings.cert_manager_issuer:
+        annotations["cert-manager.io/cluster-issuer"] = plan.settings.cert_manager_issuer
+    return annotations
+
+
+def _ingress_tls(plan: _Plan) -> list[KubeObject] | None:
+    """TLS for --ingress-host from --ingress-tls-secret, or from the Secret cert-manager writes."""
+    settings = plan.settings
+    secret = settings.ingress_tls_secret or (f"{plan.names.job}-tls" if settings.cert_manager_issuer else None)
+    if secret is None:
+        return None
+    return [{"hosts": [settings.ingress_host], "secretName": secret}]
+
+
+def ingress(plan: _Plan) -> KubeObject:
     backend = {"service": {"name": plan.names.job, "port": {"name": PORT_NAME}}}
     rule: KubeObject = {"http": {"paths": [{"path": "/", "pathType": "Prefix", "backend": backend}]}}
     if plan.settings.ingress_host:
         rule = {"host": plan.settings.ingress_host, **rule}
+    spec: KubeObject = {"ingressClassName": plan.settings.ingress_class, "rules": [rule]}
+    tls = _ingress_tls(plan)
+    if tls:
+        spec["tls"] = tls
     return {
         "apiVersion": "networking.k8s.io/v1",
         "kind": "Ingress",
-        "metadata": plan.meta(plan.names.job, annotations=annotations),
-        "spec": {"ingressClassName": plan.settings.ingress_class, "rules": [rule]},
+        "metadata": plan.meta(plan.names.job, annotations=_ingress_annotations(plan)),
+        "spec": spec,
     }
 
 
@@ -670,7 +794,16 @@ def _warnings(plan: _Plan) -> list[str]:
             f"no --ingress-host: the Ingress answers on every host of class {settings.ingress_class} "
             "that no other rule claims"
         )
-    return out
+    return out + _access_warnings(settings)
+
+
+def _access_warnings(settings: ServeSettings) -> list[str]:
+    if not settings.api_key_secret:
+        return ["no --api-key-secret: whoever reaches the Ingress or the Service can use the model"]
+    if not (settings.ingress_tls_secret or settings.cert_manager_issuer):
+        clear = "the API key crosses the network to the Ingress in clear text: add --ingress-tls-secret or "
+        return [clear + "--cert-manager-issuer (with --ingress-host)"]
+    return []
 
 
 def render_serve(
@@ -684,6 +817,8 @@ def render_serve(
     out = [objects.namespace(plan.names)]
     if hf_token:
         out.append(objects.secret(plan.names, hf_token))
+    if settings.network_policy:  # before the Deployment: no pod ever runs unguarded
+        out.append(network_policy(plan))
     if settings.autoscale == "queue":
         out.append(adapter_rule_config_map(plan))
     out += [deployment(plan), service(plan), disruption_budget(plan)]

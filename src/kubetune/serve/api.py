@@ -9,10 +9,9 @@ OpenAI's error shape. A client that goes away aborts its sequence at the next de
 from __future__ import annotations
 
 import asyncio
+import re
 import threading
 import time
-import uuid
-from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -22,19 +21,33 @@ from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from kubetune.serve.auth import ApiKeyAuth
-from kubetune.serve.contract import HEALTH_PATH, METRICS_PATH, READY_PATH
+from kubetune.serve.completions import (
+    Answer,
+    EngineFailure,
+    Prompt,
+    Refused,
+    Tokens,
+    collect,
+    new_choices,
+    new_id,
+    stream,
+    submit_all,
+)
+from kubetune.serve.contract import DEFAULT_MAX_BODY_BYTES, HEALTH_PATH, METRICS_PATH, READY_PATH
 from kubetune.serve.engine_client import AdmissionError, Event, Sampling
-from kubetune.serve.engine_client import Request as EngineRequest
-from kubetune.serve.protocol import ChatCompletionRequest, CompletionRequest, error_body
+from kubetune.serve.protocol import (
+    SEED_MAX,
+    ChatCompletionRequest,
+    CompletionRequest,
+    DetokenizeRequest,
+    TokenizeRequest,
+    error_body,
+)
 from kubetune.serve.text import TextStream
+from kubetune.serve.tools import ToolUse, chat_messages, plan_tools
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer the stream
 MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused untokenized
-DEFAULT_MAX_BODY_BYTES = 2 << 20  # --max-body-bytes: a request body larger than this is a 413
-
-
-class EngineFailure(Exception):
-    """The engine ended a request with an error (its sampling, its forward, or the loop)."""
 
 
 class Mailbox:
@@ -43,11 +56,11 @@ class Mailbox:
 
     def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
         self.loop = loop
-        self._items: list[tuple[asyncio.Queue[Event], Event]] = []
+        self._items: list[tuple[asyncio.Queue[Any], Any]] = []
         self._lock = threading.Lock()
         self._scheduled = False
 
-    def post(self, queue: asyncio.Queue[Event], event: Event) -> None:
+    def post(self, queue: asyncio.Queue[Any], event: Any) -> None:
         with self._lock:
             self._items.append((queue, event))
             if self._scheduled:
@@ -69,11 +82,15 @@ class ServerState:
     default_max_tokens: int = 512
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     api_keys: tuple[str, ...] = ()  # none: every route is open (kubetune.serve.auth)
+    chat_template: str | None = None  # --chat-template: for every model, instead of the tokenizer's
+    trust_request_chat_template: bool = False  # a request's own `chat_template` (Jinja from the network)
     served: Any = None
     engine: Any = None
     metrics: Any = None
     draining: bool = False
     mailbox: Mailbox | None = None
+    grammars: Any = None  # structured.Grammars, built on first use (its tokenizer takes a while)
+    tokens: Any = None  # completions.Tokens: ids to text for log-probabilities
     created: int = field(default_factory=lambda: int(time.time()))
 
     @property
@@ -123,39 +140,64 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         served = _served(state)
-        limit = state.engine.limits.max_model_len
-        data = [
-            {
-                "id": m.name,
-                "object": "model",
-                "created": state.created,
-                "owned_by": "kubetune",
-                "root": m.name,
-                "parent": m.parent,
-                "max_model_len": limit,
-            }
-            for m in served.models.values()
-        ]
-        return {"object": "list", "data": data}
+        return {"object": "list", "data": [_card(state, m) for m in served.models.values()]}
+
+    @app.get("/v1/models/{model_id:path}")
+    async def model_card(model_id: str) -> dict[str, Any]:
+        return _card(state, _model(_served(state), model_id))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        served = _served(state)
-        model = _model(served, body.model)
-        messages = [{"role": "system" if m.role == "developer" else m.role, "content": m.text()} for m in body.messages]
-        prompt = _chat_prompt(model.renderer, messages)
-        return await _complete(state, request, body, model, prompt, chat=True)
+        model = _model(_served(state), body.model)
+        tool_use = _checked(lambda: plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls))
+        text = _chat_prompt(state, model, body, tool_use)
+        prompt = await _tokenized(state, text, "messages", special=not _templated(state, model, body))
+        return await _answer(state, request, body, model, [prompt], tool_use)
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
+        model = _model(_served(state), body.model)
+        prompts = [await _completion_prompt(state, p) for p in body.prompts()]
+        return await _answer(state, request, body, model, prompts, ToolUse())
+
+    @app.post("/tokenize")
+    async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         served = _served(state)
-        model = _model(served, body.model)
-        text = body.prompt_text()
-        if text is None:
-            raise ApiError(400, "give one prompt per request (a string, or a list of one)", "prompt")
-        return await _complete(state, request, body, model, text, chat=False)
+        model = _model(served, body.model or served.base_name)
+        if body.messages is not None:
+            as_chat = ChatCompletionRequest(model=model.name, messages=body.messages)
+            as_chat.add_generation_prompt = body.add_generation_prompt
+            text = _chat_prompt(state, model, as_chat, ToolUse())
+            special = not _templated(state, model, as_chat)
+        else:
+            text, special = body.prompt or "", body.add_special_tokens
+        prompt = await _tokenized(state, text, "prompt", special=special, allow_empty=True)
+        out: dict[str, Any] = {"count": len(prompt.ids), "max_model_len": state.engine.limits.max_model_len}
+        out["tokens"] = prompt.ids
+        if body.return_token_strs:
+            out["token_strs"] = served.tokenizer.convert_ids_to_tokens(prompt.ids)
+        return out
+
+    @app.post("/detokenize")
+    async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
+        served = _served(state)
+        _model(served, body.model or served.base_name)
+        _check_ids(state, body.tokens, "tokens")
+        return {"prompt": served.tokenizer.decode(body.tokens)}
 
     return app
+
+
+def _card(state: ServerState, m: Any) -> dict[str, Any]:
+    return {
+        "id": m.name,
+        "object": "model",
+        "created": state.created,
+        "owned_by": "kubetune",
+        "root": m.name,
+        "parent": m.parent,
+        "max_model_len": state.engine.limits.max_model_len,
+    }
 
 
 def _errors(app: FastAPI) -> None:
@@ -169,7 +211,12 @@ def _errors(app: FastAPI) -> None:
         if first.get("type") == "json_invalid":
             return JSONResponse(error_body(400, f"the body is not valid JSON: {first.get('msg')}"), status_code=400)
         where = ".".join(str(p) for p in first.get("loc", ()) if _is_field(p))
-        message = f"{where}: {first.get('msg')}" if where else str(first.get("msg"))
+        message = str(first.get("msg")).removeprefix("Value error, ")
+        named = re.match(r"([A-Za-z_][\w.\[\]]*): ", message)  # a check across fields names its own
+        if named:
+            where = ".".join(x for x in (where, named.group(1)) if x)
+            message = message[named.end() :]
+        message = f"{where}: {message}" if where else message
         return JSONResponse(error_body(400, message, where or None), status_code=400)
 
     @app.exception_handler(StarletteHTTPException)
@@ -249,137 +296,188 @@ def _model(served: Any, name: str) -> Any:
     return model
 
 
-def _chat_prompt(renderer: Any, messages: list[dict[str, str]]) -> str:
-    """With a chat template: the whole conversation. With a plain template (alpaca, llama2,
-    custom), the last user message as the instruction, as `kubetune generate` renders it."""
-    if renderer.uses_chat_template:
-        return str(renderer._chat_prompt(messages))
-    last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
-    return str(renderer.prompt({"instruction": last, "input": ""}))
+def _checked(make: Any) -> Any:
+    """Run a request check that raises ValueError("field: why") as a 400 naming the field."""
+    try:
+        return make()
+    except ValueError as e:
+        field_name, _, why = str(e).partition(": ")
+        raise ApiError(400, str(e), field_name if why else None) from None
 
 
-async def _complete(state: ServerState, request: Request, body: Any, model: Any, prompt: str, chat: bool) -> Response:
-    served, engine = state.served, state.engine
-    param = "messages" if chat else "prompt"
-    if len(prompt) > engine.limits.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # refused before the costly part
+def _templated(state: ServerState, model: Any, body: ChatCompletionRequest) -> bool:
+    """Whether the chat goes through a chat template (which writes its own special tokens)."""
+    return bool(body.chat_template or state.chat_template or model.renderer.uses_chat_template)
+
+
+def _chat_prompt(state: ServerState, model: Any, body: ChatCompletionRequest, tool_use: ToolUse) -> str:
+    """With a chat template (the run's, --chat-template, or the request's where trusted): the
+    whole conversation. With a plain template (alpaca, llama2, custom), the last user message
+    as the instruction, as `kubetune generate` renders it."""
+    if body.chat_template and not state.trust_request_chat_template:
         raise ApiError(
             400,
-            f"the prompt has {len(prompt)} characters, far over this server's "
-            f"{engine.limits.max_prompt_tokens} tokens (--max-prompt-tokens)",
+            "chat_template: this server does not take templates from requests "
+            "(start it with --trust-request-chat-template, or use --chat-template)",
+            "chat_template",
+        )
+    messages = [m.for_template() for m in body.messages]
+    if not _templated(state, model, body):
+        if tool_use.offered:
+            raise ApiError(
+                400,
+                f"tools: the model {model.name!r} answers in the {model.renderer.template!r} template, which has no "
+                "turns for tools; serve it with --chat-template",
+                "tools",
+            )
+        last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
+        return str(model.renderer.prompt({"instruction": last, "input": ""}))
+    template = body.chat_template or state.chat_template
+    source = template or getattr(model.renderer.tokenizer, "chat_template", None)
+    chat = chat_messages(messages, tool_use.offered, source, model.renderer.system_prompt)
+    kwargs = {**(body.chat_template_kwargs or {}), **chat.template_kwargs}
+    try:
+        return str(
+            model.renderer.chat_prompt(
+                chat.messages,
+                chat_template=template,
+                add_generation_prompt=body.add_generation_prompt,
+                continue_final_message=body.continue_final_message,
+                **kwargs,
+            )
+        )
+    except Exception as e:  # the template refused the conversation (roles out of order, ...)
+        raise ApiError(400, f"messages: the chat template could not render them: {e}", "messages") from None
+
+
+async def _completion_prompt(state: ServerState, prompt: str | list[int]) -> Prompt:
+    if isinstance(prompt, str):
+        return await _tokenized(state, prompt, "prompt", special=True)
+    _check_ids(state, prompt, "prompt")
+    text = await asyncio.to_thread(state.served.tokenizer.decode, prompt)
+    return Prompt(list(prompt), str(text))
+
+
+def _check_ids(state: ServerState, ids: list[int], param: str) -> None:
+    vocab = state.engine.vocab_size
+    bad = next((t for t in ids if t >= vocab), None)
+    if bad is not None:
+        raise ApiError(400, f"{param}: the token id {bad} is not in the model's vocabulary (0..{vocab - 1})", param)
+
+
+async def _tokenized(state: ServerState, text: str, param: str, special: bool, allow_empty: bool = False) -> Prompt:
+    limits = state.engine.limits
+    if len(text) > limits.max_prompt_tokens * MAX_CHARS_PER_TOKEN:  # refused before the costly part
+        raise ApiError(
+            400,
+            f"the prompt has {len(text)} characters, far over this server's "
+            f"{limits.max_prompt_tokens} tokens (--max-prompt-tokens)",
             param,
         )
-    special = not (chat and model.renderer.uses_chat_template)
     # in a worker thread: tokenizing a long prompt must not hold up /health or other requests
-    ids = (await asyncio.to_thread(served.tokenizer, prompt, add_special_tokens=special))["input_ids"]
-    if not ids:
+    ids = (await asyncio.to_thread(state.served.tokenizer, text, add_special_tokens=special))["input_ids"]
+    if not ids and not allow_empty:
         raise ApiError(400, "the prompt is empty; give at least one token of text", param)
-    max_tokens = body.requested_max_tokens() or min(state.default_max_tokens, engine.limits.max_model_len - len(ids))
-    sampling = Sampling(max(1, max_tokens), body.temperature, body.top_p, body.seed)
+    return Prompt(list(ids), text)
+
+
+def _samplings(state: ServerState, body: Any, prompts: list[Prompt]) -> list[Sampling]:
+    """One Sampling per choice (prompt-major, then n), each checked against the limits."""
+    limits, engine = state.engine.limits, state.engine
+    bias = tuple((int(k), float(v)) for k, v in (body.logit_bias or {}).items())
+    _check_ids(state, [t for t, _ in bias], "logit_bias")
+    _check_ids(state, body.stop_token_ids or [], "stop_token_ids")
+    out = []
+    for prompt in prompts:
+        max_tokens = body.requested_max_tokens() or min(
+            state.default_max_tokens, limits.max_model_len - len(prompt.ids)
+        )
+        max_tokens = max(1, max_tokens)
+        if body.min_tokens > max_tokens:
+            raise ApiError(400, f"min_tokens: {body.min_tokens} is more than max_tokens ({max_tokens})", "min_tokens")
+        try:
+            engine.check(len(prompt.ids), max_tokens)
+        except AdmissionError as e:
+            raise ApiError(e.status, e.message, e.param) from None
+        for j in range(body.n):
+            out.append(
+                Sampling(
+                    max_tokens,
+                    body.temperature,
+                    body.top_p,
+                    None if body.seed is None else (body.seed + j) % (SEED_MAX + 1),  # distinct choices
+                    top_k=max(0, body.top_k),
+                    min_p=body.min_p,
+                    logprobs=body.alternatives,
+                    logit_bias=bias,
+                    presence_penalty=body.presence_penalty,
+                    frequency_penalty=body.frequency_penalty,
+                    repetition_penalty=body.repetition_penalty,
+                    min_tokens=body.min_tokens,
+                    ignore_eos=body.ignore_eos,
+                    stop_token_ids=tuple(body.stop_token_ids or ()),
+                )
+            )
+    return out
+
+
+def _constraint(state: ServerState, body: Any, tool_use: ToolUse) -> Any:
+    """A factory of per-sequence grammars for the answer's format, or None (free text)."""
+    spec = tool_use.grammar or body.response_format
+    if tool_use.grammar and body.response_format and body.response_format.type != "text":
+        raise ApiError(400, "response_format: not with a forced tool call (tool_choice)", "response_format")
+    if spec is None or getattr(spec, "type", None) == "text":
+        return None
+    if state.grammars is None:
+        from kubetune.serve.structured import Grammars
+
+        state.grammars = Grammars(state.served.tokenizer, state.engine.eos)
+    return _checked(lambda: state.grammars.compile(spec))
+
+
+async def _answer(
+    state: ServerState, request: Request, body: Any, model: Any, prompts: list[Prompt], tool_use: ToolUse
+) -> Response:
+    served, engine = state.served, state.engine
+    chat = isinstance(body, ChatCompletionRequest)
+    samplings = _samplings(state, body, prompts)
+    constraint = await asyncio.to_thread(_constraint, state, body, tool_use)  # compiling a schema takes a while
     if state.mailbox is None:
         state.mailbox = Mailbox(asyncio.get_running_loop())
+        state.tokens = Tokens(served.tokenizer)
     mailbox = state.mailbox
-    events: asyncio.Queue[Event] = asyncio.Queue()
-    rid = f"{'chatcmpl' if chat else 'cmpl'}-{uuid.uuid4().hex}"
-    req = EngineRequest(
-        rid,
-        ids,
-        sampling,
-        lambda ev: mailbox.post(events, ev),
-        model.adapter,
-        model.name if model.parent else None,
-    )
+    events: asyncio.Queue[tuple[int, Event]] = asyncio.Queue()
+    rid = new_id(chat)
+    choices = new_choices(prompts, body.n, lambda: TextStream(served.tokenizer, body.stops(), engine.eos), rid)
+    answer = Answer(rid, model.name, chat, choices, sum(len(p.ids) for p in prompts), body.alternatives, tool_use)
+    answer.echo, answer.created = bool(getattr(body, "echo", False)), int(time.time())
+    adapter = (model.adapter, model.name if model.parent else None)
     try:
-        engine.submit(req)
-    except AdmissionError as e:
-        headers = {"Retry-After": "1"} if e.status == 429 else None
-        raise ApiError(e.status, e.message, e.param, headers) from None
-    text = TextStream(served.tokenizer, body.stops(), engine.eos)
-    reply = _Reply(rid, model.name, chat, len(ids))
+        submit_all(engine, answer, samplings, adapter, lambda i, ev: mailbox.post(events, (i, ev)), constraint)
+    except Refused as e:
+        headers = {"Retry-After": "1"} if e.error.status == 429 else None
+        raise ApiError(e.error.status, e.error.message, e.error.param, headers) from None
     if body.stream:
-        return StreamingResponse(
-            _sse(engine, events, text, reply, body.include_usage), media_type="text/event-stream", headers=SSE_HEADERS
-        )
-    return JSONResponse(await _collect(engine, request, events, text, reply))
+        sse = stream(engine, answer, events, state.tokens, body.include_usage)
+        return StreamingResponse(sse, media_type="text/event-stream", headers=SSE_HEADERS)
+    return JSONResponse(await _whole(engine, request, answer, events, state.tokens))
 
 
-@dataclass
-class _Reply:
-    id: str
-    model: str
-    chat: bool
-    prompt_tokens: int
-    completion_tokens: int = 0
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    def usage(self) -> dict[str, int]:
-        return {
-            "prompt_tokens": self.prompt_tokens,
-            "completion_tokens": self.completion_tokens,
-            "total_tokens": self.prompt_tokens + self.completion_tokens,
-        }
-
-    def message(self, text: str, finish: str) -> dict[str, Any]:
-        """The one choice of a whole (not streamed) answer."""
-        if self.chat:
-            return {
-                "index": 0,
-                "message": {"role": "assistant", "content": text},
-                "logprobs": None,
-                "finish_reason": finish,
-            }
-        return {"index": 0, "text": text, "logprobs": None, "finish_reason": finish}
-
-    def body(self, choices: list[dict[str, Any]], chunk: bool, usage: bool) -> dict[str, Any]:
-        kind = ("chat.completion" if self.chat else "text_completion") + (".chunk" if chunk and self.chat else "")
-        out = {"id": self.id, "object": kind, "created": self.created, "model": self.model, "choices": choices}
-        if usage:
-            out["usage"] = self.usage()
-        return out
-
-
-async def _next_piece(
-    engine: Any, events: asyncio.Queue[Event], text: TextStream, reply: _Reply
-) -> tuple[str, str | None]:
-    """(new text, finish reason or None) after the next engine event."""
-    ev = await events.get()
-    if ev.token is not None:
-        reply.completion_tokens += 1
-        delta, stopped = text.push(ev.token)
-        if stopped:
-            engine.abort(reply.id, "stop")
-            await _drain_until_end(events)
-            return delta, "stop"
-        return delta, None
-    if ev.finish_reason == "error":
-        raise EngineFailure(ev.error or "the engine failed")
-    return text.flush(), ev.finish_reason
-
-
-async def _drain_until_end(events: asyncio.Queue[Event]) -> None:
-    while (await events.get()).finish_reason is None:
-        pass
-
-
-async def _collect(
-    engine: Any, request: Request, events: asyncio.Queue[Event], text: TextStream, reply: _Reply
-) -> dict[str, Any]:
+async def _whole(engine: Any, request: Request, answer: Answer, events: Any, tokens: Tokens) -> dict[str, Any]:
+    """The answer sent whole; a client that goes away first aborts its sequences."""
     gone = asyncio.ensure_future(_disconnected(request))
-    pieces: list[str] = []
+    work = asyncio.ensure_future(collect(engine, answer, events, tokens))
     try:
-        while True:
-            piece = asyncio.ensure_future(_next_piece(engine, events, text, reply))
-            await asyncio.wait({piece, gone}, return_when=asyncio.FIRST_COMPLETED)
-            if not piece.done():
-                piece.cancel()
-                engine.abort(reply.id)
-                raise ApiError(499, "client disconnected")
-            try:
-                delta, finish = piece.result()
-            except EngineFailure as e:
-                raise ApiError(500, str(e)) from None
-            pieces.append(delta)
-            if finish:
-                return reply.body([reply.message("".join(pieces), finish)], chunk=False, usage=True)
+        await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            work.cancel()
+            for choice in answer.choices:
+                engine.abort(choice.request_id)
+            raise ApiError(499, "client disconnected")
+        try:
+            return work.result()
+        except EngineFailure as e:
+            raise ApiError(500, str(e)) from None
     finally:
         gone.cancel()
 
@@ -387,50 +485,3 @@ async def _collect(
 async def _disconnected(request: Request) -> None:
     while (await request.receive())["type"] != "http.disconnect":
         pass
-
-
-async def _sse(
-    engine: Any, events: asyncio.Queue[Event], text: TextStream, reply: _Reply, include_usage: bool
-) -> AsyncIterator[str]:
-    import json
-
-    def line(obj: dict[str, Any]) -> str:
-        return f"data: {json.dumps(obj)}\n\n"
-
-    finished = False
-    try:
-        if reply.chat:  # OpenAI's first chunk names the role
-            first = {"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None, "finish_reason": None}
-            yield line(reply.body([first], chunk=True, usage=False))
-        while True:
-            try:
-                delta, finish = await _next_piece(engine, events, text, reply)
-            except EngineFailure as e:  # as vLLM streams it: an error object, then the end
-                finished = True
-                yield line(error_body(500, str(e)))
-                yield "data: [DONE]\n\n"
-                return
-            if delta:
-                yield line(reply.body([_delta(reply, delta)], chunk=True, usage=False))
-            if finish:
-                finished = True
-                yield line(reply.body([_end(reply, finish)], chunk=True, usage=False))
-                if include_usage:
-                    yield line(reply.body([], chunk=True, usage=True))
-                yield "data: [DONE]\n\n"
-                return
-    finally:
-        if not finished:  # the client went away (the response was cancelled): free its sequence
-            engine.abort(reply.id)
-
-
-def _delta(reply: _Reply, text: str) -> dict[str, Any]:
-    if reply.chat:
-        return {"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None}
-    return {"index": 0, "text": text, "logprobs": None, "finish_reason": None}
-
-
-def _end(reply: _Reply, finish: str) -> dict[str, Any]:
-    if reply.chat:
-        return {"index": 0, "delta": {}, "logprobs": None, "finish_reason": finish}
-    return {"index": 0, "text": "", "logprobs": None, "finish_reason": finish}

@@ -24,6 +24,9 @@ WAITING_METRIC = "vllm:num_requests_waiting"
 # After SIGTERM the server stops admitting (503 on READY_PATH), finishes its in-flight requests for
 # at most this long, then exits 0; a serving pod's terminationGracePeriodSeconds covers it.
 DRAIN_TIMEOUT_S = 30
+# `kubetune serve --max-body-bytes`: a larger request body is a 413. The Ingress of `k8s render-serve`
+# allows the same size, so nginx refuses what the server would refuse before it crosses the cluster.
+DEFAULT_MAX_BODY_BYTES = 2 << 20
 ENGINES = ("auto", "native", "vllm")
 ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 

@@ -14,10 +14,12 @@ tokens through the `sink` callback they gave (called on the engine's thread).
 from __future__ import annotations
 
 import collections
+import concurrent.futures
 import inspect
 import queue
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -70,6 +72,7 @@ class Engine:
             metrics,
         )
         self.decoder, self.head = lm.get_decoder(), lm.get_output_embeddings()
+        self.vocab_size = int(lm.config.vocab_size)
         # a tenth of the KV budget holds prompt prefixes for reuse (0 turns reuse off)
         self.prefixes = PrefixCache(cache, cache.budget_tokens // 10 if limits.prefix_caching else 0)
         params = inspect.signature(self.decoder.forward).parameters
@@ -126,6 +129,17 @@ class Engine:
         """End a request early: the client went away ("abort") or a stop string matched ("stop")."""
         self._inbox.put(("abort", (request_id, reason)))
         self._wake.set()
+
+    def call_between_steps(self, fn: Callable[[], Any]) -> concurrent.futures.Future[Any]:
+        """Run `fn` on the engine's thread between two steps (loading adapters changes the
+        layers a forward reads); its result or exception comes in the future."""
+        future: concurrent.futures.Future[Any] = concurrent.futures.Future()
+        if self.error is not None:
+            future.set_exception(AdmissionError(503, f"the engine has failed ({self.error!r})"))
+            return future
+        self._inbox.put(("call", (fn, future)))
+        self._wake.set()
+        return future
 
     @property
     def in_flight(self) -> int:
@@ -222,6 +236,12 @@ class Engine:
                 with self._lock:
                     self._waiting.append(_new_sequence(item))
                     self._pending -= 1
+            elif kind == "call":  # call_between_steps: fn runs here, between two forwards
+                fn, future = item
+                try:
+                    future.set_result(fn())
+                except Exception as e:
+                    future.set_exception(e)
             else:
                 self._abort(*item)
         self._order_slots()
@@ -245,7 +265,6 @@ class Engine:
                 self._waiting.popleft()
             self.cache.reserve(len(self._slots) + 1, capacity, self.limits.max_num_seqs)
             seq.started = time.monotonic()
-            self.metrics.queued(seq.started - seq.request.arrival)
             seq.slot = len(self._slots)  # free: slots 0..n-1 are taken in order (see _order_slots)
             self._slots.append(seq)  # a prefilling sequence: after every decoding one
 
@@ -299,6 +318,8 @@ class Engine:
                 if self.prefixes.first_unknown(prompt, adapter) in written:
                     continue
                 seq.cached = self.prefixes.restore(prompt, adapter, seq.slot)
+                if self.prefixes.max_blocks:  # as vLLM: lookups count where prefix caching is on
+                    self.metrics.prefix_lookup(len(prompt), seq.cached)
             take = min(seq.prompt_left, budget)
             chosen.append((seq, take))
             written |= self.prefixes.completed_by(prompt, adapter, seq.cached, seq.cached + take)
@@ -381,9 +402,9 @@ class Engine:
             seq.tokens.append(token)
             seq.generated += 1
             if seq.last_token is None:
-                self.metrics.first_token(now - request.arrival)
+                self.metrics.first_token(seq, now)
             else:
-                self.metrics.inter_token(now - seq.last_token)
+                self.metrics.inter_token(seq, now)
             seq.last_token = now
             request.sink(event)
             sampling = request.sampling
@@ -395,7 +416,7 @@ class Engine:
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
         if seq in self._slots:
             self._slots.remove(seq)  # its slot is reused after _order_slots
-        self.metrics.finished(seq.request, len(seq.request.prompt) if seq.started else 0, seq.generated, reason)
+        self.metrics.finished(seq, reason)
         seq.request.sink(Event(None, reason, error))
 
     def _order_slots(self) -> None:
@@ -462,6 +483,9 @@ def _sample_row(logits: torch.Tensor, sampling: Sampling, generator: torch.Gener
     if sampling.top_k and sampling.top_k < scaled.numel():
         kth = scaled.topk(sampling.top_k).values[-1]
         scaled = scaled.masked_fill(scaled < kth, float("-inf"))
+    if sampling.min_p > 0.0:
+        probs = scaled.softmax(-1)
+        scaled = scaled.masked_fill(probs < sampling.min_p * probs.max(), float("-inf"))
     if sampling.top_p < 1.0:
         sorted_logits, order = scaled.sort(descending=True)
         probs = sorted_logits.softmax(-1)

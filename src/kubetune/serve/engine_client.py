@@ -38,6 +38,7 @@ class Sampling:
     top_p: float = 1.0
     seed: int | None = None
     top_k: int = 0  # 0: off
+    min_p: float = 0.0  # tokens less likely than this times the likeliest are dropped
     logprobs: int | None = None  # alternatives to report per token (0: the chosen token's only)
     logit_bias: tuple[tuple[int, float], ...] = ()
     presence_penalty: float = 0.0
@@ -112,6 +113,7 @@ class EngineClient(Protocol):
 
     limits: Limits
     eos: int | None
+    vocab_size: int  # token ids the model scores (its logits rows)
     error: BaseException | None  # set when the engine can no longer answer
 
     @property

@@ -1,42 +1,24 @@
 """The OpenAI request bodies `kubetune serve` accepts, and its error body.
 
-Validation failures become 400s in OpenAI's error shape (see api.py), never 500s. Types are
-strict, as JSON states them: `true` is not a number, `"yes"` is not a boolean, `1.5` is
-not a count. Text must be valid Unicode without NUL characters (a lone surrogate such as
-`\ud800` cannot be encoded, so no tokenizer can read it), and every number must be finite
-and in range before the engine sees it. Unknown extra fields (e.g. `user`) are accepted
-and ignored, as vLLM does, so that clients written for OpenAI work unchanged.
+Validation failures become 400s in OpenAI's error shape (see api.py), never 500s; the field
+types are strict (fields.py). Every parameter of vLLM's OpenAI server that kubetune knows is
+honoured or refused with a 400 naming it; unknown extra fields (e.g. `user`) are accepted and
+ignored, as vLLM does, so that clients written for OpenAI work unchanged.
 """
 
 from __future__ import annotations
 
-import math
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field
+from pydantic import BaseModel, Field, model_validator
+
+from kubetune.serve.fields import STRICT, Finite, Text
+from kubetune.serve.tools import ResponseFormat, Tool, ToolCall, ToolChoice
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
-
-
-def _text(value: str) -> str:
-    try:
-        value.encode("utf-8")
-    except UnicodeEncodeError:
-        raise ValueError("is not valid Unicode (a lone surrogate such as \\ud800?)") from None
-    if "\x00" in value:
-        raise ValueError("holds a NUL character (\\u0000), which is not text")
-    return value
-
-
-def _finite(value: float) -> float:
-    if not math.isfinite(value):
-        raise ValueError("must be a finite number")
-    return value
-
-
-Text = Annotated[str, AfterValidator(_text)]
-Finite = Annotated[float, AfterValidator(_finite)]
-STRICT = ConfigDict(extra="allow", strict=True)
+MAX_N = 16  # choices per request (each is one sequence of the running batch)
+MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default --max-logprobs
+TokenIds = list[Annotated[int, Field(ge=0)]]
 
 
 class StreamOptions(BaseModel):
@@ -46,16 +28,29 @@ class StreamOptions(BaseModel):
 
 
 class _Sampling(BaseModel):
+    """What chat and completions requests share: vLLM's sampling parameters."""
+
     model_config = STRICT
 
     model: str = Field(min_length=1)
+    n: int = Field(1, ge=1, le=MAX_N)
+    best_of: int | None = Field(None, ge=1, le=MAX_N)
     temperature: Finite = Field(1.0, ge=0.0, le=2.0)
     top_p: Finite = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1, description="one choice per request")
+    top_k: int = Field(0, ge=-1, description="-1 or 0: off")
+    min_p: Finite = Field(0.0, ge=0.0, le=1.0)
     stop: Text | list[Text] | None = None
+    stop_token_ids: TokenIds | None = None
     seed: int | None = Field(None, ge=0, le=SEED_MAX)
     stream: bool = False
     stream_options: StreamOptions | None = None
+    logit_bias: dict[str, Annotated[Finite, Field(ge=-100.0, le=100.0)]] | None = None
+    presence_penalty: Finite = Field(0.0, ge=-2.0, le=2.0)
+    frequency_penalty: Finite = Field(0.0, ge=-2.0, le=2.0)
+    repetition_penalty: Finite = Field(1.0, gt=0.0, le=2.0)
+    min_tokens: int = Field(0, ge=0)
+    ignore_eos: bool = False
+    response_format: ResponseFormat | None = None
 
     def stops(self) -> list[str]:
         if self.stop is None:
@@ -65,6 +60,15 @@ class _Sampling(BaseModel):
     @property
     def include_usage(self) -> bool:
         return bool(self.stream_options and self.stream_options.include_usage)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> _Sampling:
+        if self.best_of is not None and self.best_of != self.n:
+            raise ValueError("best_of: only best_of = n is served (vLLM's V1 engine dropped best_of > n)")
+        for key in self.logit_bias or {}:
+            if not key.isdigit():
+                raise ValueError(f"logit_bias: the key {key!r} is not a token id (a string of digits)")
+        return self
 
 
 class TextPart(BaseModel):
@@ -77,36 +81,126 @@ class TextPart(BaseModel):
 class ChatMessage(BaseModel):
     model_config = STRICT
 
-    role: Literal["system", "developer", "user", "assistant"]
+    role: Literal["system", "developer", "user", "assistant", "tool"]
     content: Text | list[TextPart] | None = None
+    name: Text | None = None
+    tool_calls: list[ToolCall] | None = None  # an assistant's earlier calls
+    tool_call_id: Text | None = None  # a tool's result: the call it answers
 
     def text(self) -> str:
         if isinstance(self.content, list):
             return "".join(part.text for part in self.content)
         return self.content or ""
 
+    @model_validator(mode="after")
+    def _tool_fields(self) -> ChatMessage:
+        if self.role == "tool" and not self.tool_call_id:
+            raise ValueError("tool_call_id: a tool message names the call it answers")
+        if self.tool_calls and self.role != "assistant":
+            raise ValueError("tool_calls: only an assistant message carries tool calls")
+        return self
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as HF chat templates read it (a developer message is a system one)."""
+        out: dict[str, Any] = {"role": "system" if self.role == "developer" else self.role, "content": self.text()}
+        if self.name:
+            out["name"] = self.name
+        if self.tool_calls:
+            out["tool_calls"] = [c.model_dump() for c in self.tool_calls]
+        if self.tool_call_id:
+            out["tool_call_id"] = self.tool_call_id
+        return out
+
 
 class ChatCompletionRequest(_Sampling):
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1)
     max_completion_tokens: int | None = Field(None, ge=1)
+    logprobs: bool = False
+    top_logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    tools: list[Tool] | None = None
+    tool_choice: ToolChoice | None = None
+    parallel_tool_calls: bool = True
+    chat_template: Text | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
     def requested_max_tokens(self) -> int | None:
         return self.max_completion_tokens or self.max_tokens
 
+    @property
+    def alternatives(self) -> int | None:
+        """Top log-probabilities per token to report (None: no log-probabilities)."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+    @model_validator(mode="after")
+    def _logprobs(self) -> ChatCompletionRequest:
+        if self.top_logprobs and not self.logprobs:
+            raise ValueError("top_logprobs: set logprobs to true as well")
+        if self.continue_final_message and self.add_generation_prompt:
+            raise ValueError("continue_final_message: set add_generation_prompt to false with it")
+        return self
+
 
 class CompletionRequest(_Sampling):
-    prompt: Text | list[Text]
+    prompt: Text | list[Text] | TokenIds | list[TokenIds]
     max_tokens: int | None = Field(16, ge=1)  # OpenAI's default for completions
+    logprobs: int | None = Field(None, ge=0, le=MAX_LOGPROBS)
+    echo: bool = False
+    suffix: Text | None = None
 
-    def prompt_text(self) -> str | None:
-        """The one prompt (a list of exactly one is accepted), None when several are given."""
-        if isinstance(self.prompt, str):
-            return self.prompt
-        return self.prompt[0] if len(self.prompt) == 1 else None
+    def prompts(self) -> list[str | list[int]]:
+        """One entry per prompt: its text, or its token ids."""
+        p = self.prompt
+        if isinstance(p, str):
+            return [p]
+        if p and all(isinstance(x, int) for x in p):
+            return [list(p)]  # type: ignore[arg-type]
+        return list(p)  # type: ignore[arg-type]
 
     def requested_max_tokens(self) -> int | None:
         return self.max_tokens
+
+    @property
+    def alternatives(self) -> int | None:
+        return self.logprobs
+
+    @model_validator(mode="after")
+    def _checks(self) -> CompletionRequest:
+        if not self.prompt:
+            raise ValueError("prompt: give at least one prompt")
+        if self.suffix:
+            raise ValueError("suffix: not served (fill-in-the-middle needs a model trained for it)")
+        if self.echo and self.logprobs is not None:
+            raise ValueError("echo: the prompt's own log-probabilities are not served; drop logprobs or echo")
+        return self
+
+
+class TokenizeRequest(BaseModel):
+    """vLLM's POST /tokenize: a prompt, or chat messages rendered by the model's template."""
+
+    model_config = STRICT
+
+    model: str | None = None
+    prompt: Text | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: bool = True
+    add_generation_prompt: bool = True
+    return_token_strs: bool = False
+
+    @model_validator(mode="after")
+    def _one(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("prompt: give either prompt or messages")
+        return self
+
+
+class DetokenizeRequest(BaseModel):
+    model_config = STRICT
+
+    model: str | None = None
+    tokens: TokenIds
 
 
 ERROR_TYPES = {

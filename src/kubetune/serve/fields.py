@@ -1,0 +1,37 @@
+"""The strict field types every request body of `kubetune serve` is built from.
+
+Types are strict, as JSON states them: `true` is not a number, `"yes"` is not a boolean,
+`1.5` is not a count. Text must be valid Unicode without NUL characters (a lone surrogate
+such as `\\ud800` cannot be encoded, so no tokenizer can read it), and every number must be
+finite. Unknown extra fields are accepted and ignored, as vLLM does (e.g. `user`), so that
+clients written for OpenAI work unchanged; fields kubetune knows and cannot honour are refused
+by name (protocol.py).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Annotated
+
+from pydantic import AfterValidator, ConfigDict
+
+
+def _text(value: str) -> str:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid Unicode (a lone surrogate such as \\ud800?)") from None
+    if "\x00" in value:
+        raise ValueError("holds a NUL character (\\u0000), which is not text")
+    return value
+
+
+def _finite(value: float) -> float:
+    if not math.isfinite(value):
+        raise ValueError("must be a finite number")
+    return value
+
+
+Text = Annotated[str, AfterValidator(_text)]
+Finite = Annotated[float, AfterValidator(_finite)]
+STRICT = ConfigDict(extra="allow", strict=True)
