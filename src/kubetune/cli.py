@@ -191,6 +191,11 @@ def serve(
     api_key_file: list[Path] = typer.Option(
         None, "--api-key-file", help="A file of keys, one per line (# comments); repeatable."
     ),
+    allow_runtime_adapters: bool = typer.Option(
+        False,
+        "--allow-runtime-adapters",
+        help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
+    ),
 ):
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
     import os
@@ -233,7 +238,11 @@ def serve(
     limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
     kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
     opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds)
-    run_server(dataclasses.replace(opts, max_body_bytes=max_body_bytes, api_keys=api_keys))
+    run_server(
+        dataclasses.replace(
+            opts, max_body_bytes=max_body_bytes, api_keys=api_keys, allow_runtime_adapters=allow_runtime_adapters
+        )
+    )
 
 
 @recipe_app.command("show")

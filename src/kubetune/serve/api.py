@@ -84,6 +84,7 @@ class ServerState:
     api_keys: tuple[str, ...] = ()  # none: every route is open (kubetune.serve.auth)
     chat_template: str | None = None  # --chat-template: for every model, instead of the tokenizer's
     trust_request_chat_template: bool = False  # a request's own `chat_template` (Jinja from the network)
+    allow_runtime_adapters: bool = False  # --allow-runtime-adapters: the routes of serve.adapter_routes
     served: Any = None
     engine: Any = None
     metrics: Any = None
@@ -116,6 +117,9 @@ def create_app(state: ServerState) -> FastAPI:
     _errors(app)
     app.add_middleware(BodyLimit, limit=state.max_body_bytes)
     app.add_middleware(ApiKeyAuth, keys=state.api_keys)  # added last = runs first, before any body is read
+    from kubetune.serve.adapter_routes import add_adapter_routes  # it imports this module
+
+    add_adapter_routes(app, state)
 
     @app.get(HEALTH_PATH)
     async def health() -> JSONResponse:

@@ -21,10 +21,25 @@ ride in the base weight along the input axis: [x | h] @ [W | B].T is the base GE
 adapters' second matmul and the sum in one call (at 16 rows, 576 -> 1536: 295 us against 336
 for the base GEMM plus an addmm; base alone 266). In a fused layer each member's B sits in its
 own columns (block diagonal). Tokens of the base model get a zero mask.
+
+**Adapters loaded while serving** (`POST /v1/load_lora_adapter`) sit beside the joint weight
+in `LateAdapters`, not in it: that weight may be oneDNN-packed (serve.packed keeps no plain
+copy to re-stack), and a layer no adapter targeted at start is a plain or packed linear layer
+that gets wrapped (`Adapted`). They cost one more masked A matmul and one B matmul in the
+layers they target, only in forwards that have adapter tokens. Adapter indices are never
+reused, so the prefix cache (keyed by index) never hands one adapter's K/V to another.
+
+**Batch independence.** A token's result depends on the other tokens of its forward only
+through the GEMM kernels' choices by row count (measured: the first difference between an
+adapter token alone and batched appears in a GEMM whose inputs are bitwise equal, base rows
+alike, and an adapter merged into the base and served as the base drifts as much); the
+masks and the fusion add none (tests/serve/test_lora_batch.py).
 """
 
 from __future__ import annotations
 
+import math
+import re
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,15 +113,18 @@ class FusedLinear(nn.Module):
                     self.joint.bias[rows] = 0 if bias is None else bias.detach()
                 row += base.out_features
         self._last: tuple[torch.Tensor, list[torch.Tensor], set[int]] | None = None  # (input, outputs, not yet taken)
+        self.late: LateAdapters | None = None  # adapters loaded while serving
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        joint_in = x
         if self.a is not None:
             if self.batch.tokens is None:
                 h = x.new_zeros(*x.shape[:-1], len(self.owners))
             else:
                 h = nn.functional.linear(x, self.a) * self.batch.mask(self.owners, self.owner_ids, x.dtype)
-            x = torch.cat([x, h], dim=-1)
-        return self.joint(x)
+            joint_in = torch.cat([x, h], dim=-1)
+        out = self.joint(joint_in)
+        return out if self.late is None else self.late(x, out)
 
     def take(self, x: torch.Tensor, member: int) -> torch.Tensor:
         """Member `member`'s output for input `x`: the first member to ask runs the GEMM, the
@@ -133,6 +151,54 @@ class Member(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self._shared[0].take(x, self.index)
+
+
+class LateAdapters:
+    """One layer's adapters loaded while serving: A [columns, in], B times scaling [out, columns]
+    (zero outside the rows of the member each column belongs to), the adapter of each column."""
+
+    def __init__(self, batch: LoraBatch, out_features: int) -> None:
+        self.batch, self.out_features = batch, out_features
+        self.a: torch.Tensor | None = None
+        self.b: torch.Tensor | None = None
+        self.owners: tuple[int, ...] = ()
+        self.owner_ids = torch.zeros(0, dtype=torch.long)
+
+    def add(self, adapter: int, a: torch.Tensor, b: torch.Tensor, rows: slice) -> None:
+        full_b = a.new_zeros(self.out_features, a.shape[0])
+        full_b[rows] = b
+        self.a = a if self.a is None else torch.cat([self.a, a])
+        self.b = full_b if self.b is None else torch.cat([self.b, full_b], dim=1)
+        self._set_owners(self.owners + (adapter,) * a.shape[0])
+
+    def remove(self, adapters: set[int]) -> None:
+        keep = [i for i, owner in enumerate(self.owners) if owner not in adapters]
+        if self.a is None or self.b is None or len(keep) == len(self.owners):
+            return
+        self.a, self.b = (self.a[keep], self.b[:, keep]) if keep else (None, None)
+        self._set_owners(tuple(self.owners[i] for i in keep))
+
+    def _set_owners(self, owners: tuple[int, ...]) -> None:
+        self.owners, self.owner_ids = owners, torch.tensor(owners, dtype=torch.long)
+
+    def __call__(self, x: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+        if self.a is None or self.b is None or self.batch.tokens is None:
+            return out
+        h = nn.functional.linear(x, self.a) * self.batch.mask(self.owners, self.owner_ids, x.dtype)
+        return out + nn.functional.linear(h, self.b)
+
+
+class Adapted(nn.Module):
+    """Stands where a linear layer no adapter targeted at start stood, once one loaded later does."""
+
+    def __init__(self, base: Any, batch: LoraBatch) -> None:
+        super().__init__()
+        self.base = base
+        self.in_features, self.out_features = base.in_features, base.out_features
+        self.late = LateAdapters(batch, self.out_features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.late(x, self.base(x))
 
 
 @dataclass(frozen=True)
@@ -212,3 +278,88 @@ def install(model: nn.Module, adapters: list[AdapterWeights], fuse: bool = True)
             for i, n in enumerate(names):
                 setattr(parent, n, Member(fused, i))
     return batch
+
+
+LORA_KEY = re.compile(r"^base_model\.model\.(?P<path>.+)\.lora_(?P<part>[AB])\.weight$")
+
+
+def read_adapter_files(name: str, path: str) -> AdapterWeights:
+    """A PEFT adapter directory read from its files, without a model to load it onto (the served
+    model's layers are fused and packed, which PEFT cannot target): PEFT's own config, weights
+    loader and rank/alpha patterns, so the scaling is the one `read_adapters` gives."""
+    from peft import PeftConfig
+    from peft.utils import load_peft_weights
+    from peft.utils.other import get_pattern_key
+
+    config: Any = PeftConfig.from_pretrained(path)
+    if getattr(config, "peft_type", None) != "LORA" or getattr(config, "use_dora", False):
+        raise ModelError(f"adapter {name} ({path}): only plain LoRA adapters can be loaded (not DoRA, not other types)")
+    parts: dict[str, dict[str, torch.Tensor]] = {}
+    for key, tensor in load_peft_weights(path, device="cpu").items():
+        match = LORA_KEY.match(key)
+        if match is None:
+            raise ModelError(f"adapter {name} ({path}): holds {key}, not a LoRA A or B weight of a linear layer")
+        parts.setdefault(match["path"], {})[match["part"]] = tensor
+    layers = {}
+    for module_path, ab in parts.items():
+        r = config.rank_pattern.get(get_pattern_key(config.rank_pattern.keys(), module_path), config.r)
+        alpha = config.alpha_pattern.get(get_pattern_key(config.alpha_pattern.keys(), module_path), config.lora_alpha)
+        scaling = alpha / math.sqrt(r) if config.use_rslora else alpha / r
+        layers[module_path] = (ab["A"], ab["B"], float(scaling))
+    return AdapterWeights(name, layers, int(config.r))
+
+
+def _late_holder(model: nn.Module, path: str, batch: LoraBatch) -> tuple[LateAdapters, slice]:
+    """The LateAdapters of the layer at `path` (wrapping a plain one) and the output rows that are that layer's."""
+    module = model.get_submodule(path)
+    if isinstance(module, Member):
+        fused = module._shared[0]
+        start = sum(fused.splits[: module.index])
+        if fused.late is None:
+            fused.late = LateAdapters(batch, sum(fused.splits))
+        return fused.late, slice(start, start + fused.splits[module.index])
+    if isinstance(module, FusedLinear):
+        if module.late is None:
+            module.late = LateAdapters(batch, sum(module.splits))
+        return module.late, slice(None)
+    if isinstance(module, Adapted):
+        return module.late, slice(None)
+    if not (hasattr(module, "in_features") and hasattr(module, "out_features")):
+        raise ModelError(f"the layer {path} ({type(module).__name__}) is not a linear layer; it cannot hold an adapter")
+    parent_path, _, child = path.rpartition(".")
+    adapted = Adapted(module, batch)
+    setattr(model.get_submodule(parent_path), child, adapted)
+    return adapted.late, slice(None)
+
+
+def _check_fits(model: nn.Module, weights: AdapterWeights) -> None:
+    """Every layer the adapter targets exists and has its shapes, checked before any is changed."""
+    names = dict(model.named_modules())
+    for path, (a, b, _) in weights.layers.items():
+        module = names.get(path)
+        if module is None:
+            raise ModelError(f"adapter {weights.name}: the base model has no layer {path}; trained on another base?")
+        in_features, out_features = getattr(module, "in_features", None), getattr(module, "out_features", None)
+        if (a.shape[1], b.shape[0]) != (in_features, out_features) or a.shape[0] != b.shape[1]:
+            raise ModelError(
+                f"adapter {weights.name}: {path} is {in_features} -> {out_features} in the base model, the adapter's "
+                f"A and B are {tuple(a.shape)} and {tuple(b.shape)}; was it trained on another base?"
+            )
+
+
+def add_late_adapter(model: nn.Module, batch: LoraBatch, weights: AdapterWeights, index: int) -> None:
+    """Hold `weights` as adapter `index` in every layer it targets (call between forwards)."""
+    _check_fits(model, weights)
+    embeddings: Any = model.get_input_embeddings()  # type: ignore[operator]
+    dtype = embeddings.weight.dtype
+    for path, (a, b, scaling) in weights.layers.items():
+        late, rows = _late_holder(model, path, batch)
+        late.add(index, a.to(dtype), (b.float() * scaling).to(dtype), rows)
+
+
+def drop_late_adapters(model: nn.Module, indices: set[int]) -> None:
+    """Remove the columns of adapters loaded while serving (call between forwards)."""
+    for module in model.modules():
+        late = getattr(module, "late", None)
+        if isinstance(late, LateAdapters):
+            late.remove(indices)

@@ -23,7 +23,14 @@ from kubetune.models.load import load_causal_lm, load_tokenizer, resolve_model
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir
 from kubetune.serve.contract import Adapter
-from kubetune.serve.lora import install, read_adapters
+from kubetune.serve.lora import (
+    AdapterWeights,
+    add_late_adapter,
+    drop_late_adapters,
+    install,
+    read_adapter_files,
+    read_adapters,
+)
 
 
 @dataclass
@@ -44,6 +51,9 @@ class ServedSet:
     models: dict[str, Served] = field(default_factory=dict)
     lora: Any = None
     max_rank: int = 0
+    plan: Plan | None = None
+    next_adapter: int = 0  # the index the next adapter loaded while serving gets (never reused)
+    retired: set[int] = field(default_factory=set)  # unloaded, columns not yet dropped
 
     @property
     def adapter_names(self) -> list[str]:
@@ -123,6 +133,7 @@ def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: 
     for i, (name, src) in enumerate(extra):
         served.models[name] = Served(name, src.renderer(tokenizer), i, base_name)
     served.max_rank = max((w.rank for w in weights), default=0)
+    served.plan, served.next_adapter = plan, len(extra)
     return served
 
 
@@ -141,3 +152,92 @@ def _check_adapters(main: _Source, extra: list[tuple[str, _Source]], base_name: 
                 f"--adapter {name}={src.path}: trained on {src.recipe.model.name_or_path}, but this server's base "
                 f"is {base}; adapters must share the base model"
             )
+
+
+class AdapterRequestError(UserError):
+    """A load or unload the server refuses: `status` and the request field at fault."""
+
+    def __init__(self, status: int, message: str, param: str) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+def read_runtime_adapter(served: ServedSet, name: str, lora_path: str) -> tuple[Served, AdapterWeights]:
+    """Check and read an adapter to load while serving (off the engine's thread): a kubetune LoRA
+    run directory, or a PEFT adapter directory, trained on this server's base."""
+    if name in served.models:
+        raise AdapterRequestError(
+            400, f"the name {name!r} is already served; unload it first or pick another", "lora_name"
+        )
+    path = Path(lora_path)
+    assert served.plan is not None
+    if RunDir(path).is_run():
+        try:
+            src = _source(path)
+            _check_adapters(served.plan.main, [(name, src)], served.base_name)
+        except UserError as e:
+            raise AdapterRequestError(400, str(e).replace("--adapter ", "lora_path: ", 1), "lora_path") from None
+        weights_dir, renderer = src.weights, src.renderer(served.tokenizer)
+    elif (path / "adapter_config.json").is_file():
+        _check_peft_base(served.plan, path)
+        weights_dir, renderer = path, served.models[served.base_name].renderer
+    else:
+        raise AdapterRequestError(
+            400, f"lora_path {lora_path}: neither a kubetune run directory nor a PEFT adapter directory", "lora_path"
+        )
+    try:
+        weights = read_adapter_files(name, str(weights_dir))
+    except (UserError, OSError, ValueError) as e:
+        raise AdapterRequestError(400, f"lora_path {lora_path}: {e}", "lora_path") from None
+    return Served(name, renderer, served.next_adapter, served.base_name), weights
+
+
+def _check_peft_base(plan: Plan, path: Path) -> None:
+    import json
+
+    trained_on = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
+    base = plan.main.recipe.model.name_or_path if plan.main.is_lora and plan.main.recipe else str(plan.main.path)
+    same = trained_on == base or Path(trained_on).name == Path(base).name
+    if not same:
+        raise AdapterRequestError(
+            400,
+            f"lora_path {path}: trained on {trained_on or 'an unnamed model'}, but this server's base is {base}; "
+            "adapters must share the base model",
+            "lora_path",
+        )
+
+
+def add_runtime_adapter(served: ServedSet, entry: Served, weights: AdapterWeights, idle: bool) -> None:
+    """Stack the adapter into the model's layers and serve it; on the engine's thread, between
+    steps. `idle`: no request is in flight, so retired adapters' columns can go too."""
+    if entry.name in served.models:  # a second load of the same name raced this one
+        raise AdapterRequestError(400, f"the name {entry.name!r} is already served", "lora_name")
+    _drop_retired(served, idle)
+    entry.adapter = served.next_adapter  # given here, on one thread: two loads never share an index
+    try:
+        add_late_adapter(served.lm, served.lora, weights, entry.adapter)
+    except UserError as e:
+        raise AdapterRequestError(400, f"lora_path: {e}", "lora_path") from None
+    served.models[entry.name] = entry
+    served.next_adapter = entry.adapter + 1
+    served.max_rank = max(served.max_rank, weights.rank)
+
+
+def retire_adapter(served: ServedSet, name: str, idle: bool) -> None:
+    """Stop serving adapter `name` (new requests for it get 404 at once); on the engine's
+    thread. Requests already accepted for it finish with it: its columns are dropped by a
+    later load or unload that finds no request in flight (an adapter declared at start keeps
+    its columns in the fused weight until the server restarts)."""
+    entry = served.models.get(name)
+    if entry is None or entry.parent is None:
+        known = ", ".join(served.adapter_names) or "none"
+        raise AdapterRequestError(404, f"no adapter named {name!r} is served (adapters: {known})", "lora_name")
+    del served.models[name]
+    _drop_retired(served, idle)  # earlier ones; this one may still have a request on its way in
+    served.retired.add(entry.adapter)
+
+
+def _drop_retired(served: ServedSet, idle: bool) -> None:
+    if idle and served.retired:
+        drop_late_adapters(served.lm, served.retired)
+        served.retired.clear()

@@ -38,6 +38,7 @@ class ServeOptions:
     default_max_tokens: int = 512
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     api_keys: tuple[str, ...] = ()  # kubetune.serve.auth.load_api_keys; none = open
+    allow_runtime_adapters: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 
 
 def serve(opts: ServeOptions) -> None:
@@ -47,7 +48,10 @@ def serve(opts: ServeOptions) -> None:
     plan_served(opts.target, list(opts.adapters))  # a bad target or adapter fails here, in one line
     check_dtype(opts.dtype)
     state = ServerState(
-        default_max_tokens=opts.default_max_tokens, max_body_bytes=opts.max_body_bytes, api_keys=opts.api_keys
+        default_max_tokens=opts.default_max_tokens,
+        max_body_bytes=opts.max_body_bytes,
+        api_keys=opts.api_keys,
+        allow_runtime_adapters=opts.allow_runtime_adapters,
     )
     app = create_app(state)
     config = uvicorn.Config(

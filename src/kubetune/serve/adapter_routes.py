@@ -1,0 +1,86 @@
+"""Loading and unloading LoRA adapters while serving, with vLLM's routes and switch.
+
+`POST /v1/load_lora_adapter` `{"lora_name", "lora_path"}` and `POST /v1/unload_lora_adapter`
+`{"lora_name"}` exist only when the server is started with `--allow-runtime-adapters` or with
+vLLM's `VLLM_ALLOW_RUNTIME_LORA_UPDATING=True`; otherwise they are 404, as in vLLM. Declared
+adapters (`--adapter`) are the default because every replica of a Deployment then serves the
+same set and nothing is lost on restart; adapters loaded here live in one process only.
+
+The files are read and checked off the engine's thread; the weights are stacked into the
+layers on it, between two steps (`Engine.call_between_steps`), so no forward sees half an
+adapter. A name already served is a 400; a path that is not a LoRA adapter of this base is a
+400 naming `lora_path`. Unloading takes the name away at once (new requests for it get 404);
+requests already accepted finish with the adapter, whose weights go at a later load or unload
+that finds no request in flight (see models.retire_adapter).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from fastapi import FastAPI
+from fastapi.responses import PlainTextResponse
+from pydantic import BaseModel, Field
+
+from kubetune.serve.api import ApiError, ServerState, _served
+from kubetune.serve.engine_client import AdmissionError
+from kubetune.serve.models import AdapterRequestError, add_runtime_adapter, read_runtime_adapter, retire_adapter
+from kubetune.serve.protocol import STRICT, Text
+
+VLLM_SWITCH = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
+ENGINE_CALL_TIMEOUT_S = 120.0  # the engine runs the call between two steps; a step is far shorter
+
+
+class LoadLoraAdapter(BaseModel):
+    model_config = STRICT
+
+    lora_name: Text = Field(min_length=1)
+    lora_path: Text = Field(min_length=1)
+
+
+class UnloadLoraAdapter(BaseModel):
+    model_config = STRICT
+
+    lora_name: Text = Field(min_length=1)
+
+
+def runtime_adapters_allowed(flag: bool, environ: Mapping[str, str] = os.environ) -> bool:
+    """The flag, or vLLM's switch (vLLM reads "true" and "1", in any case)."""
+    return flag or environ.get(VLLM_SWITCH, "").strip().lower() in ("true", "1")
+
+
+def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
+    if not runtime_adapters_allowed(state.allow_runtime_adapters):
+        return
+
+    @app.post("/v1/load_lora_adapter")
+    async def load_lora_adapter(body: LoadLoraAdapter) -> PlainTextResponse:
+        served = _served(state)
+        try:
+            entry, weights = await asyncio.to_thread(read_runtime_adapter, served, body.lora_name, body.lora_path)
+        except AdapterRequestError as e:
+            raise ApiError(e.status, e.message, e.param) from None
+        engine = state.engine
+        await _on_engine(state, lambda: add_runtime_adapter(served, entry, weights, engine.in_flight == 0))
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
+
+    @app.post("/v1/unload_lora_adapter")
+    async def unload_lora_adapter(body: UnloadLoraAdapter) -> PlainTextResponse:
+        served = _served(state)
+        engine = state.engine
+        await _on_engine(state, lambda: retire_adapter(served, body.lora_name, engine.in_flight == 0))
+        return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+async def _on_engine(state: ServerState, fn: Callable[[], Any]) -> Any:
+    """`fn` on the engine's thread between two steps; its refusal as the API's error."""
+    future = state.engine.call_between_steps(fn)
+    try:
+        return await asyncio.wait_for(asyncio.wrap_future(future), ENGINE_CALL_TIMEOUT_S)
+    except (AdapterRequestError, AdmissionError) as e:
+        raise ApiError(e.status, e.message, e.param) from None
+    except TimeoutError:
+        raise ApiError(503, state.failed or "the engine did not take the adapter change in time; retry") from None
