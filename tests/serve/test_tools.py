@@ -95,6 +95,10 @@ def test_smollm2_template_has_no_tool_support(tokenizer):
     assert template_reads_tools(TOOLS_TEMPLATE)
     assert template_reads_tools({"default": "{{ messages }}", "tool_use": TOOLS_TEMPLATE})
     assert not template_reads_tools(None)
+    # transformers' own {% generation %} tag is no jinja2 syntax: the source text decides
+    assert template_reads_tools("{% generation %}{{ tools }}{% endgeneration %}")
+    assert not template_reads_tools("{% generation %}{{ messages }}{% endgeneration %}")
+    assert not template_reads_tools("{% set toolsy = 1 %}{{ toolsy }}")  # a variable, not `tools`
 
 
 def test_hermes_rendering_lists_the_tools_and_keeps_the_run_system_prompt(tokenizer):

@@ -21,6 +21,7 @@ JSON call by construction (`ToolGrammar`, compiled by structured.py), read by `c
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import secrets
@@ -211,9 +212,17 @@ def template_reads_tools(chat_template: str | Mapping[str, str] | None) -> bool:
     if not chat_template:
         return False
     sources = chat_template.values() if isinstance(chat_template, Mapping) else [chat_template]
-    env = jinja2.Environment()
-    # the template's free variables: what apply_chat_template must pass in
-    return any("tools" in jinja2.meta.find_undeclared_variables(env.parse(src)) for src in sources)
+    return any(_reads_tools(src) for src in sources)
+
+
+@functools.lru_cache(maxsize=16)  # one template per served model, asked on every request
+def _reads_tools(source: str) -> bool:
+    env = jinja2.Environment(extensions=["jinja2.ext.loopcontrols"])  # as transformers renders them
+    try:
+        # the template's free variables: what apply_chat_template must pass in
+        return "tools" in jinja2.meta.find_undeclared_variables(env.parse(source))
+    except jinja2.TemplateSyntaxError:  # a tag only transformers defines ({% generation %}): read the text
+        return re.search(r"\btools\b", source) is not None
 
 
 def chat_messages(
