@@ -196,12 +196,21 @@ def serve(
         "--allow-runtime-adapters",
         help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
     ),
+    served_model_name: list[str] = typer.Option(
+        None, "--served-model-name", help="The base model's name in the API (repeatable: aliases; first in metrics)."
+    ),
+    chat_template: str | None = typer.Option(
+        None, "--chat-template", help="A Jinja chat template (a file, or the template itself) for every model."
+    ),
+    trust_request_chat_template: bool = typer.Option(
+        False, "--trust-request-chat-template", help="Let requests send their own `chat_template` (Jinja)."
+    ),
 ):
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
     import os
 
     from kubetune.serve.auth import describe, load_api_keys
-    from kubetune.serve.contract import ENGINES, parse_adapter
+    from kubetune.serve.contract import ENGINES, parse_adapter, read_chat_template
 
     adapters = tuple(parse_adapter(a) for a in adapter or [])
     if engine not in ENGINES:
@@ -217,6 +226,8 @@ def serve(
         if value < 1:
             raise UserError(f"{name} {value}: must be at least 1")
     api_keys = load_api_keys(api_key or [], api_key_file or [], os.environ)
+    template = read_chat_template(chat_template) if chat_template else None
+    names = tuple(served_model_name or ())
     typer.echo(f"kubetune: {describe(api_keys)}", err=True)
     if engine == "auto":
         from kubetune.serve.vllm_engine import auto_picks_vllm
@@ -226,9 +237,10 @@ def serve(
         if picked:  # the native engine names itself in its ready line
             typer.echo(f"kubetune: engine vllm ({why})", err=True)
     if engine == "vllm":
-        from kubetune.serve.vllm_engine import exec_vllm, vllm_options
+        from kubetune.serve.vllm_engine import exec_vllm, vllm_options, with_api_options
 
-        exec_vllm(vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs), api_keys)
+        vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs)
+        exec_vllm(with_api_options(vllm, names, chat_template, trust_request_chat_template), api_keys)
     import dataclasses
 
     from kubetune.serve.engine_client import Limits
@@ -240,7 +252,13 @@ def serve(
     opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds)
     run_server(
         dataclasses.replace(
-            opts, max_body_bytes=max_body_bytes, api_keys=api_keys, allow_runtime_adapters=allow_runtime_adapters
+            opts,
+            max_body_bytes=max_body_bytes,
+            api_keys=api_keys,
+            allow_runtime_adapters=allow_runtime_adapters,
+            served_model_names=names,
+            chat_template=template,
+            trust_request_chat_template=trust_request_chat_template,
         )
     )
 

@@ -64,6 +64,8 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     plan = plan_served(opts.target, list(opts.adapters))
     dtype = pick_dtype(opts.dtype, load_config(plan.base_source))
     served = load_served(opts.target, list(opts.adapters), dtype, register())
+    if getattr(opts, "served_model_names", ()):
+        name_base(served, opts.served_model_names)
     config = served.lm.config
     limits = _limits(opts.limits, config)
     linear = pack(served.lm, rows=min(16, limits.max_num_seqs))
@@ -81,6 +83,21 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
         f"<= {limits.max_num_seqs} running, <= {limits.max_waiting} waiting, context {limits.max_model_len} | {linear}"
     )
     return served, engine, metrics, summary
+
+
+def name_base(served: ServedSet, names: tuple[str, ...]) -> None:
+    """`--served-model-name`: the base model answers to these names (the first is the one
+    adapters name as their parent and metrics label), instead of its recipe's."""
+    base = served.models.pop(served.base_name)
+    taken = sorted(set(names) & set(served.models))
+    if taken:
+        raise UserError(f"--served-model-name {taken[0]}: an adapter has that name; pick another")
+    rest = served.models
+    served.models = {n: dataclasses.replace(base, name=n) for n in names}
+    for model in rest.values():
+        model.parent = names[0]
+    served.models.update(rest)
+    served.base_name = names[0]
 
 
 def _limits(limits: Limits, config: Any) -> Limits:

@@ -61,7 +61,7 @@ class VllmOptions:
     """The flags of vLLM's OpenAI server that kubetune maps from its own."""
 
     model: str  # an HF model directory or hub id (the merged model, or the base when adapters are given)
-    served_name: str
+    served_name: str  # several names (aliases) separated by spaces, as vLLM's flag takes several
     adapters: tuple[Adapter, ...] = ()
     host: str = "127.0.0.1"
     port: int = DEFAULT_PORT
@@ -75,7 +75,7 @@ class VllmOptions:
 
 def vllm_argv(opts: VllmOptions) -> list[str]:
     """vLLM's OpenAI server command for `opts` (`python -m vllm.entrypoints.openai.api_server ...`)."""
-    argv = [*VLLM_ENTRYPOINT, "--model", opts.model, "--served-model-name", opts.served_name]
+    argv = [*VLLM_ENTRYPOINT, "--model", opts.model, "--served-model-name", *opts.served_name.split()]
     argv += ["--host", opts.host, "--port", str(opts.port), "--dtype", opts.dtype]
     if opts.max_model_len:
         argv += ["--max-model-len", str(opts.max_model_len)]
@@ -99,3 +99,17 @@ def vllm_cpu_kvcache_gib(memory_limit_bytes: int | None, weights_bytes: int, res
         return 4
     free = memory_limit_bytes - weights_bytes - reserve_bytes
     return max(1, free >> 30)
+
+
+def read_chat_template(value: str) -> str:
+    """`--chat-template`: a file holding a Jinja template, or the template itself (as vLLM takes it)."""
+    from pathlib import Path
+
+    from kubetune.errors import UserError
+
+    path = Path(value)
+    if path.is_file():
+        return path.read_text()
+    if "{{" in value or "{%" in value:
+        return value
+    raise UserError(f"--chat-template {value}: no such file, and not a Jinja template ({{{{ ... }}}} or {{% ... %}})")

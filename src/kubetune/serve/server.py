@@ -39,6 +39,9 @@ class ServeOptions:
     max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
     api_keys: tuple[str, ...] = ()  # kubetune.serve.auth.load_api_keys; none = open
     allow_runtime_adapters: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    served_model_names: tuple[str, ...] = ()  # the base model's names (default: its recipe's)
+    chat_template: str | None = None  # a Jinja template for every model's chat
+    trust_request_chat_template: bool = False
 
 
 def serve(opts: ServeOptions) -> None:
@@ -52,6 +55,8 @@ def serve(opts: ServeOptions) -> None:
         max_body_bytes=opts.max_body_bytes,
         api_keys=opts.api_keys,
         allow_runtime_adapters=opts.allow_runtime_adapters,
+        chat_template=opts.chat_template,
+        trust_request_chat_template=opts.trust_request_chat_template,
     )
     app = create_app(state)
     config = uvicorn.Config(

@@ -61,6 +61,21 @@ def vllm_options(
     )
 
 
+def with_api_options(
+    opts: VllmOptions, names: tuple[str, ...], chat_template: str | None, trust_request_template: bool
+) -> VllmOptions:
+    """`--served-model-name`, `--chat-template` and `--trust-request-chat-template`, as vLLM takes them."""
+    import dataclasses
+
+    extra = list(opts.extra)
+    if chat_template:
+        extra += ["--chat-template", chat_template]
+    if trust_request_template:
+        extra += ["--trust-request-chat-template"]
+    served = " ".join(names) if names else opts.served_name
+    return dataclasses.replace(opts, served_name=served, extra=tuple(extra))
+
+
 def _adapter_dir(path: str) -> Path:
     from kubetune.rundir import RunDir
 
