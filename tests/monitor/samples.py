@@ -189,11 +189,15 @@ def _instrument(metric: contract.Metric, registry: CollectorRegistry):
 
 
 class _Seq:
-    """What ServeMetrics reads of a sequence: its request's adapter and arrival (1.2 s ago)."""
+    """What ServeMetrics reads of a sequence: its request (adapter, a 40-token prompt, arrival
+    1.2 s ago), when it left the queue, its last token's time and how many it generated."""
 
     def __init__(self, adapter: str | None) -> None:
         arrival = time.monotonic() - 1.2
-        self.request = type("Request", (), {"adapter_name": adapter, "arrival": arrival})()
+        self.request = type("Request", (), {"adapter_name": adapter, "arrival": arrival, "prompt": [0] * 40})()
+        self.started: float | None = arrival + 0.01
+        self.last_token: float | None = None
+        self.generated = 0
 
 
 class Serving:
@@ -205,11 +209,13 @@ class Serving:
     def __call__(self, n: int) -> str:
         m = self.metrics
         for _ in range(3):
-            m.queued(0.01)
-            m.first_token(0.08)
-            for _ in range(5):
-                m.inter_token(0.02)
-            m.finished(_Seq(None).request, prompt_tokens=40, generated=6, reason="stop")
+            seq = _Seq(None)
+            m.prefix_lookup(40, 32)
+            for i in range(6):  # the first token 80 ms after arrival, then one every 20 ms
+                now = seq.request.arrival + 0.08 + 0.02 * i
+                (m.first_token if seq.last_token is None else m.inter_token)(seq, now)
+                seq.last_token, seq.generated = now, seq.generated + 1
+            m.finished(seq, "stop")
         m.state(2, 1, 0.3, [_Seq("cardio")], [_Seq(None)])  # a steady queue: no alert may pend
         return generate_latest(m.registry).decode()
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetune.monitor.contract import COMPONENT_METRICS, SERVE_METRICS, Metric
+from kubetune.monitor.contract import COMPONENT_METRICS, SERVE_METRICS, Metric, serve_buckets
 
 
 def families(text: str) -> set[tuple[str, str]]:
@@ -26,6 +26,26 @@ def test_the_server_exports_the_contracts_serving_metrics():
 
     registry = ServeMetrics("base", max_lora=2, adapter_names=["a"]).registry
     assert families(generate_latest(registry).decode()) == promised(SERVE_METRICS)
+
+
+def test_the_servers_help_labels_and_buckets_are_the_contracts():
+    """Beyond names and types: each family's help text, label names and (histograms) bucket
+    bounds are the contract's, which are vLLM's (a gateway filters on the labels)."""
+    from kubetune.serve.metrics import ServeMetrics
+
+    served = ServeMetrics("base", max_lora=2, adapter_names=["a"], max_model_len=1000)
+    served.state(0, 0, 0.0, [], [])  # the adapters' info series exists from the first engine turn
+    exported = {
+        f.name.removesuffix("_total"): f
+        for f in text_string_to_metric_families(generate_latest(served.registry).decode())
+    }
+    for m in SERVE_METRICS:
+        family = exported[m.name.removesuffix("_total")]
+        labels = {name for s in family.samples for name in s.labels} - {"le"}
+        assert (family.documentation, labels) == (m.help, set(m.labels)), m.name
+        if m.kind == "histogram":
+            bounds = {float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")}
+            assert bounds == {*serve_buckets(m, 1000), float("inf")}, m.name
 
 
 def test_the_components_export_the_contracts_component_metrics():

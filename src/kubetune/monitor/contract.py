@@ -48,6 +48,7 @@ class Metric:
     kind: Kind
     help: str
     labels: tuple[str, ...] = ()
+    buckets: str = ""  # a serving histogram's bucket family (SERVE_BUCKETS, serve_buckets)
 
 
 def _train(name: str, kind: Kind, help: str, extra: tuple[str, ...] = ()) -> Metric:
@@ -97,20 +98,126 @@ TRAIN_METRICS: tuple[Metric, ...] = (
     ),
 )
 
-# `kubetune serve` and vLLM (kubetune.serve.metrics defines them; label model_name).
+# `kubetune serve` and vLLM: vLLM V1's own series (vllm/v1/metrics/loggers.py, PrometheusStatLogger,
+# as of vLLM 0.32), with its names, types, help texts, labels and buckets, because KServe, llm-d's
+# scheduler, the Gateway API Inference Extension's endpoint picker and KEDA scale and route on them.
+# kubetune.serve.metrics builds its prometheus_client objects from this table; nothing else lists them.
+# `engine` is vLLM's engine index (data-parallel rank): a kubetune server is one engine, "0".
+SERVE_LABELS = ("model_name", "engine")
+SERVE_ENGINE = "0"
+# vLLM's FinishReason as it prints it (vllm/v1/engine/__init__.py FINISH_REASON_STRINGS): stop (EOS,
+# a stop token or a stop string), length (max_tokens or the context), abort (the client went
+# away), error (a request-level failure), repetition (vLLM's repetition detector; never here).
+FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
+LORA_INFO_LABELS = ("max_lora", "waiting_lora_adapters", "running_lora_adapters")
+
+# vLLM's histogram bucket families (vllm/v1/metrics/buckets.py); "request_tokens" is its 1-2-5
+# series up to the server's context length (serve_buckets).
+SERVE_BUCKETS: dict[str, tuple[float, ...]] = {
+    "request_latency": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                        120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
+    "time_to_first_token": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
+                            7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0),
+    "inter_token_latency": (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5, 5.0,
+                            7.5, 10.0, 20.0, 40.0, 80.0),
+}  # fmt: skip
+
+
+def _serve(name: str, kind: Kind, help: str, buckets: str = "") -> Metric:
+    return Metric(name, kind, help, SERVE_LABELS, buckets)
+
+
 SERVE_METRICS: tuple[Metric, ...] = (
-    Metric("vllm:num_requests_running", "gauge", "Requests in the running batch.", ("model_name",)),
-    Metric("vllm:num_requests_waiting", "gauge", "Requests waiting to be admitted.", ("model_name",)),
-    Metric("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage, 1 = full.", ("model_name",)),
-    Metric("vllm:prompt_tokens", "counter", "Prompt tokens read.", ("model_name",)),
-    Metric("vllm:generation_tokens", "counter", "Tokens generated.", ("model_name",)),
-    Metric("vllm:request_success", "counter", "Requests finished, by reason.", ("model_name", "finished_reason")),
-    Metric("vllm:time_to_first_token_seconds", "histogram", "Time to first token.", ("model_name",)),
-    Metric("vllm:inter_token_latency_seconds", "histogram", "Time between tokens.", ("model_name",)),
-    Metric("vllm:e2e_request_latency_seconds", "histogram", "Request latency.", ("model_name",)),
-    Metric("vllm:request_queue_time_seconds", "histogram", "Time queued before running.", ("model_name",)),
-    Metric("vllm:lora_requests_info", "gauge", "Adapters running and waiting.", ()),
+    # scheduler state (gauges, set every engine turn)
+    _serve("vllm:num_requests_running", "gauge", "Number of requests in model execution batches."),
+    _serve("vllm:num_requests_waiting", "gauge", "Number of requests waiting to be processed."),
+    _serve("vllm:kv_cache_usage_perc", "gauge", "KV-cache usage. 1 means 100 percent usage."),
+    # counters, in tokens or requests
+    _serve("vllm:prefix_cache_queries", "counter", "Prefix cache queries, in terms of number of queried tokens."),
+    _serve("vllm:prefix_cache_hits", "counter", "Prefix cache hits, in terms of number of cached tokens."),
+    _serve("vllm:prompt_tokens", "counter", "Number of prefill tokens processed."),
+    _serve("vllm:generation_tokens", "counter", "Number of generation tokens processed."),
+    Metric(
+        "vllm:request_success",
+        "counter",
+        "Count of successfully processed requests.",
+        (*SERVE_LABELS, "finished_reason"),
+    ),
+    # per token
+    _serve(
+        "vllm:time_to_first_token_seconds",
+        "histogram",
+        "Histogram of time to first token in seconds.",
+        "time_to_first_token",
+    ),
+    _serve(
+        "vllm:inter_token_latency_seconds",
+        "histogram",
+        "Histogram of inter-token latency in seconds.",
+        "inter_token_latency",
+    ),
+    # per request, observed when it finishes
+    _serve("vllm:request_prompt_tokens", "histogram", "Number of prefill tokens processed.", "request_tokens"),
+    _serve("vllm:request_generation_tokens", "histogram", "Number of generation tokens processed.", "request_tokens"),
+    _serve(
+        "vllm:request_time_per_output_token_seconds",
+        "histogram",
+        "Histogram of time_per_output_token_seconds per request.",
+        "inter_token_latency",
+    ),
+    _serve(
+        "vllm:e2e_request_latency_seconds",
+        "histogram",
+        "Histogram of e2e request latency in seconds.",
+        "request_latency",
+    ),
+    _serve(
+        "vllm:request_queue_time_seconds",
+        "histogram",
+        "Histogram of time spent in WAITING phase for request.",
+        "request_latency",
+    ),
+    _serve(
+        "vllm:request_inference_time_seconds",
+        "histogram",
+        "Histogram of time spent in RUNNING phase for request.",
+        "request_latency",
+    ),
+    _serve(
+        "vllm:request_prefill_time_seconds",
+        "histogram",
+        "Histogram of time spent in PREFILL phase for request.",
+        "request_latency",
+    ),
+    _serve(
+        "vllm:request_decode_time_seconds",
+        "histogram",
+        "Histogram of time spent in DECODE phase for request.",
+        "request_latency",
+    ),
+    # adapters (vLLM: only with --enable-lora; value: the time of the last change)
+    Metric("vllm:lora_requests_info", "gauge", "Running stats on lora requests.", LORA_INFO_LABELS),
 )
+
+
+def serve_buckets(metric: Metric, max_model_len: int) -> tuple[float, ...]:
+    """A serving histogram's bucket bounds, as vLLM draws them for a server of `max_model_len`."""
+    if metric.buckets == "request_tokens":
+        return _one_two_five(max_model_len)
+    return SERVE_BUCKETS[metric.buckets]
+
+
+def _one_two_five(max_value: int) -> tuple[float, ...]:
+    """1, 2, 5, 10, 20, 50, ... up to `max_value` (vLLM's build_1_2_5_buckets)."""
+    bounds: list[float] = []
+    scale = 1
+    while True:
+        for mantissa in (1, 2, 5):
+            if mantissa * scale > max_value:
+                return tuple(bounds)
+            bounds.append(float(mantissa * scale))
+        scale *= 10
+
 
 # kubetune's cluster components (kubetune.cluster): the device plugin and the scheduler extender.
 COMPONENT_METRICS: tuple[Metric, ...] = (

@@ -2,9 +2,10 @@
 
 - training: progress and ETA, loss, tokens/s per rank, MFU, step time by phase, collective
   latency p50/p99 by size and by rank, memory against budget, checkpoints, restarts;
-- serving: requests/s, time to first token, inter-token and end-to-end latency p50/p99,
-  running and waiting requests, KV-cache use, tokens/s, adapters (vLLM's names: the same
-  dashboard reads `kubetune serve` and vLLM);
+- serving: requests/s, time to first token, inter-token, end-to-end latency and time per
+  output token p50/p99, request phases, running and waiting requests, KV-cache use, tokens/s,
+  prefix-cache hit rate, tokens per request, adapters (vLLM's names: the same dashboard reads
+  `kubetune serve` and vLLM);
 - nodes and accelerators: node-exporter and cAdvisor CPU/memory/network, Intel Gaudi (Intel's
   metric exporter), NVIDIA (DCGM exporter), and kubetune's device plugin and scheduler extender.
 
@@ -173,6 +174,15 @@ def _serve_latency() -> Row:
                unit="s", width=8),
             _p("End-to-end latency", *_quantiles("vllm:e2e_request_latency_seconds", by, SERVE, "{{model_name}}"),
                unit="s", width=8),
+            _p("Time per output token",
+               *_quantiles("vllm:request_time_per_output_token_seconds", by, SERVE, "{{model_name}}"),
+               description="Per request: first token to last over the tokens after the first (vLLM's).",
+               unit="s", width=8),
+            _p("Request phases p99",
+               *(_quantiles(f"vllm:request_{phase}_time_seconds", by, SERVE, f"{phase} {{{{model_name}}}}")[1]
+                 for phase in ("prefill", "decode", "inference")),
+               description="Prefill: admission to first token; decode: first token to last; inference: both.",
+               unit="s", width=16),
         ),
     )  # fmt: skip
 
@@ -203,6 +213,15 @@ def _serve_tokens() -> Row:
                _t(f"sum by (model_name) (rate(vllm:prompt_tokens_total{SERVE}[{RATE}]))", "prompt {{model_name}}"),
                _t(f"sum by (model_name) (rate(vllm:generation_tokens_total{SERVE}[{RATE}]))",
                   "generated {{model_name}}"), width=12),
+            _p("Prefix-cache hit rate",
+               _t(f"sum by (model_name) (rate(vllm:prefix_cache_hits_total{SERVE}[{RATE}])) / "
+                  f"sum by (model_name) (rate(vllm:prefix_cache_queries_total{SERVE}[{RATE}]))", "{{model_name}}"),
+               description="Prompt tokens restored from the prefix cache over prompt tokens looked up.",
+               unit="percentunit", min=0, max=1, width=12),
+            _p("Tokens per request",
+               *_quantiles("vllm:request_prompt_tokens", "model_name", SERVE, "prompt {{model_name}}"),
+               *_quantiles("vllm:request_generation_tokens", "model_name", SERVE, "generated {{model_name}}"),
+               width=12),
             _p("Adapters running / waiting",
                _t(f"count by (running_lora_adapters, waiting_lora_adapters) (vllm:lora_requests_info{NS})",
                   "running: {{running_lora_adapters}} waiting: {{waiting_lora_adapters}}"),

@@ -1,134 +1,130 @@
-"""The server's Prometheus metrics, with vLLM's names and meanings.
+"""The server's Prometheus metrics: vLLM's series, built from `kubetune.monitor.contract`.
 
-One dashboard, one autoscaling rule (prometheus-adapter on `vllm:num_requests_waiting`) and
-the Gateway API Inference Extension's model-server protocol then work for both engines.
-These names are a contract (README, "Serving metrics"): renaming one breaks users' panels.
+The table of names, types, help texts, labels and buckets is `contract.SERVE_METRICS` (vLLM
+V1's own, see there); this module only creates those objects and records into them with
+vLLM's meanings (vllm/v1/metrics/stats.py), so one dashboard, one autoscaling rule and the
+gateways that route on these series (KServe, llm-d, the Gateway API Inference Extension,
+KEDA) work for both engines. What is recorded when:
+- each engine turn: running, waiting, KV-cache usage and the adapters in use (`state`);
+- each prefix-cache lookup: the prompt's tokens queried and those restored (`prefix_lookup`);
+- each token: time to first token and the prompt tokens (both at the first token, when the
+  prompt has been read), inter-token latency and one generation token (`first_token`, `inter_token`);
+- each finished request: its finish reason and the per-request histograms (`finished`).
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
-LATENCY_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-REQUEST_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-)
+from kubetune.monitor import contract
+
+DEFAULT_MAX_MODEL_LEN = 4096  # the engine's default context (Limits.max_model_len): the token buckets' top
+_OWN = contract.SERVE_LABELS  # a metric with just these labels is one series per server
+
+
+class _Request(Protocol):
+    prompt: list[int]
+    arrival: float  # time.monotonic() when the server received it
+    adapter_name: str | None
+
+
+class _Sequence(Protocol):
+    """What the metrics read of the engine's Sequence."""
+
+    @property
+    def request(self) -> _Request: ...
+
+    started: float | None  # admitted: left the queue
+    last_token: float | None
+    generated: int
 
 
 class ServeMetrics:
-    def __init__(self, model_name: str, max_lora: int, adapter_names: list[str]) -> None:
+    def __init__(
+        self, model_name: str, max_lora: int, adapter_names: list[str], max_model_len: int = DEFAULT_MAX_MODEL_LEN
+    ) -> None:
         self.registry = CollectorRegistry()
         self.model_name, self.max_lora, self.adapter_names = model_name, max_lora, adapter_names
-        label = ["model_name"]
-        r = self.registry
-        self.running = Gauge("vllm:num_requests_running", "Requests in the running batch.", label, registry=r)
-        self.waiting = Gauge("vllm:num_requests_waiting", "Requests waiting to be admitted.", label, registry=r)
-        self.kv_usage = Gauge("vllm:kv_cache_usage_perc", "KV-cache usage, 1 = full.", label, registry=r)
-        self.prompt_tokens = Counter("vllm:prompt_tokens", "Prompt tokens read.", label, registry=r)
-        self.generation_tokens = Counter("vllm:generation_tokens", "Tokens generated.", label, registry=r)
-        self.success = Counter(
-            "vllm:request_success", "Requests finished, by reason.", [*label, "finished_reason"], registry=r
-        )
-        self.ttft = Histogram(
-            "vllm:time_to_first_token_seconds", "Time to first token.", label, buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.itl = Histogram(
-            "vllm:inter_token_latency_seconds", "Time between tokens.", label, buckets=LATENCY_BUCKETS, registry=r
-        )
-        self.e2e = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Request latency, arrival to end.",
-            label,
-            buckets=REQUEST_BUCKETS,
-            registry=r,
-        )
-        self.queue_time = Histogram(
-            "vllm:request_queue_time_seconds",
-            "Time spent waiting to be admitted.",
-            label,
-            buckets=REQUEST_BUCKETS,
-            registry=r,
-        )
-        self.lora_info = Gauge(
-            "vllm:lora_requests_info",
-            "Adapters of running and waiting requests (value: time).",
-            ["running_lora_adapters", "waiting_lora_adapters", "max_lora"],
-            registry=r,
-        )
+        families = {m.name: _family(m, self.registry, max_model_len) for m in contract.SERVE_METRICS}
+        own = (model_name, contract.SERVE_ENGINE)
+        # every series exists (at 0) from the start, as vLLM creates them: a rate() or a ratio
+        # has a value before the first request, and a reason that never happened reads 0, not absent
+        self._m = {m.name: families[m.name].labels(*own) for m in contract.SERVE_METRICS if m.labels == _OWN}
+        success = families["vllm:request_success"]
+        self._success = {reason: success.labels(*own, reason) for reason in contract.FINISH_REASONS}
+        self._lora_info = families["vllm:lora_requests_info"]
         self._lora_state: tuple[str, str] | None = None
-        for gauge in (self.running, self.waiting, self.kv_usage):  # present (at 0) before the first request
-            gauge.labels(model_name).set(0)
-        for counter in (self.prompt_tokens, self.generation_tokens):
-            counter.labels(model_name).inc(0)
+        self._first_token: dict[int, float] = {}  # id(sequence) -> when its first token came
 
-    def queued(self, seconds: float) -> None:
-        self.queue_time.labels(self.model_name).observe(seconds)
+    def prefix_lookup(self, queried: int, hits: int) -> None:
+        """A prompt of `queried` tokens looked up in the prefix cache, `hits` of them restored."""
+        self._m["vllm:prefix_cache_queries"].inc(queried)
+        self._m["vllm:prefix_cache_hits"].inc(hits)
 
-    def first_token(self, seconds: float) -> None:
-        self.ttft.labels(self.model_name).observe(seconds)
+    def first_token(self, seq: _Sequence, now: float) -> None:
+        """The first token of `seq` came at `now`: its prompt has been read (counted now, as vLLM does)."""
+        self._first_token[id(seq)] = now
+        self._m["vllm:time_to_first_token_seconds"].observe(now - seq.request.arrival)
+        self._m["vllm:prompt_tokens"].inc(len(seq.request.prompt))
+        self._m["vllm:generation_tokens"].inc()
 
-    def inter_token(self, seconds: float) -> None:
-        self.itl.labels(self.model_name).observe(seconds)
+    def inter_token(self, seq: _Sequence, now: float) -> None:
+        """A later token of `seq` came at `now` (before `seq.last_token` moves on to it)."""
+        assert seq.last_token is not None
+        self._m["vllm:inter_token_latency_seconds"].observe(now - seq.last_token)
+        self._m["vllm:generation_tokens"].inc()
 
-    def finished(self, request: Any, prompt_tokens: int, generated: int, reason: str) -> None:
-        name = self.model_name
-        self.prompt_tokens.labels(name).inc(prompt_tokens)
-        self.generation_tokens.labels(name).inc(generated)
-        self.success.labels(name, reason).inc()
-        self.e2e.labels(name).observe(time.monotonic() - request.arrival)
+    def finished(self, seq: _Sequence, reason: str) -> None:
+        """`seq` ended with `reason` (one of contract.FINISH_REASONS)."""
+        now = time.monotonic()
+        first = self._first_token.pop(id(seq), None)
+        self._success[reason].inc()
+        self._observe("vllm:e2e_request_latency_seconds", now - seq.request.arrival)
+        self._observe("vllm:request_prompt_tokens", len(seq.request.prompt))
+        self._observe("vllm:request_generation_tokens", seq.generated)
+        # the phases this request reached (one ended in the queue, or before its first token, has
+        # no prefill, decode or inference time: vLLM never finishes such a request through its stats)
+        if seq.started is None:
+            return
+        self._observe("vllm:request_queue_time_seconds", seq.started - seq.request.arrival)
+        if first is None or seq.last_token is None:
+            return
+        decode = seq.last_token - first
+        self._observe("vllm:request_prefill_time_seconds", first - seq.started)
+        self._observe("vllm:request_decode_time_seconds", decode)
+        self._observe("vllm:request_inference_time_seconds", seq.last_token - seq.started)
+        # vLLM's mean time per output token: the first token is the prefill's, so it is left out
+        tpot = decode / (seq.generated - 1) if seq.generated > 1 else 0.0
+        self._observe("vllm:request_time_per_output_token_seconds", tpot)
 
     def state(self, running: int, waiting: int, kv_usage: float, running_seqs: Any, waiting_seqs: Any) -> None:
-        name = self.model_name
-        self.running.labels(name).set(running)
-        self.waiting.labels(name).set(waiting)
-        self.kv_usage.labels(name).set(kv_usage)
+        self._m["vllm:num_requests_running"].set(running)
+        self._m["vllm:num_requests_waiting"].set(waiting)
+        self._m["vllm:kv_cache_usage_perc"].set(kv_usage)
         if self.max_lora:
             lora = (_adapters(running_seqs), _adapters(waiting_seqs))
-            if lora != self._lora_state:  # one series at a time, as vLLM keeps it
-                self.lora_info.clear()
-                self.lora_info.labels(lora[0], lora[1], str(self.max_lora)).set(time.time())
+            if lora != self._lora_state:
+                # one series, the current one (vLLM keeps the earlier ones, with their older times;
+                # readers such as the endpoint picker take the newest)
+                self._lora_info.clear()
+                self._lora_info.labels(str(self.max_lora), lora[1], lora[0]).set(time.time())
                 self._lora_state = lora
+
+    def _observe(self, name: str, value: float) -> None:
+        self._m[name].observe(value)
+
+
+def _family(metric: contract.Metric, registry: CollectorRegistry, max_model_len: int) -> Any:
+    labels = list(metric.labels)
+    if metric.kind == "gauge":
+        return Gauge(metric.name, metric.help, labels, registry=registry)
+    if metric.kind == "counter":
+        return Counter(metric.name, metric.help, labels, registry=registry)
+    buckets = contract.serve_buckets(metric, max_model_len)
+    return Histogram(metric.name, metric.help, labels, buckets=buckets, registry=registry)
 
 
 def _adapters(seqs: Any) -> str:
