@@ -228,7 +228,6 @@ def serve(
     api_keys = load_api_keys(api_key or [], api_key_file or [], os.environ)
     template = read_chat_template(chat_template) if chat_template else None
     names = tuple(served_model_name or ())
-    typer.echo(f"kubetune: {describe(api_keys)}", err=True)
     if engine == "auto":
         from kubetune.serve.vllm_engine import auto_picks_vllm
 
@@ -240,6 +239,7 @@ def serve(
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options, with_api_options
 
         vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs)
+        typer.echo(f"kubetune: {describe(api_keys)}", err=True)
         exec_vllm(with_api_options(vllm, names, chat_template, trust_request_chat_template), api_keys)
     import dataclasses
 

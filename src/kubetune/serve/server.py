@@ -18,6 +18,7 @@ from typing import Any
 import uvicorn
 
 from kubetune.serve.api import DEFAULT_MAX_BODY_BYTES, ServerState, create_app
+from kubetune.serve.auth import describe
 from kubetune.serve.contract import DEFAULT_PORT, Adapter
 from kubetune.serve.engine_client import Limits
 
@@ -50,6 +51,7 @@ def serve(opts: ServeOptions) -> None:
 
     plan_served(opts.target, list(opts.adapters))  # a bad target or adapter fails here, in one line
     check_dtype(opts.dtype)
+    _say(describe(opts.api_keys))
     state = ServerState(
         default_max_tokens=opts.default_max_tokens,
         max_body_bytes=opts.max_body_bytes,
