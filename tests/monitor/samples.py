@@ -242,8 +242,10 @@ class Extender:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        (metric,) = [m for m in contract.COMPONENT_METRICS if m.name == "kubetune_extender_request_seconds"]
-        self.latency = Histogram(metric.name, metric.help, metric.labels, registry=self.registry)
+        metric = contract.component_metric("kubetune_extender_request_seconds")
+        self.latency = Histogram(
+            metric.name, metric.help, metric.labels, buckets=contract.EXTENDER_SECONDS_BUCKETS, registry=self.registry
+        )
 
     def __call__(self, n: int) -> str:
         for verb in ("filter", "prioritize"):

@@ -57,3 +57,24 @@ def test_the_components_export_the_contracts_component_metrics():
     plugin = families(generate_latest(PluginMetrics().registry).decode())
     extender = families(TestClient(create_app()).get("/metrics").text)
     assert plugin | extender == promised(COMPONENT_METRICS)
+
+
+def test_the_components_help_and_labels_are_the_contracts():
+    from fastapi.testclient import TestClient
+
+    from kubetune.cluster.deviceplugin.metrics import PluginMetrics
+    from kubetune.cluster.extender.app import create_app
+
+    plugin = PluginMetrics()
+    plugin.set_health("habana.ai/gaudi", {"card0": "Healthy"})
+    for counter in (plugin.allocations, plugin.allocated_devices, plugin.allocate_errors, plugin.registrations):
+        counter.labels("habana.ai/gaudi").inc(0)
+    plugin.driver_present.labels("habana.ai/gaudi").set(1)
+    client = TestClient(create_app())
+    client.post("/filter", content=b"{}")  # one observation, so the histogram's labels show
+    text = generate_latest(plugin.registry).decode() + client.get("/metrics").text
+    exported = {f.name.removesuffix("_total"): f for f in text_string_to_metric_families(text)}
+    for m in COMPONENT_METRICS:
+        family = exported[m.name.removesuffix("_total")]
+        labels = {name for s in family.samples for name in s.labels} - {"le"}
+        assert (family.documentation, labels) == (m.help, set(m.labels)), m.name

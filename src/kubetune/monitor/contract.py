@@ -219,16 +219,43 @@ def _one_two_five(max_value: int) -> tuple[float, ...]:
         scale *= 10
 
 
-# kubetune's cluster components (kubetune.cluster): the device plugin and the scheduler extender.
+# kubetune's cluster components (kubetune.cluster): the device plugin and the scheduler extender,
+# which build their metrics from this table.
 COMPONENT_METRICS: tuple[Metric, ...] = (
-    Metric("kubetune_deviceplugin_devices", "gauge", "Cards advertised, by health.", ("resource", "health")),
-    Metric("kubetune_deviceplugin_allocations", "counter", "Containers given cards.", ("resource",)),
-    Metric("kubetune_deviceplugin_allocated_devices", "counter", "Cards handed out.", ("resource",)),
-    Metric("kubetune_deviceplugin_allocate_errors", "counter", "Allocate calls refused.", ("resource",)),
-    Metric("kubetune_deviceplugin_driver_present", "gauge", "1 when the driver answers.", ("resource",)),
-    Metric("kubetune_deviceplugin_registrations", "counter", "Register calls to the kubelet.", ("resource",)),
-    Metric("kubetune_extender_request_seconds", "histogram", "Scheduler call latency.", ("verb", "code")),
+    Metric(
+        "kubetune_deviceplugin_devices", "gauge", "Cards advertised to the kubelet, by health.", ("resource", "health")
+    ),
+    Metric("kubetune_deviceplugin_allocations", "counter", "Containers given cards by Allocate.", ("resource",)),
+    Metric("kubetune_deviceplugin_allocated_devices", "counter", "Cards handed out by Allocate.", ("resource",)),
+    Metric(
+        "kubetune_deviceplugin_allocate_errors",
+        "counter",
+        "Allocate calls refused (unknown or unhealthy ids).",
+        ("resource",),
+    ),
+    Metric(
+        "kubetune_deviceplugin_driver_present",
+        "gauge",
+        "1 when the node's driver answers; 0 while the plugin waits for it, advertising 0 cards.",
+        ("resource",),
+    ),
+    Metric(
+        "kubetune_deviceplugin_registrations", "counter", "Successful Register calls to the kubelet.", ("resource",)
+    ),
+    Metric(
+        "kubetune_extender_request_seconds",
+        "histogram",
+        "Time to answer a scheduler call, parse included.",
+        ("verb", "code"),
+    ),
 )
+EXTENDER_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
+
+
+def component_metric(name: str) -> Metric:
+    """The contract's entry for one of the cluster components' metrics."""
+    (metric,) = [m for m in COMPONENT_METRICS if m.name == name]
+    return metric
 
 
 def exposed_names(metric: Metric) -> tuple[str, ...]:

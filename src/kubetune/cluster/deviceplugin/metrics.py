@@ -1,49 +1,31 @@
-"""Prometheus metrics of the device plugin (one registry per plugin, so tests stay isolated)."""
+"""Prometheus metrics of the device plugin (one registry per plugin, so tests stay isolated).
+
+Names, help texts and labels are `kubetune.monitor.contract.COMPONENT_METRICS`'s (the
+dashboards read them there).
+"""
 
 from __future__ import annotations
 
+from typing import Any
+
 from prometheus_client import CollectorRegistry, Counter, Gauge
+
+from kubetune.monitor.contract import component_metric
 
 
 class PluginMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        self.devices = Gauge(
-            "kubetune_deviceplugin_devices",
-            "Cards advertised to the kubelet, by health.",
-            ["resource", "health"],
-            registry=self.registry,
-        )
-        self.allocations = Counter(
-            "kubetune_deviceplugin_allocations",
-            "Containers given cards by Allocate.",
-            ["resource"],
-            registry=self.registry,
-        )
-        self.allocated_devices = Counter(
-            "kubetune_deviceplugin_allocated_devices",
-            "Cards handed out by Allocate.",
-            ["resource"],
-            registry=self.registry,
-        )
-        self.allocate_errors = Counter(
-            "kubetune_deviceplugin_allocate_errors",
-            "Allocate calls refused (unknown or unhealthy ids).",
-            ["resource"],
-            registry=self.registry,
-        )
-        self.driver_present = Gauge(
-            "kubetune_deviceplugin_driver_present",
-            "1 when the node's driver answers; 0 while the plugin waits for it, advertising 0 cards.",
-            ["resource"],
-            registry=self.registry,
-        )
-        self.registrations = Counter(
-            "kubetune_deviceplugin_registrations",
-            "Successful Register calls to the kubelet.",
-            ["resource"],
-            registry=self.registry,
-        )
+        self.devices = self._make(Gauge, "kubetune_deviceplugin_devices")
+        self.allocations = self._make(Counter, "kubetune_deviceplugin_allocations")
+        self.allocated_devices = self._make(Counter, "kubetune_deviceplugin_allocated_devices")
+        self.allocate_errors = self._make(Counter, "kubetune_deviceplugin_allocate_errors")
+        self.driver_present = self._make(Gauge, "kubetune_deviceplugin_driver_present")
+        self.registrations = self._make(Counter, "kubetune_deviceplugin_registrations")
+
+    def _make(self, kind: Any, name: str) -> Any:
+        metric = component_metric(name)
+        return kind(metric.name, metric.help, list(metric.labels), registry=self.registry)
 
     def set_health(self, resource: str, health: dict[str, str]) -> None:
         from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY

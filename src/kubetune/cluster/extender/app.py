@@ -93,13 +93,12 @@ def _bad_request(e: Exception) -> Response:
 def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None = None) -> FastAPI:
     from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
+    from kubetune.monitor.contract import EXTENDER_SECONDS_BUCKETS, component_metric
+
     registry = CollectorRegistry()
+    metric = component_metric("kubetune_extender_request_seconds")
     latency = Histogram(
-        "kubetune_extender_request_seconds",
-        "Time to answer a scheduler call, parse included.",
-        ["verb", "code"],
-        buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
-        registry=registry,
+        metric.name, metric.help, list(metric.labels), buckets=EXTENDER_SECONDS_BUCKETS, registry=registry
     )
     app = FastAPI(title="kubetune scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
