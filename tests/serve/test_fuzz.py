@@ -19,9 +19,10 @@ NUMBER = st.one_of(st.floats(-1, 3), st.floats(allow_nan=True, allow_infinity=Tr
 MESSAGE = st.fixed_dictionaries(
     {"role": st.one_of(st.sampled_from(["system", "user", "assistant", "developer", "tool"]), JUNK)},
     optional={
+        "tool_call_id": st.one_of(TEXT, JUNK),
         "content": st.one_of(
             TEXT, st.lists(st.fixed_dictionaries({"type": st.just("text"), "text": TEXT}), max_size=2), JUNK
-        )
+        ),
     },
 )
 COMMON = {
@@ -34,12 +35,60 @@ COMMON = {
     "n": COUNT,
     "stream_options": st.one_of(st.fixed_dictionaries({"include_usage": st.one_of(st.booleans(), JUNK)}), JUNK),
 }
+TOKEN = st.one_of(st.integers(-2, 50_000), JUNK)
+SCHEMA = st.one_of(
+    st.just({"type": "object"}),
+    st.fixed_dictionaries({"type": st.one_of(st.sampled_from(["object", "string", "integer", "array"]), JUNK)}),
+    st.dictionaries(TEXT, JUNK, max_size=2),
+    JUNK,
+)
+FORMAT = st.one_of(
+    st.fixed_dictionaries({"type": st.sampled_from(["text", "json_object", "json_schema", "xml"])}),
+    st.fixed_dictionaries(
+        {"type": st.just("json_schema"), "json_schema": st.fixed_dictionaries({"name": TEXT, "schema": SCHEMA})}
+    ),
+    JUNK,
+)
+TOOL = st.fixed_dictionaries(
+    {
+        "type": st.one_of(st.just("function"), JUNK),
+        "function": st.fixed_dictionaries({"name": TEXT}, optional={"parameters": SCHEMA}),
+    }
+)
+COMMON |= {
+    "logit_bias": st.one_of(
+        st.dictionaries(st.one_of(st.integers(-1, 60_000).map(str), TEXT), NUMBER, max_size=3), JUNK
+    ),
+    "presence_penalty": NUMBER,
+    "frequency_penalty": NUMBER,
+    "repetition_penalty": NUMBER,
+    "min_tokens": COUNT,
+    "ignore_eos": st.one_of(st.booleans(), JUNK),
+    "top_k": COUNT,
+    "min_p": NUMBER,
+    "stop_token_ids": st.one_of(st.lists(TOKEN, max_size=3), JUNK),
+    "response_format": FORMAT,
+}
 MODEL = st.one_of(st.just("run-a"), st.just("qv"), TEXT, JUNK)
 COMPLETION = st.fixed_dictionaries(
-    {"model": MODEL}, optional={"prompt": st.one_of(TEXT, st.lists(TEXT, max_size=2), JUNK), **COMMON}
+    {"model": MODEL},
+    optional={
+        "prompt": st.one_of(TEXT, st.lists(TEXT, max_size=2), st.lists(TOKEN, max_size=4), JUNK),
+        "logprobs": COUNT,
+        "echo": st.one_of(st.booleans(), JUNK),
+        **COMMON,
+    },
 )
 CHAT = st.fixed_dictionaries(
-    {"model": MODEL}, optional={"messages": st.one_of(st.lists(MESSAGE, max_size=3), JUNK), **COMMON}
+    {"model": MODEL},
+    optional={
+        "messages": st.one_of(st.lists(MESSAGE, max_size=3), JUNK),
+        "logprobs": st.one_of(st.booleans(), JUNK),
+        "top_logprobs": COUNT,
+        "tools": st.one_of(st.lists(TOOL, max_size=2), JUNK),
+        "tool_choice": st.one_of(st.sampled_from(["none", "auto", "required"]), JUNK),
+        **COMMON,
+    },
 )
 
 

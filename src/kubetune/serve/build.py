@@ -73,7 +73,7 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     cache = SlotCache(
         config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype, kv_budget(opts.kv_cache_bytes)
     )
-    metrics = ServeMetrics(served.base_name, len(served.adapter_names), served.adapter_names)
+    metrics = ServeMetrics(served.base_name, len(served.adapter_names), served.adapter_names, limits.max_model_len)
     engine = Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, limits, metrics)
     engine.warm_up()
     summary = (
