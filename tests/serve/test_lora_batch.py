@@ -152,17 +152,26 @@ def test_greedy_text_alone_equals_batched_with_base_and_other_adapters(tiny_mode
     assert backwards == alone
 
 
-def test_an_adapter_loaded_while_serving_answers_as_one_declared_at_start(tiny_model_dir, adapter_dirs):
-    """ad1 and ad2 declared at start, against ad1 declared and ad2 loaded later (beside the joint
-    weight, and wrapping o_proj and down_proj, which no declared adapter of that engine targets)."""
-    declared = _engine(tiny_model_dir, adapter_dirs[1:], torch.float32)
-    late = _engine(tiny_model_dir, adapter_dirs[1:2], torch.float32, late=adapter_dirs[2:])
-    for adapter in (BASE, 0, 1):
+@pytest.mark.parametrize(
+    ("declared", "late"),
+    [([1], [2]), ([2], [0, 1])],
+    ids=["new layers wrapped", "beside fused and single joint weights"],
+)
+def test_an_adapter_loaded_while_serving_answers_as_one_declared_at_start(tiny_model_dir, adapter_dirs, declared, late):
+    """The same adapters all declared at start, against some declared and the rest loaded
+    later: beside the joint weights (q/k/v and gate/up members, single layers), or wrapping
+    o_proj and down_proj where no declared adapter targets them."""
+    everything = _engine(tiny_model_dir, [adapter_dirs[i] for i in declared + late], torch.float32)
+    loaded = _engine(
+        tiny_model_dir, [adapter_dirs[i] for i in declared], torch.float32, late=[adapter_dirs[i] for i in late]
+    )
+    count = len(declared) + len(late)
+    for adapter in (BASE, *range(count)):
         for slot, others, prefill in MIXES.values():
-            others = [adapter if o == "self" else o % 2 if o != BASE else BASE for o in others]
-            prefill = [p % 2 if p != BASE else BASE for p in prefill]
-            a = _logits(declared, adapter, slot, others, prefill)
-            b = _logits(late, adapter, slot, others, prefill)
+            others = [adapter if o == "self" else o if o == BASE else o % count for o in others]
+            prefill = [p if p == BASE else p % count for p in prefill]
+            a = _logits(everything, adapter, slot, others, prefill)
+            b = _logits(loaded, adapter, slot, others, prefill)
             assert torch.allclose(a, b, atol=1e-4, rtol=0), f"adapter {adapter}: {(a - b).abs().max():.3g}"
 
 

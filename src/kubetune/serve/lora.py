@@ -93,6 +93,7 @@ class FusedLinear(nn.Module):
         self.batch = batch
         self.in_features = bases[0].in_features
         self.splits = [b.out_features for b in bases]
+        self.out_features = sum(self.splits)
         self.a = torch.cat([lo.a for lo in loras if lo]).to(dtype) if any(loras) else None
         self.owners = tuple(o for lo in loras if lo for o in lo.owners)
         self.owner_ids = torch.tensor(self.owners, dtype=torch.long)
