@@ -64,7 +64,7 @@ from typing import Any
 REPO = Path(__file__).resolve().parents[1]
 PROMPTS = REPO.parent / "shared" / "data" / "medical_flashcards" / "test.jsonl"
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")
-ARMS = ("kubetune", "naive", "vllm")
+ARMS = ("kubetune", "naive", "vllm", "kubetune-json")
 VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
 NOTES = re.compile(
     r"naive_server: |kernels:|dtype=torch|core ids=|reserved_cpus|Reducing Torch threads|KV cache size|threads="
@@ -139,9 +139,12 @@ class Result:
     error: str | None = None
 
 
-async def stream_chat(client: Any, base_url: str, model: str, prompt: str, max_tokens: int) -> Result:
+async def stream_chat(
+    client: Any, base_url: str, model: str, prompt: str, max_tokens: int, extra: dict[str, Any] | None = None
+) -> Result:
     """One streaming chat request; TTFT is taken at the first chunk that carries content."""
     body = {
+        **(extra or {}),
         "model": model,
         "messages": [{"role": "user", "content": prompt}],
         "max_tokens": max_tokens,
@@ -236,6 +239,7 @@ async def run_level(
     max_tokens: int,
     requests_per_client: int | None = None,
     duration: float | None = None,
+    extra: dict[str, Any] | None = None,
 ) -> dict:
     """C closed-loop clients. Each sends a request, waits for its last byte, sends the next:
     `requests_per_client` each, or until `duration` seconds have passed (the requests in flight
@@ -258,7 +262,8 @@ async def run_level(
                 if duration is not None and time.perf_counter() - start >= duration:
                     return
                 k = next(counter)
-                r = await stream_chat(client, base_url, models[k % len(models)], prompts[k % len(prompts)], max_tokens)
+                model, prompt = models[k % len(models)], prompts[k % len(prompts)]
+                r = await stream_chat(client, base_url, model, prompt, max_tokens, extra)
                 results.append(r)
                 done += 1
 
@@ -405,6 +410,7 @@ class ArmSpec:
     dtype_note: str
     adapters: list[str] = field(default_factory=list)
     skip: str | None = None
+    body: dict[str, Any] = field(default_factory=dict)  # added to every request (kubetune-json)
 
 
 def server_env(extra: dict[str, str] | None = None) -> dict[str, str]:
@@ -430,6 +436,23 @@ def kubetune_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str
     )
     skip = None if exe.exists() else f"{exe} is missing (scripts/bootstrap.sh installs it)"
     return ArmSpec("kubetune+lora" if names else "kubetune", argv, server_env(), "/ready", note, names, skip)
+
+
+# kubetune-json: the same server and prompts, every answer constrained to this schema
+# (structured output's cost per token against free text, issue 24's target: within 15%)
+ANSWER_SCHEMA = {
+    "type": "object",
+    "properties": {"answer": {"type": "string"}, "confident": {"type": "boolean"}},
+    "required": ["answer", "confident"],
+    "additionalProperties": False,
+}
+
+
+def kubetune_json_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str) -> ArmSpec:
+    spec = kubetune_arm(args, model_dir, port, dtype)
+    spec.name = "kubetune-json"
+    spec.body = {"response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": ANSWER_SCHEMA}}}
+    return spec
 
 
 def naive_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str) -> ArmSpec:
@@ -509,13 +532,13 @@ def run_arm(
 
         warm = min(args.warmup, max(args.concurrency))
         if warm:
-            asyncio.run(run_level(server.base_url, [base], prompts, warm, args.max_tokens, requests_per_client=1))
+            asyncio.run(run_level(server.base_url, [base], prompts, warm, args.max_tokens, 1, extra=spec.body))
         levels = [] if mix_only else args.concurrency
         record["levels"] = []
         for c in levels:
             server.reset_phase_peak()
             level = asyncio.run(
-                run_level(server.base_url, [base], prompts, c, args.max_tokens, rpc(args, c), args.duration)
+                run_level(server.base_url, [base], prompts, c, args.max_tokens, rpc(args, c), args.duration, spec.body)
             )
             level["peak_rss_bytes"] = server.phase_peak
             record["levels"].append(level)
@@ -582,6 +605,7 @@ def run_interleaved(specs: list[ArmSpec], args: argparse.Namespace, prompts: lis
     not servers; alternating puts both arms in every moment. The CPU the idle servers burn
     meanwhile is recorded too (an idle server must not slow the one under load)."""
     servers: dict[str, Server] = {}
+    specs_by_name = {spec.name: spec for spec in specs}
     record: dict[str, Any] = {"rounds": args.interleave, "levels": {}, "idle_cpu_s": {}}
     try:
         bases: dict[str, str] = {}
@@ -597,7 +621,9 @@ def run_interleaved(specs: list[ArmSpec], args: argparse.Namespace, prompts: lis
             bases[spec.name] = args.served_name if args.served_name in ids else ids[0]
             print(f"[{spec.name}] ready in {time.perf_counter() - server.started:.1f} s", flush=True)
             warm = min(args.warmup, max(args.concurrency))
-            asyncio.run(run_level(server.base_url, [bases[spec.name]], prompts, warm, args.max_tokens, 1))
+            asyncio.run(
+                run_level(server.base_url, [bases[spec.name]], prompts, warm, args.max_tokens, 1, extra=spec.body)
+            )
         names = list(servers)
         for c in args.concurrency:
             per_arm: dict[str, list[dict]] = {n: [] for n in names}
@@ -614,6 +640,7 @@ def run_interleaved(specs: list[ArmSpec], args: argparse.Namespace, prompts: lis
                             args.max_tokens,
                             rpc(args, c),
                             args.duration,
+                            specs_by_name[name].body,
                         )
                     )
                     level["idle_cpu_s_of_others"] = {
@@ -767,7 +794,11 @@ def report(result: dict) -> str:
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawTextHelpFormatter)
-    ap.add_argument("--arms", default=",".join(ARMS), help="comma-separated, run in this order (default: %(default)s)")
+    ap.add_argument(
+        "--arms",
+        default="kubetune,naive,vllm",
+        help="comma-separated, run in this order, of: " + ", ".join(ARMS) + " (default: %(default)s)",
+    )
     ap.add_argument("--run", help="a kubetune LoRA run directory: its adapter is served as a1..a4 (kubetune, vLLM mix)")
     ap.add_argument("--model", help="the HF model directory every arm serves (default: the embedded SmolLM2-135M)")
     ap.add_argument("--kubetune-target", help="TARGET of `kubetune serve` (default: --model's directory)")
@@ -860,7 +891,7 @@ def main(argv: list[str] | None = None) -> dict:
         },
         "arms": {},
     }
-    builders = {"kubetune": kubetune_arm, "naive": naive_arm, "vllm": vllm_arm}
+    builders = {"kubetune": kubetune_arm, "naive": naive_arm, "vllm": vllm_arm, "kubetune-json": kubetune_json_arm}
     if args.interleave:
         specs = [builders[name](args, model_dir, free_port(), dtype) for name in args.arms]
         result["interleaved"] = run_interleaved(specs, args, prompts, log_dir)
