@@ -209,7 +209,7 @@ def serve(
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
     import os
 
-    from kubetune.serve.auth import describe, load_api_keys
+    from kubetune.serve.auth import load_api_keys
     from kubetune.serve.contract import ENGINES, parse_adapter, read_chat_template
 
     adapters = tuple(parse_adapter(a) for a in adapter or [])
@@ -239,7 +239,6 @@ def serve(
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options, with_api_options
 
         vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs)
-        typer.echo(f"kubetune: {describe(api_keys)}", err=True)
         exec_vllm(with_api_options(vllm, names, chat_template, trust_request_chat_template), api_keys)
     import dataclasses
 

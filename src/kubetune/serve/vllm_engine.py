@@ -15,7 +15,7 @@ from pathlib import Path
 
 from kubetune.errors import UserError
 from kubetune.serve import host
-from kubetune.serve.auth import VLLM_API_KEY_ENV
+from kubetune.serve.auth import VLLM_API_KEY_ENV, describe
 from kubetune.serve.contract import Adapter, VllmOptions, vllm_argv, vllm_cpu_kvcache_gib
 
 VLLM_PYTHON_ENV = "KUBETUNE_VLLM_PYTHON"  # a python with vLLM (e.g. .venv-vllm/bin/python), if not this one
@@ -96,6 +96,7 @@ def exec_vllm(opts: VllmOptions, api_keys: tuple[str, ...] = ()) -> None:
             f"{VLLM_PYTHON_ENV}=.venv-vllm/bin/python) or use --engine native"
         )
     argv = vllm_argv(opts)
+    print(f"kubetune: {describe(api_keys)}", file=sys.stderr, flush=True)
     env = dict(os.environ)
     if "VLLM_CPU_KVCACHE_SPACE" not in env:
         env["VLLM_CPU_KVCACHE_SPACE"] = str(vllm_cpu_kvcache_gib(host.memory_limit(), 1 << 30))
