@@ -119,8 +119,10 @@ def metric(values: dict, name: str, **labels: str) -> float:
     return sum(v for (n, ls), v in values.items() if n == name and all((k, val) in ls for k, val in labels.items()))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_server(tiny_runs):
+    """One server for every module that only asks it questions (each start costs seconds);
+    tests that change a server's state (drain, a full queue, flags) start their own."""
     a, b = tiny_runs
     server = ServerProcess([str(a), "--adapter", f"qv={b}", "--dtype", "fp32"])
     yield server

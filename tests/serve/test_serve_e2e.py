@@ -62,6 +62,7 @@ def test_greedy_answers_equal_kubetune_generate(server, real_run, smollm_dir):
     assert _ask(client, "smollm2-135m-instruct", question).strip() == base
 
 
+@pytest.mark.slow  # CI: test_engine's batched mixed-adapter equality and test_lora_batch's greedy text cover it
 def test_sixteen_concurrent_greedy_requests_answer_as_each_alone(server, real_run):
     client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="-", max_retries=0, timeout=600)
     questions = _questions(16)

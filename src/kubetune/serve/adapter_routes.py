@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from kubetune.serve.api import ApiError, ServerState, _served
+from kubetune.serve.api import ApiError, ServerState, served_or_503
 from kubetune.serve.engine_client import AdmissionError
 from kubetune.serve.models import AdapterRequestError, add_runtime_adapter, read_runtime_adapter, retire_adapter
 from kubetune.serve.protocol import STRICT, Text
@@ -58,7 +58,7 @@ def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoraAdapter) -> PlainTextResponse:
-        served = _served(state)
+        served = served_or_503(state)
         try:
             entry, weights = await asyncio.to_thread(read_runtime_adapter, served, body.lora_name, body.lora_path)
         except AdapterRequestError as e:
@@ -69,7 +69,7 @@ def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(body: UnloadLoraAdapter) -> PlainTextResponse:
-        served = _served(state)
+        served = served_or_503(state)
         engine = state.engine
         await _on_engine(state, lambda: retire_adapter(served, body.lora_name, engine.in_flight == 0))
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")

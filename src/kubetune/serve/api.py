@@ -143,16 +143,16 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
-        served = _served(state)
+        served = served_or_503(state)
         return {"object": "list", "data": [_card(state, m) for m in served.models.values()]}
 
     @app.get("/v1/models/{model_id:path}")
     async def model_card(model_id: str) -> dict[str, Any]:
-        return _card(state, _model(_served(state), model_id))
+        return _card(state, _model(served_or_503(state), model_id))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
-        model = _model(_served(state), body.model)
+        model = _model(served_or_503(state), body.model)
         tool_use = _checked(lambda: plan_tools(body.tools, body.tool_choice, body.parallel_tool_calls))
         text = _chat_prompt(state, model, body, tool_use)
         prompt = await _tokenized(state, text, "messages", special=not _templated(state, model, body))
@@ -160,13 +160,13 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/v1/completions")
     async def completions(body: CompletionRequest, request: Request) -> Response:
-        model = _model(_served(state), body.model)
+        model = _model(served_or_503(state), body.model)
         prompts = [await _completion_prompt(state, p) for p in body.prompts()]
         return await _answer(state, request, body, model, prompts, ToolUse())
 
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
-        served = _served(state)
+        served = served_or_503(state)
         model = _model(served, body.model or served.base_name)
         if body.messages is not None:
             as_chat = ChatCompletionRequest(model=model.name, messages=body.messages)
@@ -184,7 +184,7 @@ def create_app(state: ServerState) -> FastAPI:
 
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
-        served = _served(state)
+        served = served_or_503(state)
         _model(served, body.model or served.base_name)
         _check_ids(state, body.tokens, "tokens")
         return {"prompt": served.tokenizer.decode(body.tokens)}
@@ -280,7 +280,7 @@ class _TooLarge(Exception):
     pass
 
 
-def _served(state: ServerState) -> Any:
+def served_or_503(state: ServerState) -> Any:
     if state.failed:
         raise ApiError(503, state.failed)
     if not state.ready:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -127,3 +128,6 @@ class EngineClient(Protocol):
 
     def abort(self, request_id: str, reason: str = "abort") -> None:
         """End a request early: the client went away ("abort") or a stop string matched ("stop")."""
+
+    def call_between_steps(self, fn: Callable[[], Any]) -> Future[Any]:
+        """Run `fn` on the engine's thread between two steps (runtime adapters change the layers)."""
