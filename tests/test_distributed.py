@@ -108,6 +108,7 @@ def test_nproc_per_node_auto_is_one_process_per_core(tmp_path, dist_overrides):
     assert bad.returncode == 2 and "--nproc-per-node two" in text and "Traceback" not in text, text
 
 
+@pytest.mark.slow  # CI: the two-host network-namespace test runs the same PyTorchJob contract
 def test_pytorchjob_contract_one_process_per_pod(tmp_path, dist_overrides):
     """What the Kubeflow training operator injects: MASTER_ADDR/PORT, WORLD_SIZE, RANK."""
     port = str(free_port())
@@ -266,8 +267,8 @@ def assert_same_run(a: Path, b: Path, rel: float = 1e-4) -> None:
 def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, method, extra):
     """DTensor TP over 2 ranks (q/k/v/gate/up by output, o/down by input; LoRA adapters
     follow their base layer) trains exactly like one process: full fine-tune, and LoRA with
-    train.compile (which then compiles the norms only; `slow`: tp2xpp2 covers LoRA under TP
-    in CI)."""
+    train.compile (which then compiles the norms only; `slow`, as is tp2xpp2,
+    which covers LoRA under TP)."""
     one, tp = tmp_path / f"one-{method}", tmp_path / f"tp-{method}"
     common = [*dist_overrides, f"finetune.method={method}", "train.grad_accum=2", "eval.generate=1"]
     finish(kubetune(["train", *common, f"output_dir={one}"]))
@@ -323,7 +324,8 @@ def assert_resumes_like(one: Path, ckpt: Path, run: Path, launch: list, layout: 
     ("layout", "same_as"),
     [
         pytest.param(["parallel.tp=2"], "ddp", marks=pytest.mark.slow),  # tp (full) and tp2xpp2 cover it
-        (["parallel.tp=2", "parallel.pp=2"], "one"),
+        # slow: four processes on CI's two cores; tp (full) and pp (GPipe) each run in CI alone
+        pytest.param(["parallel.tp=2", "parallel.pp=2"], "one", marks=pytest.mark.slow),
         pytest.param(["parallel.fsdp=2", "parallel.tp=2"], "ddp", marks=pytest.mark.slow),
         pytest.param(["parallel.pp=2"], "ddp", marks=pytest.mark.slow),
     ],

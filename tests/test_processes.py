@@ -136,6 +136,7 @@ def _env(cache_dir) -> dict[str, str]:
 
 
 @pytest.mark.multiproc
+@pytest.mark.slow  # CI: the real measurement, the measured choice deciding the split, nproc auto's launch
 def test_kubetune_train_runs_the_processes_it_measured(free_threads, tmp_path):
     out = tmp_path / "run"
     args = [sys.executable, "-m", "kubetune", "train", *free_threads, "eval.generate=0", f"output_dir={out}"]

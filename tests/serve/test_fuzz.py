@@ -93,7 +93,7 @@ CHAT = st.fixed_dictionaries(
 
 
 @settings(
-    max_examples=80, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+    max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(endpoint=st.sampled_from(["completions", "chat/completions"]), completion=COMPLETION, chat=CHAT)
 def test_no_request_gets_a_5xx_or_kills_the_engine(tiny_server, endpoint, completion, chat):
