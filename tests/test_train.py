@@ -147,6 +147,7 @@ def test_fp16_with_loss_scaling_and_bf16_train(tmp_path, tiny_overrides):
         assert s.eval_loss_after < s.eval_loss_before
 
 
+@pytest.mark.slow  # CI: fp16 loss scaling (test_fp16_with_loss_scaling_and_bf16_train) and exact resume (sigkill) apart
 def test_fp16_resume_continues_the_loss_scale(tmp_path, tiny_overrides):
     """The GradScaler's scale and growth tracker are checkpointed: a resumed fp16 run ends
     with the scale of the uninterrupted one (it would restart at init_scale otherwise)."""
