@@ -172,7 +172,6 @@ def test_rescaled_resume_two_one_two(tmp_path, dist_overrides):
     assert steps == list(range(1, 9))
 
 
-@pytest.mark.slow  # in CI, tests/k8s/test_contract.py kills a replica of the rendered job and it resumes
 def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
     run = tmp_path / "restart"
     args = [o for o in dist_overrides if not o.startswith("train.max_steps")] + [

@@ -141,6 +141,7 @@ def _start(procs, cwd):
     ]
 
 
+@pytest.mark.slow  # CI: test_distributed's killed worker resumes, the two-namespace test runs the rendered contract
 def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
     tmp_path, pvc, recipe = pod_world
     metrics_ports = [_free_port(), _free_port()]

@@ -36,7 +36,9 @@ from ..serve.conftest import ServerProcess, tiny_runs  # noqa: F401 (tiny_runs: 
 from .promtest import free_port, run_cli, running_prometheus, scrape_job
 from .test_prometheus import operator_job
 
-pytestmark = pytest.mark.multiproc
+# slow: CI's test_prometheus holds every panel and alert to data in a real Prometheus, and
+# test_telemetry / tests/serve/test_metrics the real processes' series; this is their union
+pytestmark = [pytest.mark.multiproc, pytest.mark.slow]
 JOB, NS = "e2e", "kubetune"
 PNG_DIR = os.environ.get("KUBETUNE_DASHBOARD_PNG_DIR")
 
