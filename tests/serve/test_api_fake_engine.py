@@ -9,8 +9,10 @@ import json
 import subprocess
 import sys
 import threading
+import time
 
 import httpx
+import pytest
 
 from kubetune.data.templates import PromptRenderer
 from kubetune.serve.api import ServerState, create_app
@@ -24,12 +26,14 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</t
 class ScriptedEngine:
     """Answers every request with the tokens of `script`, then EOS (or fails after `fail_after`)."""
 
-    def __init__(self, tokenizer, script: str = ANSWER, fail_after: int | None = None, room: int = 100) -> None:
+    def __init__(
+        self, tokenizer, script: str = ANSWER, fail_after: int | None = None, room: int = 100, only_first: bool = False
+    ) -> None:
         self.limits = Limits(max_num_seqs=4)
         self.eos, self.vocab_size = tokenizer.eos_token_id, len(tokenizer)
         self.error = None
         self.tokens = tokenizer(script, add_special_tokens=False)["input_ids"]
-        self.fail_after, self.room = fail_after, room
+        self.fail_after, self.room, self.only_first = fail_after, room, only_first
         self.submitted: list[Request] = []
         self.aborted: list[tuple[str, str]] = []
 
@@ -51,8 +55,13 @@ class ScriptedEngine:
         self.aborted.append((request_id, reason))
 
     def _answer(self, request: Request) -> None:
+        failing = not self.only_first or request is self.submitted[0]
         for i, token in enumerate(self.tokens[: request.sampling.max_tokens]):
-            if i == self.fail_after:
+            if not failing:
+                time.sleep(0.05)  # the sibling is still running when the first one fails
+                if any(rid == request.id for rid, _ in self.aborted):
+                    return
+            if failing and i == self.fail_after:
                 request.sink(Event(None, "error", "the forward pass failed: boom"))
                 return
             request.sink(Event(token, logprob=-0.5 if request.sampling.logprobs is not None else None))
@@ -112,6 +121,14 @@ def test_an_engine_failure_is_a_json_500_or_an_error_event(tokenizer):
     events = _events(streamed)
     assert "boom" in events[-1]["error"]["message"]
     assert all(c.get("finish_reason") != "error" for e in events for c in e.get("choices", []))
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_when_one_choice_fails_its_siblings_are_aborted(tokenizer, stream):
+    body = {"prompt": "x", "n": 2, "max_tokens": 50, "stream": stream}
+    r, engine = _ask(tokenizer, "/v1/completions", body, fail_after=1, only_first=True)
+    assert (r.status_code == 500) if not stream else ("boom" in _events(r)[-1]["error"]["message"])
+    assert engine.submitted[1].id in [rid for rid, _ in engine.aborted]
 
 
 TOOLS = {"tools": [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]}

@@ -475,15 +475,21 @@ async def _whole(engine: Any, request: Request, answer: Answer, events: Any, tok
         await asyncio.wait({work, gone}, return_when=asyncio.FIRST_COMPLETED)
         if not work.done():
             work.cancel()
-            for choice in answer.choices:
-                engine.abort(choice.request_id)
+            _abort_open(engine, answer)
             raise ApiError(499, "client disconnected")
         try:
             return work.result()
-        except EngineFailure as e:
+        except EngineFailure as e:  # one choice failed: the others are not waited for
+            _abort_open(engine, answer)
             raise ApiError(500, str(e)) from None
     finally:
         gone.cancel()
+
+
+def _abort_open(engine: Any, answer: Answer) -> None:
+    for choice in answer.choices:
+        if not choice.finish:
+            engine.abort(choice.request_id)
 
 
 async def _disconnected(request: Request) -> None:

@@ -218,18 +218,27 @@ def _read_calls(tool_use: ToolUse, text: str) -> tuple[str | None, list[ToolCall
 
 
 # --- transports --------------------------------------------------------------------------------
-async def collect(
-    engine: EngineClient, answer: Answer, events: asyncio.Queue[tuple[int, Event]], tokens: Tokens
-) -> dict[str, Any]:
-    """The whole answer once every choice has ended."""
+async def _until_all_end(
+    answer: Answer, events: asyncio.Queue[tuple[int, Event]]
+) -> AsyncIterator[tuple[Choice, Event]]:
+    """Each event of a choice still open, until every choice has ended (`take` sets `finish`);
+    what the engine still sends for an ended choice (after a stop string) is dropped."""
     open_ = len(answer.choices)
     while open_:
         index, event = await events.get()
         choice = answer.choices[index]
         if choice.finish:
             continue
-        choice.pieces.append(take(engine, choice, event))
+        yield choice, event
         open_ -= choice.finish is not None
+
+
+async def collect(
+    engine: EngineClient, answer: Answer, events: asyncio.Queue[tuple[int, Event]], tokens: Tokens
+) -> dict[str, Any]:
+    """The whole answer once every choice has ended."""
+    async for choice, event in _until_all_end(answer, events):
+        choice.pieces.append(take(engine, choice, event))
     return answer.body([whole_choice(answer, c, tokens) for c in answer.choices], chunk=False, usage=True)
 
 
@@ -247,28 +256,21 @@ async def stream(
             first = _first_chunk(answer, choice)
             if first:
                 yield _line(answer.body([first], chunk=True, usage=False))
-        open_ = len(answer.choices)
-        while open_:
-            index, event = await events.get()
-            choice = answer.choices[index]
-            if choice.finish:
-                continue
+        async for choice, event in _until_all_end(answer, events):
             try:
                 delta = take(engine, choice, event)
             except EngineFailure as e:  # as vLLM streams it: an error object, then the end
-                done = True
-                yield _line(error_body(500, str(e)))
+                yield _line(error_body(500, str(e)))  # (the other choices are aborted below)
                 yield "data: [DONE]\n\n"
                 return
             for chunk in _chunks(answer, choice, delta, tokens):
                 yield _line(answer.body([chunk], chunk=True, usage=False))
-            open_ -= choice.finish is not None
         done = True
         if include_usage:
             yield _line(answer.body([], chunk=True, usage=True))
         yield "data: [DONE]\n\n"
     finally:
-        if not done:  # the client went away (the response was cancelled): free the sequences
+        if not done:  # the client went away, or one choice failed: free the others' sequences
             for choice in answer.choices:
                 if not choice.finish:
                     engine.abort(choice.request_id)
