@@ -158,6 +158,14 @@ def test_tokenize_detokenize_round_trip(server):
     assert bad.status_code == 400 and bad.json()["error"]["param"] == "tokens"
 
 
+@pytest.mark.parametrize("key", ["messages", "tokenize", "tools"])
+def test_template_variables_cannot_replace_the_requests_own_arguments(server, key):
+    body = {"model": "tiny", "messages": USER, "max_tokens": 2, "chat_template_kwargs": {key: True}}
+    r = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=30)
+    assert r.status_code == 400 and r.json()["error"]["param"] == "chat_template_kwargs", r.text
+    assert key in r.json()["error"]["message"]
+
+
 def test_a_request_chat_template_is_used_where_trusted(client, server):
     template = "{% for m in messages %}{{ m['content'] }}{% endfor %}"
     r = client.chat.completions.create(

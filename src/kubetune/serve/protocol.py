@@ -19,6 +19,27 @@ SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 MAX_N = 16  # choices per request (each is one sequence of the running batch)
 MAX_LOGPROBS = 20  # alternatives per token, as vLLM's default --max-logprobs
 TokenIds = list[Annotated[int, Field(ge=0)]]
+# apply_chat_template's own arguments: a template variable of these names would change what the
+# call returns (token ids instead of text, a dict) or clash with the messages and tools it is given
+RESERVED_TEMPLATE_KWARGS = frozenset(
+    {
+        "messages",
+        "conversation",
+        "tools",
+        "documents",
+        "chat_template",
+        "add_generation_prompt",
+        "continue_final_message",
+        "tokenize",
+        "padding",
+        "truncation",
+        "max_length",
+        "return_tensors",
+        "return_dict",
+        "return_assistant_tokens_mask",
+        "tokenizer_kwargs",
+    }
+)
 
 
 class StreamOptions(BaseModel):
@@ -140,6 +161,12 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("top_logprobs: set logprobs to true as well")
         if self.continue_final_message and self.add_generation_prompt:
             raise ValueError("continue_final_message: set add_generation_prompt to false with it")
+        reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
+        if reserved:
+            raise ValueError(
+                f"chat_template_kwargs: {reserved[0]!r} is set by the request itself (messages, tools, "
+                "add_generation_prompt, ...), not by template variables; drop it"
+            )
         return self
 
 
