@@ -16,12 +16,30 @@ import typer
 
 from kubetune.errors import UserError
 
-NAMESPACE_HELP = "Namespace of the job (the recipe's k8s.namespace)."
+NAMESPACE_HELP = "Namespace of the job (default: the kubeconfig context's, as for kubectl; else `default`)."
+SUBMIT_NAMESPACE_HELP = (
+    "Namespace to submit into (default: the recipe's k8s.namespace where it sets one, else the kubeconfig "
+    "context's, as for kubectl)."
+)
+_namespace_opt = typer.Option(None, "-n", "--namespace", help=NAMESPACE_HELP)
 RECIPE_ARGS_HELP = "RECIPE [key=value ...]: a recipe file or builtin name, then overrides (e.g. k8s.replicas=4)."
 
 
 def _note(text: str) -> None:
     typer.echo(f"kubetune: {text}", err=True)
+
+
+def _with_namespace(args: list[str], flag: str | None, serve: bool) -> list[str]:
+    """The recipe arguments of `submit` with k8s.namespace set to the resolved namespace:
+    `render` keeps the recipe's (default `kubetune`), a submit goes where kubectl would."""
+    if not args or "=" in args[0]:
+        return args  # the render that follows says what is missing
+    from kubetune.k8s.client import resolve_namespace
+    from kubetune.k8s.serve import load_source
+
+    recipe = load_source(args[0], args[1:])[0] if serve else _load(args, None, None)
+    chosen = recipe.k8s.namespace if "namespace" in recipe.k8s.model_fields_set else None
+    return [*args, f"k8s.namespace={resolve_namespace(flag, chosen)}"]
 
 
 def _read_token(hf_token_file: Path | None) -> str | None:
@@ -379,6 +397,7 @@ def submit_cmd(
     args: list[str] = typer.Argument(None, help=RECIPE_ARGS_HELP + " With --serve: " + SERVE_ARGS_HELP),
     profile: str | None = _profile_opt,
     api: str | None = _api_opt,
+    namespace: str | None = typer.Option(None, "-n", "--namespace", help=SUBMIT_NAMESPACE_HELP),
     hf_token_file: Path | None = _token_opt,
     with_runtime: bool = _runtime_opt,
     serve: bool = typer.Option(
@@ -441,6 +460,7 @@ def submit_cmd(
     flags["network_policy"] = "--no-network-policy"
     serve_options.update({flags[field]: value for field, value in access.items()})
     token = _read_token(hf_token_file)
+    args = _with_namespace(args or [], namespace, serve)
     if via_operator:
         _submit_finetune(args or [], profile, api, token, with_runtime, serve, serve_options)
         return
@@ -514,12 +534,13 @@ def _submit_finetune(args, profile, api, token, with_runtime, serve: bool, optio
 
 def status_cmd(
     name: str = typer.Argument(..., help="Job name, or the name of serving objects (<job>-serve)."),
-    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+    namespace: str | None = _namespace_opt,
 ):
     """Job conditions, each replica's pod, and training progress (step, loss, tokens/s, ETA); for
     serving objects the Deployment's ready replicas, its autoscaler, its pods and its endpoint."""
     from kubetune.k8s import client, finetune, follow
 
+    namespace = client.resolve_namespace(namespace)
     api = client.connect()
     ft = api.get(finetune.API_VERSION, finetune.KIND, name, namespace)
     if ft is not None:  # run by the operator: its status first, then the job's while there is one
@@ -533,7 +554,7 @@ def status_cmd(
 
 def logs_cmd(
     name: str = typer.Argument(..., help="Job name."),
-    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+    namespace: str | None = _namespace_opt,
     follow_: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines."),
     rank: int = typer.Option(0, "--rank", help="Node rank (0 = master-0 / node 0)."),
     tail: int | None = typer.Option(None, "--tail", help="Only the last N lines."),
@@ -541,40 +562,44 @@ def logs_cmd(
     """Print a replica's log (rank 0 by default)."""
     from kubetune.k8s import client, follow
 
+    namespace = client.resolve_namespace(namespace)
     for line in follow.logs(client.connect(), name, namespace, rank=rank, follow=follow_, tail_lines=tail):
         typer.echo(line)
 
 
 def download_cmd(
     name: str = typer.Argument(..., help="Job name."),
-    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+    namespace: str | None = _namespace_opt,
     output: Path = typer.Option(Path("."), "-o", "--output", help="Local directory to copy into."),
 ):
     """Copy the run's output directory (adapter, checkpoints, metrics) out of the data-access pod."""
     from kubetune.k8s import client, follow
 
+    namespace = client.resolve_namespace(namespace)
     typer.echo(str(follow.download(client.connect(), name, namespace, output)))
 
 
 def delete_cmd(
     name: str = typer.Argument(..., help="Job name, or the name of serving objects (<job>-serve)."),
-    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+    namespace: str | None = _namespace_opt,
     purge: bool = typer.Option(False, "--purge", help="Also the PVC (data, checkpoints!), data pod and quota."),
 ):
     """Delete the job and its pods (the PVC only with --purge), and the serving objects of that name."""
     from kubetune.k8s import client, follow
 
+    namespace = client.resolve_namespace(namespace)
     for line in follow.delete(client.connect(), name, namespace, purge=purge):
         typer.echo(line)
 
 
 def doctor_cmd(
     name: str = typer.Argument(..., help="Job name."),
-    namespace: str = typer.Option("kubetune", "-n", "--namespace", help=NAMESPACE_HELP),
+    namespace: str | None = _namespace_opt,
 ):
     """Explain why the job is Pending, crashing or hanging, with the fix for each finding."""
     from kubetune.k8s import client, doctor
 
+    namespace = client.resolve_namespace(namespace)
     findings = doctor.diagnose(doctor.collect(client.connect(), name, namespace))
     for line in doctor.report(findings):
         typer.echo(line)

@@ -7,20 +7,36 @@ in-memory API server); nothing else in kubetune.k8s imports the kubernetes clien
 layer (the cluster components watch and patch through `kubetune.kube.core_v1_api`).
 
 Configuration comes from `kubetune.kube.load_config` (the loader the cluster components use
-too). Errors talking to the API become `ClusterError` (a UserError: one line, exit 2): no
-configuration, unreachable server, 401/403, missing CRDs. `get` returns None on 404.
+too), and `resolve_namespace` picks the namespace a command works in from the same source,
+in kubectl's order. Errors talking to the API become `ClusterError` (a UserError: one line,
+exit 2): no configuration, unreachable server, 401/403, missing CRDs. `get` returns None on 404.
 """
 
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 from typing import IO
+
+import yaml
 
 from kubetune.kube import ClusterError, load_config
 
-__all__ = ["KINDS", "ClusterError", "Conflict", "Kind", "KubeClient", "NotFound", "connect", "kind_of", "load_config"]
+__all__ = [
+    "KINDS",
+    "ClusterError",
+    "Conflict",
+    "Kind",
+    "KubeClient",
+    "NotFound",
+    "connect",
+    "kind_of",
+    "load_config",
+    "resolve_namespace",
+]
 
 
 class NotFound(ClusterError):
@@ -104,6 +120,43 @@ def _path(kind: Kind, namespace: str | None, name: str | None = None) -> str:
         path += f"/namespaces/{namespace}"
     path += f"/{kind.plural}"
     return f"{path}/{name}" if name else path
+
+
+# Where a pod's service account token is mounted, beside the namespace the pod runs in.
+SERVICE_ACCOUNT_NAMESPACE = Path("/var/run/secrets/kubernetes.io/serviceaccount/namespace")
+
+
+def resolve_namespace(flag: str | None, recipe_namespace: str | None = None) -> str:
+    """kubectl's order: -n, else the recipe's k8s.namespace when the recipe sets it, else the
+    namespace of the configuration `load_config` connects with (the kubeconfig's current
+    context, or in a pod its service account's), else `default`."""
+    if flag:
+        return flag
+    if recipe_namespace:
+        return recipe_namespace
+    if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
+        return _service_account_namespace()
+    return _context_namespace()
+
+
+def _context_namespace() -> str:
+    from kubernetes import config
+
+    path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")  # `a:b` merges, as kubectl does
+    try:
+        _, current = config.list_kube_config_contexts(config_file=path)
+    except (config.ConfigException, OSError):
+        return "default"  # no kubeconfig: connecting fails next, with the error that says what to set
+    except yaml.YAMLError as e:
+        raise ClusterError(f"the kubeconfig {path} is not valid YAML: {' '.join(str(e).split())}") from None
+    return ((current or {}).get("context") or {}).get("namespace") or "default"
+
+
+def _service_account_namespace() -> str:
+    try:
+        return SERVICE_ACCOUNT_NAMESPACE.read_text().strip() or "default"
+    except OSError:
+        return "default"
 
 
 def connect() -> KubeClient:
