@@ -52,9 +52,16 @@ def train(
 
     reexec_with_jemalloc()  # before torch allocates anything (kubetune.allocator says why)
     recipe, overrides = _split_recipe_args(args or [])
-    from kubetune.training.launch import die_with_agent, launch_torchrun, needs_agent, precheck
+    from kubetune.training.launch import (
+        die_with_agent,
+        launch_torchrun,
+        needs_agent,
+        precheck,
+        refuse_missing_chat_template,
+    )
 
     die_with_agent()  # a torchrun worker: gone with its agent, never training on alone
+    refuse_missing_chat_template(recipe, overrides)
     nproc, overrides = _local_processes(nproc_per_node, nnodes, recipe, overrides)
     if nproc or nnodes:
         world = (nproc or 1) * int(nnodes or 1) if nnodes is None or str(nnodes).isdigit() else None

@@ -25,6 +25,7 @@ from kubetune.k8s import jobs, objects
 from kubetune.k8s.names import DATA_DIR, Names
 from kubetune.kube import KubeObject
 from kubetune.monitor.objects import metrics_port, training_pod_monitor
+from kubetune.recipe.chat_template import chat_template_problem
 from kubetune.recipe.comm import comm_warnings
 from kubetune.recipe.k8s import resource_problems
 from kubetune.recipe.layout import check_model, check_recipe, layout_for, model_shape
@@ -155,6 +156,8 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     """All manifests for `recipe` (k8s.profile / k8s.api already applied), in apply order."""
     k8s = recipe.k8s
     problems = resource_problems(k8s) + layout_problems(recipe)
+    if template_problem := chat_template_problem(recipe):
+        problems.append(template_problem)
     if problems:
         raise RecipeError("; ".join(problems))
     names = Names.for_job(job_name(recipe), k8s.namespace, k8s.storage.existing_claim)

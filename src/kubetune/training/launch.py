@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import sys
 
+from kubetune.errors import RecipeError
+
 
 def needs_agent(env: dict[str, str] | None = None) -> bool:
     """True when this process should start torchrun instead of training itself.
@@ -96,6 +98,28 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
         cpus_per_process=max(1, (os.cpu_count() or 1) // nproc_per_node),
         processes_per_host=nproc_per_node,
     )
+
+
+def refuse_missing_chat_template(recipe: str | None, overrides: list[str], env: dict[str, str] | None = None) -> None:
+    """`data.template: chat` on a tokenizer without a chat template, refused before anything
+    waits on anything: the pods' rendezvous, the model's load. What render could not tell
+    offline (an unlisted hub id, a GGUF file) costs one tokenizer load here; the workers of
+    a torchrun agent skip it, their agent has checked."""
+    from kubetune.recipe import load_recipe
+    from kubetune.recipe.chat_template import chat_template_problem, known_chat_template
+
+    env = dict(os.environ if env is None else env)
+    r = load_recipe(recipe, overrides).recipe
+    if "TORCHELASTIC_RUN_ID" in env or r.data.template != "chat":
+        return
+    has_template = known_chat_template(r.model.name_or_path)
+    if has_template is None:
+        from kubetune.models.load import load_tokenizer, resolve_model
+
+        tokenizer = load_tokenizer(resolve_model(r.model.name_or_path), r.model.revision, r.model.trust_remote_code)
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+    if problem := chat_template_problem(r, has_template):
+        raise RecipeError(problem)
 
 
 def _accelerator_kind() -> str:
