@@ -89,7 +89,8 @@ class DataSection(Section):
     columns: ColumnsSection = Field(default_factory=ColumnsSection, description="Column mapping.")
     template: str = Field(
         "chat",
-        description="chat (the tokenizer's own chat template) | alpaca | llama2 | a custom string with "
+        description="chat (the tokenizer's own chat template; refused for a base model, which has none) "
+        "| alpaca | llama2 | a custom string with "
         "{instruction}, {input} or both (write literal braces as {{ }}). Both: each is its column. "
         "Only {input}: the row's input, or its instruction where the row has no input. "
         "Only {instruction}: the instruction, then the row's input (if any) after a blank line. "
