@@ -152,12 +152,19 @@ def layout_warnings(recipe: Recipe) -> list[str]:
     return []
 
 
+def recipe_problems(recipe: Recipe) -> list[str]:
+    """What can be told from the recipe alone never to run (resources, layout, chat template):
+    `render` and the operator refuse the same, one line each."""
+    problems = resource_problems(recipe.k8s) + layout_problems(recipe)
+    if template_problem := chat_template_problem(recipe):
+        problems.append(template_problem)
+    return problems
+
+
 def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = False) -> Rendered:
     """All manifests for `recipe` (k8s.profile / k8s.api already applied), in apply order."""
     k8s = recipe.k8s
-    problems = resource_problems(k8s) + layout_problems(recipe)
-    if template_problem := chat_template_problem(recipe):
-        problems.append(template_problem)
+    problems = recipe_problems(recipe)
     if problems:
         raise RecipeError("; ".join(problems))
     names = Names.for_job(job_name(recipe), k8s.namespace, k8s.storage.existing_claim)

@@ -21,11 +21,10 @@ import yaml
 from kubetune.errors import RecipeError
 from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
 from kubetune.k8s.progress import Progress, format_eta
-from kubetune.k8s.render import cluster_recipe, layout_problems
+from kubetune.k8s.render import cluster_recipe, recipe_problems
 from kubetune.k8s.serve import ServeSettings
 from kubetune.kube import KubeObject
 from kubetune.operator.crd import API_VERSION, KIND
-from kubetune.recipe.k8s import resource_problems
 from kubetune.recipe.loader import _flatten, recipe_from_data
 from kubetune.recipe.schema import Recipe
 from kubetune.rundir import NEUTRAL, RunDir
@@ -144,7 +143,7 @@ def load_recipe_for(name: str, namespace: str, data: dict[str, Any], spec: FineT
         recipe = recipe_from_data(data).recipe
     except RecipeError as e:
         raise RecipeError(*problems, *e.problems) from None
-    problems += resource_problems(recipe.k8s) + layout_problems(recipe)
+    problems += recipe_problems(recipe)
     if spec.serve.enabled:
         # the settings speak in render-serve's flags (--max-replicas): say spec.serve's words
         problems += [f"spec.serve: {p.replace('--', '')}" for p in spec.serve.settings().problems()]
