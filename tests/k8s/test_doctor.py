@@ -212,7 +212,7 @@ def test_crash_loop_quotes_the_last_log_lines():
         )
     )
     assert "after 5 restarts" in f.problem and "KeyError: 'text'" in f.problem
-    assert "kubetune k8s logs run --rank N" in f.fix
+    assert "kubetune k8s logs run -n kubetune --rank N" in f.fix
 
 
 def test_create_container_config_error():
@@ -331,7 +331,8 @@ def test_healthy():
     (f,) = findings(
         pods=[pod()], logs={"run-master-0": ["kubetune: step 1/10 loss 1.0 lr 1e-4 tokens 1 tok/s 1 eta 9s"]}
     )
-    assert (f.severity, f.problem) == ("info", "no problems found")
+    assert (f.severity, f.problem) == ("info", f"no problems found in namespace {NS}")
+    assert f.fix == f"`kubetune k8s status {JOB} -n {NS}`"
 
 
 def test_report_format():

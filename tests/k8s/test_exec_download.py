@@ -113,7 +113,7 @@ def api(tmp_path, monkeypatch):
 
 
 def test_download_streams_binary_files_through_exec(cli, api, tmp_path):
-    result = cli("k8s", "download", JOB, "-o", str(tmp_path / "out"))
+    result = cli("k8s", "download", JOB, "-n", NS, "-o", str(tmp_path / "out"))
     assert result.code == 0, result.err
     assert result.out.strip() == str(tmp_path / "out" / JOB)
     assert (tmp_path / "out" / JOB / "adapter" / "adapter_model.safetensors").read_bytes() == WEIGHTS

@@ -211,7 +211,7 @@ _COLLECTIVE = re.compile(
 )
 
 
-def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str) -> list[Finding]:
+def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str, namespace: str) -> list[Finding]:
     name = pod["metadata"]["name"]
     out = []
     for cs in _get(pod, "status.containerStatuses", []) or []:
@@ -235,7 +235,8 @@ def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str) -> 
                     "error",
                     f"pod {name}",
                     f"CreateContainerConfigError: {(state.get('waiting') or {}).get('message', '')}",
-                    "a ConfigMap or Secret it mounts is missing: run `kubetune k8s submit` again",
+                    f"a ConfigMap or Secret it mounts is missing: run `kubetune k8s submit RECIPE -n {namespace}` "
+                    "again",
                 )
             )
         oom = any(t.get("reason") == "OOMKilled" for t in terminated)
@@ -258,7 +259,7 @@ def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str) -> 
                     "error",
                     f"pod {name}",
                     f"CrashLoopBackOff after {cs.get('restartCount', 0)} restarts; last log: {tail}",
-                    f"read `kubetune k8s logs {job} --rank N`; fix the cause, then submit "
+                    f"read `kubetune k8s logs {job} -n {namespace} --rank N`; fix the cause, then submit "
                     "again (it resumes from the last checkpoint)",
                 )
             )
@@ -311,10 +312,11 @@ def _oneccl_findings(snap: Snapshot) -> list[Finding]:
     ]
 
 
-_QUOTA_FIX = (
-    "wait for the jobs holding it to finish (`kubetune k8s status NAME`), make this one smaller (k8s.replicas, "
-    "k8s.resources.*), or raise the quota (`kubectl edit resourcequota NAME -n NAMESPACE`)"
-)
+def _quota_fix(namespace: str) -> str:
+    return (
+        f"wait for the jobs holding it to finish (`kubetune k8s status NAME -n {namespace}`), make this one smaller "
+        f"(k8s.replicas, k8s.resources.*), or raise the quota (`kubectl edit resourcequota NAME -n {namespace}`)"
+    )
 
 
 def _quota_findings(snap: Snapshot) -> list[Finding]:
@@ -328,7 +330,7 @@ def _quota_findings(snap: Snapshot) -> list[Finding]:
     need = quota.missing(quota.job_usage(job), snap.pods)
     if need:
         lines = quota.shortfalls(snap.quotas, snap.namespace_pods, need, snap.name, ours=True)
-        return [Finding("error", f"{job['kind']} {snap.name}", line, _QUOTA_FIX) for line in lines]
+        return [Finding("error", f"{job['kind']} {snap.name}", line, _quota_fix(snap.namespace)) for line in lines]
     return []
 
 
@@ -341,7 +343,8 @@ def _exceeded_quota_events(snap: Snapshot) -> list[Finding]:
     ]
     if not found:
         return []
-    return [Finding("error", f"job {snap.name}", f"pods cannot be created: {found[-1].strip()[:300]}", _QUOTA_FIX)]
+    problem = f"pods cannot be created: {found[-1].strip()[:300]}"
+    return [Finding("error", f"job {snap.name}", problem, _quota_fix(snap.namespace))]
 
 
 # ----------------------------------------------------------------------------- job level
@@ -360,7 +363,8 @@ def _job_findings(snap: Snapshot) -> list[Finding]:
                 "error",
                 f"job {snap.name}",
                 f"no PyTorchJob or TrainJob {snap.name} in {snap.namespace}",
-                "check the name and namespace (-n), or `kubetune k8s submit` it",
+                "find its namespace with `kubectl get pytorchjobs,trainjobs -A` and pass it with -n, or "
+                f"`kubetune k8s submit RECIPE -n {snap.namespace}` it",
             )
         ]
     out = []
@@ -372,8 +376,8 @@ def _job_findings(snap: Snapshot) -> list[Finding]:
                 "error",
                 f"{job['kind']} {snap.name}",
                 f"Failed: {failed[-1].get('reason', '')} {failed[-1].get('message', '')}".strip(),
-                "see the pod findings; after fixing, `kubetune k8s delete NAME` and submit again "
-                "(checkpoints on the PVC are kept)".replace("NAME", snap.name),
+                f"see the pod findings; after fixing, `kubetune k8s delete {snap.name} -n {snap.namespace}` and "
+                "submit again (checkpoints on the PVC are kept)",
             )
         )
     suspended = _get(job, "spec.suspend", False) is True or _get(job, "spec.runPolicy.suspend", False) is True
@@ -417,15 +421,14 @@ def diagnose(snap: Snapshot) -> list[Finding]:
         if _get(pod, "status.phase", "") == "Pending":
             for event in by_pod.get(name, [])[-1:]:  # the newest scheduling verdict
                 findings += _scheduling_findings(name, event.get("message", ""), snap.recipe)
-        findings += _container_findings(pod, snap.recipe, snap.logs.get(name, []), snap.name)
+        findings += _container_findings(pod, snap.recipe, snap.logs.get(name, []), snap.name, snap.namespace)
         findings += _log_findings(name, snap.logs.get(name, []), snap.recipe)
     findings += _storage_findings(snap, snap.events)
     findings += _oneccl_findings(snap)
     findings += _quota_findings(snap) or _exceeded_quota_events(snap)
     if not findings:
-        findings.append(
-            Finding("info", f"job {snap.name}", "no problems found", "`kubetune k8s status " + snap.name + "`")
-        )
+        status = f"`kubetune k8s status {snap.name} -n {snap.namespace}`"
+        findings.append(Finding("info", f"job {snap.name}", f"no problems found in namespace {snap.namespace}", status))
     return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])
 
 

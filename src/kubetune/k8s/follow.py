@@ -89,7 +89,7 @@ def submit(client: KubeClient, rendered: Rendered) -> list[str]:
         elif action == "kept":
             note = (
                 f" (a {obj['kind']} cannot change in place; "
-                f"`kubetune k8s delete {rendered.names.job} --purge` recreates it)"
+                f"`kubetune k8s delete {rendered.names.job} -n {rendered.names.namespace} --purge` recreates it)"
             )
         lines.append(f"{action} {where}{note}")
     job = rendered.job
@@ -99,7 +99,8 @@ def submit(client: KubeClient, rendered: Rendered) -> list[str]:
     if state in FINISHED:
         lines.append(
             f"note: {job['kind']} {rendered.names.job} already finished ({state}); "
-            f"`kubetune k8s delete {rendered.names.job}` and submit again to rerun (the PVC and its checkpoints stay)"
+            f"`kubetune k8s delete {rendered.names.job} -n {rendered.names.namespace}` and submit again to rerun "
+            "(the PVC and its checkpoints stay)"
         )
     return lines
 
@@ -128,9 +129,9 @@ def check_quotas(client: KubeClient, rendered: Rendered) -> list[str]:
     if short:
         raise UserError(
             *short,
-            "nothing was submitted: wait for those jobs to finish (`kubetune k8s status NAME`), make this one "
-            "smaller (k8s.replicas, k8s.resources.*), or raise the quota (k8s.namespace_quota.* when creating it, "
-            "`kubectl edit resourcequota` once it exists)",
+            f"nothing was submitted: wait for those jobs to finish (`kubetune k8s status NAME -n {ns}`), make this "
+            "one smaller (k8s.replicas, k8s.resources.*), or raise the quota (k8s.namespace_quota.* when creating "
+            f"it, `kubectl edit resourcequota NAME -n {ns}` once it exists)",
         )
     return []
 
@@ -312,7 +313,7 @@ def _job_status(client: KubeClient, name: str, namespace: str) -> Status:
             f"{_restarts(pod):<8} {_pod_detail(pod)}".rstrip()
         )
     if not pods:
-        st.lines.append("(no training pods yet: `kubetune k8s doctor " + name + "` explains why)")
+        st.lines.append(f"(no training pods yet: `kubetune k8s doctor {name} -n {namespace}` explains why)")
     st.lines.append("progress: " + (progress.describe(st.progress) if st.progress else "no progress reported yet"))
     return st
 
@@ -411,7 +412,9 @@ def logs(
     job = find_job(client, name, namespace)
     pods = [p for p in trainer_pods(client, name, namespace, job) if pod_rank(p, has_master(job)) == rank]
     if not pods:
-        raise UserError(f"no pod of rank {rank} for {name} in {namespace} (see `kubetune k8s status {name}`)")
+        raise UserError(
+            f"no pod of rank {rank} for {name} in {namespace} (see `kubetune k8s status {name} -n {namespace}`)"
+        )
     return client.pod_log(
         pods[0]["metadata"]["name"], namespace, CONTAINER[job_api(job)], tail_lines=tail_lines, follow=follow
     )
@@ -428,7 +431,7 @@ def download(client: KubeClient, name: str, namespace: str, out_dir: Path) -> Pa
     if phase != "Running":
         raise UserError(
             f"the data-access pod {namespace}/{names.data_pod} is {phase or 'missing'}: "
-            f"`kubetune k8s submit` (re)creates it"
+            f"`kubetune k8s submit RECIPE -n {namespace}` (re)creates it"
         )
     remote = PurePosixPath(run_output_dir(client, name, namespace))
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -488,8 +491,8 @@ def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -
     lines += job_lines
     if not purge and job_lines and client.get("v1", "Pod", names.data_pod, namespace) is not None:
         lines.append(
-            f"kept the PVC and data-access pod {names.data_pod} (download with `kubetune k8s download {name}`; "
-            f"remove with --purge)"
+            f"kept the PVC and data-access pod {names.data_pod} (download with "
+            f"`kubetune k8s download {name} -n {namespace}`; remove with --purge)"
         )
     return lines or [f"nothing named {name} in namespace {namespace}"]
 
