@@ -20,7 +20,7 @@ from kubetune.models.dropout import use_fast_dropout
 from kubetune.models.lm_loss import target_cross_entropy
 from kubetune.models.load import DTYPES, load_causal_lm, load_causal_lm_stage
 from kubetune.models.stages import Stage, decoder_layers
-from kubetune.recipe.schema import Recipe
+from kubetune.recipe.schema import RECOMPUTES, Recipe
 
 
 @dataclass(frozen=True)
@@ -122,7 +122,7 @@ def prepare_for_training(lm: Any, recipe: Recipe, device_type: str = "cpu") -> A
         model = lm
         for p in model.parameters():
             p.requires_grad_(True)  # tied embeddings stay tied: the trainable copy is the same tensor
-    if recipe.train.gradient_checkpointing == "on":
+    if recipe.train.gradient_checkpointing in RECOMPUTES:
         model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     if recipe.train.compile is True:  # `auto` is decided during training (kubetune.training.auto_compile)
         compile_regions(lm, mlp=compiles_mlp(recipe), backend=COMPILE_BACKENDS.get(device_type, "inductor"))

@@ -143,7 +143,10 @@ class DataSection(Section):
         return v
 
 
-OnOff = Literal["off", "on", "offload"]
+OnOff = Literal["off", "on", "offload", "on_offload"]
+# What each train.gradient_checkpointing value does: recompute layers in backward, keep saved tensors in CPU memory.
+RECOMPUTES: tuple[str, ...] = ("on", "on_offload")
+OFFLOADS: tuple[str, ...] = ("offload", "on_offload")
 
 
 class LossScaleSection(Section):
@@ -196,7 +199,10 @@ class TrainSection(Section):
         default_factory=LossScaleSection, description="fp16 loss scaling (torch's GradScaler, plus a cap)."
     )
     gradient_checkpointing: OnOff = Field(
-        "off", description="off | on (recompute activations) | offload (save activations to CPU memory)."
+        "off",
+        description="off | on (recompute each layer in backward) | offload (keep saved activations in CPU memory) | "
+        "on_offload (both: each layer recomputed, the inputs it saves kept in CPU memory; seed 000's "
+        "checkpoint_wrapper(offload_to_cpu=True)).",
     )
     compile: bool | Literal["auto"] = Field(
         "auto",

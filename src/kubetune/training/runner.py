@@ -37,7 +37,14 @@ class StepRunner(Protocol):
 
 
 def activation_offload(enabled: bool, device: torch.device) -> contextlib.AbstractContextManager[Any]:
-    """`train.gradient_checkpointing=offload`: saved activations wait in CPU memory."""
+    """`train.gradient_checkpointing=offload | on_offload`: saved tensors wait in CPU memory.
+
+    With `on_offload` the layers are also checkpointed (torch's non-reentrant checkpoint): a
+    checkpointed layer saves only its inputs, and it saves them through autograd's
+    saved-tensor hooks before its own hook takes over, so these hooks move exactly those
+    boundary tensors to CPU, and the layer is recomputed from them in backward. That is
+    FairScale's `checkpoint_wrapper(offload_to_cpu=True)`, which seed 000 uses.
+    """
     if not enabled:
         return contextlib.nullcontext()
     return torch.autograd.graph.save_on_cpu(pin_memory=device.type == "cuda")

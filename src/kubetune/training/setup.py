@@ -33,6 +33,7 @@ from kubetune.models.load import DTYPES, load_config, load_tokenizer, resolve_mo
 from kubetune.models.stages import Stage
 from kubetune.recipe import Recipe
 from kubetune.recipe.layout import Layout, check_model
+from kubetune.recipe.schema import OFFLOADS
 from kubetune.rundir import RunDir
 from kubetune.training import checkpoint as ckpt
 from kubetune.training.auto_compile import AutoCompile
@@ -95,7 +96,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         env.device,
         autocast,
         optim.scaler,
-        offload=recipe.train.gradient_checkpointing == "offload",
+        offload=recipe.train.gradient_checkpointing in OFFLOADS,
     )
     trainable = sum(p.numel() for p in optim.params)
     telemetry = start_telemetry(metrics, recipe, env, config, trainable, total_steps, wrapped)
@@ -154,7 +155,7 @@ def pipeline_runner(
         autocast,
         DTYPES[recipe.base_dtype_name()],
         recipe.parallel.pp_schedule,
-        offload=recipe.train.gradient_checkpointing == "offload",
+        offload=recipe.train.gradient_checkpointing in OFFLOADS,
     )
 
 
