@@ -61,7 +61,10 @@ def test_profile_defaults_fill_only_null_fields():
         ),
         (["k8s.profile=gaudi", "k8s.resources.hugepages_2mi=3Mi"], "not a multiple of 2Mi"),
         (["k8s.profile=gaudi", "k8s.nproc_per_node=9"], "exceeds the 8 accelerators per pod"),
-        (["k8s.elastic.enabled=true", "k8s.api=trainjob"], "elastic is a PyTorchJob feature"),
+        (
+            ["k8s.elastic.enabled=true", "k8s.elastic.max_replicas=4", "k8s.api=trainjob"],
+            "min_replicas..max_replicas (2..4) is a PyTorchJob feature",
+        ),
         (["k8s.priority_value=10"], "k8s.priority_value needs k8s.priority_class"),
         # a value from profile_resources is named by its own key
         (["k8s.profile_resources.cpu.cpu=0"], "k8s.profile_resources.cpu.cpu must be more than 0"),
@@ -77,6 +80,8 @@ def test_possible_resources_have_no_problems():
     for profile in ("cpu", "gaudi", "nvidia"):
         assert section.resource_problems(k8s(f"k8s.profile={profile}")) == []
     assert section.resource_problems(k8s("k8s.resources.cpu=200", "k8s.resources.memory=226Gi", "k8s.replicas=4")) == []
+    # Workers only, a fixed number of them: what a TrainJob's nodes are anyway (seed 002's recipe renders both)
+    assert section.resource_problems(k8s("k8s.elastic.enabled=true", "k8s.replicas=4", "k8s.api=trainjob")) == []
 
 
 def test_profile_resources_fill_what_resources_leave_null_for_that_profile_only():

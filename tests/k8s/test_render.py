@@ -51,10 +51,15 @@ def pod_specs(objects):
     return specs
 
 
+def first_pod_spec(job):
+    """The pod spec of a PyTorchJob's first replica type: Master, or Worker in an elastic job (seed 002's)."""
+    return next(iter(job["spec"]["pytorchReplicaSpecs"].values()))["template"]["spec"]
+
+
 def worker_container(objects):
     job = objects[-1]
     if job["kind"] == "PyTorchJob":
-        return job["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]["containers"][0]
+        return first_pod_spec(job)["containers"][0]
     trainer = job["spec"]["trainer"]
     return {
         "name": "node",
@@ -225,7 +230,7 @@ def test_cpu_profile_threads_affinity_and_memory_headroom():
     assert env["OMP_NUM_THREADS"] == "200"  # one process per pod: all of the CPU limit
     assert env["OMP_PROC_BIND"] == "close" and env["OMP_PLACES"] == "cores"
     assert int(env["KUBETUNE_MEMORY_BUDGET"]) == int(226 * 2**30 * 0.95)
-    spec = objects[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    spec = first_pod_spec(objects[-1])
     term = spec["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"][0]
     assert term["matchExpressions"] == [
         {"key": "feature.node.kubernetes.io/cpu-cpuid.AMXBF16", "operator": "In", "values": ["true"]}
@@ -237,12 +242,12 @@ def test_cpu_profile_threads_affinity_and_memory_headroom():
     )
     assert two["OMP_NUM_THREADS"] == "8" and two["OMP_PROC_BIND"] == "false"  # no binding with 2 processes
     no_amx = rendered("cpu", "pytorchjob", "k8s.amx_label=null").objects
-    assert "affinity" not in no_amx[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    assert "affinity" not in first_pod_spec(no_amx[-1])
 
 
 def test_gaudi_profile():
     objects = rendered("gaudi", "pytorchjob", "comm.hccl.over_ofi=true").objects
-    spec = objects[-1]["spec"]["pytorchReplicaSpecs"]["Master"]["template"]["spec"]
+    spec = first_pod_spec(objects[-1])
     container = spec["containers"][0]
     assert container["resources"]["limits"]["habana.ai/gaudi"] == "8"
     assert container["resources"]["limits"]["hugepages-2Mi"] == "95000Mi"
@@ -278,7 +283,7 @@ def test_nvidia_profile():
 
 
 def test_pytorchjob_master_workers_and_elastic():
-    job = rendered("cpu", "pytorchjob", "k8s.replicas=4").objects[-1]
+    job = rendered("cpu", "pytorchjob", "k8s.replicas=4", "k8s.elastic.enabled=false").objects[-1]
     specs = job["spec"]["pytorchReplicaSpecs"]
     assert (specs["Master"]["replicas"], specs["Worker"]["replicas"]) == (1, 3)
     assert specs["Master"]["restartPolicy"] == "OnFailure"
@@ -286,7 +291,7 @@ def test_pytorchjob_master_workers_and_elastic():
         {"containerPort": 23456, "name": "pytorchjob-port"},
         {"containerPort": 9450, "name": "metrics"},  # monitor.in_cluster (tests/monitor/test_objects.py)
     ]
-    single = rendered("cpu", "pytorchjob", "k8s.replicas=1").objects[-1]
+    single = rendered("cpu", "pytorchjob", "k8s.replicas=1", "k8s.elastic.enabled=false").objects[-1]
     assert list(single["spec"]["pytorchReplicaSpecs"]) == ["Master"]
     elastic = rendered(
         "cpu",

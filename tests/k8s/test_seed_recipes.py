@@ -41,8 +41,12 @@ def test_seed_002_renders_four_workers_of_200_cpus_and_its_hyperparameters(cli):
     result = cli("k8s", "render", SEED_002, "--profile", "cpu", "--check")
     assert result.code == 0, result.err
     docs = docs_of(result.out)
-    pods = replica_pods(docs[-1])
-    assert sum(n for n, _ in pods) == 4
+    job = docs[-1]
+    # the seed's layout: 4 Workers, no Master, a c10d rendezvous (at <job>-worker-0) for exactly 4
+    assert {kind: rs["replicas"] for kind, rs in job["spec"]["pytorchReplicaSpecs"].items()} == {"Worker": 4}
+    policy = job["spec"]["elasticPolicy"]
+    assert (policy["minReplicas"], policy["maxReplicas"], policy["rdzvBackend"]) == (4, 4, "c10d")
+    pods = replica_pods(job)
     for _, container in pods:
         res = container["resources"]
         assert res["limits"] == res["requests"] == {"cpu": "200", "memory": "226Gi"}  # Guaranteed QoS

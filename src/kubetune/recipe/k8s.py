@@ -323,8 +323,11 @@ def resource_problems(k8s: K8sSection) -> list[str]:
             problems.append(
                 f"k8s.replicas={k8s.replicas} must lie within elastic min_replicas..max_replicas ({lo}..{hi})"
             )
-        if k8s.api == "trainjob":
-            problems.append("k8s.elastic is a PyTorchJob feature; use --api pytorchjob or k8s.elastic.enabled=false")
+        if k8s.api == "trainjob" and lo != hi:  # min = max: a TrainJob's own layout (nodes only, fixed size)
+            problems.append(
+                f"k8s.elastic min_replicas..max_replicas ({lo}..{hi}) is a PyTorchJob feature (a TrainJob runs "
+                "k8s.replicas nodes); use --api pytorchjob, or leave k8s.elastic.min_replicas/max_replicas unset"
+            )
     if k8s.storage.access_mode == "ReadWriteOnce" and k8s.replicas > 1:
         problems.append(
             "k8s.storage.access_mode=ReadWriteOnce cannot be shared by several worker pods; use ReadWriteMany"
