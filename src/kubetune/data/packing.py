@@ -6,6 +6,11 @@ parallel rank r takes rows r, r+dp, r+2dp, ... (all ranks get the same count), a
 them into micro-batches. A position in the data is therefore just (epoch, first unread
 row): that is all a checkpoint needs to resume mid-epoch exactly, with any world size
 (the position is counted in rows consumed by all ranks together).
+
+On Gaudi, batches are padded to a few static shapes (`shape_buckets`): HPU graphs are
+compiled per input shape, and rows whose length follows their samples would compile a
+new graph almost every step. Padding is its own segment with ignored targets, so the loss
+is unchanged. CPU and CUDA keep the rows' own lengths (a CPU trains fastest unpadded).
 """
 
 from __future__ import annotations
@@ -21,6 +26,28 @@ from kubetune.data.tokenize import TokenizedData
 
 IGNORE = -100
 OPEN_ROWS = 8  # rows kept open while packing: more = fuller rows, same determinism
+BUCKET_FLOOR = 128  # the shortest bucket: shorter rows cost little more padded to it
+
+
+def shape_buckets(max_seq_len: int) -> tuple[int, ...]:
+    """The row lengths an HPU batch is padded to: powers of two from 128, and max_seq_len.
+
+    Packed rows are nearly always close to max_seq_len (they pad to it at no cost); the short
+    ones (an epoch's last rows, eval, data.packing=false) waste at most half their bucket,
+    while the shapes, and so the compiled graphs, stay at log2(max_seq_len / 128) + 2 at most
+    (6 for 4096).
+    """
+    buckets = []
+    n = min(BUCKET_FLOOR, max_seq_len)
+    while n < max_seq_len:
+        buckets.append(n)
+        n *= 2
+    return (*buckets, max_seq_len)
+
+
+def static_shapes(device_type: str, max_seq_len: int) -> tuple[int, ...]:
+    """The buckets for a device whose graphs compile per input shape (HPU); () elsewhere."""
+    return shape_buckets(max_seq_len) if device_type == "hpu" else ()
 
 
 def pack_rows(
@@ -74,6 +101,7 @@ class Batcher:
         dp_size: int = 1,
         shuffle: bool = True,
         every_row: bool = False,
+        buckets: tuple[int, ...] = (),
     ):
         self.data = data
         self.max_seq_len = max_seq_len
@@ -88,6 +116,9 @@ class Batcher:
         # collectives need the same micro-batches everywhere). Evaluation must score every
         # row: a rank whose share has run out gets an empty micro-batch instead.
         self.every_row = every_row
+        # Static shapes (HPU): rows padded to the next of these lengths, and micro-batches to
+        # micro_batch_size rows; () keeps each batch's own shape.
+        self.buckets = buckets
         self._cache: dict[int, list[list[int]]] = {}
 
     def epoch_rows(self, epoch: int) -> list[list[int]]:
@@ -131,14 +162,24 @@ class Batcher:
         return (self.collate(chunk) if chunk else self.empty()), end
 
     def empty(self) -> Batch:
-        """A micro-batch of one padding token: no real tokens, nothing to score."""
+        """A micro-batch of one padding token (of padding in a bucket's shape): no real
+        tokens, nothing to score."""
+        if self.buckets:
+            return self.collate([])
         one = torch.full((1, 1), self.pad_id, dtype=torch.int64)
         return Batch(one, torch.zeros_like(one), torch.full_like(one, IGNORE), [0, 1], 0, 0)
 
+    def batch_shape(self, rows: int, longest: int) -> tuple[int, int]:
+        """[B, T] of a micro-batch of `rows` rows, the longest `longest` tokens."""
+        if not self.buckets:
+            return rows, longest
+        t = next((n for n in self.buckets if n >= longest), longest)
+        return max(rows, self.micro_batch_size), t
+
     def collate(self, rows: list[list[int]]) -> Batch:
         lengths = [sum(int(self.data.lengths[i]) for i in row) for row in rows]
-        t = max(lengths)
-        b = len(rows)
+        b, t = self.batch_shape(len(rows), max(lengths, default=1))
+        rows = rows + [[]] * (b - len(rows))  # rows of padding only, to a static batch size
         ids = np.full((b, t), self.pad_id, dtype=np.int64)
         pos = np.zeros((b, t), dtype=np.int64)
         tgt = np.full((b, t), IGNORE, dtype=np.int64)

@@ -12,11 +12,19 @@ are in BENCHMARKS.md ("Attention kernel for packed rows", `bench/attention_kerne
 The segment lengths reach this function through the keyword `kubetune_seqlens`: transformers
 forwards unknown keyword arguments from the model's forward down to the attention function.
 Without it (generation, plain batches) the stock SDPA path runs.
+
+On Gaudi the per-sample loop is the wrong shape of work: every batch would be a new graph
+(lazy and graph mode compile one per shape), and each slice a small kernel launch. There
+the whole row goes through Habana's fused SDPA in one call, with a block-diagonal causal
+mask that keeps samples apart; the Batcher pads rows to a few static lengths on HPU
+(`kubetune.data.packing.shape_buckets`) so that the same graphs run every step.
 """
 
 from __future__ import annotations
 
+import functools
 import itertools
+import logging
 from typing import Any
 
 import torch
@@ -24,6 +32,8 @@ import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "kubetune_packed"
 SEQLENS_KWARG = "kubetune_seqlens"
+
+log = logging.getLogger("kubetune")
 
 
 def seqlens_from_cu(cu: list[int]) -> list[int]:
@@ -46,9 +56,7 @@ def per_sample_attention(
     on the CPU, so kubetune.models.kernels measures it.
     """
     b, h, t, d = query.shape
-    if key.shape[1] != h:  # grouped-query attention: CPU flash backward is slow with enable_gqa
-        key = key.repeat_interleave(h // key.shape[1], dim=1)
-        value = value.repeat_interleave(h // value.shape[1], dim=1)
+    key, value = expand_kv_heads(key, value, h)
     dtype = query.dtype
 
     def segments(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
@@ -63,6 +71,82 @@ def per_sample_attention(
         for qi, ki, vi in zip(segments(query), segments(key), segments(value))
     ]
     return torch.cat(outs).reshape(b, t, h, d).to(dtype)
+
+
+def expand_kv_heads(key: torch.Tensor, value: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Grouped-query key/value heads repeated to `heads`: CPU flash backward is slow with
+    enable_gqa, and Habana's fused SDPA has needed equal head counts."""
+    if key.shape[1] == heads:
+        return key, value
+    return key.repeat_interleave(heads // key.shape[1], dim=1), value.repeat_interleave(heads // value.shape[1], dim=1)
+
+
+def on_hpu(x: torch.Tensor) -> bool:
+    return x.device.type == "hpu"
+
+
+@functools.cache
+def fused_sdpa() -> Any | None:
+    """Habana's FusedSDPA kernel, or None where this SynapseAI has none (warned once)."""
+    try:
+        from habana_frameworks.torch.hpex.kernels import FusedSDPA
+    except ImportError:
+        log.warning(
+            "attention: habana_frameworks.torch.hpex.kernels.FusedSDPA is missing (older SynapseAI); "
+            "packed rows use torch SDPA with a block-diagonal mask"
+        )
+        return None
+    return FusedSDPA
+
+
+def compute_dtype(x: torch.Tensor) -> torch.dtype:
+    """The dtype the model computes in: autocast's where it is on, else the tensor's own."""
+    device = x.device.type
+    return torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else x.dtype
+
+
+@functools.lru_cache(maxsize=1)  # every layer of one forward asks for the same mask
+def block_causal_mask(
+    lengths: tuple[int, ...], rows: int, t: int, dtype: torch.dtype, device: torch.device
+) -> torch.Tensor:
+    """Additive [B, 1, T, T] mask over packed rows: 0 where a token may attend (an earlier or
+    the same position of its own segment), the dtype's minimum everywhere else."""
+    segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).view(rows, t).to(device)
+    pos = torch.arange(t, device=device)
+    allowed = (segment[:, :, None] == segment[:, None, :]) & (pos[:, None] >= pos[None, :])
+    mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
+    return mask.unsqueeze(1)
+
+
+def fused_packed_attention(
+    query: torch.Tensor,
+    key: torch.Tensor,
+    value: torch.Tensor,
+    lengths: list[int],
+    scaling: float | None,
+    dropout: float,
+    upcast: bool = False,
+) -> torch.Tensor:
+    """Causal attention of packed samples, each with itself, in one fused call over whole
+    rows (Gaudi): [B, H, T, D] x3 -> [B, T, H, D], in the compute dtype (fp32 with `upcast`,
+    the recipe's model.packed_attention=fp32)."""
+    b, h, t, _ = query.shape
+    dtype = torch.float32 if upcast else compute_dtype(query)
+    key, value = expand_kv_heads(key, value, h)
+    query, key, value = (x.to(dtype) for x in (query, key, value))
+    mask = block_causal_mask(tuple(lengths), b, t, dtype, query.device)
+    kernel = fused_sdpa()
+    with torch.autocast(query.device.type, enabled=False):  # the dtype chosen above, not autocast's list
+        if kernel is None:
+            out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
+        else:
+            # is_causal=False: the mask carries causality and the sample boundaries (no row of
+            # it is all masked: a token always sees itself). softmax_mode "None" is the exact
+            # softmax ("fast" is for inference); recompute_mode=True recomputes the
+            # probabilities in backward instead of keeping [T, T] per head, flash-style;
+            # valid_sequence_lengths=None: padding is a segment of its own in the mask.
+            out = kernel.apply(query, key, value, mask, dropout, False, scaling, "None", True, None, "right")
+    return out.transpose(1, 2).contiguous()
 
 
 def _packed_forward(upcast: bool) -> Any:
@@ -85,6 +169,8 @@ def _packed_forward(upcast: bool) -> Any:
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
             )
         p = dropout if module.training else 0.0
+        if on_hpu(query):
+            return fused_packed_attention(query, key, value, lengths, scaling, p, upcast), None
         return per_sample_attention(query, key, value, lengths, scaling, p, upcast), None
 
     return forward

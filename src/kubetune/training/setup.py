@@ -16,6 +16,7 @@ from typing import Any
 import torch
 
 from kubetune.data import Batcher, PreparedData, prepare_data
+from kubetune.data.packing import static_shapes
 from kubetune.errors import DataError, RunDirError
 from kubetune.models.attention import seqlens_from_cu
 from kubetune.models.finetune import (
@@ -77,7 +78,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     source = resolve_model(given.model.name_or_path)
     tokenizer = load_tokenizer(source, given.model.revision, given.model.trust_remote_code)
     data = prepare_data(given, tokenizer)
-    batcher = train_batcher(given, data, tokenizer.pad_token_id, layout)
+    batcher = train_batcher(given, data, tokenizer.pad_token_id, layout, env.device.type)
     config = load_config(source, given.model.revision, given.model.trust_remote_code)
     check_model(layout, config, given)
     kernels = resolve_kernels(given, config, batcher, env)
@@ -114,7 +115,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         runner=runner,
         optim=optim,
         batcher=batcher,
-        eval_batcher=eval_batcher(recipe, data, tokenizer.pad_token_id, layout),
+        eval_batcher=eval_batcher(recipe, data, tokenizer.pad_token_id, layout, env.device.type),
         autocast=autocast,
         total_steps=total_steps,
         resume_from=resume_from,
@@ -196,7 +197,9 @@ def configure_threads(num_threads: int | None, env: DistEnv) -> None:
     torch.set_num_threads(n)
 
 
-def train_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout) -> Batcher:
+def train_batcher(
+    recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout, device_type: str = "cpu"
+) -> Batcher:
     batcher = Batcher(
         data.train,
         max_seq_len=recipe.data.max_seq_len,
@@ -206,6 +209,7 @@ def train_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layou
         pad_id=pad_id,
         dp_rank=layout.data_parallel_rank,
         dp_size=layout.data_parallel_size,
+        buckets=static_shapes(device_type, recipe.data.max_seq_len),
     )
     if batcher.micro_batches_left(0, 0) == 0:
         raise DataError(
@@ -215,7 +219,9 @@ def train_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layou
     return batcher
 
 
-def eval_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout) -> Batcher | None:
+def eval_batcher(
+    recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout, device_type: str = "cpu"
+) -> Batcher | None:
     if data.eval is None or len(data.eval) == 0:
         return None
     ev = data.eval
@@ -234,6 +240,7 @@ def eval_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout
         dp_size=layout.data_parallel_size,
         shuffle=False,
         every_row=True,
+        buckets=static_shapes(device_type, recipe.data.max_seq_len),
     )
 
 
