@@ -15,7 +15,8 @@ Training, `kubetune eval`, `kubetune generate` and `kubetune serve --dtype auto`
 their precision from `choose` here: one rule for one fact.
 
 Accelerators are not probed: CUDA and Gaudi run bf16 natively (fp16 on CUDA devices
-without bf16), and their attention runs in the compute dtype.
+without bf16), and their attention runs in the compute dtype (on Gaudi through Habana's
+FusedSDPA, kubetune.models.attention).
 """
 
 from __future__ import annotations
