@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+import yaml
 
 from kubetune.errors import RecipeError
 from kubetune.recipe import load_recipe
@@ -73,3 +74,46 @@ def test_max_scale_caps_growth_and_backoff_still_works():
 def test_an_init_scale_above_the_cap_is_one_clear_error():
     with pytest.raises(RecipeError, match=r"init_scale=131072 is above max_scale=65536; lower init_scale"):
         load_recipe(None, ["train.loss_scale.init_scale=131072", "train.loss_scale.max_scale=65536"])
+
+
+def test_loss_scale_keys_under_bf16_are_one_warning_naming_them():
+    def warnings(*overrides: str) -> list[str]:
+        return load_recipe(None, list(overrides)).recipe.train.loss_scale_warnings()
+
+    seed = ("train.loss_scale.growth_interval=100", "train.loss_scale.max_scale=65536")  # seed 000's scaler
+    for precision in ("bf16", "fp32", "auto"):
+        (line,) = warnings(f"train.precision={precision}", *seed)
+        assert line.startswith("train.loss_scale.growth_interval, train.loss_scale.max_scale apply only to ")
+        assert f"nothing under train.precision={precision}" in line and "need no loss scale" in line
+    assert warnings("train.precision=fp16", *seed) == []  # fp16 reads them
+    assert warnings("train.precision=bf16") == []  # the defaults are nobody's setting
+
+
+def test_the_warning_survives_the_pods_recipe_and_reaches_render():
+    from kubetune.k8s.render import render
+    from kubetune.recipe.loader import recipe_to_yaml
+    from kubetune.recipe.schema import Recipe
+
+    loaded = load_recipe("llama2-13b-gaudi-tp4-pp8", ["train.loss_scale.growth_interval=100"]).recipe
+    assert loaded.train.precision == "bf16"
+    warned = [w for w in render(loaded).warnings if "train.loss_scale" in w]
+    assert warned == loaded.train.loss_scale_warnings() and len(warned) == 1
+    # the ConfigMap holds every key; only the changed one is named, once
+    in_pod = Recipe.model_validate(yaml.safe_load(recipe_to_yaml(loaded)))
+    assert in_pod.train.loss_scale_warnings() == warned
+    assert not [w for w in render(load_recipe("llama2-13b-gaudi-tp4-pp8", []).recipe).warnings if "loss_scale" in w]
+
+
+def test_fp16_with_tp_or_pp_is_refused_naming_what_to_use():
+    from kubetune.recipe.layout import check_recipe, layout_for
+
+    for parallel in (["parallel.tp=2"], ["parallel.pp=2"]):
+        recipe = load_recipe(None, ["train.precision=fp16", *parallel]).recipe
+        with pytest.raises(RecipeError) as refused:
+            check_recipe(layout_for(recipe.parallel, 4), recipe)
+        message = str(refused.value)
+        assert "\n" not in message
+        assert "use train.precision=bf16" in message and "no loss scale needed" in message
+        assert "keep fp16 with parallel.tp=1 and parallel.pp=1" in message
+    fp16_dp = load_recipe(None, ["train.precision=fp16"]).recipe
+    check_recipe(layout_for(fp16_dp.parallel, 4), fp16_dp)  # data parallel: fp16 runs

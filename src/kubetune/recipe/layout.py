@@ -147,8 +147,10 @@ def check_recipe(layout: Layout, recipe: Recipe) -> None:
         )
     if (layout.tp > 1 or layout.pp > 1) and recipe.train.precision == "fp16":
         raise RecipeError(
-            "train.precision=fp16 with parallel.tp/pp: loss scaling would skip steps on some ranks "
-            "only; use train.precision=bf16"
+            "train.precision=fp16 with parallel.tp/pp: the loss scale's inf/nan check is per rank, so ranks "
+            "would skip different steps; use train.precision=bf16 (Gaudi, NVIDIA since Ampere, Xeon with AMX: "
+            "fp32's exponent range, no loss scale needed), or keep fp16 with parallel.tp=1 and parallel.pp=1 "
+            "(data parallel or FSDP)"
         )
 
 

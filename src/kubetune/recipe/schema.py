@@ -231,6 +231,23 @@ class TrainSection(Section):
             return "off"
         return v
 
+    def loss_scale_warnings(self) -> list[str]:
+        """train.loss_scale keys changed from their defaults while nothing reads them (not fp16).
+        Compared with the defaults, not the keys given: a rendered pod's recipe holds every key."""
+        if self.precision == "fp16":
+            return []
+        defaults = LossScaleSection().model_dump()
+        changed = [f"train.loss_scale.{k}" for k, v in self.loss_scale.model_dump().items() if v != defaults[k]]
+        if not changed:
+            return []
+        keys, verb = ", ".join(changed), ("applies", "does") if len(changed) == 1 else ("apply", "do")
+        line = (
+            f"{keys} {verb[0]} only to train.precision=fp16 and {verb[1]} nothing under "
+            f"train.precision={self.precision}: bf16 and fp32 have fp32's exponent range and need no loss scale; "
+            "remove the setting, or set train.precision=fp16 to use it"
+        )
+        return [line]
+
 
 class EvalSection(Section):
     max_samples: int | None = Field(200, ge=1, description="Eval rows used for loss/perplexity (null = all).")

@@ -7,6 +7,7 @@ optimizer over the wrapped parameters.
 
 from __future__ import annotations
 
+import logging
 import math
 import os
 from dataclasses import dataclass
@@ -83,6 +84,8 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     check_model(layout, config, given)
     kernels = resolve_kernels(given, config, batcher, env)
     recipe = given.with_kernels(kernels.precision, kernels.attention)
+    for line in recipe.train.loss_scale_warnings() if env.is_main else []:
+        logging.getLogger("kubetune").warning("warning: %s", line)
     model = build_model(recipe, source, env.device, Stage(layout.pp_rank, layout.pp) if layout.pp > 1 else None)
     autocast = autocast_context(recipe.train.precision, env.device)
     resume_from = resume_path(recipe.train.resume, run_dir)
