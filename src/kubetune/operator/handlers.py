@@ -91,6 +91,18 @@ def _temporary(e: ClusterError) -> kopf.TemporaryError:
     return kopf.TemporaryError(e.problems[0], delay=RETRY_DELAY_S)
 
 
+def _say(ft: dict[str, Any], message: str, level: int = logging.INFO) -> None:
+    """One line of the operator's log about one FineTune, `[namespace/name] message` as kopf
+    prefixes its own lines about an object; a multi-line message (problems) is joined onto one."""
+    name, namespace = actions.meta(ft)
+    log.log(level, "[%s/%s] %s", namespace, name, "; ".join(message.splitlines()))
+
+
+def _say_created(ft: dict[str, Any], created: list[str]) -> None:
+    for what in created:  # `Kind/name`, only those created now (not the ones a retry found existing)
+        _say(ft, f"created {what}")
+
+
 # ------------------------------------------------------------------ create / resume
 
 
@@ -103,15 +115,11 @@ def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> N
         recipe = actions.applied_recipe(client, ft) or actions.spec_recipe(client, ft, spec)
         created = actions.create_training(client, ft, spec, recipe)
     except RecipeError as e:
-        _set_condition(patch, ft, plan.condition("Valid", False, "InvalidRecipe", "\n".join(e.problems), generation))
-        patch.status["phase"] = "Failed"
-        raise kopf.PermanentError(f"invalid recipe ({len(e.problems)} problems, see status.conditions)") from None
+        raise _refuse(patch, ft, "InvalidRecipe", "invalid recipe", e.problems) from None
     except ClusterError as e:
         raise _temporary(e) from None
     except UserError as e:  # the renderer's refusals (a token in the recipe, ...): the spec must change
-        _set_condition(patch, ft, plan.condition("Valid", False, "CannotRender", "\n".join(e.problems), generation))
-        patch.status["phase"] = "Failed"
-        raise kopf.PermanentError(e.problems[0]) from None
+        raise _refuse(patch, ft, "CannotRender", "cannot render", e.problems) from None
     _set_condition(patch, ft, plan.condition("Valid", True, "RecipeValid", "", generation))
     name, namespace = actions.meta(ft)
     api_version, kind = actions.JOB_KINDS[recipe.k8s.api]
@@ -121,8 +129,20 @@ def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> N
         patch.status["phase"] = "Suspended" if spec.suspend else "Pending"
     if generation is not None:
         patch.status["observedGeneration"] = generation
-    if created:
-        log.info("FineTune %s/%s: created %s", namespace, name, ", ".join(created))
+    if created:  # else a repeated call (kopf's retry, a resume after a restart) found everything made
+        phase = patch.status.get("phase") or ft["status"]["phase"]
+        _say(ft, f"accepted: the recipe is valid; {kind} {name}, {recipe.k8s.replicas} replicas; phase {phase}")
+        _say_created(ft, created)
+
+
+def _refuse(patch: kopf.Patch, ft: dict[str, Any], reason: str, what: str, problems: list[str]) -> kopf.PermanentError:
+    """A spec that can never run: Valid=False with one line per problem, phase Failed, and the
+    permanent error kopf logs (and posts as the FineTune's Event) as the one line saying so."""
+    generation = ft["metadata"].get("generation")
+    _set_condition(patch, ft, plan.condition("Valid", False, reason, "\n".join(problems), generation))
+    patch.status["phase"] = "Failed"
+    lines = [line for problem in problems for line in problem.splitlines()]
+    return kopf.PermanentError(f"refused, {what}: {'; '.join(lines)} (edit the spec to retry)")
 
 
 # ------------------------------------------------------------------ spec edits
@@ -142,6 +162,12 @@ def _spec_changed(body: kopf.Body, old: Any, new: Any, patch: kopf.Patch, memo: 
         outcome = _recipe_edit(client, ft)
         if outcome is not None:  # None: nothing new (kopf may call again for the same edit)
             memo["recipe_change"] = outcome
+            verdict = "applied" if outcome["status"] == "True" else "refused"
+            _say(
+                ft,
+                f"recipe edit {verdict}: {outcome['message']}",
+                logging.INFO if verdict == "applied" else logging.WARNING,
+            )
     try:
         _advance(client, ft, patch)  # suspend / resume / serve act now, not at the next tick
     except ClusterError as e:
@@ -194,12 +220,14 @@ def _follow(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> No
     client: KubeClient = memo["client"]
     try:
         seen, observed, step = _advance(client, ft, patch)
-        _write_status(client, ft, seen, observed, step, patch)
+        failed = _write_status(client, ft, seen, observed, step, patch)
+        _say_news(ft, memo, seen, step, failed or _why(ft, observed, step, patch))
         # a finished job (succeeded or failed) goes after spec.ttlSecondsAfterFinished: after its
         # status (and diagnosis) is written, which stays
         ttl = plan.FineTuneSpec.from_dict(ft.get("spec") or {}).ttl_seconds
-        if seen.job is not None and plan.ttl_expired(seen.job, ttl, datetime.now(timezone.utc)):
-            actions.delete_training(client, *actions.meta(ft))
+        expired = seen.job is not None and plan.ttl_expired(seen.job, ttl, datetime.now(timezone.utc))
+        if expired and actions.delete_training(client, *actions.meta(ft)):
+            _say(ft, f"deleted the finished job and its pods (spec.ttlSecondsAfterFinished {ttl}s)")
     except ClusterError as e:
         raise _temporary(e) from None
     except UserError as e:
@@ -258,17 +286,16 @@ def _act(
     name, namespace = actions.meta(ft)
     for action in todo:
         if action == "create-training":
-            actions.create_training(client, ft, spec, recipe)
-        elif action == "delete-training":
-            actions.delete_training(client, name, namespace)
+            _say_created(ft, actions.create_training(client, ft, spec, recipe))
+        elif action == "delete-training" and actions.delete_training(client, name, namespace):
+            _say(ft, "deleted the job and its pods (spec.suspend); the volume claim stays")
         elif action == "create-export":
-            actions.create_export(client, ft, recipe)
+            _say_created(ft, actions.create_export(client, ft, recipe))
             patch.status["exportJobRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": name + plan.EXPORT_SUFFIX}
         elif action == "create-serving":
             objects = actions.serving_objects(client, ft, spec, recipe)
-            actions.create_all(client, objects)
+            _say_created(ft, actions.create_all(client, objects))
             patch.status["endpoint"] = plan.endpoint(objects)
-        log.info("FineTune %s/%s: %s", namespace, name, action)
 
 
 def _write_status(
@@ -278,7 +305,8 @@ def _write_status(
     observed: plan.Observed,
     step: plan.Step,
     patch: kopf.Patch,
-) -> None:
+) -> str | None:
+    """status from what was observed; when the run has just failed, why."""
     name, namespace = actions.meta(ft)
     status = ft.get("status") or {}
     generation = ft["metadata"].get("generation")
@@ -298,15 +326,68 @@ def _write_status(
         patch.status["restarts"] = seen.restarts
         diagnosed = "\n".join(actions.diagnosis(client, name, namespace)) or "a training pod restarted"
         _set_condition(patch, ft, plan.condition("Restarted", True, "PodRestarted", diagnosed))
-    if step.phase == "Failed" and status.get("phase") != "Failed":
-        if observed.job_state == "Failed":
-            why = "\n".join(actions.diagnosis(client, name, namespace))
-            _set_condition(patch, ft, plan.condition("Failed", True, "TrainingFailed", why))
-        else:
-            job = name + plan.EXPORT_SUFFIX
-            msg = f"Job {job} failed: `kubectl logs job/{job} -n {namespace}` says why"
-            _set_condition(patch, ft, plan.condition("Failed", True, "ExportFailed", msg))
+    failed = _write_failure(client, ft, observed, step, patch)
     if observed.export_state == "Complete":
         _set_condition(patch, ft, plan.condition("Exported", True, "MergedExport"))
     if step.phase == "Serving":
         _set_condition(patch, ft, plan.condition("Ready", True, "ServingObjectsCreated", status.get("endpoint", "")))
+    return failed
+
+
+def _write_failure(
+    client: KubeClient, ft: dict[str, Any], observed: plan.Observed, step: plan.Step, patch: kopf.Patch
+) -> str | None:
+    """The Failed condition when the run has just failed (training or export); what it says."""
+    if step.phase != "Failed" or (ft.get("status") or {}).get("phase") == "Failed":
+        return None
+    name, namespace = actions.meta(ft)
+    if observed.job_state == "Failed":
+        why = "\n".join(actions.diagnosis(client, name, namespace)) or "the training job failed"
+        _set_condition(patch, ft, plan.condition("Failed", True, "TrainingFailed", why))
+        return why
+    job = name + plan.EXPORT_SUFFIX
+    msg = f"Job {job} failed: `kubectl logs job/{job} -n {namespace}` says why"
+    _set_condition(patch, ft, plan.condition("Failed", True, "ExportFailed", msg))
+    return msg
+
+
+CONCLUDED = {"Succeeded", "Failed", "Serving"}  # where a run ends up (until the spec changes)
+
+
+def _say_news(ft: dict[str, Any], memo: kopf.Memo, seen: actions.Observation, step: plan.Step, why: str) -> None:
+    """A line for a new phase and for new pod restarts, once each: what was said is kept in the
+    object's memo, since a tick can start from a body that predates the previous tick's status
+    (the status alone would say the same change twice)."""
+    status = ft.get("status") or {}
+    restarts = max(memo.get("restarts", 0), status.get("restarts", 0))
+    if seen.restarts > restarts:
+        memo["restarts"] = seen.restarts
+        name, namespace = actions.meta(ft)
+        shows = f"`kubetune k8s status {name} -n {namespace}` shows why"
+        _say(ft, f"a training pod restarted (restarts: {seen.restarts}): {shows}", logging.WARNING)
+    before = memo.get("phase") or status.get("phase")
+    memo["phase"] = step.phase
+    if step.phase != before:
+        concluded = "; concluded" if step.phase in CONCLUDED else ""
+        level = logging.WARNING if step.phase == "Failed" else logging.INFO
+        _say(ft, f"phase {before or 'none'} -> {step.phase}: {why}{concluded}", level)
+
+
+def _why(ft: dict[str, Any], observed: plan.Observed, step: plan.Step, patch: kopf.Patch) -> str:
+    """Why the phase is what it is now, in the words of what was observed (Failed has its own)."""
+    name = actions.meta(ft)[0]
+    status = ft.get("status") or {}
+    job = (status.get("jobRef") or {}).get("kind", "the job")
+    artifacts = status.get("artifacts") or {}
+    if step.phase == "Suspended":
+        return "spec.suspend is true"
+    if step.phase == "Pending":
+        return f"waiting for {job} {name} to run"
+    if step.phase == "Running":
+        return f"{job} {name} is {observed.job_state}"
+    if step.phase == "Exporting":
+        return f"training succeeded; Job {name}{plan.EXPORT_SUFFIX} merges the adapter into the model"
+    if step.phase == "Serving":
+        return f"serving at {patch.status.get('endpoint') or status.get('endpoint')}"
+    model = artifacts.get("merged") or artifacts.get("adapter") or "the run directory"
+    return f"training succeeded; the model is in {model}"

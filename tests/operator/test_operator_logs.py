@@ -1,0 +1,124 @@
+"""What `kubectl logs deploy/kubetune-operator` shows: the real `kubetune operator` process's output
+while it handles a valid and an invalid FineTune against kmock's API over loopback HTTP.
+
+conftest.py says what kmock lacks and how these tests stand in for it (here: the training operator
+writing the job's status)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from .conftest import NAMESPACE, Cluster, wait_for
+
+RECIPE = {"train": {"max_steps": 40, "save_every": 10}, "k8s": {"replicas": 2, "amx_label": None}}
+PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+
+
+class OperatorProcess:
+    """`python -m kubetune operator` as a child process; its output read line by line as it comes."""
+
+    def __init__(self, cluster: Cluster):
+        argv = [sys.executable, "-m", "kubetune", "operator", "-n", NAMESPACE, "--interval", "0.25"]
+        env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # $KUBECONFIG (the kube fixture's) names kmock
+        self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        self.lines: list[str] = []
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        assert self.process.stdout is not None
+        for line in self.process.stdout:
+            self.lines.append(line.rstrip("\n"))
+
+    def said(self, *words: str) -> list[str]:
+        """The lines that contain every one of `words`."""
+        return [line for line in self.lines if all(w in line for w in words)]
+
+    def wait_said(self, *words: str, timeout: float = 15.0) -> str:
+        return wait_for(lambda: self.said(*words), timeout, f"a line with {words} in:\n" + "\n".join(self.lines))[0]
+
+    def stop(self) -> None:
+        self.process.send_signal(signal.SIGINT)  # what Ctrl-C (and kubectl's pod stop, SIGTERM) asks for
+        try:
+            self.process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self._reader.join(5)
+
+
+@pytest.fixture
+def operator_process(cluster: Cluster) -> Iterator[OperatorProcess]:
+    running = OperatorProcess(cluster)
+    yield running
+    running.stop()
+
+
+def test_the_operator_logs_what_it_accepts_refuses_creates_and_concludes(cluster, operator_process):
+    log = operator_process
+    log.wait_said("kubetune.operator", "watching FineTunes in namespaces kubetune")
+    cluster.apply_finetune("demo", {"recipe": RECIPE, "profile": "cpu"})
+    cluster.apply_finetune("bad", {"recipe": {"train": {"max_stepz": 40}, "lora": {"r": 0}}})
+
+    accepted = log.wait_said("[kubetune/demo] accepted")
+    assert accepted.startswith("[20") and "[INFO" in accepted and "PyTorchJob demo, 2 replicas" in accepted
+    for created in ("ConfigMap/demo-recipe", "PersistentVolumeClaim/demo-data", "PyTorchJob/demo"):
+        assert len(log.said("[kubetune/demo] created " + created)) == 1, "\n".join(log.lines)
+    # kopf's line for the permanent error; kopf may run the handler more than once for one
+    # creation here (kmock's resourceVersion never changes), the operator's own lines stay single
+    refused = log.wait_said("[kubetune/bad]", "refused, invalid recipe")
+    assert "[ERROR" in refused
+    assert (
+        "`lora.r`: Input should be greater than or equal to 1 (got 0); unknown recipe key `train.max_stepz`" in refused
+    )
+    assert not log.said("[kubetune/bad] created") and not log.said("[kubetune/bad] accepted")
+    assert len(log.said("[kubetune/demo] accepted")) == 1
+
+    # the training operator's part: the job runs, a pod restarts; then the user suspends and resumes
+    cluster.set_status(*PYTORCHJOB, "demo", {"conditions": [_true("Created"), _true("Running")]})
+    assert "PyTorchJob demo is Running" in log.wait_said("[kubetune/demo] phase Pending -> Running")
+    _rank0_pod(cluster, "demo", restarts=1)
+    restarted = log.wait_said("[kubetune/demo] a training pod restarted (restarts: 1)")
+    assert "[WARNING" in restarted and "kubetune k8s status demo -n kubetune" in restarted
+    cluster.edit_spec("demo", {"suspend": True})
+    log.wait_said("[kubetune/demo] deleted the job and its pods (spec.suspend); the volume claim stays")
+    log.wait_said("[kubetune/demo] phase Running -> Suspended: spec.suspend is true")
+    cluster.edit_spec("demo", {"suspend": False})
+    wait_for(lambda: len(log.said("[kubetune/demo] created PyTorchJob/demo")) == 2, message="the job recreated")
+    log.wait_said("[kubetune/demo] phase Suspended -> Pending: waiting for PyTorchJob demo to run")
+    cluster.set_status(*PYTORCHJOB, "demo", {"conditions": [_true("Created"), _true("Running"), _true("Succeeded")]})
+    done = log.wait_said("[kubetune/demo] phase Pending -> Succeeded")
+    assert done.endswith("training succeeded; the model is in /data/runs/demo/adapter; concluded")
+    wait_for(lambda: cluster.status("demo").get("phase") == "Succeeded")
+    phases = log.said("[kubetune/demo] phase")
+    assert len(phases) == 4, "one line per phase change:\n" + "\n".join(log.lines)
+    assert len(log.said("[kubetune/demo] a training pod restarted")) == 1
+    # kopf's per-handler lines ("Timer '_follow' succeeded." on every tick) stay out of the log
+    assert not log.said("succeeded."), "\n".join(log.lines)
+
+
+def _rank0_pod(cluster: Cluster, job: str, restarts: int) -> None:
+    """The training operator's rank-0 pod, as far as the restart count goes (its log says nothing)."""
+    labels = {
+        "app.kubernetes.io/instance": job,
+        "app.kubernetes.io/component": "trainer",
+        "training.kubeflow.org/replica-type": "master",
+        "training.kubeflow.org/replica-index": "0",
+    }
+    cluster.client.create(
+        {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": f"{job}-master-0", "namespace": NAMESPACE,
+         "labels": labels}, "spec": {"containers": [{"name": "pytorch", "image": "kubetune"}]},
+         "status": {"phase": "Running", "containerStatuses": [{"name": "pytorch", "restartCount": restarts}]}}
+    )  # fmt: skip
+    cluster.set_log(f"{job}-master-0", "")
+
+
+def _true(kind: str) -> dict:
+    return {"type": kind, "status": "True", "lastTransitionTime": "2026-01-01T00:00:00Z"}
