@@ -62,3 +62,30 @@ def by_key(objs: list[Obj]) -> dict[tuple, Obj]:
         assert key(obj) not in out, f"rendered twice: {key(obj)}"
         out[key(obj)] = obj
     return out
+
+
+# The labels Helm's conventions add to what kubetune's Python renders: which release, at which version, by what
+# tool. Comparing a chart's objects with Python's means comparing everything else.
+HELM_LABELS = frozenset(
+    {"app.kubernetes.io/instance", "app.kubernetes.io/version", "app.kubernetes.io/managed-by", "helm.sh/chart"}
+)
+
+
+def without_helm_labels(value: Any) -> Any:
+    """A copy of an object (or any part of one) without HELM_LABELS, wherever a map holds them: metadata and pod
+    template labels, and the selectors, which carry the release too."""
+    if isinstance(value, dict):
+        return {k: without_helm_labels(v) for k, v in value.items() if k not in HELM_LABELS}
+    if isinstance(value, list):
+        return [without_helm_labels(v) for v in value]
+    return value
+
+
+def is_hook(obj: Obj) -> bool:
+    """A Helm hook (e.g. a `helm test` pod): rendered with the release, created only at its event."""
+    return "helm.sh/hook" in (obj["metadata"].get("annotations") or {})
+
+
+def installed(objs: list[Obj]) -> list[Obj]:
+    """What `helm install` creates: every object but the hooks."""
+    return [obj for obj in objs if not is_hook(obj)]

@@ -5,6 +5,11 @@ object by object, to kubetune.cluster.manifests, the one source both `render-com
 to, for settings that take every branch of manifests.py: either vendor's discovery, NFD placement, a node
 selector, every node, a leaf label, weights, a stateless extender, the prober off, the monitors off or with another
 release label, other ports, namespace and image.
+
+What is compared is what a user sees and sets: the chart's object names start with the release's name, and
+`fullnameOverride: kubetune` makes them render-components' names; the labels Helm's conventions add (the release,
+versions, the managing tool: helm.HELM_LABELS) are left out of the comparison, and tested with the chart's own
+(tests/charts/test_operator_chart.py).
 """
 
 from __future__ import annotations
@@ -20,7 +25,7 @@ from kubetune.cluster.manifests import ComponentSettings
 from kubetune.errors import UserError
 
 from ..k8s.conftest import run_cli
-from .helm import OPERATOR_CHART, by_key, render
+from .helm import OPERATOR_CHART, by_key, render, without_helm_labels
 
 # The templates that hold the components (operator.yaml holds the operator; tests/charts/test_operator_chart.py)
 COMPONENT_TEMPLATES = {
@@ -32,7 +37,7 @@ COMPONENT_TEMPLATES = {
 # ComponentSettings field -> (path in the chart's values, how the value is written there)
 VALUES = {
     "namespace": None,  # the release's namespace (`helm install -n`)
-    "image": (("image",), str),
+    "image": (("image",), lambda image: dict(zip(("repository", "tag"), image.rpartition(":")[::2], strict=True))),
     "resource": (("resource",), str),
     "discovery": (("discovery",), str),
     "node_selector": (("nodeSelector",), lambda items: dict(i.split("=", 1) for i in items)),
@@ -70,6 +75,8 @@ CASES = {
         namespace="ops", all_nodes=True, netprobe_port=7000, extender_weight=1, monitors=False
     ),
     "nvidia-nfd": ComponentSettings(resource="nvidia.com/gpu", discovery="nvml", weights="closeness=9"),
+    # a resource of the plugin's own: the extender scores it and the scheduler configuration sends it
+    "gaudi-own-resource": ComponentSettings(resource="habana.ai/gaudi-mm", leaf_label="rack"),
 }
 
 
@@ -84,12 +91,14 @@ def chart_values(s: ComponentSettings, devicePlugin: bool = True, schedulerExten
         for part in path[:-1]:
             section = section.setdefault(part, {})
         section[path[-1]] = convert(getattr(s, field))
-    return {"components": components}
+    # the names render-components prints (kubetune-device-plugin, ...): the chart's are FULLNAME-device-plugin
+    return {"components": components, "fullnameOverride": "kubetune"}
 
 
 def chart_components(values: dict, namespace: str) -> list[dict]:
     rendered = render(OPERATOR_CHART, values, namespace=namespace)
-    return [obj for path, objs in rendered.items() if path.rsplit("/", 1)[-1] in COMPONENT_TEMPLATES for obj in objs]
+    components = [objs for path, objs in rendered.items() if path.rsplit("/", 1)[-1] in COMPONENT_TEMPLATES]
+    return [without_helm_labels(obj) for objs in components for obj in objs]
 
 
 def assert_same_objects(chart_objs: list[dict], expected: list[dict]) -> None:

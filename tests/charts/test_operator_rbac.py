@@ -22,6 +22,10 @@ from kubetune.k8s.names import trainer_selector
 from ..k8s.fakes import FakeClient
 from .helm import OPERATOR_CHART, objects
 
+# The chart's role names for the release `kt` (helm.render's): the operator's rules, and kopf's cluster-wide ones
+OPERATOR_ROLE = "kt-kubetune-operator"
+CLUSTER_ROLE = "kt-kubetune-operator-cluster"
+
 kopf = pytest.importorskip("kopf")
 handlers = pytest.importorskip("kubetune.operator.handlers")
 
@@ -265,7 +269,7 @@ def granted(role_name: str, values: dict | None = None) -> set[Request]:
 
 def test_the_operator_role_grants_exactly_what_the_operator_asks_in_its_namespaces(recorded):
     needed = recorded[True] | KOPF_NAMESPACED | ADMISSION
-    have = granted("kubetune-operator")
+    have = granted(OPERATOR_ROLE)
     assert sorted(needed - have) == [], "missing"
     assert sorted(have - needed) == [], "granted but never asked for"
 
@@ -281,7 +285,7 @@ def test_the_cluster_role_grants_exactly_what_the_operator_asks_across_the_clust
     assert needed >= PRIORITY_CLASSES  # the scenarios asked for it (scenario 2)
     if not priority_classes:
         needed -= PRIORITY_CLASSES
-    have = granted("kubetune-operator-cluster", {"operator": {"rbac": {"createPriorityClasses": priority_classes}}})
+    have = granted(CLUSTER_ROLE, {"operator": {"rbac": {"createPriorityClasses": priority_classes}}})
     assert sorted(needed - have) == [], "missing"
     assert sorted(have - needed) == [], "granted but never asked for"
 
