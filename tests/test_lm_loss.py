@@ -85,3 +85,35 @@ def test_no_target_rows_give_a_zero_loss_and_zero_gradient():
     loss.backward()
     assert float(loss.detach()) == 0.0
     assert torch.count_nonzero(h.grad) == 0
+
+
+@pytest.mark.parametrize("train_weight", [False, True])
+def test_static_shapes_weigh_ignored_rows_zero_and_equal_the_selected_targets(train_weight):
+    """HPU's path: every position through the head, ignored ones at weight 0, one shape for all
+    batches; loss and gradients equal selecting the targets first."""
+    hidden, weight, targets = inputs(n=3 * 13, seed=1)
+    targets[::4] = -100
+    hidden, targets = hidden.view(3, 13, -1), targets.view(3, 13)
+    head_a, head_b = nn.Linear(24, 101, bias=False), nn.Linear(24, 101, bias=False)
+    with torch.no_grad():
+        head_a.weight.copy_(weight)
+        head_b.weight.copy_(weight)
+    for head in (head_a, head_b):
+        head.weight.requires_grad_(train_weight)
+    h_static, h_selected = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    static = head_loss(head_a, h_static, targets, static_shapes=True)
+    selected = head_loss(head_b, h_selected, targets, static_shapes=False)
+    static.backward()
+    selected.backward()
+    torch.testing.assert_close(static, selected, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(h_static.grad, h_selected.grad, rtol=1e-5, atol=1e-6)
+    assert torch.count_nonzero(h_static.grad.view(-1, 24)[::4]) == 0  # ignored rows get no gradient
+    if train_weight:
+        torch.testing.assert_close(head_a.weight.grad, head_b.weight.grad, rtol=1e-5, atol=1e-5)
+    biased = nn.Linear(24, 101, bias=True)  # the module path ignores them too
+    with torch.no_grad():
+        biased.weight.copy_(weight)
+        biased.bias.zero_()
+    torch.testing.assert_close(
+        head_loss(biased, hidden, targets, static_shapes=True), selected.detach(), rtol=1e-5, atol=1e-4
+    )

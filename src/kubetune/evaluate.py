@@ -45,7 +45,7 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     parts = ModelParts.of(model.to(env.device))
     data = prepare_data(recipe, tokenizer)
     layout = data_parallel_only(env.world_size, env.rank)
-    batcher = eval_batcher(recipe, data, tokenizer.pad_token_id, layout)
+    batcher = eval_batcher(recipe, data, tokenizer.pad_token_id, layout, env.device.type)
     runner = LocalRunner(parts.loss, parts.loss, env.device, autocast_context(precision, env.device))
     result = evaluate(runner, batcher, layout, env)
     print(

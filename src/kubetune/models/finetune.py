@@ -194,13 +194,26 @@ class TargetLoss(nn.Module):
         return head_loss(lm.lm_head, hidden, targets)
 
 
-def head_loss(lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+def head_loss(
+    lm_head: nn.Module, hidden: torch.Tensor, targets: torch.Tensor, static_shapes: bool | None = None
+) -> torch.Tensor:
     """Summed cross-entropy of the target positions (`targets` != -100) through `lm_head`:
     chunked, without the whole logits (kubetune.models.lm_loss), where the head is a plain
-    linear layer; through the module otherwise (a head with a bias or a wrapped one)."""
-    mask = targets != IGNORE
+    linear layer; through the module otherwise (a head with a bias or a wrapped one).
+
+    Selecting the targets gives a shape that changes with every batch, which an HPU graph
+    would recompile for; there (`static_shapes`, default: on HPU) every position goes
+    through the head and the ignored ones weigh 0."""
+    if static_shapes is None:
+        static_shapes = hidden.device.type == "hpu"
+    if static_shapes:
+        rows, wanted = hidden.flatten(0, -2), targets.flatten()
+    else:
+        mask = targets != IGNORE
+        rows, wanted = hidden[mask], targets[mask]
+    ignore = IGNORE if static_shapes else None
     weight = getattr(lm_head, "weight", None)
     if type(lm_head) is nn.Linear and lm_head.bias is None and isinstance(weight, torch.Tensor):
-        return target_cross_entropy(hidden[mask], weight, targets[mask])
-    logits = lm_head(hidden[mask]).float()
-    return F.cross_entropy(logits, targets[mask], reduction="sum")
+        return target_cross_entropy(rows, weight, wanted, ignore_index=ignore)
+    logits = lm_head(rows).float()
+    return F.cross_entropy(logits, wanted, ignore_index=IGNORE, reduction="sum")

@@ -22,15 +22,20 @@ CHUNK_ROWS = 256  # 256 x 49,152 fp32 logits: 50 MB per chunk
 
 
 def target_cross_entropy(
-    hidden: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor, chunk_rows: int = CHUNK_ROWS
+    hidden: torch.Tensor,
+    weight: torch.Tensor,
+    targets: torch.Tensor,
+    chunk_rows: int = CHUNK_ROWS,
+    ignore_index: int | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy of `hidden` [N, H] through the head `weight` [V, H] against
-    `targets` [N] (every row is a target: select them before). Autocast's dtype, when it is
-    on, is the dtype of the head's matmuls; the softmax and the sum are fp32."""
+    `targets` [N]: every row is a target (select them before), or, with `ignore_index`, rows
+    whose target is it weigh 0 (shapes that do not depend on the data). Autocast's dtype,
+    when it is on, is the dtype of the head's matmuls; the softmax and the sum are fp32."""
     device_type = hidden.device.type
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    loss: torch.Tensor = _ChunkedHeadLoss.apply(hidden, weight, targets, compute, chunk_rows, with_grad)
+    loss: torch.Tensor = _ChunkedHeadLoss.apply(hidden, weight, targets, compute, chunk_rows, with_grad, ignore_index)
     return loss
 
 
@@ -44,6 +49,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         compute: torch.dtype,
         chunk_rows: int,
         with_grad: bool,
+        ignore_index: int | None,
     ) -> torch.Tensor:
         weight_grad = with_grad and weight.requires_grad
         w = weight.to(compute)
@@ -54,15 +60,20 @@ class _ChunkedHeadLoss(torch.autograd.Function):
             for start in range(0, hidden.shape[0], chunk_rows):
                 h = hidden[start : start + chunk_rows].to(compute)
                 t = targets[start : start + chunk_rows]
+                valid = None if ignore_index is None else t != ignore_index
+                if valid is not None:
+                    t = torch.where(valid, t, 0)
                 logits = (h @ w.t()).float()
                 lse = torch.logsumexp(logits, dim=-1)
                 picked = logits.gather(1, t[:, None]).squeeze(1)
-                loss += (lse - picked).sum()
+                loss += (lse - picked).sum() if valid is None else ((lse - picked) * valid).sum()
                 if not with_grad:
                     continue
                 # d(sum of -log softmax[target]) / d logits = softmax - one_hot(target)
                 probs = logits.sub_(lse[:, None]).exp_()
                 probs[torch.arange(len(t), device=t.device), t] -= 1.0
+                if valid is not None:
+                    probs.mul_(valid[:, None])
                 probs_c = probs.to(compute)
                 assert grad_hidden is not None
                 grad_hidden[start : start + chunk_rows] = probs_c @ w
@@ -75,4 +86,4 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         # the forward pass stored d(loss)/d(input); the caller's scale is all that is left
         grads = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
-        return grads[0], grads[1], None, None, None, None
+        return grads[0], grads[1], None, None, None, None, None
