@@ -1,4 +1,5 @@
-"""The progress line rank 0 prints where stdout is not a terminal (pods, CI), and its parser.
+"""The progress line each node's first process prints where stdout is not a terminal (pods,
+CI), its parser, and the Hugging Face Trainer's dict lines printed beside it.
 
 What the engine prints (`training/metrics.py`) and what `kubetune k8s status` reads
 (`k8s/progress.py`) both come from here, so the two cannot drift apart. Stdlib only: the
@@ -9,7 +10,16 @@ The line reads like the tqdm bar and the Trainer log a fine-tuning user watches 
 and lr (and tokens, tok/s) as tqdm postfix fields:
 
     kubetune: train  72%|███████▏  | 2595/3597 [4:08:05<1:20:00, 2.08s/it, epoch=2.17, loss=2.2737,
-    lr=5.54e-05, tokens=5312000, tok/s=850.2]      (one line)
+    lr=5.54e-05, tokens=5312000, tok/s=850.2, rank=0]      (one line)
+
+In a job of several processes the line ends with the printing process's global rank: every
+node's local rank 0 prints it (each from its own copy of the global step, loss and tokens, which
+every rank holds), because under an elastic c10d rendezvous `<job>-worker-0` is not necessarily
+rank 0, and it is the pod users follow.
+
+Beside it goes the line the Hugging Face Trainer (4.x) prints, which users and their scripts grep
+or read with `ast.literal_eval`: the same keys and rounding (`trainer_log`, `trainer_train_end`,
+`trainer_eval`), e.g. `{'loss': 2.2737, 'grad_norm': 0.4127, 'learning_rate': 5.54e-05, 'epoch': 2.17}`.
 """
 
 from __future__ import annotations
@@ -42,6 +52,7 @@ class ProgressLine:
     lr: float | None = None
     tokens: int | None = None
     tokens_per_s: float | None = None
+    rank: int | None = None  # the printing process's global rank, in a job of several processes
 
 
 def format_interval(seconds: float | None) -> str:
@@ -87,6 +98,7 @@ def format_line(p: ProgressLine, ascii_only: bool = False) -> str:
         "lr": None if p.lr is None else f"{p.lr:.2e}",
         "tokens": None if p.tokens is None else str(p.tokens),
         "tok/s": None if p.tokens_per_s is None else f"{p.tokens_per_s:.1f}",
+        "rank": None if p.rank is None else str(p.rank),
     }
     postfix = "".join(f", {k}={v}" for k, v in fields.items() if v is not None)
     return (
@@ -114,6 +126,7 @@ def parse_line(line: str) -> ProgressLine | None:
         lr=_number(fields.get("lr")),
         tokens=int(fields["tokens"]) if fields.get("tokens", "").isdigit() else None,
         tokens_per_s=_number(fields.get("tok/s")),
+        rank=int(fields["rank"]) if fields.get("rank", "").isdigit() else None,
     )
 
 
@@ -122,3 +135,30 @@ def _number(text: str | None) -> float | None:
         return None if text is None else float(text)
     except ValueError:
         return None
+
+
+# ------------------------------------------------------------------ the Hugging Face Trainer's lines
+
+
+def trainer_log(loss: float, grad_norm: float, lr: float, epoch: float) -> dict[str, float]:
+    """What the Trainer prints per logged step: loss to 4 places and epoch to 2, as its `log()` rounds them."""
+    return {"loss": round(loss, 4), "grad_norm": grad_norm, "learning_rate": lr, "epoch": round(epoch, 2)}
+
+
+def _speed(split: str, runtime_s: float, samples: int, steps: int) -> dict[str, float]:
+    """transformers' `speed_metrics`: runtime to 4 places, the rates to 3 (none for a zero runtime)."""
+    out = {f"{split}_runtime": round(runtime_s, 4)}
+    if runtime_s > 0:
+        out[f"{split}_samples_per_second"] = round(samples / runtime_s, 3)
+        out[f"{split}_steps_per_second"] = round(steps / runtime_s, 3)
+    return out
+
+
+def trainer_train_end(runtime_s: float, samples: int, steps: int, train_loss: float, epoch: float) -> dict[str, float]:
+    """The Trainer's last line of `train()` (its `total_flos` is never printed)."""
+    return {**_speed("train", runtime_s, samples, steps), "train_loss": train_loss, "epoch": round(epoch, 2)}
+
+
+def trainer_eval(loss: float, runtime_s: float, samples: int, steps: int, epoch: float) -> dict[str, float]:
+    """The Trainer's line of an evaluation."""
+    return {"eval_loss": loss, **_speed("eval", runtime_s, samples, steps), "epoch": round(epoch, 2)}

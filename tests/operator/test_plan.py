@@ -181,6 +181,17 @@ def test_progress_from_the_metrics_page_takes_rank_0():
     assert metrics.from_metrics_text("kubetune_train_step 3\n") == (None, None)  # no total yet
 
 
+def test_progress_from_a_page_without_rank_0_takes_its_lowest_rank():
+    # seed 002's Workers: c10d may give worker-0 (the pod read) ranks 4..7; every rank holds the step and loss
+    page = "\n".join(
+        f'kubetune_train_{name}{{job="ft",node="n1",rank="{rank}"}} {value}'
+        for rank in (5, 4)
+        for name, value in (("step", 42.0), ("total_steps", 100.0), ("loss", 1.25 + rank))
+    )
+    p, _ = metrics.from_metrics_text(page)
+    assert (p.step, p.total_steps, p.loss, p.source) == (42, 100, 5.25, "rank-4 metrics")
+
+
 def test_metrics_url_needs_the_named_port_and_an_ip():
     ports = [{"name": "metrics", "containerPort": 9450}]
     pod = {"spec": {"containers": [{"ports": ports}]}, "status": {"podIP": "10.0.0.7"}}

@@ -1,9 +1,11 @@
 """Training progress from what the engine writes (pure parsing, no cluster).
 
-Rank 0 prints, when not on a terminal, the line of `kubetune.progress_line` (the module the
-engine prints it with, so the two agree by construction):
+Each node's first process prints, when not on a terminal, the line of `kubetune.progress_line`
+(the module the engine prints it with, so the two agree by construction), ending with its global
+rank in a job of several processes; any training pod's log therefore holds it, whichever node
+rank an elastic rendezvous gave that pod:
 
-    kubetune: train  12%|█▏        | 12/100 [00:10<01:20, 1.10s/it, epoch=0.12, loss=1.2345, lr=2.00e-04, ...]
+    kubetune: train  12%|█▏        | 12/100 [00:10<01:20, 1.10s/it, epoch=0.12, loss=1.2345, lr=2.00e-04, ..., rank=4]
 
 Jobs started by earlier kubetune versions print the older line, still read:
 
@@ -108,7 +110,7 @@ def _from_progress_line(p: ProgressLine) -> Progress:
         tokens_per_s=p.tokens_per_s,
         eta_s=p.remaining_s,
         epoch=p.epoch,
-        source="rank-0 log",
+        source=f"rank-{p.rank or 0} log",
     )
 
 

@@ -1,7 +1,9 @@
-"""Rank 0's progress for `status.progress`: from the training metrics endpoint when the pod
-serves one (monitor.in_cluster: the container port named `metrics`), else from the progress
-line in its log (`kubetune.k8s.follow.read_progress`). Parsing is pure; `fetch_metrics` is the
-one HTTP call (to the pod's IP: the operator runs in the cluster)."""
+"""The job's progress for `status.progress`: from the training metrics endpoint when the pod of
+node rank 0 serves one (monitor.in_cluster: the container port named `metrics`), else from the
+progress line in its log (`kubetune.k8s.follow.read_progress`). The page's lowest rank counts:
+under an elastic c10d rendezvous that pod may hold ranks other than 0, and every rank holds the
+same step, loss and epoch. Parsing is pure; `fetch_metrics` is the one HTTP call (to the pod's
+IP: the operator runs in the cluster)."""
 
 from __future__ import annotations
 
@@ -26,25 +28,26 @@ _LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 FETCH_TIMEOUT_S = 3
 
 
-def rank0_values(text: str) -> dict[str, float]:
-    """The samples of rank 0 (or unlabelled ones) for the metrics the status uses."""
-    out: dict[str, float] = {}
+def lowest_rank_values(text: str) -> tuple[int, dict[str, float]]:
+    """(rank, its samples) of the lowest rank on the page (unlabelled samples count as rank 0),
+    for the metrics the status uses."""
+    by_rank: dict[int, dict[str, float]] = {}
     for line in text.splitlines():
         m = _SAMPLE.match(line)
         if m is None or m["name"] not in USED:
             continue
-        labels = dict(_LABEL.findall(m["labels"] or ""))
-        if labels.get("rank", "0") == "0":
-            try:
-                out[m["name"]] = float(m["value"])
-            except ValueError:
-                continue
-    return out
+        rank = dict(_LABEL.findall(m["labels"] or "")).get("rank", "0")
+        try:
+            by_rank.setdefault(int(rank), {})[m["name"]] = float(m["value"])
+        except ValueError:
+            continue
+    lowest = min(by_rank, default=0)
+    return lowest, by_rank.get(lowest, {})
 
 
 def from_metrics_text(text: str) -> tuple[Progress | None, float | None]:
     """(progress, eval loss) from a /metrics page; (None, None) before the first step is known."""
-    v = rank0_values(text)
+    rank, v = lowest_rank_values(text)
     if STEP not in v or not v.get(TOTAL):
         return None, None
     p = Progress(
@@ -54,7 +57,7 @@ def from_metrics_text(text: str) -> tuple[Progress | None, float | None]:
         tokens_per_s=v.get(TOKENS_PER_S),
         eta_s=v.get(ETA),
         epoch=v.get(EPOCH),
-        source="rank-0 metrics",
+        source=f"rank-{rank} metrics",
     )
     return p, v.get(EVAL_LOSS)
 

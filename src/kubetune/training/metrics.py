@@ -1,6 +1,9 @@
 """What a run reports: metrics.jsonl, a progress bar or plain log lines, the loss curve.
 
-Only rank 0 creates these. metrics.jsonl is append-only, one JSON object per logged step;
+Rank 0 writes metrics.jsonl and the loss curve (one copy on the shared volume). Every node's
+first process (local rank 0) prints the progress line and the Hugging Face Trainer's dict lines
+(`kubetune.progress_line`), so that the log of any pod shows training, whichever node rank an
+elastic rendezvous gave it. metrics.jsonl is append-only, one JSON object per logged step;
 after a resume, lines beyond the resumed step (logged by the killed run after its last
 checkpoint) are dropped so the file describes one consistent trajectory.
 """
@@ -14,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubetune.fsutil import atomic_write_text
-from kubetune.progress_line import ProgressLine, format_line
+from kubetune.progress_line import ProgressLine, format_line, trainer_eval, trainer_log, trainer_train_end
 
 if TYPE_CHECKING:
     from kubetune.training.checkpoint import TrainState
@@ -43,10 +46,11 @@ class Progress:
     """A rich progress bar on a terminal; elsewhere (pods, CI) the line of
     `kubetune.progress_line`, which `kubetune k8s status` reads back."""
 
-    def __init__(self, total_steps: int, start_step: int, enabled: bool):
+    def __init__(self, total_steps: int, start_step: int, enabled: bool, rank: int | None = None):
         self.enabled = enabled
         self.total = total_steps
         self.start_step = start_step
+        self.rank = rank  # tags the line in a job of several processes
         self.t0 = time.monotonic()
         self._bar = None
         self._ascii_only = not _can_print("█▏")
@@ -81,13 +85,18 @@ class Progress:
             return
         print(format_line(self.line(step, loss, lr, tokens, tps, epoch), self._ascii_only), flush=True)
 
+    def trainer_line(self, values: dict[str, float]) -> None:
+        """A Trainer-style dict line (above the bar on a terminal: rich redirects stdout)."""
+        if self.enabled:
+            print(values, flush=True)
+
     def line(self, step: int, loss: float, lr: float, tokens: int, tps: float, epoch: float) -> ProgressLine:
         """Rate and remaining time over the steps of this process (as tqdm counts after a resume)."""
         elapsed = time.monotonic() - self.t0
         done = step - self.start_step
         s_per_it = elapsed / done if done > 0 else None
         remaining = s_per_it * (self.total - step) if s_per_it is not None else None
-        return ProgressLine(step, self.total, elapsed, remaining, s_per_it, epoch, loss, lr, tokens, tps)
+        return ProgressLine(step, self.total, elapsed, remaining, s_per_it, epoch, loss, lr, tokens, tps, self.rank)
 
     def close(self) -> None:
         if self._bar is not None:
@@ -153,18 +162,35 @@ def _plot_step_split(ax: Any, records: list[dict]) -> None:
 
 
 class RunLog:
-    """Rank 0's record of the fit: a metrics.jsonl line and a progress update per logged step."""
+    """The record of the fit: rank 0's metrics.jsonl line per logged step, and on each node's
+    first process the progress line and the Trainer's dict line beside it."""
 
-    def __init__(self, metrics_path: Path, total_steps: int, start_step: int, enabled: bool):
-        self.enabled = enabled
+    def __init__(
+        self,
+        metrics_path: Path,
+        total_steps: int,
+        start_step: int,
+        writes_metrics: bool,
+        prints: bool,
+        rank: int | None = None,
+        rows_per_step: int = 0,
+    ):
         self.total_steps = total_steps
-        self.metrics = MetricsLog(metrics_path, start_step) if enabled else None
-        self.progress = Progress(total_steps, start_step, enabled=enabled)
+        self.metrics = MetricsLog(metrics_path, start_step) if writes_metrics else None
+        self.progress = Progress(total_steps, start_step, enabled=prints, rank=rank)
+        self.rows_per_step = rows_per_step
+        self._losses: list[float] = []  # every step's of this process, for the Trainer's train_loss
+
+    def trained(self, loss: float) -> None:
+        """Every step's loss (logged or not): the Trainer's final train_loss is their mean."""
+        self._losses.append(loss)
 
     def step(self, state: TrainState, result: StepResult, lr: float, epoch: float, elapsed_s: float) -> None:
+        tps = state.tokens / max(state.train_time_s, 1e-9)
+        self.progress.trainer_line(trainer_log(result.loss, result.grad_norm, lr, epoch))
+        self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch)
         if self.metrics is None:
             return
-        tps = state.tokens / max(state.train_time_s, 1e-9)
         self.metrics.write(
             {
                 "step": state.step,
@@ -179,10 +205,22 @@ class RunLog:
                 "step_s": {phase: round(seconds, 5) for phase, seconds in result.phases.items()},
             }
         )
-        self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch)
+
+    def trained_to_the_end(self, epoch: float) -> None:
+        """The Trainer's closing line, over this process's steps (as it counts after a resume)."""
+        steps = len(self._losses)
+        runtime = time.monotonic() - self.progress.t0
+        train_loss = sum(self._losses) / max(steps, 1)
+        self.progress.trainer_line(trainer_train_end(runtime, steps * self.rows_per_step, steps, train_loss, epoch))
 
     def close(self) -> None:
         self.progress.close()
         if self.metrics is not None:
             self.metrics.close()
             self.metrics = None
+
+
+def print_eval_line(shows: bool, loss: float | None, runtime_s: float, samples: int, steps: int, epoch: float) -> None:
+    """The Trainer's line of an evaluation, on each node's first process; nothing when nothing was scored."""
+    if shows and loss is not None:
+        print(trainer_eval(loss, runtime_s, samples, steps, epoch), flush=True)

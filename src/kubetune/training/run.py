@@ -24,11 +24,11 @@ from kubetune.training import memory
 from kubetune.training.answers import sample_answers, whole_model
 from kubetune.training.checkpoint import CheckpointMeta, TrainState
 from kubetune.training.dist import DistEnv, all_reduce_sum, gather_objects, init_distributed, shutdown
-from kubetune.training.metrics import RunLog, plot_loss_curve
+from kubetune.training.metrics import RunLog, plot_loss_curve, print_eval_line
 from kubetune.training.parallel import plan_layout
 from kubetune.training.report import Summary, fmt_number, peak_rss_mb, print_report, setup_logging
 from kubetune.training.setup import TrainParts, setup
-from kubetune.training.step import evaluate, next_micro_batches, train_step
+from kubetune.training.step import EvalResult, evaluate, next_micro_batches, train_step
 
 log = logging.getLogger("kubetune")
 
@@ -90,7 +90,7 @@ def resume_or_start(parts: TrainParts) -> TrainState:
         log.info("memory allocator: %s", allocator.describe())
     if state.eval_before is None:
         answers = sample_answers(parts, whole_model(parts, trained=False)) if parts.recipe.eval.generate else []
-        before = evaluate(parts.runner, parts.eval_batcher, parts.layout, parts.env)
+        before = evaluate_and_print(parts, epoch_of(parts, state))
         state.eval_before = {**before.as_dict(), "answers": answers}
         parts.telemetry.evaluated(before.loss)
         log.info("eval before: loss %s perplexity %s", fmt_number(before.loss), fmt_number(before.perplexity))
@@ -101,7 +101,15 @@ def fit(parts: TrainParts, state: TrainState) -> None:
     """Optimizer steps until the planned total, with logging, evaluation, checkpoints and
     the memory guard between them."""
     recipe, env, telemetry = parts.recipe, parts.env, parts.telemetry
-    run_log = RunLog(parts.run_dir.metrics_file, parts.total_steps, state.step, enabled=env.is_main)
+    run_log = RunLog(
+        parts.run_dir.metrics_file,
+        parts.total_steps,
+        state.step,
+        writes_metrics=env.is_main,
+        prints=env.local_rank == 0,  # every node's first process: any pod's log shows training
+        rank=env.rank if env.distributed else None,
+        rows_per_step=rows_in_a_step(parts),
+    )
     last_saved = state.step if parts.resume_from else -1
     telemetry.started(state.step, state.epoch, state.resumes)
     parts.runner.train()
@@ -122,19 +130,21 @@ def fit(parts: TrainParts, state: TrainState) -> None:
         ):
             log.info("%s", decided)
         telemetry.step(state.step, result.phases, result.loss, result.grad_norm, result.tokens)
+        run_log.trained(result.loss)
         if state.step % recipe.train.log_every == 0 or state.step == parts.total_steps:
-            epoch = state.epoch + state.row / max(1, parts.batcher.usable_rows(state.epoch))
+            epoch = epoch_of(parts, state)
             run_log.step(state, result, parts.optim.lr, epoch, time.monotonic() - parts.started_at)
             tps = state.tokens / max(state.train_time_s, 1e-9)
             telemetry.logged(state.step, epoch, result.loss, parts.optim.lr, result.grad_norm, tps)
         if recipe.train.eval_every and state.step % recipe.train.eval_every == 0 and state.step < parts.total_steps:
-            state.eval_history.append([state.step, evaluate(parts.runner, parts.eval_batcher, parts.layout, env).loss])
+            state.eval_history.append([state.step, evaluate_and_print(parts, epoch_of(parts, state)).loss])
             telemetry.evaluated(state.eval_history[-1][1])
             parts.runner.train()
         if recipe.train.save_every and state.step % recipe.train.save_every == 0:
             last_saved = save(parts, state)
         if memory.budget_bytes() is not None:
             last_saved = stop_if_over_budget(parts, state, last_saved, run_log)
+    run_log.trained_to_the_end(epoch_of(parts, state))
     run_log.close()
     if last_saved != state.step:
         save(parts, state)
@@ -143,7 +153,7 @@ def fit(parts: TrainParts, state: TrainState) -> None:
 def finish(parts: TrainParts, state: TrainState) -> Summary | None:
     """Evaluate after training, export the trained weights, write the summary and report."""
     recipe, env, run_dir = parts.recipe, parts.env, parts.run_dir
-    after = evaluate(parts.runner, parts.eval_batcher, parts.layout, env)
+    after = evaluate_and_print(parts, epoch_of(parts, state))
     parts.telemetry.evaluated(after.loss)
     parts.telemetry.finished(state.step)
     whole = whole_model(parts, trained=True)
@@ -217,9 +227,31 @@ def stop_if_over_budget(parts: TrainParts, state: TrainState, last_saved: int, r
     )
 
 
+def epoch_of(parts: TrainParts, state: TrainState) -> float:
+    """Epochs done, with the fraction of the current one (what the logs and the Trainer's lines show)."""
+    return state.epoch + state.row / max(1, parts.batcher.usable_rows(state.epoch))
+
+
+def rows_in_a_step(parts: TrainParts) -> int:
+    train = parts.recipe.train
+    return train.micro_batch_size * train.grad_accum * parts.layout.data_parallel_size
+
+
+def evaluate_and_print(parts: TrainParts, epoch: float) -> EvalResult:
+    """Evaluate, and print the Trainer's eval line; its samples and steps count as the Trainer's do
+    (eval rows, and rows / (micro-batch x data-parallel replicas) rounded up)."""
+    t0 = time.monotonic()
+    result = evaluate(parts.runner, parts.eval_batcher, parts.layout, parts.env)
+    samples = len(parts.data.eval) if parts.data.eval else 0
+    per_batch = parts.recipe.train.micro_batch_size * parts.layout.data_parallel_size
+    steps = -(-samples // per_batch)
+    print_eval_line(parts.env.local_rank == 0, result.loss, time.monotonic() - t0, samples, steps, epoch)
+    return result
+
+
 def describe_run(parts: TrainParts) -> str:
     recipe, data, layout, env = parts.recipe, parts.data, parts.layout, parts.env
-    rows_per_step = recipe.train.micro_batch_size * recipe.train.grad_accum * layout.data_parallel_size
+    rows_per_step = rows_in_a_step(parts)
     trainable = sum(p.numel() for p in parts.optim.params)
     mean_row = int(sum(parts.batcher.data.lengths) / max(1, len(parts.batcher.epoch_rows(0))))
     return (
