@@ -151,9 +151,30 @@ def test_trainjob_contract_starts_torchrun_from_pet_variables(tmp_path, dist_ove
         )
         for r in range(2)
     ]
-    [finish(p) for p in procs]
+    outs = [finish(p) for p in procs]
     summary = json.loads((run / "summary.json").read_text())
     assert summary["steps"] == 4
+    # each node's first process prints its own progress (the pod a user follows may not be rank 0)
+    for rank, out in enumerate(outs):
+        assert "| 4/4 [" in out and f", rank={rank}]" in out, out[-2000:]
+        assert "{'loss': " in out and "{'train_runtime': " in out
+
+
+@pytest.mark.slow  # a second two-node run (14 s on CI's cores); the TrainJob contract above shows every node printing
+def test_elastic_pytorchjob_contract_c10d_workers_only(tmp_path, dist_overrides):
+    """Seed 002's layout: Workers only, which the operator gives an elasticPolicy's variables
+    (PET_NNODES min:max, PET_RDZV_BACKEND=c10d, PET_RDZV_ENDPOINT <job>-worker-0:port) and no RANK."""
+    endpoint = f"127.0.0.1:{free_port()}"
+    run = tmp_path / "elastic"
+    env = {"PET_NNODES": "2:2", "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": endpoint, "PET_RDZV_ID": "job"}
+    env |= {"PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "3"}
+    procs = [kubetune(["train", *dist_overrides, f"output_dir={run}"], env=base_env(**env)) for _ in range(2)]
+    outs = [finish(p) for p in procs]
+    assert json.loads((run / "summary.json").read_text())["steps"] == 4
+    ranks = {
+        int(line.rsplit("rank=", 1)[1].rstrip("]")) for out in outs for line in out.splitlines() if "| 4/4 [" in line
+    }
+    assert ranks == {0, 1}  # c10d chose who is rank 0; both pods' logs show training
 
 
 @pytest.mark.slow

@@ -10,6 +10,11 @@ object lives in `k8s.namespace`. Each training container runs
 
 with the PVC at /data (output_dir, the tokenized-data and model caches), so a restarted pod
 resumes from its last checkpoint (train.resume=auto). Nothing here talks to a cluster.
+
+The Namespace is for `submit` (which creates it only when missing); the printed and written
+output (`to_yaml`, `write_dir`) leaves it out unless asked for, since a namespace may hold far
+more than this job and `kubectl delete` of the output would delete it with all of that. A job
+that could never fit in a ResourceQuota rendered with it is refused (`quota_problems`).
 """
 
 from __future__ import annotations
@@ -21,13 +26,13 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from kubetune.errors import RecipeError, UserError
-from kubetune.k8s import jobs, objects
-from kubetune.k8s.names import DATA_DIR, Names
+from kubetune.k8s import jobs, objects, profiles, quota
+from kubetune.k8s.names import DATA_DIR, NAMESPACE_QUOTA, Names
 from kubetune.kube import KubeObject
 from kubetune.monitor.objects import metrics_port, training_pod_monitor
 from kubetune.recipe.chat_template import chat_template_problem
 from kubetune.recipe.comm import comm_warnings
-from kubetune.recipe.k8s import resource_problems
+from kubetune.recipe.k8s import K8sSection, resource_problems
 from kubetune.recipe.layout import check_model, check_recipe, layout_for, model_shape
 from kubetune.recipe.schema import Recipe
 
@@ -152,6 +157,41 @@ def layout_warnings(recipe: Recipe) -> list[str]:
     return []
 
 
+def _quota_keys(k8s: K8sSection, resource: str) -> tuple[str, str] | None:
+    """(the k8s.namespace_quota key, what sizes the job's share) of a resource the namespace quota caps."""
+    if resource in ("cpu", "memory"):
+        return f"k8s.namespace_quota.{resource}", f"k8s.replicas or {k8s.resource_key(resource)}"
+    if resource == profiles.PROFILES[k8s.profile].accelerator_resource:
+        return "k8s.namespace_quota.accelerators", f"k8s.replicas or {k8s.resource_key('accelerators')}"
+    if resource == "pods":
+        return "k8s.namespace_quota.pods", "k8s.replicas"
+    return None
+
+
+def quota_problems(rendered: list[KubeObject], k8s: K8sSection) -> list[str]:
+    """A job beyond a ResourceQuota rendered with it could never start (`submit`'s check, in an
+    empty namespace): one line per resource, naming the quota's key, the job's and the fix."""
+    need, problems = quota.rendered_usage(rendered), []
+    workers = k8s.elastic_range()[1] if k8s.elastic.enabled else k8s.replicas
+    per_pod = profiles.resource_list(k8s)
+    for budget in (obj for obj in rendered if obj["kind"] == "ResourceQuota"):
+        name = budget["metadata"]["name"]
+        for counted, needed, hard in quota.beyond(budget, need):
+            resource = counted.removeprefix("requests.").removeprefix("limits.")
+            each = f" of {per_pod[resource]}" if resource in per_pod else ""
+            demand = f"{quota.fmt(counted, needed)} {resource} ({workers} training pods{each} and the data-access pod)"
+            keys = _quota_keys(k8s, resource) if name == NAMESPACE_QUOTA else None
+            if keys is None:
+                problems.append(f"ResourceQuota {name} caps {counted} at {quota.fmt(counted, hard)}, below {demand}")
+                continue
+            budget_key, share_keys = keys
+            problems.append(
+                f"{budget_key}={quota.fmt(counted, hard)} is less than what this job requests, {demand}: it "
+                f"could never start; raise {budget_key} to at least {quota.fmt(counted, needed)}, or lower {share_keys}"
+            )
+    return problems
+
+
 def recipe_problems(recipe: Recipe) -> list[str]:
     """What can be told from the recipe alone never to run (resources, layout, chat template):
     `render` and the operator refuse the same, one line each."""
@@ -193,6 +233,9 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     out.append(
         jobs.pytorchjob(resolved, names) if k8s.api == "pytorchjob" else jobs.trainjob(resolved, names, runtime_name)
     )
+    beyond = quota_problems(out, k8s)
+    if beyond:
+        raise RecipeError("; ".join(beyond))
     if hf_token:
         _refuse_token_leak(out, hf_token)
     warnings = (
@@ -236,10 +279,17 @@ def _dump(obj: KubeObject) -> str:
     return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
 
 
-def to_yaml(objects: list[KubeObject], redact_secrets: bool = True) -> str:
-    """Multi-document YAML. Secrets are replaced by a comment unless `redact_secrets=False`."""
+def _owned(objects: list[KubeObject], create_namespace: bool) -> list[KubeObject]:
+    """What the output holds: the Namespace only when asked for (it may hold more than this job,
+    e.g. the Training Operator in `kubeflow`; whatever applies it, deletes it)."""
+    return [obj for obj in objects if create_namespace or obj["kind"] != "Namespace"]
+
+
+def to_yaml(objects: list[KubeObject], redact_secrets: bool = True, create_namespace: bool = False) -> str:
+    """Multi-document YAML. Secrets are replaced by a comment unless `redact_secrets=False`; the
+    Namespace is left out unless `create_namespace`."""
     docs = []
-    for obj in objects:
+    for obj in _owned(objects, create_namespace):
         if obj["kind"] == "Secret" and redact_secrets:
             docs.append(TOKEN_REDACTED_NOTE.format(name=obj["metadata"]["name"]) + "\n")
         else:
@@ -251,27 +301,60 @@ def file_name(obj: KubeObject) -> str:
     return f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
 
 
-def write_dir(objects: list[KubeObject], out_dir: Path) -> list[Path]:
-    """One file per object plus kustomization.yaml (`kubectl apply -k DIR`). Secrets are 0600."""
+def _write(obj: KubeObject, path: Path) -> None:
     import os
 
+    if obj["kind"] != "Secret":
+        path.write_text(_dump(obj), encoding="utf-8")
+        return
+    # Created with 0600 from the start: the token is never world-readable, even briefly.
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w", encoding="utf-8") as f:
+        f.write(_dump(obj))
+    os.chmod(path, 0o600)
+
+
+def shared(obj: KubeObject) -> bool:
+    """What is not this job's alone: the Namespace, the team's quota, a PriorityClass (other jobs may
+    use it). `submit` never deletes them; in a directory they stay out of kustomization.yaml, so that
+    `kubectl delete -k` never deletes them and `kubectl apply -k` of one job never rewrites them."""
+    budget = obj["kind"] == "ResourceQuota" and obj["metadata"]["name"] == NAMESPACE_QUOTA
+    return budget or obj["kind"] in ("Namespace", "PriorityClass")
+
+
+def write_dir(objects: list[KubeObject], out_dir: Path, create_namespace: bool = False) -> list[Path]:
+    """One file per object plus kustomization.yaml (`kubectl apply -k DIR`). Secrets are 0600.
+    The `shared` objects are written beside the kustomization, not in it; the Namespace itself only
+    with `create_namespace`."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = []
-    for obj in objects:
+    written, resources = [], []
+    for obj in _owned(objects, create_namespace):
         path = out_dir / file_name(obj)
-        if obj["kind"] == "Secret":
-            # Created with 0600 from the start: the token is never world-readable, even briefly.
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                f.write(_dump(obj))
-            os.chmod(path, 0o600)
-        else:
-            path.write_text(_dump(obj), encoding="utf-8")
+        _write(obj, path)
         written.append(path)
+        if not shared(obj):
+            resources.append(path.name)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
         "kind": "Kustomization",
-        "resources": [p.name for p in written],
+        "resources": resources,
     }
     (out_dir / "kustomization.yaml").write_text(_dump(kustomization), encoding="utf-8")
     return written + [out_dir / "kustomization.yaml"]
+
+
+def written_note(written: list[Path], out_dir: Path, namespace: str) -> str:
+    """What `render -o DIR` tells: how to apply it, and how the shared objects come to exist."""
+    kustomization = out_dir / "kustomization.yaml"
+    listed = set(yaml.safe_load(kustomization.read_text(encoding="utf-8"))["resources"]) | {kustomization.name}
+    beside = [p for p in written if p.name not in listed]
+    note = f"wrote {len(written)} files to {out_dir}/; apply with `kubectl apply -k {out_dir}`"
+    if beside:
+        note += (
+            f" after `kubectl create {' '.join(f'-f {p}' for p in beside)}` (not in kustomization.yaml: they are "
+            "not this job's alone, so `kubectl delete -k` leaves them, and create, like submit, never changes "
+            "one that exists)"
+        )
+    if not any(p.name == f"namespace-{namespace}.yaml" for p in beside):
+        note += f"; namespace {namespace} must exist (`kubectl create namespace {namespace}`, or --create-namespace)"
+    return note
