@@ -288,6 +288,15 @@ def recipe_show(args: list[str] = typer.Argument(None, help="[RECIPE] [key=value
     Console(width=160).print(table)
 
 
+@recipe_app.command("from-helm-values")
+def recipe_from_helm_values(path: Path = typer.Argument(..., help="A values file in seed 002's Helm layout.")):
+    """Print the recipe a values file of Intel's huggingface-llm chart (seed 002's layout) means, as the
+    kubetune-finetune chart reads it; each key's place is a comment."""
+    from kubetune.recipe.helm_values import read_values, recipe_yaml
+
+    typer.echo(recipe_yaml(read_values(path), str(path)), nl=False)
+
+
 @recipe_app.command("list")
 def recipe_list():
     """List the recipes shipped with kubetune."""

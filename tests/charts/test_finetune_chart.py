@@ -4,10 +4,15 @@ Each FineTune the chart renders is checked three ways: against the FineTune CRD'
 API server checks it (kubetune.operator.crd.check_finetune: jsonschema plus strict field validation), through
 the operator's own derivation of the recipe (kubetune.operator.plan.load_recipe_for: the CLI's recipe loader and
 render checks), and through `kubetune k8s render --check` (every job object validated offline).
-examples/medical_meadow_values.yaml must be seed 002's job: the shipped seed recipe, key for key.
+examples/medical_meadow_values.yaml must be seed 002's job: the shipped seed recipe, key for key. Seed 002's own
+values file (fixtures/seed002_medical_meadow_values.yaml, Intel's huggingface-llm layout) must install and mean the
+recipe `kubetune recipe from-helm-values` prints for it.
 """
 
 from __future__ import annotations
+
+import re
+from pathlib import Path
 
 import helm_python
 import pytest
@@ -21,15 +26,20 @@ from kubetune.recipe.loader import builtin_recipes, recipe_to_yaml
 from kubetune.recipe.schema import Recipe
 
 from ..k8s.conftest import run_cli
-from .helm import FINETUNE_CHART, chart, objects
+from .helm import FINETUNE_CHART, chart, installed, objects
 
 EXAMPLE = FINETUNE_CHART / "examples" / "medical_meadow_values.yaml"
+SEED_VALUES = Path(__file__).parent / "fixtures" / "seed002_medical_meadow_values.yaml"
 SEED = builtin_recipes()["llama2-7b-medical-flashcards"]
 
 
 def example_values() -> dict:
     # as `helm install -f` reads the file: Go's YAML reader (quoted "on" stays a string, 2.0e-5 a number)
     return helm_python.values_from_yaml(EXAMPLE.read_text())
+
+
+def seed_values() -> dict:
+    return helm_python.values_from_yaml(SEED_VALUES.read_text())
 
 
 EVERY_VALUE = {
@@ -45,7 +55,7 @@ EVERY_VALUE = {
         "minReplicas": 2,
         "maxReplicas": 6,
         "autoscale": "cpu",
-        "image": "registry.example.com/vllm:1",
+        "image": {"repository": "registry.example.com/vllm", "tag": "1", "digest": "sha256:" + "ab" * 32},
         "ingressHost": "llm.example.com",
     },
     "export": {"merged": True},
@@ -54,18 +64,21 @@ EVERY_VALUE = {
     "volumeClaimRetention": "Delete",
     "labels": {"team": "nlp"},
     "annotations": {"example.com/owner": "nlp"},
+    "test": {"image": {"repository": "registry.example.com/kubectl", "tag": "v1.33.0", "digest": ""}, "timeout": "5m"},
 }
-CASES = {"defaults": {}, "medical example": "example", "every value": EVERY_VALUE}
+CASES = {"defaults": {}, "medical example": "example", "seed 002's values": "seed", "every value": EVERY_VALUE}
 
 
 def finetune(values: dict, name: str = "medical", namespace: str = "fine-tuning") -> dict:
-    (obj,) = objects(FINETUNE_CHART, values, name=name, namespace=namespace)
-    assert (obj["apiVersion"], obj["kind"]) == ("kubetune.io/v1alpha1", "FineTune")
+    (obj,) = [o for o in objects(FINETUNE_CHART, values, name=name, namespace=namespace) if o["kind"] == "FineTune"]
+    assert obj["apiVersion"] == "kubetune.io/v1alpha1"
     return obj
 
 
 def values_of(case: str) -> dict:
-    return example_values() if CASES[case] == "example" else CASES[case]
+    files = {"example": example_values, "seed": seed_values}
+    value = CASES[case]
+    return files[value]() if isinstance(value, str) else value
 
 
 def recipe_of(obj: dict, data: dict | None = None) -> Recipe:
@@ -79,8 +92,8 @@ def recipe_of(obj: dict, data: dict | None = None) -> Recipe:
     return load_recipe_for(meta["name"], meta["namespace"], spec.recipe if data is None else data, spec)
 
 
-def test_lint_finds_nothing_for_the_defaults_and_the_example():
-    for values in ({}, example_values(), EVERY_VALUE):
+def test_lint_finds_nothing_for_the_defaults_the_example_and_seed_002s_values():
+    for values in ({}, example_values(), seed_values(), EVERY_VALUE):
         report = helm_python.lint(str(FINETUNE_CHART), values, strict=True, namespace="fine-tuning")
         assert report["errors"] == []
         assert [m for m in report["messages"] if m["severity"] >= 2] == []  # no warning either (strict)
@@ -155,8 +168,10 @@ def test_the_default_trains_the_recipe_schemas_defaults():
 
 def test_every_value_reaches_the_spec():
     spec = finetune(EVERY_VALUE)["spec"]
-    for field in ("recipe", "profile", "api", "hfTokenSecretRef", "serve", "export", "suspend"):
+    for field in ("recipe", "profile", "api", "hfTokenSecretRef", "export", "suspend"):
         assert spec[field] == EVERY_VALUE[field], field
+    image = EVERY_VALUE["serve"]["image"]
+    assert spec["serve"] == EVERY_VALUE["serve"] | {"image": f"{image['repository']}:1@{image['digest']}"}
     assert (spec["ttlSecondsAfterFinished"], spec["volumeClaimRetention"]) == (0, "Delete")
 
 
@@ -211,3 +226,204 @@ def test_the_values_schema_allows_what_the_crd_allows():
         assert values["serve"]["properties"][key]["enum"] == fields["serve"]["properties"][key]["enum"], key
     for key in ("replicas", "minReplicas", "maxReplicas"):
         assert values["serve"]["properties"][key]["minimum"] == fields["serve"]["properties"][key]["minimum"], key
+
+
+# --- seed 002's values layout (Intel's huggingface-llm chart) as an alias of `recipe:` -----------------------
+
+# Every key of the layout that maps to a recipe key, with a value of its own (the fixture covers the rest).
+EVERY_ALIAS = {
+    "image": {"pullPolicy": "Always"},
+    "distributed": {
+        "workers": 2,
+        "doEval": False,
+        "train": {
+            "modelName": "meta-llama/Llama-2-7b-hf",
+            "dataFile": "/data/flashcards.jsonl",
+            "datasetConcatenation": False,
+            "promptTemplate": "Q: {input}\nA: ",
+            "perDeviceBatchSize": 2,
+            "numEpochs": 1.5,
+            "maxSteps": 40,
+            "gradientAccumulationSteps": 4,
+            "learningRate": 1e-4,
+            "loggingSteps": 5,
+            "saveTotalLimit": 3,
+            "saveStrategy": "no",
+            "useLora": False,
+            "lora": {"r": 16, "alpha": 32},
+            "bf16": False,
+            "instructionColumnName": "question",
+            "inputColumnName": "context",
+            "outputColumnName": "answer",
+        },
+        "eval": {"perDeviceBatchSize": 4},
+    },
+    "envVars": {"httpProxy": "http://proxy:3128", "noProxy": ".svc,10.0.0.0/8"},
+    "resources": {"cpuLimit": "7500m", "memoryLimit": "30Gi", "nodeSelectorLabel": "pool", "nodeSelectorValue": "xeon"},
+    "securityContext": {"runAsUser": 2000},
+    "storage": {"storageClassName": "nfs-client", "resources": "10Gi"},
+}
+
+
+def from_helm_values(tmp_path: Path, values: dict) -> tuple[int, str, str]:
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = run_cli("recipe", "from-helm-values", str(path))
+    return result.code, result.out, result.err
+
+
+@pytest.mark.parametrize("case", ["seed 002's values", "every alias"])
+def test_the_chart_and_from_helm_values_map_the_layout_alike(tmp_path, case):
+    # the seed's own file as written (PyYAML must read its `2e-5` as Helm does: a number)
+    path = SEED_VALUES if case == "seed 002's values" else tmp_path / "values.yaml"
+    if case == "every alias":
+        path.write_text(yaml.safe_dump(EVERY_ALIAS))
+    result = run_cli("recipe", "from-helm-values", str(path))
+    assert result.code == 0, result.err
+    values = helm_python.values_from_yaml(path.read_text())
+    assert finetune(values)["spec"]["recipe"] == yaml.safe_load(result.out)
+    recipe_of(finetune(values))  # a recipe the operator trains, checked as `kubetune k8s render` checks it
+
+
+def test_seed_002s_values_mean_seed_002s_job():
+    obj = finetune(seed_values())
+    assert check_finetune(obj) == []
+    recipe = recipe_of(obj)
+    assert recipe.model.name_or_path == "meta-llama/Llama-2-7b-chat-hf"
+    assert recipe.data.train == "medalpaca/medical_meadow_medical_flashcards"
+    assert (recipe.train.epochs, recipe.train.lr, recipe.train.precision) == (3, 2e-5, "bf16")
+    assert (recipe.finetune.method, recipe.lora.r, recipe.lora.alpha) == ("lora", 8, 16)
+    assert recipe.lora.target_modules == ["q_proj", "v_proj"]
+    assert recipe.data.template == "alpaca"  # the seed's two prompts are Alpaca's preamble
+    assert (recipe.k8s.storage.storage_class, recipe.k8s.storage.size) == ("nfs-client", "50Gi")
+    specs = render_job(recipe).job["spec"]["pytorchReplicaSpecs"]
+    assert list(specs) == ["Worker"] and specs["Worker"]["replicas"] == 4  # the seed's 4 Workers (elastic)
+    (container,) = specs["Worker"]["template"]["spec"]["containers"]
+    assert container["resources"]["requests"] == container["resources"]["limits"] == {"cpu": "200", "memory": "226Gi"}
+
+
+def test_the_seeds_token_becomes_a_secret_the_finetune_reads():
+    by_kind = {o["kind"]: o for o in installed(objects(FINETUNE_CHART, seed_values(), name="medical", namespace="ft"))}
+    secret, ref = by_kind["Secret"], by_kind["FineTune"]["spec"]["hfTokenSecretRef"]
+    assert ref == {"name": secret["metadata"]["name"], "key": "HF_TOKEN"}
+    assert secret["data"]["HF_TOKEN"] == seed_values()["secret"]["encodedToken"]
+    notes = chart(FINETUNE_CHART).render(seed_values(), name="medical", namespace="ft")[
+        "kubetune-finetune/templates/NOTES.txt"
+    ]
+    assert "WARNING: the Hugging Face token" in notes and "hfTokenSecretRef.name=hf-token" in notes
+    assert (
+        "WARNING"
+        not in chart(FINETUNE_CHART).render(example_values(), name="m", namespace="ft")[
+            "kubetune-finetune/templates/NOTES.txt"
+        ]
+    )
+
+
+def test_notes_list_what_each_key_became_as_from_helm_values_does():
+    from kubetune.recipe.helm_values import map_values
+
+    notes = chart(FINETUNE_CHART).render(seed_values(), name="m", namespace="ft")[
+        "kubetune-finetune/templates/NOTES.txt"
+    ]
+    mapping = map_values(seed_values())
+    listed = re.findall(r"^  (\S+) -> recipe\.(\S+)$", notes, re.M)
+    assert listed == mapping.mapped and ("distributed.workers", "k8s.replicas") in listed
+    assert re.findall(r"^  (\S+): (.+)$", notes.split("Not used")[1].split("WARNING")[0], re.M) == mapping.unused
+
+
+REFUSALS = {
+    "a value kubetune cannot do": {"distributed": {"train": {"ddpBackend": "nccl"}}},
+    "requests unlike limits": {"resources": {"cpuRequest": 100, "cpuLimit": 200}},
+    "the alias and recipe: for one key": {"distributed": {"workers": 2}, "recipe": {"k8s": {"replicas": 3}}},
+    "a key with no place in a FineTune": {"securityContext": {"fsGroup": 1000}},
+    "two tokens": {"secret": {"encodedToken": "aGY="}, "hfTokenSecretRef": {"name": "hf-token"}},
+    "a token not in base64": {"secret": {"encodedToken": "hf_abc!"}},
+    "a node selector value without its label": {"resources": {"nodeSelectorValue": "xeon"}},
+}
+
+
+@pytest.mark.parametrize("case", REFUSALS)
+def test_both_readers_refuse_alike_with_the_key_named(tmp_path, case):
+    code, _, err = from_helm_values(tmp_path, REFUSALS[case])
+    assert code == 2
+    (line,) = err.strip().splitlines()
+    message = line.removeprefix("kubetune: error: ")
+    with pytest.raises(helm_python.HelmRenderError) as refused:
+        finetune(REFUSALS[case])
+    assert str(refused.value).endswith(message)  # Helm's "execution error at (...): " then the same words
+
+
+def test_a_key_outside_the_layout_is_refused_by_name(tmp_path):
+    values = {"distributed": {"train": {"useIpx": True}}}
+    with pytest.raises(helm_python.HelmValuesError, match="additional properties 'useIpx' not allowed"):
+        finetune(values)
+    code, _, err = from_helm_values(tmp_path, values)
+    assert code == 2 and "distributed.train.useIpx: not a key of seed 002's layout" in err
+
+
+def test_the_layout_and_a_recipe_ref_are_two_recipes():
+    with pytest.raises(helm_python.HelmRenderError, match="not both"):
+        finetune({"distributed": {"workers": 2}, "recipeRef": {"name": "my-recipe"}})
+
+
+def test_the_charts_table_and_schema_are_the_python_modules():
+    # the chart reads files/helm-values-aliases.json and values.schema.json; kubetune.recipe.helm_values writes them
+    from kubetune.recipe.helm_values import chart_files
+
+    for path, text in chart_files(FINETUNE_CHART).items():
+        assert path.read_text() == text, (
+            f"{path} drifted: .venv/bin/python -m kubetune.recipe.helm_values {FINETUNE_CHART}"
+        )
+
+
+def test_from_helm_values_knows_the_charts_own_keys():
+    from kubetune.recipe.helm_values import CHART_VALUES
+
+    assert set(CHART_VALUES) - {"global"} == set(chart(FINETUNE_CHART).values)
+
+
+# --- Helm conventions --------------------------------------------------------------------------------------
+
+
+def test_every_object_is_named_after_the_release_and_carries_the_standard_labels():
+    one, two = (objects(FINETUNE_CHART, seed_values(), name=n, namespace="ft") for n in ("alpha", "beta"))
+    assert {o["metadata"]["name"] for o in one}.isdisjoint({o["metadata"]["name"] for o in two})
+    for obj in one:
+        assert obj["metadata"]["name"].startswith("alpha"), obj["metadata"]["name"]
+        labels = obj["metadata"]["labels"]
+        assert labels["app.kubernetes.io/instance"] == "alpha"
+        assert labels["app.kubernetes.io/version"] == chart(FINETUNE_CHART).metadata["appVersion"]
+        assert labels["helm.sh/chart"] == "kubetune-finetune-" + chart(FINETUNE_CHART).metadata["version"]
+        assert {"app.kubernetes.io/name", "app.kubernetes.io/managed-by"} <= set(labels)
+
+
+def test_helm_test_waits_for_the_operator_to_find_this_finetune_valid():
+    objs = objects(FINETUNE_CHART, {}, name="medical", namespace="ft")
+    hooks = {o["kind"]: o for o in objs if o not in installed(objs)}
+    assert set(hooks) == {"ServiceAccount", "Role", "RoleBinding", "Pod"}
+    assert {o["metadata"]["annotations"]["helm.sh/hook"] for o in hooks.values()} == {"test"}
+    pod = hooks["Pod"]["spec"]
+    (container,) = pod["containers"]
+    assert container["args"][:4] == ["wait", "finetune/medical", "--namespace=ft", "--for=condition=Valid"]
+    assert container["image"] == "registry.k8s.io/kubectl:v1.33.0"
+    assert pod["serviceAccountName"] == hooks["ServiceAccount"]["metadata"]["name"]
+    (rule,) = hooks["Role"]["rules"]
+    assert (rule["apiGroups"], rule["resources"]) == (["kubetune.io"], ["finetunes"])
+    assert set(rule["verbs"]) <= {"get", "list", "watch"}  # reads, never writes
+    binding = hooks["RoleBinding"]
+    assert binding["roleRef"]["name"] == hooks["Role"]["metadata"]["name"]
+    assert binding["subjects"][0]["name"] == hooks["ServiceAccount"]["metadata"]["name"]
+
+
+def test_without_a_cluster_the_chart_renders_without_the_crd():
+    # helm template / helm-python-sdk: lookup answers nothing and Capabilities has only the built-in APIs, so the
+    # chart cannot tell a missing CRD from no cluster and must render (against a cluster it refuses: README)
+    assert finetune({})["kind"] == "FineTune"
+
+
+def test_the_readme_says_what_becomes_of_every_key_of_the_layout():
+    from kubetune.recipe.helm_values import ALIASES, CHART_KEYS
+
+    readme = (FINETUNE_CHART / "README.md").read_text().split("## Bring your values")[1]
+    rows = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
+    assert {e["from"] for e in ALIASES} | set(CHART_KEYS) == rows
