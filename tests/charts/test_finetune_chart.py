@@ -339,6 +339,7 @@ REFUSALS = {
     "two tokens": {"secret": {"encodedToken": "aGY="}, "hfTokenSecretRef": {"name": "hf-token"}},
     "a token not in base64": {"secret": {"encodedToken": "hf_abc!"}},
     "a node selector value without its label": {"resources": {"nodeSelectorValue": "xeon"}},
+    "the layout and a recipe from a ConfigMap": {"distributed": {"workers": 2}, "recipeRef": {"name": "my-recipe"}},
 }
 
 
@@ -359,11 +360,6 @@ def test_a_key_outside_the_layout_is_refused_by_name(tmp_path):
         finetune(values)
     code, _, err = from_helm_values(tmp_path, values)
     assert code == 2 and "distributed.train.useIpx: not a key of seed 002's layout" in err
-
-
-def test_the_layout_and_a_recipe_ref_are_two_recipes():
-    with pytest.raises(helm_python.HelmRenderError, match="not both"):
-        finetune({"distributed": {"workers": 2}, "recipeRef": {"name": "my-recipe"}})
 
 
 def test_the_charts_table_and_schema_are_the_python_modules():

@@ -242,9 +242,11 @@ ALIASES: list[Entry] = [
     {"from": "securityContext.runAsUser", "to": _to("k8s.run_as_user"), "type": "integer"},
     _unused(
         "securityContext.allowPrivilegeEscalation",
-        "kubetune's pods leave it unset (neither the recipe nor the FineTune has the field); they run as the "
-        "non-root UID recipe.k8s.run_as_user",
+        "false: kubetune's non-root pods (cpu, nvidia) already run without privilege escalation",
         "boolean",
+        values={"false": UNSET},
+        only=True,
+        refuse="kubetune's non-root pods never allow privilege escalation; remove the key",
     ),
     {"from": "storage.storageClassName", "to": _to("k8s.storage.storage_class"), "type": "string"},
     {"from": "storage.resources", "to": _to("k8s.storage.size"), "type": "string"},
@@ -255,14 +257,16 @@ ALIASES: list[Entry] = [
         "",
         values={},
         only=True,
-        refuse="the pods run as UID recipe.k8s.run_as_user and its group; remove the key",
+        refuse="kubetune sets runAsGroup and fsGroup to the UID (securityContext.runAsUser, recipe.k8s.run_as_user); "
+        "remove the key",
     ),
     _unused(
         "securityContext.fsGroup",
         "",
         values={},
         only=True,
-        refuse="the pods run as UID recipe.k8s.run_as_user and its group; remove the key",
+        refuse="kubetune sets runAsGroup and fsGroup to the UID (securityContext.runAsUser, recipe.k8s.run_as_user); "
+        "remove the key",
     ),
 ]
 # Keys the chart reads itself (not recipe keys): the Secret it renders from a token in values.
@@ -465,6 +469,7 @@ def _schema_problems(values: dict[str, Any]) -> list[str]:
     return problems
 
 
+TWO_RECIPES = "set either recipe (or seed 002's layout) or recipeRef.name, not both (a FineTune has exactly one recipe)"
 TOKEN_TWICE = (
     "secret.encodedToken and hfTokenSecretRef.name both give the Hugging Face token; "
     "keep hfTokenSecretRef (the Secret stays out of Helm's release)"
@@ -502,6 +507,8 @@ def map_values(values: dict[str, Any]) -> Mapping:
     out = Mapping(values.get("recipe") or {})
     for entry in ALIASES:
         _apply(entry, values, out)
+    if (out.own_recipe or out.mapped) and _get(values, "recipeRef.name"):
+        raise RecipeError(TWO_RECIPES)
     return out
 
 
