@@ -248,6 +248,32 @@ def test_scheduler_config_extender_entry():
     assert yaml.safe_load(cm["data"]["kube-scheduler-config.yaml"])["extenders"][0]["weight"] == 5
 
 
+def test_a_custom_resource_reaches_the_plugin_the_extender_and_the_scheduler():
+    # a plugin advertising habana.ai/gaudi-mm is no use if the extender and the scheduler ignore it
+    mm = "habana.ai/gaudi-mm"
+    objects = _render("--resource", mm, "--stateless", "--no-netprobe")
+    plugin = next(o for o in objects if o["kind"] == "DaemonSet")["spec"]["template"]["spec"]["containers"][0]
+    assert plugin["args"][plugin["args"].index("--resource") + 1] == mm
+    cm = next(o for o in objects if o["kind"] == "ConfigMap")
+    (entry,) = yaml.safe_load(cm["data"]["kube-scheduler-config.yaml"])["extenders"]
+    assert {"name": mm, "ignoredByScheduler": False} in entry["managedResources"]
+    args = next(o for o in objects if o["kind"] == "Deployment")["spec"]["template"]["spec"]["containers"][0]["args"]
+    # the extender as rendered (on loopback): it must filter on the custom resource's free cards
+    port = free_port()
+    at = {"--host": "127.0.0.1", "--port": str(port)}
+    local = [at.get(prev, arg) for prev, arg in zip(["", *args[:-1]], args, strict=True)]
+    proc = subprocess.Popen(KUBETUNE + [*local, "--log-level", "warning"], stderr=subprocess.PIPE)
+    try:
+        _wait_http(f"http://127.0.0.1:{port}/healthz", proc)
+        nodes = [gaudi_node("a", free=8, resource=mm), gaudi_node("b", free=2, resource=mm)]
+        body = extender_args(training_pod(cards=8, resource=mm), nodes)
+        r = httpx.post(f"http://127.0.0.1:{port}/filter", json=body, timeout=10)
+        assert r.status_code == 200 and list(r.json()["FailedNodes"]) == ["b"]
+    finally:
+        proc.kill()
+        proc.wait(timeout=10)
+
+
 def test_render_rejects_bad_settings_naming_the_flags():
     r = subprocess.run(
         KUBETUNE + ["k8s", "render-components", "--extender-weight", "0", "--discovery", "inventory:x.yaml"],

@@ -8,6 +8,8 @@ import subprocess
 import pytest
 import yaml
 
+from kubetune.k8s.names import NAMESPACE_QUOTA
+
 from .conftest import TOKEN
 
 SEED = "llama2-7b-medical-flashcards"
@@ -23,10 +25,14 @@ def test_stdout_is_multidoc_yaml_without_the_token(cli, monkeypatch):
     result = cli("k8s", "render", SEED, "--profile", "gaudi", "--api", "pytorchjob")
     assert result.code == 0, result.err
     docs = [d for d in yaml.safe_load_all(result.out) if d]
-    kinds = ["Namespace", "PersistentVolumeClaim", "ConfigMap", "PodMonitor", "Pod", "PyTorchJob"]
-    assert [d["kind"] for d in docs] == kinds
+    kinds = ["PersistentVolumeClaim", "ConfigMap", "PodMonitor", "Pod", "PyTorchJob"]
+    assert [d["kind"] for d in docs] == kinds  # no Namespace unless asked for
     assert "# Secret llama2-7b-medical-flashcards-hf-token: not printed" in result.out
     assert TOKEN not in result.out + result.err
+    asked = cli("k8s", "render", SEED, "--create-namespace", "k8s.namespace=team-ml")
+    assert asked.code == 0, asked.err
+    first = next(d for d in yaml.safe_load_all(asked.out) if d)
+    assert (first["kind"], first["metadata"]["name"]) == ("Namespace", "team-ml")
 
 
 def test_output_dir_applies_with_kustomize(cli, tmp_path):
@@ -51,6 +57,7 @@ def test_output_dir_applies_with_kustomize(cli, tmp_path):
     )
     assert result.code == 0, result.err
     assert f"kubectl apply -k {out}" in result.err and result.out == ""
+    assert "namespace team-ml must exist (`kubectl create namespace team-ml`, or --create-namespace)" in result.err
     names = sorted(p.name for p in out.iterdir())
     assert "kustomization.yaml" in names and "secret-llama2-7b-medical-flashcards-hf-token.yaml" in names
     if shutil.which("kubectl") is None:
@@ -61,7 +68,6 @@ def test_output_dir_applies_with_kustomize(cli, tmp_path):
     kinds = sorted(d["kind"] for d in docs)
     assert kinds == sorted(
         [
-            "Namespace",
             "ResourceQuota",
             "PersistentVolumeClaim",
             "Secret",
@@ -72,9 +78,46 @@ def test_output_dir_applies_with_kustomize(cli, tmp_path):
             "TrainJob",
         ]
     )
-    assert {
-        d["metadata"].get("namespace") for d in docs if d["kind"] not in ("Namespace", "ClusterTrainingRuntime")
-    } == {"team-ml"}
+    assert {d["metadata"].get("namespace") for d in docs if d["kind"] != "ClusterTrainingRuntime"} == {"team-ml"}
+
+
+def _kustomized(directory) -> list[dict]:
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed: cannot run `kubectl kustomize`")
+    built = subprocess.run(["kubectl", "kustomize", str(directory)], capture_output=True, text=True, timeout=60)
+    assert built.returncode == 0, built.stderr
+    return [d for d in yaml.safe_load_all(built.stdout) if d]
+
+
+def test_kubectl_delete_k_of_any_shipped_job_deletes_no_namespace_nor_its_budget(tmp_path):
+    # what `kubectl delete -k DIR` deletes is what `kubectl kustomize DIR` builds: never the Namespace, which
+    # may hold far more than the job (seed 002's `kubeflow` holds the Training Operator), nor the team's quota,
+    # nor a PriorityClass other jobs may use
+    from kubetune.k8s import render as r
+    from kubetune.recipe.loader import builtin_recipes, load_recipe
+
+    for recipe_name in builtin_recipes():
+        for profile in ("cpu", "gaudi", "nvidia"):
+            shared = ["k8s.namespace_quota.pods=1000", "k8s.priority_class=team-high", "k8s.priority_value=1000"]
+            recipe = load_recipe(recipe_name, [f"k8s.profile={profile}", *shared]).recipe
+            out = tmp_path / f"{recipe_name}-{profile}"
+            written = [p.name for p in r.write_dir(r.render(recipe).objects, out, create_namespace=True)]
+            # asked for, both are written beside the kustomization, to create once
+            beside = {f"namespace-{recipe.k8s.namespace}.yaml", f"resourcequota-{NAMESPACE_QUOTA}.yaml"}
+            assert beside | {"priorityclass-team-high.yaml"} <= set(written)
+            kinds = [d["kind"] for d in _kustomized(out)]
+            assert not {"Namespace", "ResourceQuota", "PriorityClass"} & set(kinds), (recipe_name, profile, kinds)
+            assert "PyTorchJob" in kinds or "TrainJob" in kinds, (recipe_name, profile, kinds)
+
+
+def test_create_namespace_writes_it_outside_the_kustomization(cli, tmp_path):
+    out = tmp_path / "manifests"
+    result = cli("k8s", "render", SEED, "-o", str(out), "--create-namespace", "k8s.namespace=team-ml")
+    assert result.code == 0, result.err
+    namespace_file = out / "namespace-team-ml.yaml"
+    assert f"after `kubectl create -f {namespace_file}`" in result.err
+    assert yaml.safe_load(namespace_file.read_text())["kind"] == "Namespace"
+    assert namespace_file.name not in yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
 
 
 def test_check_validates_and_says_so(cli):

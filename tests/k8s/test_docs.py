@@ -13,7 +13,7 @@ import pytest
 
 from kubetune.recipe.loader import all_keys
 
-from .conftest import REPO, TOKEN
+from .conftest import REPO, TOKEN, run_cli
 
 GUIDE = REPO / "README.md"  # the cluster guide is a section of the README
 COMM = REPO / "docs" / "comm.md"
@@ -34,10 +34,25 @@ def test_the_guide_runs_as_written_until_a_cluster_is_needed(tmp_path):
     script = "set -euo pipefail\n" + "\n".join(blocks)
     result = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
-    assert result.stdout.startswith("---\napiVersion: v1\nkind: Namespace")  # the `render | head` block
+    assert result.stdout.startswith("---\napiVersion: v1\nkind: PersistentVolumeClaim")  # `render | head`: no Namespace
     assert (tmp_path / "manifests" / "kustomization.yaml").is_file()
     assert (tmp_path / "serve" / "kustomization.yaml").is_file()  # render-serve's block
     assert TOKEN not in result.stdout + result.stderr
+
+
+RENDER_ERROR_BLOCK = re.compile(r"```console\n\$ kubetune (k8s render \S+[^\n]*)\n(kubetune: error: [^\n]*)\n```")
+
+
+def test_the_guides_render_errors_are_what_render_prints():
+    # each ```console block of `kubetune k8s render BUILTIN ...`: the error line shown is the one printed
+    from kubetune.recipe.loader import builtin_recipes
+
+    blocks = RENDER_ERROR_BLOCK.findall(GUIDE.read_text())
+    runnable = [(cmd.split(), shown) for cmd, shown in blocks if cmd.split()[2] in builtin_recipes()]
+    assert runnable, "the guide shows no render error of a builtin recipe"
+    for args, shown in runnable:
+        result = run_cli(*args)
+        assert result.code == 2 and result.err.strip() == shown, (args, result.err)
 
 
 def test_every_cluster_command_in_the_guide_exists():

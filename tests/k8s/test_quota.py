@@ -71,6 +71,60 @@ def test_a_per_job_quota_warns_that_it_caps_the_whole_namespace():
         rendered("k8s.quota=true", *BUDGET)
 
 
+def test_render_refuses_the_seed_job_under_a_smaller_namespace_quota_as_submit_would(cli):
+    # the case: 4 pods of 200 CPUs under a rendered 600-CPU budget could never start
+    result = cli("k8s", "render", "llama2-7b-medical-flashcards", "k8s.namespace_quota.cpu=600")
+    assert result.code == 2 and result.out == ""
+    assert result.err.count("\n") == 1, result.err
+    assert (
+        "k8s.namespace_quota.cpu=600 is less than what this job requests, 800.25 cpu (4 training pods of 200 and "
+        "the data-access pod): it could never start; raise k8s.namespace_quota.cpu to at least 800.25, or lower "
+        "k8s.replicas or k8s.profile_resources.cpu.cpu"
+    ) in result.err
+    assert cli("k8s", "render", "llama2-7b-medical-flashcards", "k8s.namespace_quota.cpu=801").code == 0
+
+
+@pytest.mark.parametrize(
+    "overrides,line",
+    [
+        (["k8s.namespace_quota.pods=2"], "k8s.namespace_quota.pods=2 is less than what this job requests, 3 pods"),
+        (
+            ["k8s.namespace_quota.memory=64Gi"],
+            (
+                "k8s.namespace_quota.memory=64Gi is less than what this job requests, 64.25Gi memory (2 training pods "
+                "of 32Gi and the data-access pod)"
+            ),
+        ),
+        (
+            ["k8s.profile=gaudi", "k8s.replicas=2", "k8s.namespace_quota.accelerators=8"],
+            (
+                "k8s.namespace_quota.accelerators=8 is less than what this job requests, 16 habana.ai/gaudi "
+                "(2 training pods of 8 and the data-access pod): it could never start; raise "
+                "k8s.namespace_quota.accelerators to at least 16, or lower k8s.replicas or k8s.resources.accelerators"
+            ),
+        ),
+        # an elastic job may grow to max_replicas: that is what the budget must hold
+        (
+            ["k8s.elastic.enabled=true", "k8s.elastic.max_replicas=5", "k8s.namespace_quota.cpu=40"],
+            "k8s.namespace_quota.cpu=40 is less than what this job requests, 40.25 cpu (5 training pods of 8",
+        ),
+    ],
+)
+def test_render_refuses_each_resource_the_namespace_quota_cannot_hold(overrides, line):
+    with pytest.raises(RecipeError) as refused:
+        rendered(*overrides)
+    assert line in str(refused.value)
+    assert "raise k8s.namespace_quota." in str(refused.value)
+
+
+def test_a_job_that_fits_its_budget_exactly_renders():
+    # 2 x 8 CPUs + 0.25 for the data pod, 2 x 32Gi + 256Mi, 3 pods: nothing to spare, nothing short
+    objects = rendered(
+        "k8s.namespace_quota.cpu=16.25", "k8s.namespace_quota.memory=64.25Gi", "k8s.namespace_quota.pods=3"
+    ).objects
+    assert quotas(objects)[0]["spec"]["hard"]["requests.cpu"] == "16.25"
+
+
 # ------------------------------------------------------------------------ what a quota counts
 
 

@@ -89,7 +89,7 @@ def test_snapshot(recipe, profile, api, name):
     # checked by test_container_runs_kubetune_train_on_the_mounted_recipe, not snapshotted.
     for cm in by_kind(objects, "ConfigMap"):
         cm["data"]["recipe.yaml"] = "<the resolved recipe>"
-    text = r.to_yaml(objects)
+    text = r.to_yaml(objects, create_namespace=True)  # all that render makes (the output's default omits the Namespace)
     path = SNAPSHOTS / name
     if os.environ.get("KUBETUNE_UPDATE_SNAPSHOTS"):
         path.parent.mkdir(exist_ok=True)
@@ -410,7 +410,9 @@ def test_write_dir_files_kustomization_and_secret_mode(tmp_path):
     assert kustomization["resources"] == [p.name for p in written[:-1]]
     secret_file = tmp_path / "secret-llama2-7b-medical-flashcards-hf-token.yaml"
     assert secret_file.stat().st_mode & 0o777 == 0o600
-    assert [yaml.safe_load(p.read_text()) for p in written[:-1]] == objects
+    assert objects[0]["kind"] == "Namespace"  # rendered for submit, never written unless asked for
+    assert [yaml.safe_load(p.read_text()) for p in written[:-1]] == objects[1:]
+    assert not list(tmp_path.glob("namespace-*.yaml"))
 
 
 # ------------------------------------------------------------------- the validators can fail

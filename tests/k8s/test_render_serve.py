@@ -313,7 +313,7 @@ def test_snapshot(name, recipe, profile, engine):
     # the vLLM one with an API key and cert-manager's TLS, the native one open (the defaults)
     access = {"api_key_secret": "llm-keys", "cert_manager_issuer": "letsencrypt"} if engine == "vllm" else {}
     objects = rendered(recipe, profile=profile, engine=engine, ingress_host="llm.example.com", **access).objects
-    text = r.to_yaml(objects)
+    text = r.to_yaml(objects, create_namespace=True)  # all that render-serve makes (the output omits the Namespace)
     path = SNAPSHOTS / name
     if os.environ.get("KUBETUNE_UPDATE_SNAPSHOTS"):
         path.write_text(text)
@@ -463,8 +463,7 @@ def test_cli_writes_one_file_per_object_for_kustomize(cli, tmp_path):
     assert result.out == "" and "checked 10 objects: all valid" in result.err
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(
-        [
-            "namespace-kubetune.yaml",
+        [  # no Namespace: `kubectl delete -k` of this directory must not delete it
             f"secret-{SERVE}-hf-token.yaml",
             f"networkpolicy-{SERVE}.yaml",
             f"configmap-{SERVE}-prometheus-adapter-rule.yaml",

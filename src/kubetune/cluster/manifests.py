@@ -218,8 +218,16 @@ def device_plugin(s: ComponentSettings) -> list[dict]:
     return _rbac(PLUGIN_NAME, s, "device-plugin", rules) + [daemonset]
 
 
+def managed_resources(s: ComponentSettings) -> tuple[str, ...]:
+    """What the extender scores and the scheduler sends it: the well-known cards, and the device
+    plugin's resource when it is another (e.g. habana.ai/gaudi-mm), or its pods go unscored."""
+    return tuple(dict.fromkeys((*keys.MANAGED_RESOURCES, s.resource)))
+
+
 def extender(s: ComponentSettings) -> list[dict]:
     args = ["scheduler-extender", "--host", "0.0.0.0", "--port", str(s.extender_port)]
+    if managed_resources(s) != keys.MANAGED_RESOURCES:  # the extender's own default otherwise
+        args += [arg for resource in managed_resources(s) for arg in ("--resource", resource)]
     if s.weights:
         args += ["--weights", s.weights]
     if s.watch_pods:
@@ -376,7 +384,7 @@ def scheduler_config(s: ComponentSettings) -> dict:
                 "enableHTTPS": False,
                 "httpTimeout": "5s",
                 "nodeCacheCapable": False,
-                "managedResources": [{"name": r, "ignoredByScheduler": False} for r in keys.MANAGED_RESOURCES],
+                "managedResources": [{"name": r, "ignoredByScheduler": False} for r in managed_resources(s)],
                 "ignorable": True,
             }
         ],

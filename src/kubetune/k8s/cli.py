@@ -292,6 +292,12 @@ _token_opt = typer.Option(None, "--hf-token-file", help="File holding the Huggin
 _runtime_opt = typer.Option(
     False, "--with-runtime", help="trainjob: also render a ClusterTrainingRuntime for this job."
 )
+_create_namespace_opt = typer.Option(
+    False,
+    "--create-namespace",
+    help="Also render the Namespace (left out by default: `kubectl delete` of the output would delete it and all in "
+    "it); with -o as a file outside kustomization.yaml.",
+)
 
 
 def render_cmd(
@@ -304,22 +310,22 @@ def render_cmd(
     hf_token_file: Path | None = _token_opt,
     check: bool = typer.Option(False, "--check", help="Validate every object offline; fail if any cannot be checked."),
     with_runtime: bool = _runtime_opt,
+    create_namespace: bool = _create_namespace_opt,
 ):
     """Render the recipe as Kubernetes manifests (stdout, or files with -o for `kubectl apply -k`).
 
     On stdout the HF-token Secret is replaced by a comment: the token is only ever written
     to DIR/secret-*.yaml (mode 0600) with -o, or sent to the cluster by `submit`.
     """
-    from kubetune.k8s.render import to_yaml, write_dir
+    from kubetune.k8s.render import to_yaml, write_dir, written_note
 
     rendered = _render(args or [], profile, api, _read_token(hf_token_file), with_runtime)
     if check:
         _check(rendered.objects)
     if output is None:
-        sys.stdout.write(to_yaml(rendered.objects, redact_secrets=True))
+        sys.stdout.write(to_yaml(rendered.objects, redact_secrets=True, create_namespace=create_namespace))
         return
-    written = write_dir(rendered.objects, output)
-    _note(f"wrote {len(written)} files to {output}/; apply with `kubectl apply -k {output}`")
+    _note(written_note(write_dir(rendered.objects, output, create_namespace), output, rendered.names.namespace))
 
 
 def render_serve_cmd(
@@ -350,6 +356,7 @@ def render_serve_cmd(
     ),
     hf_token_file: Path | None = _token_opt,
     check: bool = typer.Option(False, "--check", help="Validate every object offline (kubernetes-validate, strict)."),
+    create_namespace: bool = _create_namespace_opt,
 ):
     """Render the serving objects of a trained run: Deployment, Service, Ingress, NetworkPolicy,
     PodDisruptionBudget, HorizontalPodAutoscaler and the prometheus-adapter rule it reads (stdout, or files with -o).
@@ -357,7 +364,7 @@ def render_serve_cmd(
     `kubetune k8s submit --serve RUN ...` applies the same objects; `status` and `delete` take
     their name (`<job>-serve`).
     """
-    from kubetune.k8s.render import to_yaml, write_dir
+    from kubetune.k8s.render import to_yaml, write_dir, written_note
 
     settings = _serve_settings(
         engine,
@@ -387,10 +394,9 @@ def render_serve_cmd(
     if check:
         _check(rendered.objects)
     if output is None:
-        sys.stdout.write(to_yaml(rendered.objects, redact_secrets=True))
+        sys.stdout.write(to_yaml(rendered.objects, redact_secrets=True, create_namespace=create_namespace))
         return
-    written = write_dir(rendered.objects, output)
-    _note(f"wrote {len(written)} files to {output}/; apply with `kubectl apply -k {output}`")
+    _note(written_note(write_dir(rendered.objects, output, create_namespace), output, rendered.names.namespace))
 
 
 def submit_cmd(

@@ -113,7 +113,7 @@ def _counted_as(key: str) -> str:
     return f"requests.{key}" if key in ("cpu", "memory") or key.startswith("hugepages-") else key
 
 
-def _fmt(key: str, value: Decimal) -> str:
+def fmt(key: str, value: Decimal) -> str:
     """Cores and counts as plain numbers (16.25), bytes in Gi (64.25Gi)."""
     if key.endswith(("memory", "storage")) or "hugepages-" in key:
         value = (value / 2**30).quantize(Decimal("0.01"))
@@ -132,6 +132,12 @@ def _short(quota: KubeObject, held: Usage, need: Usage) -> list[tuple[str, Decim
     requests = {k for k, *_ in out if k.startswith("requests.")}
     # limits.X says nothing more than requests.X for Guaranteed pods: one line each
     return [row for row in out if not (row[0].startswith("limits.") and "requests." + row[0][7:] in requests)]
+
+
+def beyond(quota: KubeObject, need: Usage) -> list[tuple[str, Decimal, Decimal]]:
+    """(key, need, hard) for each resource `need` overruns in an empty namespace: what can never fit.
+    `render` refuses a job beyond the quota it renders itself; `shortfalls` adds the other pods."""
+    return [(key, needed, hard) for key, needed, _, hard in _short(quota, {}, need)]
 
 
 def shortfalls(
@@ -154,10 +160,10 @@ def shortfalls(
         if not rows:
             continue
         meta = quota.get("metadata") or {}
-        parts = [f"{k} needs {_fmt(k, n)}, {_fmt(k, r)} of {_fmt(k, h)} remain" for k, n, r, h in rows]
+        parts = [f"{k} needs {fmt(k, n)}, {fmt(k, r)} of {fmt(k, h)} remain" for k, n, r, h in rows]
         keys = [k for k, *_ in rows]
         users = [
-            f"{'this job' if who == job else who}: " + ", ".join(f"{k} {_fmt(k, u[k])}" for k in keys if u.get(k))
+            f"{'this job' if who == job else who}: " + ", ".join(f"{k} {fmt(k, u[k])}" for k in keys if u.get(k))
             for who, u in sorted(held_by.items())
             if any(u.get(k) for k in keys)
         ]
