@@ -25,7 +25,7 @@ from kubetune.operator.crd import check_finetune, spec_schema
 from kubetune.recipe.loader import builtin_recipes, recipe_to_yaml
 from kubetune.recipe.schema import Recipe
 
-from ..k8s.conftest import run_cli
+from ..k8s.conftest import kube, run_cli  # noqa: F401 (kube: the emulated API server, a fixture)
 from .helm import FINETUNE_CHART, chart, installed, objects
 
 EXAMPLE = FINETUNE_CHART / "examples" / "medical_meadow_values.yaml"
@@ -412,9 +412,31 @@ def test_helm_test_waits_for_the_operator_to_find_this_finetune_valid():
 
 
 def test_without_a_cluster_the_chart_renders_without_the_crd():
-    # helm template / helm-python-sdk: lookup answers nothing and Capabilities has only the built-in APIs, so the
-    # chart cannot tell a missing CRD from no cluster and must render (against a cluster it refuses: README)
+    # helm template / helm-python-sdk's render: lookup answers nothing and Capabilities has only the built-in
+    # APIs, so the chart cannot tell a missing CRD from no cluster, and renders
     assert finetune({})["kind"] == "FineTune"
+
+
+def test_installing_against_a_cluster_without_the_crd_names_the_operator_chart(kube):  # noqa: F811
+    import kmock
+
+    # Helm's own client against the emulated API server. kmock's lists have no `kind`, which Helm's lookup needs
+    # (a real API server says SecretList): the release namespace's Secrets are answered as a cluster would.
+    secrets = kmock.resource("v1", "secrets")
+    kube.emulator["get", secrets, kmock.name(None)] << {"apiVersion": "v1", "kind": "SecretList", "items": []}
+    helm = helm_python.Config(kubeconfig_path=str(kube.kubeconfig), namespace="fine-tuning")
+    with pytest.raises(helm_python.HelmReleaseError) as refused:
+        helm.install(chart(FINETUNE_CHART), "medical", {})
+    assert str(refused.value).endswith(
+        "this cluster has no FineTune CRD (finetunes.kubetune.io): install kubetune's operator chart first: "
+        "helm install kubetune-operator charts/kubetune-operator -n kubetune-system --create-namespace"
+    )
+    # with the CRD served, the chart renders: Helm goes on to build the objects (and stops where kmock serves no
+    # OpenAPI document, which is past the chart)
+    kube.emulator.resources["kubetune.io/v1alpha1/finetunes"] = kmock.ResourceInfo(kind="FineTune", namespaced=True)
+    helm = helm_python.Config(kubeconfig_path=str(kube.kubeconfig), namespace="fine-tuning")  # fresh discovery
+    with pytest.raises(helm_python.HelmReleaseError, match="unable to build kubernetes objects from release manifest"):
+        helm.install(chart(FINETUNE_CHART), "medical", {})
 
 
 def test_the_readme_says_what_becomes_of_every_key_of_the_layout():
