@@ -162,12 +162,10 @@ def _spec_changed(body: kopf.Body, old: Any, new: Any, patch: kopf.Patch, memo: 
         outcome = _recipe_edit(client, ft)
         if outcome is not None:  # None: nothing new (kopf may call again for the same edit)
             memo["recipe_change"] = outcome
-            verdict = "applied" if outcome["status"] == "True" else "refused"
-            _say(
-                ft,
-                f"recipe edit {verdict}: {outcome['message']}",
-                logging.INFO if verdict == "applied" else logging.WARNING,
-            )
+            if outcome != memo.get("recipe_said"):  # kopf may hand the same edit over again
+                memo["recipe_said"] = outcome
+                level = logging.INFO if outcome["status"] == "True" else logging.WARNING
+                _say(ft, f"recipe edit: {outcome['message']}", level)
     try:
         _advance(client, ft, patch)  # suspend / resume / serve act now, not at the next tick
     except ClusterError as e:
@@ -221,7 +219,7 @@ def _follow(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> No
     try:
         seen, observed, step = _advance(client, ft, patch)
         failed = _write_status(client, ft, seen, observed, step, patch)
-        _say_news(ft, memo, seen, step, failed or _why(ft, observed, step, patch))
+        _say_news(ft, memo, seen, step, failed or _why(ft, observed, step))
         # a finished job (succeeded or failed) goes after spec.ttlSecondsAfterFinished: after its
         # status (and diagnosis) is written, which stays
         ttl = plan.FineTuneSpec.from_dict(ft.get("spec") or {}).ttl_seconds
@@ -294,8 +292,11 @@ def _act(
             patch.status["exportJobRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": name + plan.EXPORT_SUFFIX}
         elif action == "create-serving":
             objects = actions.serving_objects(client, ft, spec, recipe)
-            _say_created(ft, actions.create_all(client, objects))
+            created = actions.create_all(client, objects)
             patch.status["endpoint"] = plan.endpoint(objects)
+            _say_created(ft, created)
+            if created:
+                _say(ft, f"the OpenAI endpoint is {patch.status['endpoint']}")
 
 
 def _write_status(
@@ -373,7 +374,7 @@ def _say_news(ft: dict[str, Any], memo: kopf.Memo, seen: actions.Observation, st
         _say(ft, f"phase {before or 'none'} -> {step.phase}: {why}{concluded}", level)
 
 
-def _why(ft: dict[str, Any], observed: plan.Observed, step: plan.Step, patch: kopf.Patch) -> str:
+def _why(ft: dict[str, Any], observed: plan.Observed, step: plan.Step) -> str:
     """Why the phase is what it is now, in the words of what was observed (Failed has its own)."""
     name = actions.meta(ft)[0]
     status = ft.get("status") or {}
@@ -387,7 +388,7 @@ def _why(ft: dict[str, Any], observed: plan.Observed, step: plan.Step, patch: ko
         return f"{job} {name} is {observed.job_state}"
     if step.phase == "Exporting":
         return f"training succeeded; Job {name}{plan.EXPORT_SUFFIX} merges the adapter into the model"
-    if step.phase == "Serving":
-        return f"serving at {patch.status.get('endpoint') or status.get('endpoint')}"
+    if step.phase == "Serving":  # the endpoint was said when created (status may not show it yet)
+        return f"Deployment {name}-serve serves the model"
     model = artifacts.get("merged") or artifacts.get("adapter") or "the run directory"
     return f"training succeeded; the model is in {model}"
