@@ -146,3 +146,14 @@ def test_a_real_run_prints_the_trainers_lines_beside_the_progress_line(tmp_path,
 def _eval_history(out) -> list[list[float]]:
     """The evaluations during training, as the last checkpoint recorded them."""
     return json.loads((out / "checkpoints" / "step-3" / "meta.json").read_text())["eval_history"]
+
+
+def test_the_readmes_example_lines_read_back():
+    from pathlib import Path
+
+    readme = (Path(__file__).parents[1] / "README.md").read_text()
+    block = readme.split("### 4. Watch")[1].split("```text\n")[1].split("```")[0].splitlines()
+    trainer, bar = ast.literal_eval(block[0]), progress_line.parse_line(block[1])
+    assert bar is not None and (bar.loss, bar.lr, bar.epoch, bar.rank) == (2.2737, 5.54e-05, 2.17, 0)
+    assert (trainer["loss"], trainer["learning_rate"], trainer["epoch"]) == (bar.loss, bar.lr, bar.epoch)
+    assert list(trainer) == list(progress_line.trainer_log(1.0, 1.0, 1.0, 1.0))

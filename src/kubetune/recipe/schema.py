@@ -215,7 +215,11 @@ class TrainSection(Section):
     save_every: int = Field(50, ge=0, description="Checkpoint every N steps (0 = only at the end).")
     keep_last: int = Field(2, ge=1, description="Checkpoints to keep.")
     resume: str = Field("auto", description="auto (newest complete checkpoint) | never | a checkpoint path.")
-    log_every: int = Field(1, ge=1, description="Log metrics every N steps.")
+    log_every: int = Field(
+        1,
+        ge=1,
+        description="Log every N steps: metrics.jsonl, the progress line and the Trainer-style dict line beside it.",
+    )
     device: Literal["auto", "cpu", "cuda", "hpu"] = Field("auto", description="Where to train.")
     num_threads: int | None = Field(
         None, ge=1, description="torch intra-op threads (default: cores / local processes)."
