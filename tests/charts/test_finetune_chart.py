@@ -445,3 +445,15 @@ def test_the_readme_says_what_becomes_of_every_key_of_the_layout():
     readme = (FINETUNE_CHART / "README.md").read_text().split("## Bring your values")[1]
     rows = set(re.findall(r"^\| `([^`]+)` \|", readme, re.M))
     assert {e["from"] for e in ALIASES} | set(CHART_KEYS) == rows
+
+
+def test_the_seeds_prompts_are_kubetunes_alpaca_preamble():
+    # why promptWithInput / promptWithoutInput map to data.template alpaca: the same sentences, with and without input
+    from kubetune.data.templates import ALPACA
+    from kubetune.recipe.helm_values import ALPACA_WITH_INPUT, ALPACA_WITHOUT_INPUT
+
+    preamble = ALPACA.split("\n\n")[0]
+    assert preamble.format(ctx=", paired with an input that provides further context") == ALPACA_WITH_INPUT
+    assert preamble.format(ctx="") == ALPACA_WITHOUT_INPUT
+    train = seed_values()["distributed"]["train"]
+    assert (train["promptWithInput"], train["promptWithoutInput"]) == (ALPACA_WITH_INPUT, ALPACA_WITHOUT_INPUT)
