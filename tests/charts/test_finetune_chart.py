@@ -339,6 +339,7 @@ REFUSALS = {
     "two tokens": {"secret": {"encodedToken": "aGY="}, "hfTokenSecretRef": {"name": "hf-token"}},
     "a token not in base64": {"secret": {"encodedToken": "hf_abc!"}},
     "a node selector value without its label": {"resources": {"nodeSelectorValue": "xeon"}},
+    "noCuda and a GPU profile": {"distributed": {"train": {"noCuda": True}}, "profile": "nvidia"},
     "the layout and a recipe from a ConfigMap": {"distributed": {"workers": 2}, "recipeRef": {"name": "my-recipe"}},
 }
 

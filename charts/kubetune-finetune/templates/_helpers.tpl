@@ -108,6 +108,11 @@ from-helm-values` walks the same way (its docstring explains the entries); a tes
 {{- end }}
 {{- end }}
 {{- end }}
+{{- with index $setBy "k8s.profile" }}
+{{- if and $values.profile (ne $values.profile .value) }}
+{{- fail (printf "%s and profile both set the profile; keep profile" .from) }}
+{{- end }}
+{{- end }}
 {{- toJson (dict "recipe" (mergeOverwrite (deepCopy $own) $recipe) "mapped" $mapped "unused" $unused) -}}
 {{- end }}
 

@@ -379,6 +379,10 @@ class Mapping:
         node[to[-1]] = value
         self.mapped.append((source, dotted))
 
+    def set_by(self, dotted: str) -> tuple[str, Any] | None:
+        """(layout key, value) of the key that set this recipe key, if one did."""
+        return self._set_by.get(dotted)
+
     def merged(self) -> dict[str, Any]:
         return _merge(copy.deepcopy(self.own_recipe), self.recipe)
 
@@ -509,6 +513,9 @@ def map_values(values: dict[str, Any]) -> Mapping:
         _apply(entry, values, out)
     if (out.own_recipe or out.mapped) and _get(values, "recipeRef.name"):
         raise RecipeError(TWO_RECIPES)
+    by_alias = out.set_by("k8s.profile")
+    if by_alias and values.get("profile") not in (None, "", by_alias[1]):
+        raise RecipeError(f"{by_alias[0]} and profile both set the profile; keep profile")
     return out
 
 
