@@ -6,7 +6,7 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 from kubetune.k8s.names import CONTAINER, KUEUE_LABEL, TRAIN_COMMAND, Names
-from kubetune.k8s.objects import object_meta, to_dict, worker_container, worker_pod_template
+from kubetune.k8s.objects import object_meta, to_dict, worker_pod_template
 from kubetune.kube import KubeObject
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
@@ -99,7 +99,8 @@ def trainjob(recipe: Recipe, names: Names, runtime_name: str) -> KubeObject:
     from kubeflow_trainer_api.models import TrainerV1alpha1TrainJob
 
     k8s = recipe.k8s
-    container = to_dict(worker_container(recipe, names, CONTAINER["trainjob"]))
+    # the whole worker pod's container: its resources carry k8s.network's RDMA devices too
+    container = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))["spec"]["containers"][0]
     trainer = {
         "image": k8s.container_image(),
         "command": container["command"],
@@ -132,7 +133,8 @@ def cluster_runtime(recipe: Recipe, names: Names) -> KubeObject:
     k8s = recipe.k8s
     pod = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))["spec"]
     pod_spec = {"containers": [{"name": "node", "image": k8s.container_image(), "command": list(TRAIN_COMMAND)}]}
-    pod_spec.update({k: pod[k] for k in ("hostIPC", "priorityClassName", "schedulerName") if k in pod})
+    carried = ("hostIPC", "hostNetwork", "dnsPolicy", "priorityClassName", "schedulerName")
+    pod_spec.update({k: pod[k] for k in carried if k in pod})
     spec: KubeObject = {
         "mlPolicy": {"numNodes": k8s.replicas, "torch": {}},
         "template": {

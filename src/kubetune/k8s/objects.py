@@ -166,6 +166,7 @@ def worker_pod_template(recipe: Recipe, names: Names, container_name: str) -> V1
     meta = V1ObjectMeta(
         labels={**standard_labels(names, "trainer"), **gang_labels}, annotations=gang_annotations or None
     )
+    profiles.apply_scale_out(recipe, spec, meta)  # host network, RDMA, Multus, IPC_LOCK, scale-out nodes
     return V1PodTemplateSpec(metadata=meta, spec=spec)
 
 

@@ -19,7 +19,9 @@ from kubetune.recipe.schema import Recipe
 if TYPE_CHECKING:  # the kubernetes client is untyped: these names document intent (they are Any to mypy)
     from kubernetes.client import (
         V1Affinity,
+        V1ObjectMeta,
         V1PodSecurityContext,
+        V1PodSpec,
         V1ResourceRequirements,
         V1SecurityContext,
         V1Toleration,
@@ -141,3 +143,53 @@ def tolerations(k8s: K8sSection) -> list[V1Toleration] | None:
     if resource and not any(t.key == resource for t in k8s.tolerations):
         out.append(V1Toleration(key=resource, operator="Exists", effect="NoSchedule"))
     return out or None
+
+
+# ------------------------------------------------------------------------ scale-out networking
+# What a worker pod needs to reach the other nodes, from comm.hccl.scale_out and k8s.network
+# (docs/comm.md, "Scale-out between nodes"). Training workers only: serving and export pods
+# talk over the pod network.
+
+MULTUS_NETWORKS = "k8s.v1.cni.cncf.io/networks"  # Multus's annotation (github.com/k8snetworkplumbingwg/multus-cni)
+
+
+def needs_ipc_lock(recipe: Recipe) -> bool:
+    """RDMA registers (pins) the buffers it sends from: beyond RLIMIT_MEMLOCK, which a pod cannot
+    raise (Kubernetes has no ulimit field), only CAP_IPC_LOCK lets a process lock more memory
+    (capabilities(7)). Needed with an RDMA device, or host NICs over libfabric's verbs / efa."""
+    hccl = recipe.comm.hccl
+    ofi_rdma = hccl.scale_out == "host_nic_ofi" and (hccl.ofi_provider or "verbs") != "tcp"
+    return recipe.k8s.network.rdma_resource is not None or (recipe.k8s.profile == "gaudi" and ofi_rdma)
+
+
+def apply_scale_out(recipe: Recipe, spec: V1PodSpec, meta: V1ObjectMeta) -> None:
+    """Add the scale-out settings to a worker pod built by `objects.worker_pod_template`."""
+    net, container = recipe.k8s.network, spec.containers[0]
+    if net.host_network:
+        # the pod's own DNS would otherwise be the node's: no cluster names, no rendezvous service
+        spec.host_network, spec.dns_policy = True, "ClusterFirstWithHostNet"
+    if net.rdma_resource:
+        for quantities in (container.resources.limits, container.resources.requests):
+            quantities[net.rdma_resource] = str(net.rdma_per_pod)
+    if net.networks:
+        meta.annotations = {**(meta.annotations or {}), MULTUS_NETWORKS: net.networks}
+    if needs_ipc_lock(recipe):
+        caps = container.security_context.capabilities
+        caps.add = [*(caps.add or []), "IPC_LOCK"]
+    gaudi_nics = recipe.k8s.profile == "gaudi" and recipe.comm.hccl.scale_out == "gaudi_nics"
+    if gaudi_nics and net.scale_out_label and recipe.k8s.elastic_range()[1] > 1:  # one node: no scale-out
+        spec.node_selector = {**(spec.node_selector or {}), net.scale_out_label: "true"}
+
+
+def scale_out_warnings(recipe: Recipe) -> list[str]:
+    """Host NICs over libfabric's RDMA providers need an RDMA device in the pod."""
+    hccl, net = recipe.comm.hccl, recipe.k8s.network
+    provider = hccl.ofi_provider or "verbs"
+    if recipe.k8s.profile != "gaudi" or hccl.scale_out != "host_nic_ofi" or provider == "tcp" or net.rdma_resource:
+        return []
+    line = (
+        f"comm.hccl.scale_out=host_nic_ofi with FI_PROVIDER={provider}, but the workers request no RDMA device: "
+        "set k8s.network.rdma_resource (your RDMA device plugin's resource, e.g. rdma/roce), or "
+        "comm.hccl.ofi_provider=tcp for host NICs without RDMA"
+    )
+    return [line]

@@ -241,7 +241,7 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     warnings = (
         layout_warnings(recipe) + comm_warnings(recipe.comm, k8s.profile) + _portability_warnings(recipe, with_runtime)
     )
-    warnings += recipe.train.loss_scale_warnings()  # fp16's settings on a bf16 / fp32 job
+    warnings += recipe.train.loss_scale_warnings() + profiles.scale_out_warnings(recipe)
     return Rendered(objects=out, names=names, warnings=warnings)
 
 

@@ -114,9 +114,18 @@ class NcclSection(Section):
         return self
 
 
+ScaleOut = Literal["auto", "gaudi_nics", "host_nic_ofi"]
+
+
 class HcclSection(Section):
     """HCCL (Intel Gaudi) settings; rendered only for accelerator kind `gaudi`."""
 
+    scale_out: ScaleOut = Field(
+        "auto",
+        description="How nodes reach each other: gaudi_nics (the cards' integrated RoCE ports; Gaudi2: 3 of 24 "
+        "100GbE per card), host_nic_ofi (host NICs through libfabric: HCCL_OVER_OFI=1, FI_PROVIDER), or auto "
+        "(HCCL detects: Gaudi NICs, then host NICs). k8s.network holds what the pod needs for each.",
+    )
     socket_ifname: str | None = Field(
         None,
         description="HCCL_SOCKET_IFNAME: interface prefix for HCCL's side-band TCP traffic; "
@@ -131,8 +140,21 @@ class HcclSection(Section):
         None, description="HCCL_GAUDI_DIRECT: true = host-NIC scale-out with Gaudi Direct RDMA (no host bounce)."
     )
     ofi_provider: str | None = Field(
-        None, description="FI_PROVIDER: libfabric provider for HCCL over OFI (`verbs`, `efa`, `tcp`)."
+        None,
+        description="FI_PROVIDER: libfabric provider for HCCL over OFI (`verbs`, `efa`, `tcp`); "
+        "scale_out=host_nic_ofi defaults it to verbs (RoCE / InfiniBand host NICs).",
     )
+
+    @model_validator(mode="after")
+    def _one_scale_out(self) -> HcclSection:
+        if self.scale_out == "gaudi_nics" and (self.over_ofi or self.gaudi_direct):
+            raise ValueError(
+                "comm.hccl.scale_out=gaudi_nics contradicts comm.hccl.over_ofi / gaudi_direct (host NICs); "
+                "unset those, or use scale_out=host_nic_ofi"
+            )
+        if self.scale_out == "host_nic_ofi" and self.over_ofi is False:
+            raise ValueError("comm.hccl.scale_out=host_nic_ofi means HCCL_OVER_OFI=1; unset comm.hccl.over_ofi")
+        return self
 
 
 class CommSection(Section):
@@ -217,14 +239,30 @@ def _nccl(n: NcclSection, default_ifname: str | None) -> dict[str, str]:
     return {k: _env_str(v) for k, v in values.items() if v is not None}
 
 
+# Host-NIC scale-out as Habana documents it ("Scale-out via Host NIC",
+# https://docs.habana.ai/en/latest/API_Reference_Guides/HCCL_APIs/Scale_Out_via_Host_NIC.html):
+# HCCL_OVER_OFI=1 turns auto-detection off and sends scale-out through libfabric; Gaudi Direct
+# (the NIC reads card memory, no host bounce) needs RDMAV_FORK_SAFE=1 with MLX5_SCATTER_TO_CQE=0
+# on verbs, or with FI_EFA_USE_DEVICE_RDMA=1 on AWS EFA.
+_GAUDI_DIRECT_ENV = {
+    "verbs": {"RDMAV_FORK_SAFE": "1", "MLX5_SCATTER_TO_CQE": "0"},
+    "efa": {"RDMAV_FORK_SAFE": "1", "FI_EFA_USE_DEVICE_RDMA": "1"},
+}
+
+
 def _hccl(h: HcclSection, default_ifname: str | None) -> dict[str, str]:
+    ofi = h.scale_out == "host_nic_ofi"
+    provider = h.ofi_provider or ("verbs" if ofi else None)
     values = {
         "HCCL_SOCKET_IFNAME": h.socket_ifname or default_ifname,
-        "HCCL_OVER_OFI": h.over_ofi,
+        "HCCL_OVER_OFI": True if ofi else h.over_ofi,
         "HCCL_GAUDI_DIRECT": h.gaudi_direct,
-        "FI_PROVIDER": h.ofi_provider,
+        "FI_PROVIDER": provider,
     }
-    return {k: _env_str(v) for k, v in values.items() if v is not None}
+    env = {k: _env_str(v) for k, v in values.items() if v is not None}
+    if h.gaudi_direct:
+        env.update(_GAUDI_DIRECT_ENV.get(provider or "", {}))
+    return env
 
 
 def comm_env(
@@ -272,7 +310,10 @@ _COUNTERPART = {
         "debug_subsys": "comm.extra_env ENABLE_CONSOLE=true and LOG_LEVEL_ALL (0 = most verbose, 6 = none)",
     },
     ("nccl", "cpu"): {"socket_ifname": "comm.gloo_socket_ifname (GLOO_SOCKET_IFNAME)"},
-    ("hccl", "nvidia"): {"socket_ifname": "comm.nccl.socket_ifname (NCCL_SOCKET_IFNAME)"},
+    ("hccl", "nvidia"): {
+        "socket_ifname": "comm.nccl.socket_ifname (NCCL_SOCKET_IFNAME)",
+        "scale_out": "comm.nccl.ib_hca / ib_disable for NCCL's network, k8s.network for the pods' RDMA devices",
+    },
     ("hccl", "cpu"): {"socket_ifname": "comm.gloo_socket_ifname (GLOO_SOCKET_IFNAME)"},
 }
 _NO_COUNTERPART = {
@@ -285,7 +326,7 @@ _ONECCL_PREFIXES = ("CCL_", "I_MPI_")
 
 
 def _dropped(comm: CommSection, section: str, kind: str) -> list[str]:
-    values = getattr(comm, section).model_dump(exclude_none=True)
+    values = getattr(comm, section).model_dump(exclude_defaults=True)
     if not values:
         return []
     lines, counterparts = [], _COUNTERPART.get((section, kind), {})

@@ -154,6 +154,37 @@ class NamespaceQuotaSection(Section):
         return any(v is not None for v in (self.cpu, self.memory, self.accelerators, self.pods))
 
 
+# Intel's Network Operator labels a node once its Gaudi scale-out ports are up
+# (https://github.com/intel/network-operator, "Intel Gaudi integrated NICs").
+GAUDI_SCALE_OUT_LABEL = "intel.feature.node.kubernetes.io/gaudi-scale-out"
+
+
+class NetworkSection(Section):
+    """What the worker pods need for scale-out between nodes (docs/comm.md, "Scale-out between nodes")."""
+
+    host_network: bool = Field(
+        False,
+        description="hostNetwork: the pods use the node's interfaces (host NICs without Multus or an RDMA device "
+        "plugin), with dnsPolicy ClusterFirstWithHostNet so cluster names still resolve.",
+    )
+    rdma_resource: str | None = Field(
+        None,
+        description="Extended resource of an RDMA device plugin each worker requests (e.g. rdma/roce, "
+        "rdma/hca_shared_devices_a); also adds the IPC_LOCK capability RDMA memory registration needs.",
+    )
+    rdma_per_pod: int = Field(1, ge=1, description="How many k8s.network.rdma_resource each worker requests.")
+    networks: str | None = Field(
+        None,
+        description="Multus secondary networks of the workers (annotation k8s.v1.cni.cncf.io/networks), "
+        "e.g. roce-net or roce-net@net1.",
+    )
+    scale_out_label: str | None = Field(
+        GAUDI_SCALE_OUT_LABEL,
+        description="With comm.hccl.scale_out=gaudi_nics on gaudi: node label (value `true`) the workers require, "
+        "Intel Network Operator's mark of nodes whose scale-out ports are up; null = any Gaudi node.",
+    )
+
+
 class K8sSection(Section):
     """Cluster job settings (see the cluster guide in README.md)."""
 
@@ -229,6 +260,9 @@ class K8sSection(Section):
     service_account: str | None = Field(None, description="serviceAccountName of the pods (null = namespace default).")
     run_as_user: int = Field(
         1000, ge=1, description="UID of the non-root containers (cpu, nvidia); Gaudi images run as root."
+    )
+    network: NetworkSection = Field(
+        default_factory=NetworkSection, description="Scale-out networking of the workers (host network, RDMA, Multus)."
     )
 
     @field_validator("namespace", "name")
