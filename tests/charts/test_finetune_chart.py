@@ -272,10 +272,10 @@ def from_helm_values(tmp_path: Path, values: dict) -> tuple[int, str, str]:
     return result.code, result.out, result.err
 
 
-@pytest.mark.parametrize("case", ["seed 002's values", "every alias"])
+@pytest.mark.parametrize("case", ["seed 002's values", "every alias", "the example (recipe:)"])
 def test_the_chart_and_from_helm_values_map_the_layout_alike(tmp_path, case):
-    # the seed's own file as written (PyYAML must read its `2e-5` as Helm does: a number)
-    path = SEED_VALUES if case == "seed 002's values" else tmp_path / "values.yaml"
+    # the files as written (PyYAML must read the seed's `2e-5` as Helm does: a number)
+    path = {"seed 002's values": SEED_VALUES, "the example (recipe:)": EXAMPLE}.get(case, tmp_path / "values.yaml")
     if case == "every alias":
         path.write_text(yaml.safe_dump(EVERY_ALIAS))
     result = run_cli("recipe", "from-helm-values", str(path))

@@ -526,13 +526,16 @@ def recipe_yaml(values: dict[str, Any], source: str) -> str:
     mapping = map_values(values)
     recipe = mapping.merged()
     recipe_from_data(copy.deepcopy(recipe))  # the same errors `kubetune k8s render` would give
-    lines = [
-        f"# The recipe of {source} (seed 002's Helm values layout), as `kubetune recipe from-helm-values` maps it:"
-    ]
+    lines = [f"# The recipe of {source} as the kubetune-finetune chart reads it (`kubetune recipe from-helm-values`):"]
     lines += [f"#   {src} -> {to}" for src, to in mapping.mapped]
     if mapping.unused:
         lines.append("# Not used (kubetune does it its own way):")
         lines += [f"#   {src}: {why}" for src, why in mapping.unused]
+    for key in ("profile", "api"):  # the chart's own keys: the FineTune's spec.profile / spec.api, over the recipe's
+        if values.get(key):
+            lines.append(
+                f"# {key}: {values[key]} is the chart's (spec.{key}): `kubetune k8s render FILE --{key} {values[key]}`"
+            )
     if _get(values, "secret.encodedToken"):
         lines.append("# secret.encodedToken is not a recipe key: `kubetune k8s submit RECIPE --hf-token-file FILE`")
     return "\n".join(lines) + "\n" + yaml.safe_dump(recipe, sort_keys=False)
