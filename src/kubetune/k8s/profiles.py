@@ -166,7 +166,8 @@ def apply_scale_out(recipe: Recipe, spec: V1PodSpec, meta: V1ObjectMeta) -> None
     """Add the scale-out settings to a worker pod built by `objects.worker_pod_template`."""
     net, container = recipe.k8s.network, spec.containers[0]
     if net.host_network:
-        # the pod's own DNS would otherwise be the node's: no cluster names, no rendezvous service
+        # with hostNetwork the pod would resolve with the node's DNS: no cluster names, no rendezvous
+        # service (kubernetes.io/docs/concepts/services-networking/dns-pod-service/, "Pod's DNS Policy")
         spec.host_network, spec.dns_policy = True, "ClusterFirstWithHostNet"
     if net.rdma_resource:
         for quantities in (container.resources.limits, container.resources.requests):
@@ -176,6 +177,9 @@ def apply_scale_out(recipe: Recipe, spec: V1PodSpec, meta: V1ObjectMeta) -> None
     if needs_ipc_lock(recipe):
         caps = container.security_context.capabilities
         caps.add = [*(caps.add or []), "IPC_LOCK"]
+    # The Gaudi NICs' RoCE runs on the card, fed through its queues like its compute engines (the
+    # habanalabs driver's NIC patches, netdev 2020): the habana.ai/gaudi devices are all a pod needs,
+    # on a node whose scale-out ports are up.
     gaudi_nics = recipe.k8s.profile == "gaudi" and recipe.comm.hccl.scale_out == "gaudi_nics"
     if gaudi_nics and net.scale_out_label and recipe.k8s.elastic_range()[1] > 1:  # one node: no scale-out
         spec.node_selector = {**(spec.node_selector or {}), net.scale_out_label: "true"}
