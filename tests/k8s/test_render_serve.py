@@ -489,7 +489,8 @@ def test_cli_stdout_redacts_the_token_and_warns_on_stderr(cli, monkeypatch):
     assert result.code == 0, result.err
     assert TOKEN not in result.out + result.err and f"# Secret {SERVE}-hf-token: not printed" in result.out
     docs = [d for d in yaml.safe_load_all(result.out) if d]
-    assert docs[3]["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--adapter", "x=/data/y"]
+    deployment = next(d for d in docs if d["kind"] == "Deployment")
+    assert deployment["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--adapter", "x=/data/y"]
     assert "warning: no --ingress-host" in result.err
 
 
