@@ -215,6 +215,6 @@ def test_export_job_runs_the_merged_export_on_the_claim_and_validates():
 
 def test_a_base_model_with_the_chat_template_is_refused_as_render_refuses_it():
     data = {"model": {"name_or_path": "meta-llama/Llama-2-7b-hf"}, "data": {"template": "chat"}}
-    with pytest.raises(RecipeError, match="data.template=chat: the tokenizer of model.name_or_path=meta-llama"):
+    with pytest.raises(RecipeError, match=r"data\.template=chat: the tokenizer of model\.name_or_path=meta-llama"):
         recipe(data)
     assert recipe({**data, "data": {"template": "alpaca"}}).model.name_or_path == "meta-llama/Llama-2-7b-hf"
