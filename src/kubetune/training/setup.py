@@ -200,9 +200,7 @@ def configure_threads(num_threads: int | None, env: DistEnv) -> None:
     torch.set_num_threads(n)
 
 
-def train_batcher(
-    recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout, device_type: str = "cpu"
-) -> Batcher:
+def train_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout, device_type: str = "cpu") -> Batcher:
     batcher = Batcher(
         data.train,
         max_seq_len=recipe.data.max_seq_len,
