@@ -35,8 +35,8 @@ from kubetune.k8s.names import (
     trainer_selector,
 )
 from kubetune.k8s.render import Rendered
+from kubetune.k8s.scrape import pod_monitor_name
 from kubetune.kube import COMPONENT, INSTANCE, KUBETUNE, MANAGED_BY
-from kubetune.monitor.objects import pod_monitor_name
 
 MONITORING_API = "monitoring.coreos.com/v1"
 JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))

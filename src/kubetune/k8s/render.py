@@ -28,8 +28,8 @@ import yaml
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import jobs, objects, profiles, quota
 from kubetune.k8s.names import DATA_DIR, NAMESPACE_QUOTA, Names
+from kubetune.k8s.scrape import metrics_port, training_pod_monitor
 from kubetune.kube import KubeObject
-from kubetune.monitor.objects import metrics_port, training_pod_monitor
 from kubetune.recipe.chat_template import chat_template_problem
 from kubetune.recipe.comm import comm_warnings
 from kubetune.recipe.k8s import K8sSection, resource_problems

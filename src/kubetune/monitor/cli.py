@@ -39,7 +39,7 @@ def _recipe_monitors(recipe_name: str, overrides: list[str], release: str | None
     """The job's PodMonitor and its server's ServiceMonitor, as `k8s render` / `render-serve` make them."""
     from kubetune.k8s.names import SERVE_SUFFIX, SERVER_COMPONENT, Names
     from kubetune.k8s.render import cluster_recipe, job_name
-    from kubetune.monitor.objects import server_service_monitor, training_pod_monitor
+    from kubetune.k8s.scrape import server_service_monitor, training_pod_monitor
     from kubetune.recipe.loader import load_recipe
 
     recipe = load_recipe(recipe_name, overrides).recipe
