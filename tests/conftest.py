@@ -105,11 +105,12 @@ def tiny_overrides(tiny_model_dir, qa_file, tmp_path) -> list[str]:
     ]
 
 
-def load_bench(name: str):
-    """bench/NAME.py as a module (bench/ is a folder of scripts, not a package)."""
+def load_bench(script: str):
+    """bench/SCRIPT.py (e.g. "serve/serve_load") as a module named by its file, as a script run by path sees itself."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{name}.py")
+    name = Path(script).name
+    spec = importlib.util.spec_from_file_location(name, REPO / "bench" / f"{script}.py")
     module = importlib.util.module_from_spec(spec)
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)

@@ -12,7 +12,7 @@ from tests.conftest import load_bench
 
 
 def test_train_vs_hf_kubetune_arms_load(tmp_path):
-    bench = load_bench("train_vs_hf")
+    bench = load_bench("train/train_vs_hf")
     args = argparse.Namespace(rows=8, eval_rows=4, threads=2, batch=8, kt_micro=2)
     for threads, micro in ((2, 2), (1, 1)):  # one process with every thread; one per core
         recipe = load_recipe(None, bench.kubetune_overrides(args, "auto", str(tmp_path), threads, micro)).recipe
@@ -21,7 +21,7 @@ def test_train_vs_hf_kubetune_arms_load(tmp_path):
 
 
 def test_lora_1b_kubetune_arm_loads(tmp_path):
-    bench = load_bench("lora_1b")
+    bench = load_bench("train/lora_1b")
     args = argparse.Namespace(steps=3, rows=2, device="cpu")
     recipe = load_recipe(None, bench.kubetune_overrides(tmp_path / "model", args, str(tmp_path))).recipe
     assert recipe.data.eval is None
@@ -30,4 +30,4 @@ def test_lora_1b_kubetune_arm_loads(tmp_path):
 
 @pytest.mark.parametrize(("bf16", "expected"), [(0.3e9, "fp32"), (40e9, "bf16")])
 def test_lora_1b_runs_hf_in_fp32_only_where_bf16_has_no_units(bf16, expected):
-    assert load_bench("lora_1b").hf_precision({"fp32": 135e9, "bf16": bf16}) == expected
+    assert load_bench("train/lora_1b").hf_precision({"fp32": 135e9, "bf16": bf16}) == expected

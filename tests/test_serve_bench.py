@@ -1,4 +1,4 @@
-"""The serving benchmark's own parts (bench/naive_server.py, bench/serve_load.py) on loopback
+"""The serving benchmark's own parts (bench/serve/naive_server.py, bench/serve/serve_load.py) on loopback
 with the tiny random Llama: the naive server answers chat requests, streaming and not, for
 the base and its adapter; the load generator's closed-loop clients measure it."""
 
@@ -13,10 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from bench.common import serving
 
 from tests.conftest import REPO, SHARED_DATA, load_bench
 
-serve_load = load_bench("serve_load")
+serve_load = load_bench("serve/serve_load")
 
 
 def _free_port() -> int:
@@ -47,7 +48,7 @@ def naive(tiny_model_dir, tiny_adapter, tmp_path_factory):
 
     port = _free_port()
     log = tmp_path_factory.mktemp("naive") / "server.log"
-    argv = [sys.executable, str(REPO / "bench" / "naive_server.py"), "--model", str(tiny_model_dir)]
+    argv = [sys.executable, str(REPO / "bench" / "serve" / "naive_server.py"), "--model", str(tiny_model_dir)]
     argv += ["--served-name", "tiny", "--adapter", f"lora1={tiny_adapter}", "--port", str(port), "--dtype", "fp32"]
     with open(log, "wb") as out:
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=serve_load.server_env())
@@ -137,7 +138,7 @@ def test_unknown_model_and_bad_body_get_openai_errors(naive):
 
 def test_load_generator_measures_the_naive_server(naive):
     prompts = ["What is a fever?", "What does the liver do?", "Define anemia."]
-    level = asyncio.run(serve_load.run_level(naive, ["tiny", "lora1"], prompts, 2, 4, requests_per_client=2))
+    level = asyncio.run(serving.run_level(naive, ["tiny", "lora1"], prompts, 2, 4, requests_per_client=2))
     assert level["requests"] == 4 and level["errors"] == 0
     assert level["usage_reported"] is True
     assert 0 < level["generated_tokens"] <= 16
@@ -147,11 +148,11 @@ def test_load_generator_measures_the_naive_server(naive):
 
 
 def test_pure_parts():
-    assert serve_load.percentile([], 50) is None
-    assert serve_load.percentile([3.0, 1.0, 2.0], 50) == 2.0
-    assert serve_load.percentile([1.0, 2.0], 99) == pytest.approx(1.99)
-    assert serve_load.choose_dtype({"amx_bf16": True}, "auto")[0] == "bf16"
-    assert serve_load.choose_dtype({"avx2": True}, "auto")[0] == "fp32"
+    assert serving.percentile([], 50) is None
+    assert serving.percentile([3.0, 1.0, 2.0], 50) == 2.0
+    assert serving.percentile([1.0, 2.0], 99) == pytest.approx(1.99)
+    assert serving.choose_dtype({"amx_bf16": True}, "auto")[0] == "bf16"
+    assert serving.choose_dtype({"avx2": True}, "auto")[0] == "fp32"
     args = serve_load.parse_args(["--quick", "--arms", "naive"])
     assert args.concurrency == [1, 4] and args.max_tokens == 16 and args.arms == ["naive"]
     assert serve_load.rpc(args, 4) == 2
@@ -159,7 +160,7 @@ def test_pure_parts():
     assert [serve_load.rpc(full, c) for c in full.concurrency] == [32, 8, 2, 2]
     test_file = SHARED_DATA / "test.jsonl"
     if test_file.is_file():
-        prompts = serve_load.load_prompts(test_file)
+        prompts = serving.load_prompts(test_file)
         assert len(prompts) >= 100 and all(p.endswith("?") or len(p) > 10 for p in prompts)
 
 

@@ -7,7 +7,7 @@ each sample's slice (the CPU analogue of flash-attention's varlen kernel): atten
 sum(len_i^2) instead of 512^2, and a sample never sees another one.
 
 Which kernel and dtype is fastest depends on the CPU; the measurements behind the choice
-are in BENCHMARKS.md ("Attention kernel for packed rows", `bench/attention_kernels.py`).
+are in BENCHMARKS.md ("Attention kernel for packed rows", `bench/train/attention_kernels.py`).
 
 The segment lengths reach this function through the keyword `kubetune_seqlens`: transformers
 forwards unknown keyword arguments from the model's forward down to the attention function.

@@ -7,7 +7,7 @@ GEMM reads the input once and streams one larger weight, as vLLM's QKVParallelLi
 MergedColumnParallelLinear do. Small weights stream badly from memory (576 -> 192 at 5-6 GiB/s
 on the AVX2 EPYC of BENCHMARKS.md, 576 -> 3072 at 9-12), so fewer, larger GEMMs matter most
 where a step is a few rows: a whole decode step ran 1.06x faster fused at 1 row, 1.09x at 4,
-and the same within the noise at 16 (bench/serve_engine_ab.py). Each original layer is
+and the same within the noise at 16 (bench/experiments/serve_engine_ab.py). Each original layer is
 replaced by a `Member` that returns its columns of the shared result, so transformers' model
 code runs unchanged.
 

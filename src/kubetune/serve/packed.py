@@ -5,7 +5,7 @@ plain GEMM path re-reads the weight in its stored layout each time, while oneDNN
 layout (reordered once at load, as inductor's freezing and vLLM's CPU backend do) feeds its
 micro-kernels directly. On the AVX2 EPYC of BENCHMARKS.md the LM head went from 31 to 12 ms at
 16 rows, and a whole decode step with every layer packed ran 1.08x one with the shapes an
-earlier, noisier race had picked (bench/serve_engine_ab.py). Whether it wins depends on the
+earlier, noisier race had picked (bench/experiments/serve_engine_ab.py). Whether it wins depends on the
 CPU and the shape, so each distinct weight shape is timed both ways at start-up on the
 serving batch size, and a shape stays plain only where the plain path is clearly faster.
 """
