@@ -37,6 +37,7 @@ from kubetune.serve.contract import (
     VllmOptions,
     vllm_argv,
     vllm_cpu_kvcache_gib,
+    vllm_lora_rank,
 )
 
 from .conftest import TOKEN
@@ -206,7 +207,7 @@ def test_vllm_serves_a_lora_run_as_its_base_plus_the_runs_adapter():
             adapters=(Adapter(SEED, f"{run}/adapter"), Adapter("cardio", "/data/runs/cardio/adapter")),
             host="0.0.0.0",
             port=DEFAULT_PORT,
-            max_lora_rank=s._lora_rank(recipe.lora.r),
+            max_lora_rank=vllm_lora_rank(recipe.lora.r),
         )
     )
     assert container["command"] == ["python3", *expected[1:]]

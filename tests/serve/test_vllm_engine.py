@@ -12,7 +12,8 @@ from pathlib import Path
 import httpx
 import pytest
 
-from kubetune.serve.contract import Adapter, vllm_argv
+from kubetune.errors import UserError
+from kubetune.serve.contract import Adapter, vllm_argv, vllm_lora_rank
 from kubetune.serve.vllm_engine import VLLM_PYTHON_ENV, vllm_options, vllm_python
 
 from ..conftest import run_cli
@@ -28,8 +29,37 @@ def test_a_lora_run_maps_to_the_base_with_every_adapter(tiny_runs, tiny_model_di
     assert argv[argv.index("--served-model-name") + 1] == tiny_model_dir.name  # the native engine's base name
     lora = argv[argv.index("--lora-modules") + 1 :]
     assert lora[:2] == [f"run-a={a / 'adapter'}", f"qv={b / 'adapter'}"]
-    assert "--enable-lora" in argv and argv[argv.index("--max-lora-rank") + 1] == "8"
+    assert "--enable-lora" in argv and "--max-lora-rank" not in argv  # rank 8: vLLM's default (16) holds it
     assert argv[argv.index("--max-model-len") + 1] == "1024" and argv[argv.index("--max-num-seqs") + 1] == "32"
+
+
+def test_max_lora_rank_is_the_smallest_vllm_accepts_above_its_default():
+    assert [vllm_lora_rank(r) for r in (1, 8, 16, 17, 32, 33, 300, 321, 512)] == [
+        None,
+        None,
+        None,
+        32,
+        32,
+        64,
+        320,
+        512,
+        512,
+    ]
+    with pytest.raises(UserError, match=r"lora.r 513: vLLM serves LoRA adapters of rank 512 at most"):
+        vllm_lora_rank(513)
+
+
+def test_a_rank_above_vllms_default_sizes_max_lora_rank_for_every_adapter(tiny_runs, tmp_path):
+    """The largest rank among the run's and the other adapters' decides."""
+    import shutil
+
+    a, b = tiny_runs
+    wide = tmp_path / "wide"
+    shutil.copytree(b, wide)
+    recipe = wide / "recipe.yaml"
+    recipe.write_text(recipe.read_text().replace("r: 8", "r: 24"))
+    argv = vllm_argv(vllm_options(str(a), [Adapter("wide", str(wide))], "0.0.0.0", 8000, None, None))
+    assert argv[argv.index("--max-lora-rank") + 1] == "32"
 
 
 def test_without_vllm_the_command_says_how_to_get_it(tiny_runs, tmp_path):

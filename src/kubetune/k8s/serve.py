@@ -69,8 +69,10 @@ from kubetune.serve.contract import (
     WAITING_METRIC,
     Adapter,
     VllmOptions,
+    VllmRun,
     vllm_argv,
     vllm_cpu_kvcache_gib,
+    vllm_run_options,
 )
 
 ENGINES = ("native", "vllm")  # `auto` picks by what is installed, which a manifest cannot know
@@ -104,8 +106,6 @@ INGRESS_TIMEOUT_S = 3600  # a long answer streams for minutes; nginx's default c
 API_KEY_SECRET_KEY = "api-key"
 API_KEY_ENV = {"native": "KUBETUNE_API_KEY", "vllm": "VLLM_API_KEY"}
 CPU_FEATURE_WEIGHT = 100  # the preferred node affinity's weight (1..100): the strongest preference
-VLLM_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)  # what vLLM's --max-lora-rank accepts
-VLLM_DEFAULT_LORA_RANK = 16
 
 _DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 _DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
@@ -325,13 +325,6 @@ def native_argv(plan: _Plan) -> list[str]:
     return argv
 
 
-def _lora_rank(r: int) -> int | None:
-    """--max-lora-rank for adapters of rank r: None while vLLM's default covers it."""
-    if r <= VLLM_DEFAULT_LORA_RANK:
-        return None
-    return next((rank for rank in VLLM_LORA_RANKS if rank >= r), r)
-
-
 def _tensor_parallel(plan: _Plan) -> int:
     accelerators = int(plan.k8s.worker_resources()["accelerators"]) if plan.k8s.profile != "cpu" else 0
     tp = max(1, accelerators)
@@ -346,16 +339,14 @@ def _tensor_parallel(plan: _Plan) -> int:
 
 
 def vllm_options(plan: _Plan) -> VllmOptions:
-    """What vLLM serves: a LoRA run as its base model plus the run's adapter (named after the job),
-    a full fine-tune's model/, or, over the embedded GGUF default, the run's merged export."""
+    """What vLLM serves (`vllm_run_options`) from the pod's paths; over the embedded GGUF default,
+    which vLLM cannot load, the run's merged export. The pod cannot read the other adapters'
+    recipes: the run's own rank sizes --max-lora-rank."""
     recipe, run = plan.recipe, RunDir(Path(plan.run_dir))
     extra = tuple(Adapter(a.name, RunDir(Path(a.path)).weights("lora").as_posix()) for a in _adapters_in_pod(plan))
     base = recipe.model.name_or_path
     tp = _tensor_parallel(plan)
-    common: dict[str, Any] = {"host": "0.0.0.0", "port": DEFAULT_PORT, "tensor_parallel_size": tp}
-    if recipe.finetune.method == "full":
-        return VllmOptions(model=run.weights("full").as_posix(), served_name=plan.job.job, adapters=extra, **common)
-    if is_gguf(base):
+    if recipe.finetune.method == "lora" and is_gguf(base):
         if extra:
             raise UserError(
                 f"--adapter with --engine vllm needs a base model vLLM loads, and {base} is a GGUF file; "
@@ -365,15 +356,16 @@ def vllm_options(plan: _Plan) -> VllmOptions:
             f"vLLM cannot load the GGUF base {base}: it serves the merged model {run.merged.as_posix()}, "
             f"which `kubetune export {plan.run_dir} --merged` writes (run it before the pods start)"
         )
-        return VllmOptions(model=run.merged.as_posix(), served_name=plan.job.job, **common)
-    own = Adapter(plan.job.job, run.weights("lora").as_posix())
-    return VllmOptions(
-        model=base,
-        served_name=PurePosixPath(base).name if base.startswith("/") else base,
-        adapters=(own, *extra),
-        max_lora_rank=_lora_rank(recipe.lora.r),
-        **common,
-    )
+        return VllmOptions(
+            model=run.merged.as_posix(),
+            served_name=plan.job.job,
+            host="0.0.0.0",
+            port=DEFAULT_PORT,
+            tensor_parallel_size=tp,
+        )
+    served_base = PurePosixPath(base).name if base.startswith("/") else base
+    vllm_run = VllmRun(recipe, plan.run_dir, plan.job.job, base, served_base, extra)
+    return vllm_run_options(vllm_run, "0.0.0.0", DEFAULT_PORT, tensor_parallel_size=tp)
 
 
 def server_argv(plan: _Plan) -> list[str]:

