@@ -29,7 +29,7 @@ from __future__ import annotations
 import math
 import time
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from kubetune.cluster.deviceplugin.metrics import PluginMetrics
 from kubetune.monitor import contract
@@ -145,7 +145,7 @@ class Training:
     def __init__(self, job: str = "demo", ranks: int = 2) -> None:
         self.registry = CollectorRegistry()
         self.ranks = [(job, str(r), "node-a") for r in range(ranks)]
-        self.metrics = {m.name: _instrument(m, self.registry) for m in contract.TRAIN_METRICS}
+        self.metrics = {m.name: contract.instrument(m, self.registry) for m in contract.TRAIN_METRICS}
 
     def __call__(self, n: int) -> str:
         for job, rank, node in self.ranks:
@@ -174,18 +174,6 @@ class Training:
         for op, size, seconds in (("all_reduce", 1 << 24, 0.012), ("all_gather", 1 << 20, 0.002)):
             m["kubetune_collective_seconds"].labels(*who, op, contract.size_bucket(size)).observe(seconds)
             m["kubetune_collective_bytes_total"].labels(*who, op).inc(size)
-
-
-def _instrument(metric: contract.Metric, registry: CollectorRegistry):
-    if metric.kind == "gauge":
-        return Gauge(metric.name, metric.help, metric.labels, registry=registry)
-    if metric.kind == "counter":
-        return Counter(metric.name, metric.help, metric.labels, registry=registry)
-    buckets = {
-        "kubetune_collective_seconds": contract.COLLECTIVE_SECONDS_BUCKETS,
-        "kubetune_checkpoint_seconds": contract.CHECKPOINT_SECONDS_BUCKETS,
-    }.get(metric.name, contract.STEP_SECONDS_BUCKETS)
-    return Histogram(metric.name, metric.help, metric.labels, buckets=buckets, registry=registry)
 
 
 class _Seq:
@@ -242,10 +230,8 @@ class Extender:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        metric = contract.component_metric("kubetune_extender_request_seconds")
-        self.latency = Histogram(
-            metric.name, metric.help, metric.labels, buckets=contract.EXTENDER_SECONDS_BUCKETS, registry=self.registry
-        )
+        latency = contract.component_metric("kubetune_extender_request_seconds")
+        self.latency = contract.instrument(latency, self.registry)
 
     def __call__(self, n: int) -> str:
         for verb in ("filter", "prioritize"):

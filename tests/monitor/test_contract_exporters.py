@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetune.monitor.contract import COMPONENT_METRICS, SERVE_METRICS, Metric, serve_buckets
+from kubetune.monitor.contract import COMPONENT_METRICS, SERVE_METRICS, TRAIN_METRICS, Metric, bucket_bounds
 
 
 def families(text: str) -> set[tuple[str, str]]:
@@ -45,7 +45,7 @@ def test_the_servers_help_labels_and_buckets_are_the_contracts():
         assert (family.documentation, labels) == (m.help, set(m.labels)), m.name
         if m.kind == "histogram":
             bounds = {float(s.labels["le"]) for s in family.samples if s.name.endswith("_bucket")}
-            assert bounds == {*serve_buckets(m, 1000), float("inf")}, m.name
+            assert bounds == {*bucket_bounds(m, 1000), float("inf")}, m.name
 
 
 def test_the_components_export_the_contracts_component_metrics():
@@ -78,3 +78,12 @@ def test_the_components_help_and_labels_are_the_contracts():
         family = exported[m.name.removesuffix("_total")]
         labels = {name for s in family.samples for name in s.labels} - {"le"}
         assert (family.documentation, labels) == (m.help, set(m.labels)), m.name
+
+
+def test_every_histogram_names_a_bucket_family_and_nothing_else_does():
+    """`instrument` draws a histogram's buckets from its row: a row without a family would fail
+    only when its exporter starts."""
+    for m in TRAIN_METRICS + SERVE_METRICS + COMPONENT_METRICS:
+        assert (m.kind == "histogram") == bool(m.buckets), m.name
+        if m.buckets:
+            assert bucket_bounds(m, max_model_len=1000), m.name

@@ -9,12 +9,17 @@ Where they are served: a training pod's local-rank-0 process serves every rank o
 `monitor.port` (prometheus-client's multiprocess mode aggregates the ranks' values; each
 rank's series keeps its own `rank` label); a server serves them on its HTTP port
 (`kubetune.serve.contract.METRICS_PATH`).
+
+Every exporter (training, serving, the device plugin, the scheduler extender) makes its
+prometheus_client objects from these rows with `instrument`, so a name, help text, label or
+bucket is written once. The module stays stdlib-only at import: the torch-free renderers
+import it, and only `instrument` imports prometheus_client.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 Kind = Literal["gauge", "counter", "histogram"]
 
@@ -37,10 +42,6 @@ COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "barrier", "broa
 # these (bytes), so that latency is compared between messages of like size.
 COLLECTIVE_SIZE_BUCKETS = (1 << 10, 1 << 16, 1 << 20, 1 << 24, 1 << 26, 1 << 28)
 
-STEP_SECONDS_BUCKETS = (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300)
-COLLECTIVE_SECONDS_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5)
-CHECKPOINT_SECONDS_BUCKETS = (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600)
-
 
 @dataclass(frozen=True)
 class Metric:
@@ -48,11 +49,11 @@ class Metric:
     kind: Kind
     help: str
     labels: tuple[str, ...] = ()
-    buckets: str = ""  # a serving histogram's bucket family (SERVE_BUCKETS, serve_buckets)
+    buckets: str = ""  # a histogram's bucket family (BUCKETS; bucket_bounds)
 
 
-def _train(name: str, kind: Kind, help: str, extra: tuple[str, ...] = ()) -> Metric:
-    return Metric(name, kind, help, TRAIN_LABELS + extra)
+def _train(name: str, kind: Kind, help: str, extra: tuple[str, ...] = (), buckets: str = "") -> Metric:
+    return Metric(name, kind, help, TRAIN_LABELS + extra, buckets)
 
 
 TRAIN_METRICS: tuple[Metric, ...] = (
@@ -72,10 +73,14 @@ TRAIN_METRICS: tuple[Metric, ...] = (
     _train("kubetune_train_tokens_total", "counter", "Tokens trained on, this rank's share (ranks sum to the job)."),
     _train("kubetune_train_tokens_per_second", "gauge", "Tokens per second, this rank's share (ranks sum to the job)."),
     _train("kubetune_train_mfu_ratio", "gauge", "Model FLOPs per second over the device's peak (0-1)."),
-    _train("kubetune_train_step_seconds", "histogram", "Step time by phase.", ("phase",)),
+    _train("kubetune_train_step_seconds", "histogram", "Step time by phase.", ("phase",), "step_seconds"),
     # communication
     _train(
-        "kubetune_collective_seconds", "histogram", "Collective latency, issue to completion.", ("op", "size_bucket")
+        "kubetune_collective_seconds",
+        "histogram",
+        "Collective latency, issue to completion.",
+        ("op", "size_bucket"),
+        "collective_seconds",
     ),
     _train("kubetune_collective_bytes_total", "counter", "Bytes sent through collectives.", ("op",)),
     # health
@@ -89,7 +94,7 @@ TRAIN_METRICS: tuple[Metric, ...] = (
         "gauge",
         "What that memory may reach: KUBETUNE_MEMORY_BUDGET, else the cgroup limit, else the host's memory.",
     ),
-    _train("kubetune_checkpoint_seconds", "histogram", "Time to save a checkpoint."),
+    _train("kubetune_checkpoint_seconds", "histogram", "Time to save a checkpoint.", buckets="checkpoint_seconds"),
     _train("kubetune_checkpoint_last_timestamp_seconds", "gauge", "Unix time of the last saved checkpoint."),
     _train(
         "kubetune_train_restarts_total",
@@ -111,9 +116,14 @@ SERVE_ENGINE = "0"
 FINISH_REASONS = ("stop", "length", "abort", "error", "repetition")
 LORA_INFO_LABELS = ("max_lora", "waiting_lora_adapters", "running_lora_adapters")
 
-# vLLM's histogram bucket families (vllm/v1/metrics/buckets.py); "request_tokens" is its 1-2-5
-# series up to the server's context length (serve_buckets).
-SERVE_BUCKETS: dict[str, tuple[float, ...]] = {
+# Histogram bucket families, by the name a row gives in `buckets`: kubetune's own, then vLLM's
+# (vllm/v1/metrics/buckets.py), whose "request_tokens" is its 1-2-5 series up to the server's
+# context length (bucket_bounds).
+BUCKETS: dict[str, tuple[float, ...]] = {
+    "step_seconds": (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300),
+    "collective_seconds": (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
+    "checkpoint_seconds": (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+    "extender_seconds": (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
     "request_latency": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                         120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
     "time_to_first_token": (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0,
@@ -200,11 +210,13 @@ SERVE_METRICS: tuple[Metric, ...] = (
 )
 
 
-def serve_buckets(metric: Metric, max_model_len: int) -> tuple[float, ...]:
-    """A serving histogram's bucket bounds, as vLLM draws them for a server of `max_model_len`."""
+def bucket_bounds(metric: Metric, max_model_len: int | None = None) -> tuple[float, ...]:
+    """A histogram's bucket bounds; a token-count histogram's, as vLLM draws them for a server of `max_model_len`."""
     if metric.buckets == "request_tokens":
+        if max_model_len is None:
+            raise ValueError(f"{metric.name}: its buckets depend on the server's max_model_len")
         return _one_two_five(max_model_len)
-    return SERVE_BUCKETS[metric.buckets]
+    return BUCKETS[metric.buckets]
 
 
 def _one_two_five(max_value: int) -> tuple[float, ...]:
@@ -247,15 +259,36 @@ COMPONENT_METRICS: tuple[Metric, ...] = (
         "histogram",
         "Time to answer a scheduler call, parse included.",
         ("verb", "code"),
+        "extender_seconds",
     ),
 )
-EXTENDER_SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5)
 
 
 def component_metric(name: str) -> Metric:
     """The contract's entry for one of the cluster components' metrics."""
     (metric,) = [m for m in COMPONENT_METRICS if m.name == name]
     return metric
+
+
+def instrument(
+    metric: Metric,
+    registry: Any,
+    *,
+    max_model_len: int | None = None,
+    gauge_mode: Literal["all", "mostrecent"] = "all",
+) -> Any:
+    """`metric` as a prometheus_client Gauge, Counter or Histogram in `registry`, with the row's
+    name, help text, label names and buckets. `gauge_mode`: how multiprocess mode combines the
+    processes' values of a gauge (prometheus_client's multiprocess_mode)."""
+    from prometheus_client import Counter, Gauge, Histogram
+
+    labels = list(metric.labels)
+    if metric.kind == "gauge":
+        return Gauge(metric.name, metric.help, labels, registry=registry, multiprocess_mode=gauge_mode)
+    if metric.kind == "counter":
+        return Counter(metric.name, metric.help, labels, registry=registry)
+    buckets = bucket_bounds(metric, max_model_len)
+    return Histogram(metric.name, metric.help, labels, registry=registry, buckets=buckets)
 
 
 def exposed_names(metric: Metric) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ from __future__ import annotations
 import time
 from typing import Any, Protocol
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+from prometheus_client import CollectorRegistry
 
 from kubetune.monitor import contract
 
@@ -48,7 +48,9 @@ class ServeMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self.model_name, self.max_lora, self.adapter_names = model_name, max_lora, adapter_names
-        families = {m.name: _family(m, self.registry, max_model_len) for m in contract.SERVE_METRICS}
+        families = {
+            m.name: contract.instrument(m, self.registry, max_model_len=max_model_len) for m in contract.SERVE_METRICS
+        }
         own = (model_name, contract.SERVE_ENGINE)
         # every series exists (at 0) from the start, as vLLM creates them: a rate() or a ratio
         # has a value before the first request, and a reason that never happened reads 0, not absent
@@ -115,16 +117,6 @@ class ServeMetrics:
 
     def _observe(self, name: str, value: float) -> None:
         self._m[name].observe(value)
-
-
-def _family(metric: contract.Metric, registry: CollectorRegistry, max_model_len: int) -> Any:
-    labels = list(metric.labels)
-    if metric.kind == "gauge":
-        return Gauge(metric.name, metric.help, labels, registry=registry)
-    if metric.kind == "counter":
-        return Counter(metric.name, metric.help, labels, registry=registry)
-    buckets = contract.serve_buckets(metric, max_model_len)
-    return Histogram(metric.name, metric.help, labels, buckets=buckets, registry=registry)
 
 
 def _adapters(seqs: Any) -> str:

@@ -62,16 +62,10 @@ class TrainMetrics:
         self._by_name = {m.name: self._make(m, labels) for m in contract.TRAIN_METRICS}
 
     def _make(self, metric: contract.Metric, labels: dict[str, str]) -> Any:
-        from prometheus_client import Counter, Gauge, Histogram
-
+        # mostrecent: of the multiprocess files a rank leaves (a restarted worker leaves its predecessor's
+        # too), a gauge reads the newest value, not one series per process id
+        m = contract.instrument(metric, self.registry, gauge_mode="mostrecent")
         extra = [name for name in metric.labels if name not in labels]
-        m: Any
-        if metric.kind == "gauge":
-            m = Gauge(metric.name, metric.help, metric.labels, registry=self.registry, multiprocess_mode="mostrecent")
-        elif metric.kind == "counter":
-            m = Counter(metric.name, metric.help, metric.labels, registry=self.registry)
-        else:
-            m = Histogram(metric.name, metric.help, metric.labels, registry=self.registry, buckets=_buckets(metric))
         return m.labels(**labels) if not extra else _Partial(m, labels)
 
     def __getitem__(self, name: str) -> Any:
@@ -86,14 +80,6 @@ class _Partial:
 
     def labels(self, **rest: str) -> Any:
         return self.metric.labels(**self.bound, **rest)
-
-
-def _buckets(metric: contract.Metric) -> tuple[float, ...]:
-    if metric.name == "kubetune_collective_seconds":
-        return contract.COLLECTIVE_SECONDS_BUCKETS
-    if metric.name == "kubetune_checkpoint_seconds":
-        return contract.CHECKPOINT_SECONDS_BUCKETS
-    return contract.STEP_SECONDS_BUCKETS
 
 
 def serve_metrics(port: int, registry: Any) -> Any:

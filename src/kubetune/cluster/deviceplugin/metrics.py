@@ -1,6 +1,6 @@
 """Prometheus metrics of the device plugin (one registry per plugin, so tests stay isolated).
 
-Names, help texts and labels are `kubetune.monitor.contract.COMPONENT_METRICS`'s (the
+Names, kinds, help texts and labels are `kubetune.monitor.contract.COMPONENT_METRICS`'s (the
 dashboards read them there).
 """
 
@@ -8,24 +8,23 @@ from __future__ import annotations
 
 from typing import Any
 
-from prometheus_client import CollectorRegistry, Counter, Gauge
+from prometheus_client import CollectorRegistry
 
-from kubetune.monitor.contract import component_metric
+from kubetune.monitor.contract import component_metric, instrument
 
 
 class PluginMetrics:
     def __init__(self, registry: CollectorRegistry | None = None):
         self.registry = registry or CollectorRegistry()
-        self.devices = self._make(Gauge, "kubetune_deviceplugin_devices")
-        self.allocations = self._make(Counter, "kubetune_deviceplugin_allocations")
-        self.allocated_devices = self._make(Counter, "kubetune_deviceplugin_allocated_devices")
-        self.allocate_errors = self._make(Counter, "kubetune_deviceplugin_allocate_errors")
-        self.driver_present = self._make(Gauge, "kubetune_deviceplugin_driver_present")
-        self.registrations = self._make(Counter, "kubetune_deviceplugin_registrations")
+        self.devices = self._make("kubetune_deviceplugin_devices")
+        self.allocations = self._make("kubetune_deviceplugin_allocations")
+        self.allocated_devices = self._make("kubetune_deviceplugin_allocated_devices")
+        self.allocate_errors = self._make("kubetune_deviceplugin_allocate_errors")
+        self.driver_present = self._make("kubetune_deviceplugin_driver_present")
+        self.registrations = self._make("kubetune_deviceplugin_registrations")
 
-    def _make(self, kind: Any, name: str) -> Any:
-        metric = component_metric(name)
-        return kind(metric.name, metric.help, list(metric.labels), registry=self.registry)
+    def _make(self, name: str) -> Any:
+        return instrument(component_metric(name), self.registry)
 
     def set_health(self, resource: str, health: dict[str, str]) -> None:
         from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY

@@ -91,15 +91,12 @@ def _bad_request(e: Exception) -> Response:
 
 
 def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None = None) -> FastAPI:
-    from prometheus_client import CollectorRegistry, Histogram, generate_latest
+    from prometheus_client import CollectorRegistry, generate_latest
 
-    from kubetune.monitor.contract import EXTENDER_SECONDS_BUCKETS, component_metric
+    from kubetune.monitor.contract import component_metric, instrument
 
     registry = CollectorRegistry()
-    metric = component_metric("kubetune_extender_request_seconds")
-    latency = Histogram(
-        metric.name, metric.help, list(metric.labels), buckets=EXTENDER_SECONDS_BUCKETS, registry=registry
-    )
+    latency = instrument(component_metric("kubetune_extender_request_seconds"), registry)
     app = FastAPI(title="kubetune scheduler extender", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.config = config
     app.state.pods = pods
