@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from kubetune.export import export_run, load_trained
+from kubetune.export import export_run, load_run
 from kubetune.training.run import train_from_recipe
 
 from .conftest import SHARED_DATA, run_cli
@@ -25,7 +25,7 @@ def test_merged_export_matches_base_plus_adapter(tmp_path, tiny_overrides):
     assert (merged_dir / "model.safetensors").is_file() and (merged_dir / "tokenizer.json").is_file()
     assert (merged_dir / "generation_config.json").is_file()
     merged = AutoModelForCausalLM.from_pretrained(merged_dir).eval()
-    adapted, tokenizer = load_trained(run, dtype=torch.float32)
+    adapted, tokenizer = load_run(run, dtype=torch.float32)
     adapted.eval()
     prompt = "Answer this question truthfully\n\nWhat is fact number 3?"
     assert _greedy(merged, tokenizer, prompt) == _greedy(adapted, tokenizer, prompt)
@@ -71,3 +71,92 @@ def test_real_model_train_resume_export_generate(tmp_path):
         ["generate", str(run), "--prompt", "What does insulin do?", "--max-new-tokens", "12"], timeout=600
     )
     assert gen_run.returncode == 0 and gen_run.stdout.strip() == gen.stdout.strip()
+
+
+REMOTE_CONFIG = """from transformers import LlamaConfig
+
+
+class TinyRemoteConfig(LlamaConfig):
+    model_type = "tiny_remote"
+"""
+REMOTE_MODEL = """from transformers import LlamaForCausalLM
+
+from .configuration_tiny import TinyRemoteConfig
+
+
+class TinyRemoteForCausalLM(LlamaForCausalLM):
+    config_class = TinyRemoteConfig
+"""
+
+
+def _snapshot(root, commit, layers, tokenizer, remote_code):
+    """One commit of a hub repo in the cache layout huggingface_hub reads offline."""
+    import json
+
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    out = root / "snapshots" / commit
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=16,
+        intermediate_size=32,
+        num_hidden_layers=layers,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        eos_token_id=tokenizer.eos_token_id,
+    )
+    LlamaForCausalLM(cfg).save_pretrained(out)
+    tokenizer.save_pretrained(out)
+    if remote_code:  # a model type transformers does not know: it loads only with trust_remote_code
+        config = json.loads((out / "config.json").read_text())
+        config["model_type"] = "tiny_remote"
+        config["auto_map"] = {
+            "AutoConfig": "configuration_tiny.TinyRemoteConfig",
+            "AutoModelForCausalLM": "modeling_tiny.TinyRemoteForCausalLM",
+        }
+        (out / "config.json").write_text(json.dumps(config))
+        (out / "configuration_tiny.py").write_text(REMOTE_CONFIG)
+        (out / "modeling_tiny.py").write_text(REMOTE_MODEL)
+
+
+@pytest.fixture
+def pinned_remote_run(tmp_path, tokenizer, monkeypatch):
+    """A LoRA run of hub model kubetune-test/tiny at revision v1 (two layers, its own modelling
+    code), while its main branch is a plain one-layer Llama: dropping `revision` loads main."""
+    import huggingface_hub.constants
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    hub = tmp_path / "hub"
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(hub))  # read at each call
+    repo = hub / "models--kubetune-test--tiny"
+    _snapshot(repo, "a" * 40, 1, tokenizer, remote_code=False)
+    _snapshot(repo, "b" * 40, 2, tokenizer, remote_code=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("a" * 40)
+    (repo / "refs" / "v1").write_text("b" * 40)
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "recipe.yaml").write_text(
+        "model:\n  name_or_path: kubetune-test/tiny\n  revision: v1\n  trust_remote_code: true\n"
+    )
+    (run / "run.json").write_text("{}")
+    base = AutoModelForCausalLM.from_pretrained("kubetune-test/tiny", revision="v1", trust_remote_code=True)
+    adapted = get_peft_model(base, LoraConfig(r=2, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"))
+    adapted.save_pretrained(run / "adapter")
+    tokenizer.save_pretrained(run / "adapter")
+    return run
+
+
+def test_every_reader_loads_a_run_at_its_revision_with_its_code(pinned_remote_run):
+    from kubetune.rundir import RunDir
+    from kubetune.serve.models import load_served
+
+    def is_v1(lm):
+        return type(lm).__name__ == "TinyRemoteForCausalLM" and lm.config.num_hidden_layers == 2
+
+    adapted, _ = load_run(pinned_remote_run)  # eval, generate and export
+    assert is_v1(adapted.get_base_model())
+    base, _ = load_run(RunDir(pinned_remote_run).recipe())  # eval of the base model a recipe names
+    assert is_v1(base)
+    assert is_v1(load_served(str(pinned_remote_run), [], torch.float32, "sdpa").lm)

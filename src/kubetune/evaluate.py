@@ -6,11 +6,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from kubetune.data import prepare_data
-from kubetune.export import load_trained
+from kubetune.export import base_config, load_run
 from kubetune.models.attention import register as register_attention
 from kubetune.models.finetune import ModelParts
 from kubetune.models.kernels import autocast_context, compute_precision
-from kubetune.models.load import DTYPES, load_causal_lm, load_config, load_tokenizer, resolve_model
 from kubetune.recipe import load_recipe
 from kubetune.recipe.layout import data_parallel_only
 from kubetune.rundir import RunDir
@@ -27,21 +26,9 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     run = RunDir(Path(target))
     recipe = run.recipe(overrides) if run.is_run() else load_recipe(target, overrides).recipe
     configure_threads(recipe.train.num_threads, env)  # before the precision: threads change the answer
-    source = resolve_model(recipe.model.name_or_path)
-    config = load_config(source, recipe.model.revision, recipe.model.trust_remote_code)
-    precision = compute_precision(recipe.train.precision, config, env.device)  # what training chose here
+    precision = compute_precision(recipe.train.precision, base_config(recipe), env.device)  # what training chose here
     recipe = recipe.with_kernels(precision, "fp32")
-    if run.is_run():
-        model, tokenizer = load_trained(run, recipe, for_training=True)
-    else:
-        tokenizer = load_tokenizer(source, recipe.model.revision, recipe.model.trust_remote_code)
-        model = load_causal_lm(
-            source,
-            DTYPES[recipe.base_dtype_name()],
-            register_attention(),
-            recipe.model.revision,
-            recipe.model.trust_remote_code,
-        )
+    model, tokenizer = load_run(run if run.is_run() else recipe, recipe, attn=register_attention())
     parts = ModelParts.of(model.to(env.device))
     data = prepare_data(recipe, tokenizer)
     layout = data_parallel_only(env.world_size, env.rank)

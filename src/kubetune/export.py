@@ -2,7 +2,7 @@
 directory) that training writes, loading them back, and a merged HF model directory.
 
 Training calls `save_trained` at the end of a run; `kubetune export`, `eval`, `generate`
-and serving read through `load_trained`. Nothing here imports the training engine.
+and serving read through `load_run`. Nothing here imports the training engine.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from kubetune.fsutil import atomic_dir
-from kubetune.models.load import DTYPES, load_causal_lm, load_tokenizer, resolve_model
+from kubetune.models.load import DTYPES, load_causal_lm, load_config, load_tokenizer, resolve_model
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir
 
@@ -41,36 +41,60 @@ def save_trained(
         tokenizer.save_pretrained(tmp)
 
 
-def load_trained(
-    run_dir: Path | RunDir, recipe: Recipe | None = None, dtype: torch.dtype | None = None, for_training: bool = False
+def load_run(
+    target: Path | RunDir | Recipe,
+    recipe: Recipe | None = None,
+    dtype: torch.dtype | None = None,
+    attn: str = "sdpa",
+    with_adapter: bool = True,
 ) -> tuple[Any, Any]:
-    """(model, tokenizer) of a finished run: base + adapter (LoRA) or the full model.
+    """(model, tokenizer) of a finished run, or of the base model a recipe names: the one
+    loader of a run's weights, so that every reader passes the recipe's `model.revision` and
+    `model.trust_remote_code` (a model with its own code loads nowhere without them).
 
-    `for_training` loads with kubetune's packed-sample attention (for evaluating on packed
-    rows); otherwise with the stock attention that generation uses.
+    A LoRA run is its base + the adapter (PEFT), or its base alone with `with_adapter=False`
+    (serving installs adapters its own way); a full fine-tune is its trained weights. `recipe`
+    defaults to the run's own; `dtype` to the one the base is trained in; `attn` is the
+    attention implementation (kubetune's packed-sample one to evaluate on packed rows).
     """
-    from kubetune.models.attention import register
-
-    run = run_dir if isinstance(run_dir, RunDir) else RunDir(Path(run_dir))
+    if isinstance(target, Recipe):
+        source = resolve_model(target.model.name_or_path)
+        tokenizer = load_tokenizer(source, target.model.revision, target.model.trust_remote_code)
+        return _load_base(target, source, dtype, attn), tokenizer
+    run = target if isinstance(target, RunDir) else RunDir(Path(target))
     recipe = recipe or run.recipe()
     weights = run.finished_weights(recipe)
-    dtype = dtype or DTYPES[recipe.base_dtype_name()]
-    attn = register() if for_training else "sdpa"
-    tokenizer = load_tokenizer(str(weights))
-    if recipe.finetune.method == "full":
-        return load_causal_lm(str(weights), dtype, attn), tokenizer
+    remote = recipe.model.trust_remote_code
+    tokenizer = load_tokenizer(str(weights), trust_remote_code=remote)  # the one training saved with the weights
+    if recipe.finetune.method == "full":  # a local directory: no revision applies
+        return load_causal_lm(str(weights), dtype or DTYPES[recipe.base_dtype_name()], attn, None, remote), tokenizer
+    base = _load_base(recipe, resolve_model(recipe.model.name_or_path), dtype, attn)
+    if not with_adapter:
+        return base, tokenizer
     from peft import PeftModel
 
-    base = load_causal_lm(
-        resolve_model(recipe.model.name_or_path), dtype, attn, recipe.model.revision, recipe.model.trust_remote_code
-    )
     return PeftModel.from_pretrained(base, str(weights)), tokenizer
+
+
+def base_config(recipe: Recipe) -> Any:
+    """The config of the base model a recipe names, at its revision (what precision and the
+    KV cache are decided from before any weights load)."""
+    model = recipe.model
+    return load_config(resolve_model(model.name_or_path), model.revision, model.trust_remote_code)
+
+
+def _load_base(recipe: Recipe, source: str, dtype: torch.dtype | None, attn: str) -> Any:
+    """The base model the recipe names, from `source` (resolved), at the recipe's revision."""
+    model = recipe.model
+    return load_causal_lm(
+        source, dtype or DTYPES[recipe.base_dtype_name()], attn, model.revision, model.trust_remote_code
+    )
 
 
 def load_merged(run: RunDir, recipe: Recipe) -> tuple[Any, Any]:
     """(model, tokenizer) of a finished run in fp32: a LoRA adapter merged into the base
     weights (in fp32, so that the adapter's update isn't rounded away), a full fine-tune as it is."""
-    model, tokenizer = load_trained(run, recipe, dtype=torch.float32)
+    model, tokenizer = load_run(run, recipe, dtype=torch.float32)
     if recipe.finetune.method == "lora":
         model = model.merge_and_unload()
     return model, tokenizer

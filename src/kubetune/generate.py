@@ -9,11 +9,11 @@ import torch
 
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError
-from kubetune.export import load_trained
+from kubetune.export import base_config, load_run
 from kubetune.models.finetune import ModelParts
 from kubetune.models.generate import generate_text
 from kubetune.models.kernels import autocast_context, compute_precision
-from kubetune.models.load import DTYPES, load_causal_lm, load_config, load_tokenizer, resolve_model
+from kubetune.models.load import DTYPES, load_causal_lm, load_config, load_tokenizer
 from kubetune.rundir import RunDir
 
 
@@ -25,9 +25,10 @@ def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperatur
     if run.is_run():
         recipe = run.recipe()
         template, system = recipe.data.template, recipe.data.system_prompt
-        config = load_config(resolve_model(recipe.model.name_or_path), recipe.model.revision)
-        precision = compute_precision(recipe.train.precision, config, cpu)  # training's decision on this machine
-        model, tokenizer = load_trained(run, recipe.with_kernels(precision, "fp32"))
+        precision = compute_precision(
+            recipe.train.precision, base_config(recipe), cpu
+        )  # training's decision on this machine
+        model, tokenizer = load_run(run, recipe.with_kernels(precision, "fp32"))
     elif (path / "config.json").is_file():
         precision = compute_precision("auto", load_config(str(path)), cpu)
         tokenizer = load_tokenizer(str(path))

@@ -53,14 +53,14 @@ class Collector:
 def _reference_models(tiny_runs, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from kubetune.export import load_trained
+    from kubetune.export import load_run
 
     a, b = tiny_runs
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()
     return {
         -1: base,
-        0: load_trained(a, dtype=torch.float32)[0].eval(),
-        1: load_trained(b, dtype=torch.float32)[0].eval(),
+        0: load_run(a, dtype=torch.float32)[0].eval(),
+        1: load_run(b, dtype=torch.float32)[0].eval(),
     }
 
 

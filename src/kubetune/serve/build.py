@@ -59,10 +59,8 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     threads = opts.threads or host.threads()
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    from kubetune.models.load import load_config
-
     plan = plan_served(opts.target, list(opts.adapters))
-    dtype = pick_dtype(opts.dtype, load_config(plan.base_source))
+    dtype = pick_dtype(opts.dtype, plan.base_config())
     served = load_served(opts.target, list(opts.adapters), dtype, register())
     if getattr(opts, "served_model_names", ()):
         name_base(served, opts.served_model_names)

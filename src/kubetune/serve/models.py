@@ -19,7 +19,8 @@ import torch
 
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError, UserError
-from kubetune.models.load import load_causal_lm, load_tokenizer, resolve_model
+from kubetune.export import base_config, load_run
+from kubetune.models.load import load_causal_lm, load_config, load_tokenizer
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir
 from kubetune.serve.contract import Adapter
@@ -97,13 +98,21 @@ class Plan:
     base_name: str
     adapters: list[tuple[str, _Source]]
 
-    @property
-    def base_source(self) -> str:
-        """What the base model's weights and config are loaded from."""
-        if self.main.is_lora:
-            assert self.main.recipe is not None
-            return resolve_model(self.main.recipe.model.name_or_path)
-        return str(self.main.weights)
+    def base_config(self) -> Any:
+        """The base model's config, read as the model will be loaded (a run's revision and remote code)."""
+        recipe = self.main.recipe
+        if recipe is not None and self.main.is_lora:
+            return base_config(recipe)
+        remote = recipe is not None and recipe.model.trust_remote_code
+        return load_config(str(self.main.weights), trust_remote_code=remote)
+
+    def load_base(self, dtype: torch.dtype, attn: str) -> tuple[Any, Any]:
+        """(base model, tokenizer): a run's through `load_run` (without its adapter: serving
+        installs every adapter itself), an HF model directory as it is."""
+        if self.main.recipe is not None:
+            return load_run(RunDir(self.main.path), self.main.recipe, dtype, attn, with_adapter=False)
+        weights = str(self.main.weights)
+        return load_causal_lm(weights, dtype, attn), load_tokenizer(weights)
 
 
 def plan_served(target: str, adapters: list[Adapter]) -> Plan:
@@ -123,8 +132,7 @@ def plan_served(target: str, adapters: list[Adapter]) -> Plan:
 def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str, fuse: bool = True) -> ServedSet:
     plan = plan_served(target, adapters)
     main, base_name, extra = plan.main, plan.base_name, plan.adapters
-    tokenizer = load_tokenizer(str(main.weights))
-    lm = load_causal_lm(plan.base_source, dtype, attn)
+    lm, tokenizer = plan.load_base(dtype, attn)
     lm.eval()
     served = ServedSet(lm, tokenizer, base_name)
     served.models[base_name] = Served(base_name, main.renderer(tokenizer))
