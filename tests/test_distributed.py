@@ -4,7 +4,6 @@ rescaled resume, and a worker killed under the elastic agent."""
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -13,15 +12,11 @@ from pathlib import Path
 import psutil
 import pytest
 
+from kubetune.netutil import free_port
+
 from .conftest import REPO
 
 pytestmark = pytest.mark.multiproc
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def base_env(**extra) -> dict:

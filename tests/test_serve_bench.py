@@ -6,24 +6,17 @@ from __future__ import annotations
 
 import asyncio
 import json
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 from bench.common import serving
 
+from kubetune.netutil import free_port, wait_ready
 from tests.conftest import REPO, SHARED_DATA, load_bench
 
 serve_load = load_bench("serve/serve_load")
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -44,9 +37,7 @@ def tiny_adapter(tiny_model_dir, tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def naive(tiny_model_dir, tiny_adapter, tmp_path_factory):
-    import httpx
-
-    port = _free_port()
+    port = free_port()
     log = tmp_path_factory.mktemp("naive") / "server.log"
     argv = [sys.executable, str(REPO / "bench" / "serve" / "naive_server.py"), "--model", str(tiny_model_dir)]
     argv += ["--served-name", "tiny", "--adapter", f"lora1={tiny_adapter}", "--port", str(port), "--dtype", "fp32"]
@@ -54,16 +45,7 @@ def naive(tiny_model_dir, tiny_adapter, tmp_path_factory):
         proc = subprocess.Popen(argv, stdout=out, stderr=subprocess.STDOUT, env=serve_load.server_env())
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + 120
-        while True:
-            assert proc.poll() is None, f"naive server exited: {log.read_text()[-2000:]}"
-            assert time.monotonic() < deadline, f"naive server not ready: {log.read_text()[-2000:]}"
-            try:
-                if httpx.get(url + "/ready", timeout=2, trust_env=False).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
+        wait_ready(url + "/ready", 120, process=proc, log=log)
         yield url
     finally:
         proc.terminate()

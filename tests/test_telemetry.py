@@ -19,15 +19,10 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubetune.monitor import contract
+from kubetune.netutil import free_port
 from kubetune.training.kubeflow_progress import KubeflowProgress, status_body
 
 from .conftest import REPO
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def scrape(port: int) -> dict[str, list]:

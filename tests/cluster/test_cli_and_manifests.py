@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import os
 import signal
 import subprocess
@@ -13,8 +14,8 @@ import pytest
 import yaml
 
 from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
-from kubetune.cluster.extender.server import free_port
 from kubetune.k8s.validate import validate_objects
+from kubetune.netutil import free_port, http_answers, wait_ready
 
 from .fakes import FakeKubelet, hls_box, make_gaudi_tree
 
@@ -31,16 +32,8 @@ def _stop(proc: subprocess.Popen) -> int:
 
 
 def _wait_http(url: str, proc: subprocess.Popen, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            httpx.get(url, timeout=1)
-            return
-        except httpx.TransportError:
-            time.sleep(0.05)
-    raise AssertionError(f"{url} never answered")
+    """Until `url` answers at all (a health check may still say 503: the tests read it)."""
+    wait_ready(functools.partial(http_answers, url), timeout, process=proc, interval=0.05, name=url)
 
 
 def test_device_plugin_command_registers_serves_metrics_and_stops_cleanly(tmp_path, plugin_dir):

@@ -9,13 +9,13 @@ that prints perftest's report format (the parser is checked against real reports
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import shutil
 import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -34,6 +34,7 @@ from kubetune.cluster.netprobe import (
     worth_publishing,
 )
 from kubetune.errors import UserError
+from kubetune.netutil import tcp_accepts, wait_ready
 
 KUBETUNE = [sys.executable, "-m", "kubetune"]
 PORT = 7471
@@ -81,19 +82,6 @@ def netns():
             _ip("netns", "del", ns, check=False)
 
 
-def _wait_port(host: str, port: int, proc: subprocess.Popen, timeout: float = 20) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise AssertionError(f"prober exited {proc.returncode}: {proc.stderr.read().decode()[-2000:]}")
-        try:
-            socket.create_connection((host, port), timeout=0.5).close()
-            return
-        except OSError:
-            time.sleep(0.05)
-    raise AssertionError(f"{host}:{port} never answered")
-
-
 @pytest.fixture
 def peers(netns):
     """A `kubetune netprobe --serve-only` in each namespace, as a DaemonSet pod would run it."""
@@ -105,7 +93,8 @@ def peers(netns):
                 subprocess.Popen([*cmd, "--port", str(PORT), "--log-level", "warning"], stderr=subprocess.PIPE)
             )
         for (_, address, _, _), proc in zip(netns, procs):
-            _wait_port(address, PORT, proc)
+            accepts = functools.partial(tcp_accepts, address, PORT)
+            wait_ready(accepts, 20, process=proc, interval=0.05, name=f"the prober on {address}:{PORT}")
         yield netns
     finally:
         for proc in procs:

@@ -258,11 +258,9 @@ def test_forbidden_is_one_clear_line(cli, kube):
 
 
 def test_unreachable_api_server_is_one_line(cli, kube, tmp_path, monkeypatch):
-    import socket
+    from kubetune.netutil import free_port
 
-    with socket.socket() as s:  # a port nobody listens on
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    port = free_port()  # a port nobody listens on
     config = kube.kubeconfig.read_text().replace(kube.url, f"http://127.0.0.1:{port}")
     (tmp_path / "dead").write_text(config)
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "dead"))

@@ -14,7 +14,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -25,15 +24,10 @@ import pytest
 import yaml
 
 from kubetune.k8s.render import render
+from kubetune.netutil import free_port
 from kubetune.recipe import load_recipe
 
 pytestmark = pytest.mark.multiproc
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 @pytest.fixture
@@ -91,7 +85,7 @@ def _replica_processes(
     """The job's replicas as processes, from `objects` (default: what `render(recipe)` makes)."""
     objs = {o["kind"]: o for o in (objects or render(recipe).objects)}
     job = objs["PyTorchJob"]
-    port = str(_free_port())
+    port = str(free_port())
     specs = job["spec"]["pytorchReplicaSpecs"]
     ranks = [("Master", 0)] + [("Worker", i) for i in range(specs.get("Worker", {}).get("replicas", 0))]
     world = len(ranks)
@@ -144,7 +138,7 @@ def _start(procs, cwd):
 @pytest.mark.slow  # CI: test_distributed's killed worker resumes, the two-namespace test runs the rendered contract
 def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
     tmp_path, pvc, recipe = pod_world
-    metrics_ports = [_free_port(), _free_port()]
+    metrics_ports = [free_port(), free_port()]
     procs = _replica_processes(tmp_path, pvc, recipe, metrics_ports)
     assert len(procs) == 2
     run = pvc / "runs" / "contract"

@@ -15,7 +15,6 @@ import contextlib
 import math
 import os
 import shutil
-import socket
 import subprocess
 import threading
 import time
@@ -27,6 +26,8 @@ from urllib.parse import urlsplit
 import httpx
 import pytest
 import yaml
+
+from kubetune.netutil import free_port, wait_ready
 
 PROMETHEUS = "/usr/bin/prometheus"
 PROMTOOL = "/usr/bin/promtool"
@@ -43,12 +44,6 @@ def require(binary: str) -> str:
     if os.environ.get(SKIP_ENV) == "1":
         pytest.skip(f"{message}; skipped because {SKIP_ENV}=1")
     pytest.fail(f"{message}, or set {SKIP_ENV}=1 to skip the Prometheus tests")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def scrape_job(name: str, url: str, honor_labels: bool = False, labels: dict[str, str] | None = None) -> dict:
@@ -110,18 +105,6 @@ class PrometheusProcess:
         raise AssertionError(f"targets not scraped {samples} times in {timeout}s: {self.targets()}")
 
 
-def _wait_ready(url: str, process: subprocess.Popen, log: Path, timeout: float = 30) -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise AssertionError(f"prometheus exited {process.returncode}: {log.read_text()[-3000:]}")
-        with contextlib.suppress(httpx.HTTPError):
-            if httpx.get(f"{url}/-/ready", timeout=1).status_code == 200:
-                return
-        time.sleep(0.1)
-    raise AssertionError(f"prometheus not ready in {timeout}s: {log.read_text()[-3000:]}")
-
-
 @contextlib.contextmanager
 def running_prometheus(tmp: Path, jobs: list[dict], rule_files: tuple[Path, ...] = ()) -> Iterator[PrometheusProcess]:
     binary = require(PROMETHEUS)
@@ -145,7 +128,7 @@ def running_prometheus(tmp: Path, jobs: list[dict], rule_files: tuple[Path, ...]
         process = subprocess.Popen(argv, stdout=sink, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
-        _wait_ready(url, process, log)
+        wait_ready(f"{url}/-/ready", 30, process=process, log=log)
         prom = PrometheusProcess(url, process, log)
         yield prom
         prom.http.close()

@@ -22,8 +22,9 @@ from kubetune.monitor.expressions import all_expressions
 from kubetune.monitor.monitors import operator_job_prefix
 from kubetune.monitor.rules import alerts, rule_file
 from kubetune.monitor.snapshot import render_panels_png
+from kubetune.netutil import free_port
 
-from .promtest import free_port, run_cli, running_prometheus, scrape_job
+from .promtest import run_cli, running_prometheus, scrape_job
 
 NS = "kubetune"
 JOB = "demo"

@@ -30,10 +30,11 @@ from kubetune.cluster.extender.samples import extender_args, gaudi_node, trainin
 from kubetune.cluster.manifests import ComponentSettings, component_monitors
 from kubetune.monitor.dashboards import dashboards
 from kubetune.monitor.rules import rule_file
+from kubetune.netutil import free_port
 
 from ..conftest import REPO
 from ..serve.conftest import ServerProcess, tiny_runs  # noqa: F401 (tiny_runs: a fixture used below)
-from .promtest import free_port, run_cli, running_prometheus, scrape_job
+from .promtest import run_cli, running_prometheus, scrape_job
 from .test_prometheus import operator_job
 
 # slow: CI's test_prometheus holds every panel and alert to data in a real Prometheus, and

@@ -21,7 +21,8 @@ from pathlib import Path
 import pytest
 
 from kubetune.k8s.finetune import recipe_data
-from tests.k8s.test_contract import _free_port, _replica_processes, _start
+from kubetune.netutil import free_port
+from tests.k8s.test_contract import _replica_processes, _start
 from tests.k8s.test_contract import pod_world as pod_world  # the fixture: a fake node with model and data
 
 from .conftest import NAMESPACE, wait_for
@@ -61,7 +62,7 @@ def test_the_operators_objects_train_export_and_serve(pod_world, operator):
     operator.apply_finetune("contract", {"recipe": recipe_data(recipe), "serve": {"enabled": True}})
     wait_for(lambda: operator.get(*PYTORCHJOB, "contract"), message="the PyTorchJob")
     made = [o for _, _, o in operator.live_objects() if o["kind"] in ("PyTorchJob", "ConfigMap")]
-    procs = _replica_processes(tmp_path, pvc, recipe, [_free_port(), _free_port()], objects=made)
+    procs = _replica_processes(tmp_path, pvc, recipe, [free_port(), free_port()], objects=made)
     assert len(procs) == 2
 
     pods = _start(procs, tmp_path)

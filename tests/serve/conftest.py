@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import os
 import signal
-import socket
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
+
+from kubetune.netutil import free_port, wait_ready
 
 from ..conftest import REPO
 
@@ -63,12 +63,6 @@ def tiny_runs(tmp_path_factory, tiny_model_dir) -> tuple[Path, Path]:
     return a, b
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class ServerProcess:
     def __init__(self, args: list[str], timeout: float = 180) -> None:
         self.port = free_port()
@@ -79,20 +73,7 @@ class ServerProcess:
         self.proc = subprocess.Popen(
             cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
         )
-        self.wait_ready(timeout)
-
-    def wait_ready(self, timeout: float) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise AssertionError(f"server exited {self.proc.returncode}: {self.proc.stdout.read()[-3000:]}")
-            try:
-                if httpx.get(f"{self.url}/ready", timeout=2).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.2)
-        raise AssertionError("server not ready in time")
+        wait_ready(f"{self.url}/ready", timeout, process=self.proc)
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         from prometheus_client.parser import text_string_to_metric_families

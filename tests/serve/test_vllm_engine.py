@@ -6,18 +6,17 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
 import pytest
 
 from kubetune.errors import UserError
+from kubetune.netutil import free_port, wait_ready
 from kubetune.serve.contract import Adapter, vllm_argv, vllm_lora_rank
 from kubetune.serve.vllm_engine import VLLM_PYTHON_ENV, vllm_options, vllm_python
 
 from ..conftest import run_cli
-from .conftest import free_port
 
 
 def test_a_lora_run_maps_to_the_base_with_every_adapter(tiny_runs, tiny_model_dir):
@@ -102,13 +101,7 @@ def test_vllm_serves_a_model_directory_under_the_native_engines_name(tmp_path, t
     cmd = [kubetune, "serve", str(model_dir), "--engine", "vllm", "--port", str(port), "--max-model-len", "512"]
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
-        deadline = time.monotonic() + 600
-        while time.monotonic() < deadline and proc.poll() is None:
-            try:
-                if httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=2).status_code == 200:
-                    break
-            except httpx.HTTPError:
-                time.sleep(1)
+        wait_ready(f"http://127.0.0.1:{port}/v1/models", 600, process=proc, interval=1)
         ids = {m["id"] for m in httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=5).json()["data"]}
         assert ids == {"tiny-64"}
         body = {"model": "tiny-64", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4}

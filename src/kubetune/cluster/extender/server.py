@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import socket
 import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
+
+from kubetune.netutil import free_port
 
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD = -1, -3  # glibc mallopt parameters
 
@@ -40,12 +41,6 @@ def serve_forever(app, host: str, port: int, log_level: str = "info") -> None:
     import uvicorn
 
     uvicorn.run(app, host=host, port=port, log_level=log_level, access_log=False)
-
-
-def free_port(host: str = "127.0.0.1") -> int:
-    with socket.socket() as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
 
 
 @contextmanager
