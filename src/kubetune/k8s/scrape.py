@@ -21,12 +21,11 @@ from kubetune.k8s.names import CONTAINER, Names, server_selector, standard_label
 from kubetune.kube import KubeObject
 from kubetune.monitor import monitors
 from kubetune.monitor.contract import DEFAULT_TRAIN_PORT, METRICS_PORT_NAME
-from kubetune.monitor.objects import MONITORING_COMPONENT
 from kubetune.recipe.schema import Recipe
 from kubetune.serve.contract import METRICS_PATH
 
 TRAINJOB_CONTAINER = CONTAINER["trainjob"]
-SERVER_PORT_NAME = "http"  # the serving Service's port (kubetune.k8s.serve.PORT_NAME)
+SERVER_PORT_NAME = "http"  # the serving Service's port (kubetune.k8s.serve.plan.PORT_NAME)
 
 
 def metrics_port(recipe: Recipe) -> int:
@@ -60,7 +59,7 @@ def _trainjob_endpoint(job: str, port: int) -> KubeObject:
 
 def training_pod_monitor(recipe: Recipe, names: Names) -> KubeObject:
     """The job's training pods, scraped on their metrics port (`recipe` as the pods see it)."""
-    labels = standard_labels(names, MONITORING_COMPONENT)
+    labels = standard_labels(names, monitors.MONITORING_COMPONENT)
     meta = monitors.monitor_meta(pod_monitor_name(names.job), names.namespace, labels, recipe.monitor.release)
     if recipe.k8s.api == "trainjob":
         endpoint = _trainjob_endpoint(names.job, metrics_port(recipe))

@@ -16,6 +16,7 @@ from kubetune.monitor.contract import METRICS_PATH, RELEASE_LABEL
 API_VERSION = "monitoring.coreos.com/v1"
 MONITOR_KINDS = ("PodMonitor", "ServiceMonitor")
 RULE_KIND = "PrometheusRule"
+MONITORING_COMPONENT = "monitoring"  # the `component` label of the rules, dashboards and a job's PodMonitor
 # The scrape jobs the Prometheus Operator generates are named `<kind>/<namespace>/<name>/<index>`
 # (podMonitor/..., serviceMonitor/...): `kubetune monitor check` finds a monitor's job by it.
 OPERATOR_JOB_PREFIX = {"PodMonitor": "podMonitor", "ServiceMonitor": "serviceMonitor"}

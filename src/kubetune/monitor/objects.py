@@ -17,12 +17,11 @@ from kubetune.monitor.contract import DASHBOARD_LABEL
 from kubetune.monitor.dashboards import dashboards, to_text
 from kubetune.monitor.rules import RuleSettings, rule_groups
 
-MONITORING_COMPONENT = "monitoring"
 RULE_NAME = "kubetune-alerts"
 
 
 def _meta(name: str, namespace: str, release: str, extra: dict[str, str] | None = None) -> KubeObject:
-    labels = common_labels(KUBETUNE, MONITORING_COMPONENT, managed_by=KUBETUNE)
+    labels = common_labels(KUBETUNE, monitors.MONITORING_COMPONENT, managed_by=KUBETUNE)
     return monitors.monitor_meta(name, namespace, {**labels, **(extra or {})}, release)
 
 
