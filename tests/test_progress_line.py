@@ -75,12 +75,6 @@ def test_an_ascii_stdout_gets_an_ascii_bar(tmp_path, monkeypatch):
     assert "50%|#####     | 2/4" in line and progress.from_log([line]).step == 2
 
 
-def test_the_line_of_earlier_versions_still_reads():
-    old = "kubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 eta 1m20s"
-    p = progress.from_log([old])
-    assert (p.step, p.total_steps, p.loss, p.eta_s, p.epoch) == (12, 100, 1.2345, 80.0, None)
-
-
 def test_other_progress_bars_are_not_training():
     # datasets / checkpoint-shard bars share tqdm's shape; only kubetune's prefix counts
     assert progress.from_log([" 50%|█████     | 1/2 [00:01<00:01,  1.20s/it]"]) is None

@@ -108,9 +108,11 @@ def test_status_shows_conditions_pods_by_rank_and_progress_from_the_rank0_log(cl
     client.create(_master())
     kube.script_log(
         f"{JOB}-master-0",
-        "loading model\nkubetune: step 11/100 loss 1.5000 lr 2.00e-04 tokens 1000 "
-        "tok/s 800.0 eta 5m0s\nkubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 "
-        "eta 1m20s\n",
+        "loading model\n"
+        "kubetune: train  11%|█         | 11/100 [00:09<05:00, 1.10s/it, loss=1.5000, lr=2.00e-04, tokens=1000, "
+        "tok/s=800.0]\n"
+        "kubetune: train  12%|█▏        | 12/100 [00:10<01:20, 1.10s/it, loss=1.2345, lr=2.00e-04, tokens=12345, "
+        "tok/s=850.2]\n",
     )
     result = cli("k8s", "status", JOB)
     assert result.code == 0, result.err
@@ -185,7 +187,7 @@ def test_doctor_healthy_job_has_no_findings(cli, kube, token_file):
         }
     )
     client.create(_master())
-    kube.script_log(f"{JOB}-master-0", "kubetune: step 1/10 loss 2.0 lr 1e-4 tokens 10 tok/s 1.0 eta 9s\n")
+    kube.script_log(f"{JOB}-master-0", "kubetune: train  10%|█         | 1/10 [00:01<00:09, 1.00s/it, loss=2.0000]\n")
     pvc = f"{JOB}-data"
     client.patch(
         {

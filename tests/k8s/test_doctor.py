@@ -329,7 +329,8 @@ def test_missing_job():
 
 def test_healthy():
     (f,) = findings(
-        pods=[pod()], logs={"run-master-0": ["kubetune: step 1/10 loss 1.0 lr 1e-4 tokens 1 tok/s 1 eta 9s"]}
+        pods=[pod()],
+        logs={"run-master-0": ["kubetune: train  10%|█         | 1/10 [00:01<00:09, 1.00s/it, loss=1.0000]"]},
     )
     assert (f.severity, f.problem) == ("info", f"no problems found in namespace {NS}")
     assert f.fix == f"`kubetune k8s status {JOB} -n {NS}`"

@@ -1,6 +1,6 @@
-"""Progress from the log line of earlier engines (jobs still running) and metrics.jsonl.
+"""Progress from a pod's log lines and from metrics.jsonl.
 
-The current line is tested against what the real engine prints: tests/test_progress_line.py.
+The line itself is tested against what the real engine prints: tests/test_progress_line.py.
 """
 
 from __future__ import annotations
@@ -13,12 +13,15 @@ from kubetune.k8s import progress
 
 from .conftest import TOKEN
 
-LINE = "kubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 eta 1m20s"
+LINE = (
+    "kubetune: train  12%|█▏        | 12/100 [00:10<01:20, 1.10s/it, loss=1.2345, lr=2.00e-04, tokens=12345, "
+    "tok/s=850.2]"
+)
 
 
 def test_log_line_contract():
     p = progress.from_log(["noise", LINE])
-    assert (p.step, p.total_steps, p.loss, p.lr, p.tokens, p.tokens_per_s, p.eta_s) == (
+    assert (p.step, p.total_steps, p.loss, p.lr, p.tokens, p.tokens_per_s, p.eta_s, p.source) == (
         12,
         100,
         1.2345,
@@ -26,35 +29,18 @@ def test_log_line_contract():
         12345,
         850.2,
         80.0,
+        "rank-0 log",
     )
 
 
 def test_the_last_line_wins_and_prefixes_are_fine():
-    older = LINE.replace("step 12/", "step 11/")
+    older = LINE.replace("| 12/", "| 11/")
     p = progress.from_log([older, "2025-01-01T00:00:00Z " + LINE, "eval: done"])
     assert p.step == 12
 
 
 def test_no_progress_lines():
     assert progress.from_log(["starting", "kubetune: loading model"]) is None
-
-
-@pytest.mark.parametrize(
-    "text,seconds",
-    [
-        ("1m20s", 80),
-        ("45s", 45),
-        ("2h", 7200),
-        ("1d2h3m4s", 93784),
-        ("1h05m", 3900),
-        ("2m03s", 123),  # earlier engines' eta forms
-        ("?", None),
-        ("1m20", None),
-        ("", None),
-    ],
-)
-def test_parse_eta(text, seconds):
-    assert progress.parse_eta(text) == seconds
 
 
 @pytest.mark.parametrize("seconds,text", [(80, "1m20s"), (0, "0s"), (3600, "1h"), (93784, "1d2h3m4s"), (None, "?")])

@@ -192,6 +192,11 @@ def test_progress_from_a_page_without_rank_0_takes_its_lowest_rank():
     assert (p.step, p.total_steps, p.loss, p.source) == (42, 100, 5.25, "rank-4 metrics")
 
 
+def test_a_page_that_is_not_prometheus_text_has_no_progress():
+    # whatever else answers on the port (an HTML error page): the status falls back to the log
+    assert metrics.from_metrics_text("<html><body>502 Bad Gateway</body></html>") == (None, None)
+
+
 def test_metrics_url_needs_the_named_port_and_an_ip():
     ports = [{"name": "metrics", "containerPort": 9450}]
     pod = {"spec": {"containers": [{"ports": ports}]}, "status": {"podIP": "10.0.0.7"}}

@@ -7,10 +7,6 @@ rank an elastic rendezvous gave that pod:
 
     kubetune: train  12%|█▏        | 12/100 [00:10<01:20, 1.10s/it, epoch=0.12, loss=1.2345, lr=2.00e-04, ..., rank=4]
 
-Jobs started by earlier kubetune versions print the older line, still read:
-
-    kubetune: step 12/100 loss 1.2345 lr 2.00e-04 tokens 12345 tok/s 850.2 eta 1m20s
-
 It also appends one JSON object per logged step to `output_dir/metrics.jsonl` with keys step,
 total_steps, epoch, loss, lr, grad_norm, tokens, tokens_per_s, elapsed_s. At the end it
 writes `output_dir/summary.json`.
@@ -20,19 +16,10 @@ from __future__ import annotations
 
 import json
 import math
-import re
 from collections.abc import Iterable
 from dataclasses import dataclass
 
 from kubetune.progress_line import ProgressLine, parse_line
-
-_NUMBER = r"[-+]?(?:\d+\.?\d*(?:[eE][-+]?\d+)?|nan|inf)"
-OLD_LOG_LINE = re.compile(
-    rf"kubetune: step (?P<step>\d+)/(?P<total>\d+) loss (?P<loss>{_NUMBER}) lr (?P<lr>{_NUMBER})"
-    rf" tokens (?P<tokens>\d+) tok/s (?P<tps>{_NUMBER}) eta (?P<eta>\S+)"
-)
-_ETA_PART = re.compile(r"(\d+(?:\.\d+)?)([dhms])")
-_UNIT_S = {"d": 86400, "h": 3600, "m": 60, "s": 1}
 
 
 @dataclass(frozen=True)
@@ -52,14 +39,6 @@ class Progress:
         return self.step / self.total_steps if self.total_steps else 0.0
 
 
-def parse_eta(text: str) -> float | None:
-    """`1h2m3s`, `1m20s`, `45s` -> seconds; None for `?`, `-` or anything else."""
-    parts = _ETA_PART.findall(text)
-    if not parts or "".join(n + u for n, u in parts) != text:
-        return None
-    return sum(float(n) * _UNIT_S[u] for n, u in parts)
-
-
 def format_eta(seconds: float | None) -> str:
     if seconds is None or math.isnan(seconds):
         return "?"
@@ -72,32 +51,13 @@ def format_eta(seconds: float | None) -> str:
 
 
 def from_log(lines: Iterable[str]) -> Progress | None:
-    """The last progress line among `lines` (an iterable of log lines), in either format."""
+    """The last progress line among `lines` (an iterable of log lines)."""
     last = None
     for line in lines:
-        found = _from_line(line)
+        found = parse_line(line)
         if found is not None:
             last = found
-    return last
-
-
-def _from_line(line: str) -> Progress | None:
-    new = parse_line(line)
-    if new is not None:
-        return _from_progress_line(new)
-    old = OLD_LOG_LINE.search(line)
-    if old is None:
-        return None
-    return Progress(
-        step=int(old["step"]),
-        total_steps=int(old["total"]),
-        loss=float(old["loss"]),
-        lr=float(old["lr"]),
-        tokens=int(old["tokens"]),
-        tokens_per_s=float(old["tps"]),
-        eta_s=parse_eta(old["eta"]),
-        source="rank-0 log",
-    )
+    return None if last is None else _from_progress_line(last)
 
 
 def _from_progress_line(p: ProgressLine) -> Progress:

@@ -7,9 +7,11 @@ IP: the operator runs in the cluster)."""
 
 from __future__ import annotations
 
-import re
 import urllib.request
 from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.samples import Sample
 
 from kubetune.k8s.progress import Progress
 from kubetune.monitor.contract import METRICS_PATH, METRICS_PORT_NAME
@@ -22,9 +24,6 @@ EVAL_LOSS = "kubetune_train_eval_loss"
 TOKENS_PER_S = "kubetune_train_tokens_per_second"
 EPOCH = "kubetune_train_epoch"
 USED = (STEP, TOTAL, ETA, LOSS, EVAL_LOSS, TOKENS_PER_S, EPOCH)
-# `name{label="v",...} value` of the Prometheus text format (no timestamps: prometheus-client writes none)
-_SAMPLE = re.compile(r"^(?P<name>[a-zA-Z_:][\w:]*)(?:\{(?P<labels>[^}]*)\})?\s+(?P<value>\S+)\s*$")
-_LABEL = re.compile(r'(\w+)="((?:[^"\\]|\\.)*)"')
 FETCH_TIMEOUT_S = 3
 
 
@@ -32,17 +31,24 @@ def lowest_rank_values(text: str) -> tuple[int, dict[str, float]]:
     """(rank, its samples) of the lowest rank on the page (unlabelled samples count as rank 0),
     for the metrics the status uses."""
     by_rank: dict[int, dict[str, float]] = {}
-    for line in text.splitlines():
-        m = _SAMPLE.match(line)
-        if m is None or m["name"] not in USED:
-            continue
-        rank = dict(_LABEL.findall(m["labels"] or "")).get("rank", "0")
-        try:
-            by_rank.setdefault(int(rank), {})[m["name"]] = float(m["value"])
-        except ValueError:
-            continue
+    for sample in _samples(text):
+        rank = sample.labels.get("rank", "0")
+        if sample.name in USED and rank.isdigit():
+            by_rank.setdefault(int(rank), {})[sample.name] = sample.value
     lowest = min(by_rank, default=0)
     return lowest, by_rank.get(lowest, {})
+
+
+def _samples(text: str) -> list[Sample]:
+    """The page's samples; those before the first line that is not Prometheus text when there is one
+    (whatever answers on the port, the log stays the fallback)."""
+    samples: list[Sample] = []
+    try:
+        for family in text_string_to_metric_families(text):
+            samples += family.samples
+    except ValueError:
+        pass
+    return samples
 
 
 def from_metrics_text(text: str) -> tuple[Progress | None, float | None]:
