@@ -39,14 +39,7 @@ def main() -> None:
     adapters = [Adapter(f"a{i}", args.run) for i in range(args.adapters)] if args.run else []
     served = load_served(resolve_model("smollm2-135m-instruct"), adapters, torch.float32, register())
     print(pack(served.lm, 16))
-    cfg = served.lm.config
-    cache = SlotCache(
-        cfg.num_hidden_layers,
-        cfg.num_key_value_heads,
-        cfg.hidden_size // cfg.num_attention_heads,
-        torch.float32,
-        4 << 30,
-    )
+    cache = SlotCache.for_config(served.lm.config, torch.float32, 4 << 30)
     engine = Engine(served.lm, None, cache, served.lora, Limits(), ServeMetrics(served.base_name, 0, []))
     for i in range(args.seqs):
         adapter = (i % (len(adapters) + 1)) - 1 if adapters else -1

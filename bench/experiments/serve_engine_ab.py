@@ -42,9 +42,7 @@ def build(arm: str, seqs: int, adapters: list, rows: int):
     served = load_served(resolve_model("smollm2-135m-instruct"), adapters, torch.float32, register(), fuse=fuse)
     if packing != "none":
         print(f"{arm}: {pack(served.lm, rows, only_faster=packing == 'race')}")
-    cfg = served.lm.config
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    cache = SlotCache(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, torch.float32, 4 << 30)
+    cache = SlotCache.for_config(served.lm.config, torch.float32, 4 << 30)
     metrics = ServeMetrics(served.base_name, len(adapters), [a.name for a in adapters])
     engine = Engine(served.lm, None, cache, served.lora, Limits(), metrics)
     for i in range(seqs):

@@ -39,9 +39,7 @@ def build(box: dict) -> None:
 
     served = load_served(resolve_model("smollm2-135m-instruct"), [], torch.float32, register())
     pack(served.lm, 16)
-    cfg = served.lm.config
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    cache = SlotCache(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, torch.float32, 4 << 30)
+    cache = SlotCache.for_config(served.lm.config, torch.float32, 4 << 30)
     engine = Engine(served.lm, None, cache, served.lora, Limits(), ServeMetrics(served.base_name, 0, []))
     for i in range(16):
         engine.submit(Request(f"r{i}", list(range(100, 150)), Sampling(1000), lambda ev: None))

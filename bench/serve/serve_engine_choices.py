@@ -46,14 +46,7 @@ def kubetune_arm(model_dir: str, ids: list[list[int]], max_tokens: int, compile_
 
     served = load_served(model_dir, [], torch.float32, register())
     print("  ", pack(served.lm, rows=16))  # as `kubetune serve` does
-    cfg = served.lm.config
-    cache = SlotCache(
-        cfg.num_hidden_layers,
-        cfg.num_key_value_heads,
-        cfg.hidden_size // cfg.num_attention_heads,
-        torch.float32,
-        2 << 30,
-    )
+    cache = SlotCache.for_config(served.lm.config, torch.float32, 2 << 30)
     engine = Engine(served.lm, None, cache, served.lora, Limits(), ServeMetrics(served.base_name, 0, []))
     first_call = 0.0
     if compile_decoder:

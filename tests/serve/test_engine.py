@@ -13,6 +13,7 @@ import torch
 from kubetune.serve.contract import Adapter
 from kubetune.serve.engine import MAX_FAILED_STEPS, AdmissionError, Engine, Event, Limits, Request, Sampling
 from kubetune.serve.kvcache import SlotCache, register
+from kubetune.serve.lora import install
 from kubetune.serve.metrics import ServeMetrics
 from kubetune.serve.models import load_served
 from kubetune.serve.packed import pack
@@ -24,14 +25,7 @@ def _engine(tiny_runs, limits: Limits, budget: int = 64 << 20, packed: bool = Fa
     if packed:  # every linear layer through oneDNN's packed weights
         packed_line = pack(served.lm, rows=4, only_faster=False)
         assert re.search(r"for (\d+)/\1 weight shapes", packed_line), packed_line
-    cfg = served.lm.config
-    cache = SlotCache(
-        cfg.num_hidden_layers,
-        cfg.num_key_value_heads,
-        cfg.hidden_size // cfg.num_attention_heads,
-        torch.float32,
-        budget,
-    )
+    cache = SlotCache.for_config(served.lm.config, torch.float32, budget)
     metrics = ServeMetrics(served.base_name, 2, served.adapter_names)
     return served, Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, limits, metrics)
 
@@ -165,6 +159,41 @@ def test_the_cache_grows_only_when_its_slots_or_positions_run_out():
     assert (cache.slots, cache.capacity) == (6, 512)
     assert len(cache.k) == 2 and cache.k[0].shape == (6, 1, 512, 4)
     assert not cache.fits(9, 512)  # 9 x 512 > the 4,096-token budget
+
+
+def test_the_cache_takes_head_dim_from_a_config_that_sets_it(tmp_path):
+    """Some models' heads are not hidden_size / num_attention_heads wide (Qwen3, Gemma): the
+    cache built from such a config holds their width, and the engine answers as transformers."""
+    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=256,
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+    )
+    reference = LlamaForCausalLM(cfg).eval()
+    reference.save_pretrained(tmp_path)
+    lm = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation=register()).eval()
+    cache = SlotCache.for_config(lm.config, torch.float32, 16 << 20)
+    assert cache.head_dim == 16 != cfg.hidden_size // cfg.num_attention_heads
+    engine = Engine(lm, None, cache, install(lm, []), Limits(), ServeMetrics("base", 0, []))
+    prompt, sink = [5, 17, 42, 99, 3], Collector()
+    engine.submit(Request("r", prompt, Sampling(max_tokens=6), sink))
+    engine.start()
+    try:
+        assert sink.done.wait(60)
+    finally:
+        engine.stop()
+    with torch.no_grad():
+        logits = reference(torch.tensor([prompt + sink.tokens])).logits[0]
+    for step, token in enumerate(sink.tokens):
+        row = logits[len(prompt) - 1 + step]
+        assert row[token] >= row.max() - 1e-4, f"step {step}: not the greedy token"
 
 
 def test_abort_leaves_the_batch_at_the_next_step(tiny_runs):

@@ -49,9 +49,7 @@ def _engine(model_dir: Path, dirs: list[tuple[str, str]], dtype: torch.dtype, la
     lora = install(lm, read_adapters(lm, dirs))
     for i, (name, path) in enumerate(late):
         add_late_adapter(lm, lora, read_adapter_files(name, path), len(dirs) + i)
-    cfg = lm.config
-    head_dim = cfg.hidden_size // cfg.num_attention_heads
-    cache = SlotCache(cfg.num_hidden_layers, cfg.num_key_value_heads, head_dim, dtype, 64 << 20)
+    cache = SlotCache.for_config(lm.config, dtype, 64 << 20)
     cache.reserve(16, 256)
     metrics = ServeMetrics("base", len(dirs) + len(late), [n for n, _ in [*dirs, *late]])
     return Engine(lm, None, cache, lora, Limits(prefill_chunk=16), metrics)

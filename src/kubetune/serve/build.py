@@ -67,10 +67,7 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     config = served.lm.config
     limits = _limits(opts.limits, config)
     linear = pack(served.lm, rows=min(16, limits.max_num_seqs))
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
-    cache = SlotCache(
-        config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype, kv_budget(opts.kv_cache_bytes)
-    )
+    cache = SlotCache.for_config(config, dtype, kv_budget(opts.kv_cache_bytes))
     metrics = ServeMetrics(served.base_name, len(served.adapter_names), served.adapter_names, limits.max_model_len)
     engine = Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, limits, metrics)
     engine.warm_up()

@@ -108,6 +108,13 @@ class SlotCache:
         self.v: list[torch.Tensor] = []
         self.batch: Batch | None = None  # of the forward in progress
 
+    @classmethod
+    def for_config(cls, config: Any, dtype: torch.dtype, budget_bytes: int) -> SlotCache:
+        """The cache of a transformers model config. Its `head_dim` where it sets one: some
+        models' heads are not hidden_size / num_attention_heads wide (Qwen3, Gemma)."""
+        head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
+        return cls(config.num_hidden_layers, config.num_key_value_heads, head_dim, dtype, budget_bytes)
+
     # --- memory -------------------------------------------------------------------------
     def plan(self, slots: int, capacity: int, max_slots: int | None = None) -> tuple[int, int]:
         """The shape (slots, positions) the cache must have to hold `slots` sequences of up to
