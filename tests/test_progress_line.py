@@ -20,7 +20,7 @@ import pytest
 from kubetune import progress_line
 from kubetune.k8s import progress
 from kubetune.training.checkpoint import TrainState
-from kubetune.training.metrics import RunLog
+from kubetune.training.runlog import RunLog
 from kubetune.training.step import StepResult
 
 # what a seed-002 user watches for in `kubectl logs -f`: tqdm's bar and the Trainer's numbers

@@ -1,7 +1,7 @@
 """The progress line each node's first process prints where stdout is not a terminal (pods,
 CI), its parser, and the Hugging Face Trainer's dict lines printed beside it.
 
-What the engine prints (`training/metrics.py`) and what `kubetune k8s status` reads
+What the engine prints (`training/runlog.py`) and what `kubetune k8s status` reads
 (`k8s/progress.py`) both come from here, so the two cannot drift apart. Stdlib only: the
 torch-free k8s layer imports it.
 

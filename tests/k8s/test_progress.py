@@ -87,7 +87,7 @@ def _printed_by_the_engine(rank: int | None) -> str:
     from tempfile import TemporaryDirectory
 
     from kubetune.training.checkpoint import TrainState
-    from kubetune.training.metrics import RunLog
+    from kubetune.training.runlog import RunLog
     from kubetune.training.step import StepResult
 
     out = io.StringIO()

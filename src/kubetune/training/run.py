@@ -24,9 +24,9 @@ from kubetune.training import memory
 from kubetune.training.answers import sample_answers, whole_model
 from kubetune.training.checkpoint import CheckpointMeta, TrainState
 from kubetune.training.dist import DistEnv, all_reduce_sum, gather_objects, init_distributed, shutdown
-from kubetune.training.metrics import RunLog, plot_loss_curve, print_eval_line
 from kubetune.training.parallel import plan_layout
 from kubetune.training.report import Summary, fmt_number, peak_rss_mb, print_report, setup_logging
+from kubetune.training.runlog import RunLog, plot_loss_curve, print_eval_line
 from kubetune.training.setup import TrainParts, setup
 from kubetune.training.step import EvalResult, evaluate, next_micro_batches, train_step
 
