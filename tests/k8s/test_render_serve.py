@@ -20,7 +20,11 @@ import yaml
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import follow
 from kubetune.k8s import render as r
-from kubetune.k8s import serve as s
+from kubetune.k8s.serve import ENGINES, ServeSettings
+from kubetune.k8s.serve.argv import API_KEY_SECRET_KEY
+from kubetune.k8s.serve.network import nginx_size
+from kubetune.k8s.serve.plan import GAUDI_VLLM_WARMUP_S, UNKNOWN_LOAD_S, load_source, model_params
+from kubetune.k8s.serve.render import render_serve
 from kubetune.k8s.validate import validate_objects
 from kubetune.recipe.k8s import PROFILE_IMAGES, VLLM_IMAGES
 from kubetune.recipe.loader import load_recipe
@@ -53,7 +57,7 @@ PROFILES = ("cpu", "gaudi", "nvidia")
 
 def rendered(recipe=SMOL, *overrides, profile="cpu", token=None, **settings):
     loaded = load_recipe(recipe, [f"k8s.profile={profile}", *overrides])
-    return s.render_serve(loaded.recipe, s.ServeSettings(**settings), hf_token=token)
+    return render_serve(loaded.recipe, ServeSettings(**settings), hf_token=token)
 
 
 def one(objects, kind):
@@ -152,19 +156,19 @@ def test_probes_come_from_the_contract_and_startup_covers_loading():
     small = budget(native)
     big = budget(server(rendered(SEED).objects))  # 7B
     unknown = budget(server(rendered(SMOL, "model.name_or_path=/data/models/mine").objects))
-    assert 300 <= small < big < 2 * 3600 and unknown == s.UNKNOWN_LOAD_S
+    assert 300 <= small < big < 2 * 3600 and unknown == UNKNOWN_LOAD_S
     gaudi = budget(server(rendered(SEED, profile="gaudi", engine="vllm").objects))
-    assert gaudi >= big + s.GAUDI_VLLM_WARMUP_S  # HPU graph warm-up
+    assert gaudi >= big + GAUDI_VLLM_WARMUP_S  # HPU graph warm-up
     deployment = one(rendered(SEED).objects, "Deployment")
     assert deployment["spec"]["progressDeadlineSeconds"] > big  # loading is not a stalled rollout
 
 
 def test_model_size_from_the_name():
-    assert s.model_params("meta-llama/Llama-2-7b-chat-hf") == 7_000_000_000
-    assert s.model_params("smollm2-135m-instruct") == 135_000_000
-    assert s.model_params("meta-llama/Llama-3.1-8B-Instruct") == 8_000_000_000
-    assert s.model_params("Qwen/Qwen2.5-0.5B") == 500_000_000
-    assert s.model_params("/data/models/mine") is None and s.model_params("gpt2") is None
+    assert model_params("meta-llama/Llama-2-7b-chat-hf") == 7_000_000_000
+    assert model_params("smollm2-135m-instruct") == 135_000_000
+    assert model_params("meta-llama/Llama-3.1-8B-Instruct") == 8_000_000_000
+    assert model_params("Qwen/Qwen2.5-0.5B") == 500_000_000
+    assert model_params("/data/models/mine") is None and model_params("gpt2") is None
 
 
 @pytest.mark.parametrize("profile", PROFILES)
@@ -298,7 +302,7 @@ def test_autoscaler_on_the_waiting_queue_with_cpu_as_fallback():
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("engine", s.ENGINES)
+@pytest.mark.parametrize("engine", ENGINES)
 def test_every_object_validates_strictly(profile, engine):
     out = rendered(SEED, profile=profile, engine=engine, token=TOKEN, ingress_host="llm.example.com")
     assert validate_objects(out.objects) == []
@@ -327,11 +331,11 @@ def test_a_local_run_directory(tmp_path):
     run = RunDir(run_dir)
     run.write_record(load_recipe(SMOL, [f"output_dir={run_dir}"]).recipe, "finished")
     with pytest.raises(UserError, match=r"has no adapter/ yet"):
-        s.load_source(str(run_dir), [])  # an unfinished run: nothing to serve
+        load_source(str(run_dir), [])  # an unfinished run: nothing to serve
     (run_dir / "adapter").mkdir()
-    recipe, local = s.load_source(str(run_dir), ["k8s.namespace=team"])
+    recipe, local = load_source(str(run_dir), ["k8s.namespace=team"])
     assert local == run_dir
-    out = s.render_serve(recipe, s.ServeSettings(), local_run=local)
+    out = render_serve(recipe, ServeSettings(), local_run=local)
     assert server(out.objects)["command"][2] == "/data/runs/cardio-lora" and out.names.job == "cardio-lora-serve"
     (note,) = [w for w in out.warnings if "local run" in w]
     assert f"kubectl cp {run_dir} team/cardio-lora-data:/data/runs/cardio-lora" in note
@@ -350,7 +354,7 @@ def test_the_api_key_comes_from_the_named_secret(engine, variable, probe):
     """Required (not optional): without its Secret a pod does not start rather than serve openly.
     vLLM's /v1/models needs the key once one is set, so its probes ask /health."""
     container = server(rendered(engine=engine, api_key_secret=KEY_SECRET).objects)
-    ref = {"secretKeyRef": {"name": KEY_SECRET, "key": s.API_KEY_SECRET_KEY}}
+    ref = {"secretKeyRef": {"name": KEY_SECRET, "key": API_KEY_SECRET_KEY}}
     assert env_of(container)[variable] == ref
     assert container["readinessProbe"]["httpGet"]["path"] == probe
     assert container["startupProbe"]["httpGet"]["path"] == probe
@@ -408,8 +412,8 @@ def test_ingress_tls_from_a_secret_or_from_cert_manager():
 
 def test_the_ingress_allows_the_bodies_the_server_accepts():
     notes = one(rendered().objects, "Ingress")["metadata"]["annotations"]
-    assert notes["nginx.ingress.kubernetes.io/proxy-body-size"] == s.nginx_size(DEFAULT_MAX_BODY_BYTES) == "2m"
-    assert (s.nginx_size(3 << 19), s.nginx_size(1000)) == ("1536k", "1000")
+    assert notes["nginx.ingress.kubernetes.io/proxy-body-size"] == nginx_size(DEFAULT_MAX_BODY_BYTES) == "2m"
+    assert (nginx_size(3 << 19), nginx_size(1000)) == ("1536k", "1000")
 
 
 def test_the_cpu_feature_label_is_preferred_unless_required():
@@ -436,7 +440,7 @@ def test_access_warnings():
 
 
 @pytest.mark.parametrize("profile", PROFILES)
-@pytest.mark.parametrize("engine", s.ENGINES)
+@pytest.mark.parametrize("engine", ENGINES)
 def test_the_access_objects_validate_strictly(profile, engine):
     access = {"api_key_secret": KEY_SECRET, "ingress_host": "llm.example.com"}
     for tls in ({"ingress_tls_secret": "llm-cert"}, {"cert_manager_issuer": "letsencrypt"}):

@@ -35,7 +35,7 @@ def _with_namespace(args: list[str], flag: str | None, serve: bool) -> list[str]
     if not args or "=" in args[0]:
         return args  # the render that follows says what is missing
     from kubetune.k8s.client import resolve_namespace
-    from kubetune.k8s.serve import load_source
+    from kubetune.k8s.serve.plan import load_source
 
     recipe = load_source(args[0], args[1:])[0] if serve else _load(args, None, None)
     chosen = recipe.k8s.namespace if "namespace" in recipe.k8s.model_fields_set else None
@@ -262,7 +262,8 @@ def _serve_settings(
 
 
 def _render_serve(args: list[str], profile: str | None, settings, token: str | None):
-    from kubetune.k8s.serve import load_source, render_serve
+    from kubetune.k8s.serve.plan import load_source
+    from kubetune.k8s.serve.render import render_serve
 
     if not args:
         raise UserError(

@@ -26,8 +26,8 @@ def _note(text: str) -> None:
 
 
 def _adapter_rule(namespace: str, release: str) -> KubeObject:
-    from kubetune.k8s.serve import adapter_rule_data
     from kubetune.monitor.monitors import MONITORING_COMPONENT, monitor_meta
+    from kubetune.monitor.prometheus_adapter import adapter_rule_data
 
     labels = {"app.kubernetes.io/name": "kubetune", "app.kubernetes.io/component": MONITORING_COMPONENT}
     meta = monitor_meta("kubetune-prometheus-adapter-rule", namespace, labels, release)

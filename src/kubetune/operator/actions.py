@@ -17,7 +17,7 @@ from kubetune.k8s.client import ClusterError, Conflict, KubeClient
 from kubetune.k8s.names import Names, trainer_selector
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
-from kubetune.k8s.serve import render_serve
+from kubetune.k8s.serve.render import render_serve
 from kubetune.operator import plan
 from kubetune.operator import progress as metrics_progress
 from kubetune.operator.export_job import export_job
