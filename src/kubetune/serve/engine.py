@@ -161,8 +161,8 @@ class Engine:
         """Run the loop on the calling thread until `stop`. The server calls it on the thread
         that loaded the model: torch's OpenMP runtime (libgomp) keeps one pool of workers per
         thread that ever ran a parallel op, and once the pools hold more threads than there
-        are cores it stops spinning between ops, which made every decode step ~1.5x slower
-        (BENCHMARKS.md section 5)."""
+        are cores it stops spinning between ops, which slows every decode step (BENCHMARKS.md,
+        "What the serving engine's choices measured")."""
         self._thread = threading.current_thread()
         self._run()
 
@@ -306,8 +306,8 @@ class Engine:
         be read, not when it was admitted; and a prompt whose next unknown block another chunk
         of this turn is writing waits one turn and takes it from the cache. So of a burst of
         chat requests with a header not yet cached, the first one reads the header and the others
-        only their own text (16 of the bench's chat prompts: 240 tokens reused instead of 80, the
-        slowest first token 5-20% sooner; BENCHMARKS.md section 5)."""
+        only their own text: more of the prompts is reused and the burst's slowest first token
+        comes sooner (BENCHMARKS.md, "What the serving engine's choices measured")."""
         budget, chosen = self.limits.prefill_chunk, []
         written: set[int] = set()  # blocks this turn's chunks complete
         for seq in sorted((s for s in self._slots if s.prompt_left), key=lambda s: s.started or 0.0):

@@ -4,12 +4,10 @@ adapters over one base model in one batch.
 **Fusion.** Layers that transformers' decoder calls on the very same tensor (q/k/v of an
 attention, gate/up of an MLP) become one `FusedLinear` whose weight is theirs stacked: one
 GEMM reads the input once and streams one larger weight, as vLLM's QKVParallelLinear /
-MergedColumnParallelLinear do. Small weights stream badly from memory (576 -> 192 at 5-6 GiB/s
-on the AVX2 EPYC of BENCHMARKS.md, 576 -> 3072 at 9-12), so fewer, larger GEMMs matter most
-where a step is a few rows: a whole decode step ran 1.06x faster fused at 1 row, 1.09x at 4,
-and the same within the noise at 16 (bench/experiments/serve_engine_ab.py). Each original layer is
-replaced by a `Member` that returns its columns of the shared result, so transformers' model
-code runs unchanged.
+MergedColumnParallelLinear do. Small weights stream from memory more slowly than large ones,
+so fewer, larger GEMMs matter most where a step is a few rows (measured in BENCHMARKS.md,
+"What the serving engine's choices measured"). Each original layer is replaced by a `Member`
+that returns its columns of the shared result, so transformers' model code runs unchanged.
 
 **Adapters.** PEFT reads each adapter (its file format, key names and scaling), then its
 layers are unloaded, and every targeted layer holds all adapters side by side: the members'
@@ -18,9 +16,9 @@ forward whose tokens use different adapters multiplies the input by every A at o
 the columns that are not the token's adapter (Punica / S-LoRA's idea: one batch, whatever
 the mix, instead of one sub-batch per adapter as PEFT's mixed-batch forward does), and the Bs
 ride in the base weight along the input axis: [x | h] @ [W | B].T is the base GEMM, the
-adapters' second matmul and the sum in one call (at 16 rows, 576 -> 1536: 295 us against 336
-for the base GEMM plus an addmm; base alone 266). In a fused layer each member's B sits in its
-own columns (block diagonal). Tokens of the base model get a zero mask.
+adapters' second matmul and the sum in one call, cheaper than the base GEMM plus an addmm
+(BENCHMARKS.md, "What the serving engine's choices measured"). In a fused layer each member's
+B sits in its own columns (block diagonal). Tokens of the base model get a zero mask.
 
 **Adapters loaded while serving** (`POST /v1/load_lora_adapter`) sit beside the joint weight
 in `LateAdapters`, not in it: that weight may be oneDNN-packed (serve.packed keeps no plain

@@ -3,11 +3,10 @@
 A decode step multiplies a few rows (one per running sequence) by every weight matrix; the
 plain GEMM path re-reads the weight in its stored layout each time, while oneDNN's packed
 layout (reordered once at load, as inductor's freezing and vLLM's CPU backend do) feeds its
-micro-kernels directly. On the AVX2 EPYC of BENCHMARKS.md the LM head went from 31 to 12 ms at
-16 rows, and a whole decode step with every layer packed ran 1.08x one with the shapes an
-earlier, noisier race had picked (bench/experiments/serve_engine_ab.py). Whether it wins depends on the
-CPU and the shape, so each distinct weight shape is timed both ways at start-up on the
-serving batch size, and a shape stays plain only where the plain path is clearly faster.
+micro-kernels directly. Whether it wins depends on the CPU and the shape (the measurements are
+in BENCHMARKS.md, "What the serving engine's choices measured"), so each distinct weight shape
+is timed both ways at start-up on the serving batch size, and a shape stays plain only where
+the plain path is clearly faster.
 """
 
 from __future__ import annotations
@@ -55,8 +54,8 @@ def _race(module: nn.Linear, rows: int) -> tuple[float, float]:
     """Seconds per call, plain and packed: the medians of rounds that alternate the two, so
     that a shared machine slowing down for a moment slows both. In a forward each weight is
     read once per step, long after the cache dropped it, so each round cycles through copies
-    larger than any last-level cache: with one hot weight, plain looked as fast as packed for
-    576 -> 192 and 1536 -> 576 at 16 rows on the AVX2 EPYC, while cold it was 10-40% slower."""
+    larger than any last-level cache: a race on one hot weight measures a cache the decode
+    step never has, and picked plain for shapes where cold plain is slower."""
     weight = module.weight.detach()
     count = min(MAX_COPIES, max(1, -(-COLD_BYTES // (weight.numel() * weight.itemsize))))
     copies = [weight.clone() for _ in range(count)]
