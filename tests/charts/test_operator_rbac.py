@@ -238,10 +238,10 @@ def scenarios(client: RecordingClient) -> None:
 
 @pytest.fixture(scope="module")
 def recorded(monkeypatch_module) -> dict[bool, set[Request]]:
-    from kubetune.operator import progress
+    from kubetune.operator import metrics_page
 
     # rank 0's metrics endpoint is plain HTTP to the pod (no RBAC): the pods here serve none
-    monkeypatch_module.setattr(progress, "fetch_metrics", lambda url: None)
+    monkeypatch_module.setattr(metrics_page, "fetch_metrics", lambda url: None)
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NAMESPACE},
               "data": {"HF_TOKEN": base64.b64encode(TOKEN.encode()).decode()}}  # fmt: skip
     client = RecordingClient([secret])

@@ -1,4 +1,4 @@
-"""The operator's decisions without kopf or a cluster: plan.py, progress.py, export_job.py."""
+"""The operator's decisions without kopf or a cluster: plan.py, metrics_page.py, export/job.py."""
 
 from __future__ import annotations
 
@@ -9,13 +9,12 @@ import kubernetes_validate
 import pytest
 
 from kubetune.errors import RecipeError
+from kubetune.export.job import export_job
 from kubetune.k8s.names import Names
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.monitor.contract import TRAIN_METRICS
-from kubetune.operator import plan
-from kubetune.operator import progress as metrics
-from kubetune.operator.export_job import export_job
+from kubetune.operator import metrics_page, plan
 
 OWNER = {"metadata": {"name": "ft", "namespace": "team", "uid": "u-1"}}
 BASE = plan.Observed(
@@ -161,7 +160,7 @@ def test_endpoint_prefers_the_ingress_host():
 
 def test_metrics_names_are_the_contracts():
     names = {m.name for m in TRAIN_METRICS}
-    assert set(metrics.USED) <= names
+    assert set(metrics_page.USED) <= names
 
 
 def test_progress_from_the_metrics_page_takes_rank_0():
@@ -176,9 +175,9 @@ def test_progress_from_the_metrics_page_takes_rank_0():
         'kubetune_train_eta_seconds{job="ft",node="n0",rank="0"} 58.0',
         'kubetune_train_tokens_per_second{job="ft",node="n0",rank="0"} 900.5',
     ])  # fmt: skip
-    p, eval_loss = metrics.from_metrics_text(page)
+    p, eval_loss = metrics_page.from_metrics_text(page)
     assert (p.step, p.total_steps, p.loss, p.eta_s, p.tokens_per_s, eval_loss) == (42, 100, 1.25, 58.0, 900.5, 1.5)
-    assert metrics.from_metrics_text("kubetune_train_step 3\n") == (None, None)  # no total yet
+    assert metrics_page.from_metrics_text("kubetune_train_step 3\n") == (None, None)  # no total yet
 
 
 def test_progress_from_a_page_without_rank_0_takes_its_lowest_rank():
@@ -188,20 +187,20 @@ def test_progress_from_a_page_without_rank_0_takes_its_lowest_rank():
         for rank in (5, 4)
         for name, value in (("step", 42.0), ("total_steps", 100.0), ("loss", 1.25 + rank))
     )
-    p, _ = metrics.from_metrics_text(page)
+    p, _ = metrics_page.from_metrics_text(page)
     assert (p.step, p.total_steps, p.loss, p.source) == (42, 100, 5.25, "rank-4 metrics")
 
 
 def test_a_page_that_is_not_prometheus_text_has_no_progress():
     # whatever else answers on the port (an HTML error page): the status falls back to the log
-    assert metrics.from_metrics_text("<html><body>502 Bad Gateway</body></html>") == (None, None)
+    assert metrics_page.from_metrics_text("<html><body>502 Bad Gateway</body></html>") == (None, None)
 
 
 def test_metrics_url_needs_the_named_port_and_an_ip():
     ports = [{"name": "metrics", "containerPort": 9450}]
     pod = {"spec": {"containers": [{"ports": ports}]}, "status": {"podIP": "10.0.0.7"}}
-    assert metrics.metrics_url(pod) == "http://10.0.0.7:9450/metrics"
-    assert metrics.metrics_url({**pod, "status": {}}) is None
+    assert metrics_page.metrics_url(pod) == "http://10.0.0.7:9450/metrics"
+    assert metrics_page.metrics_url({**pod, "status": {}}) is None
 
 
 def test_export_job_runs_the_merged_export_on_the_claim_and_validates():

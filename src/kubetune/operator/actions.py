@@ -18,8 +18,7 @@ from kubetune.k8s.names import Names, trainer_selector
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
-from kubetune.operator import plan
-from kubetune.operator import progress as metrics_progress
+from kubetune.operator import metrics_page, plan
 from kubetune.operator.export_job import export_job
 from kubetune.recipe.schema import Recipe
 
@@ -158,10 +157,10 @@ def read_progress(
     if seen.job is None:
         return None
     rank0 = next((p for p in seen.pods if follow.pod_rank(p, follow.has_master(seen.job)) == 0), None)
-    url = metrics_progress.metrics_url(rank0) if rank0 else None
-    text = metrics_progress.fetch_metrics(url) if url else None
+    url = metrics_page.metrics_url(rank0) if rank0 else None
+    text = metrics_page.fetch_metrics(url) if url else None
     if text:
-        found, eval_loss = metrics_progress.from_metrics_text(text)
+        found, eval_loss = metrics_page.from_metrics_text(text)
         if found is not None:
             return found, eval_loss
     logged = follow.read_progress(
