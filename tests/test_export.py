@@ -3,7 +3,8 @@
 import pytest
 import torch
 
-from kubetune.export import export_run, load_run
+from kubetune.export.merged import export_run
+from kubetune.export.weights import load_run
 from kubetune.training.run import train_from_recipe
 
 from .conftest import SHARED_DATA, run_cli

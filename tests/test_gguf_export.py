@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from kubetune.gguf_export import export_gguf, permute_qk, write_gguf
+from kubetune.export.gguf import export_gguf, permute_qk, write_gguf
 
 from .conftest import run_cli
 
@@ -204,7 +204,7 @@ def small_model_dir(tmp_path_factory, small_tokenizer) -> Path:
 def test_lora_run_gguf_equals_merged_model(tmp_path, tiny_overrides, small_model_dir):
     """A short LoRA run, exported through the CLI with the default name and type (f16): its
     logits are the merged model's, and differ from the base model's."""
-    from kubetune.export import load_merged
+    from kubetune.export.weights import load_merged
     from kubetune.rundir import RunDir
     from kubetune.training.run import train_from_recipe
 

@@ -135,7 +135,7 @@ def export(
 ):
     """Export the adapter (PEFT format), a merged HF model directory, or a GGUF file."""
     if gguf or gguf_type is not None:
-        from kubetune.gguf_export import DEFAULT_GGUF_TYPE, export_gguf
+        from kubetune.export.gguf import DEFAULT_GGUF_TYPE, export_gguf
 
         if not gguf:
             raise UserError(f"--gguf-type {gguf_type} goes with --gguf: kubetune export RUN_DIR --gguf --gguf-type ...")
@@ -143,7 +143,7 @@ def export(
             raise UserError("--merged and --gguf are two exports (a GGUF is always merged): choose one")
         typer.echo(str(export_gguf(run_dir, gguf_type or DEFAULT_GGUF_TYPE, output)))
         return
-    from kubetune.export import export_run
+    from kubetune.export.merged import export_run
 
     out = export_run(run_dir, merged=merged, output=output)
     typer.echo(str(out))

@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kubetune.data import prepare_data
-from kubetune.export import base_config, load_run
+from kubetune.export.weights import base_config, load_run
 from kubetune.models.attention import register as register_attention
 from kubetune.models.finetune import ModelParts
 from kubetune.models.kernels import autocast_context, compute_precision

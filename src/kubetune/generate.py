@@ -9,7 +9,7 @@ import torch
 
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError
-from kubetune.export import base_config, load_run
+from kubetune.export.weights import base_config, load_run
 from kubetune.models.finetune import ModelParts
 from kubetune.models.generate import generate_text
 from kubetune.models.kernels import autocast_context, compute_precision

@@ -8,7 +8,8 @@ import sys
 CODE = """
 import sys
 sys.modules["torch"] = None  # any import of torch now fails
-from kubetune.operator import handlers, main, crd, plan, actions, export_job
+from kubetune.operator import handlers, main, crd, plan, actions
+from kubetune.export.job import export_job
 from kubetune.k8s.names import Names
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
@@ -16,7 +17,7 @@ spec = plan.FineTuneSpec.from_dict({"recipe": {"train": {"max_steps": 5}}, "serv
 recipe = plan.resolved(plan.load_recipe_for("ft", "team", spec.recipe, spec))
 owner = {"metadata": {"name": "ft", "namespace": "team", "uid": "u"}}
 objects = plan.owned(render(recipe).objects, owner, False)
-objects += [export_job.export_job(recipe, Names.for_job("ft", "team"), "ft-export")]
+objects += [export_job(recipe, Names.for_job("ft", "team"), "ft-export")]
 objects += render_serve(recipe, spec.serve.settings()).objects
 crd.crd_yaml()
 bad = sorted(m for m, v in sys.modules.items() if v and m.startswith(("torch", "kubetune.training", "transformers")))

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetune.errors import RecipeError, UserError
+from kubetune.export.job import export_job
 from kubetune.k8s import doctor, follow
 from kubetune.k8s.client import ClusterError, Conflict, KubeClient
 from kubetune.k8s.names import Names, trainer_selector
@@ -19,7 +20,6 @@ from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
 from kubetune.operator import metrics_page, plan
-from kubetune.operator.export_job import export_job
 from kubetune.recipe.schema import Recipe
 
 JOB_KINDS = {"pytorchjob": ("kubeflow.org/v1", "PyTorchJob"), "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob")}

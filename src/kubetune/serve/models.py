@@ -19,7 +19,7 @@ import torch
 
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError, UserError
-from kubetune.export import base_config, load_run
+from kubetune.export.weights import base_config, load_run
 from kubetune.models.load import load_causal_lm, load_config, load_tokenizer
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from kubetune import allocator
 from kubetune.errors import MemoryBudgetError, RunDirError
-from kubetune.export import save_trained
+from kubetune.export.weights import save_trained
 from kubetune.recipe import Recipe, load_recipe, recipe_to_yaml
 from kubetune.rundir import RunDir
 from kubetune.training import checkpoint as ckpt

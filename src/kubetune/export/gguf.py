@@ -1,7 +1,7 @@
 """`kubetune export RUN_DIR --gguf`: a run's trained model as one GGUF file, the format
 llama.cpp, Ollama and LM Studio load.
 
-A LoRA run is merged into its base first (in fp32, `export.load_merged`); a full fine-tune
+A LoRA run is merged into its base first (in fp32, `export.weights.load_merged`); a full fine-tune
 is written as it is. Tensor names come from the `gguf` package's tensor-name map, the
 metadata keys from its writer, so that they are the ones llama.cpp reads. What a
 well-formed file carries was checked against the SmolLM2 GGUF kubetune embeds: the
@@ -71,7 +71,7 @@ def export_gguf(run_dir: Path, gguf_type: str = DEFAULT_GGUF_TYPE, output: Path 
     recipe = run.recipe()
     weights = run.finished_weights(recipe)
 
-    from kubetune.export import load_merged
+    from kubetune.export.weights import load_merged
     from kubetune.models.load import load_config, resolve_model
 
     # the architecture is checked on the config, before minutes of loading and merging

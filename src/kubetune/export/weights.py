@@ -1,7 +1,7 @@
 """The weights of a run, in and out: the trained adapter (PEFT format) or full model (HF
-directory) that training writes, loading them back, and a merged HF model directory.
+directory) that training writes, and loading them back (as they are, or merged in fp32).
 
-Training calls `save_trained` at the end of a run; `kubetune export`, `eval`, `generate`
+Training calls `save_trained` at the end of a run; `kubetune eval`, `generate`, `export`
 and serving read through `load_run`. Nothing here imports the training engine.
 """
 
@@ -98,29 +98,3 @@ def load_merged(run: RunDir, recipe: Recipe) -> tuple[Any, Any]:
     if recipe.finetune.method == "lora":
         model = model.merge_and_unload()
     return model, tokenizer
-
-
-def export_run(run_dir: Path, merged: bool, output: Path | None = None) -> Path:
-    """`kubetune export`: the trained weights as they are (copied to `output`, if given), or
-    merged into the base model as an HF safetensors directory (default RUN_DIR/merged)."""
-    run = RunDir(Path(run_dir))
-    recipe = run.recipe()
-    weights = run.finished_weights(recipe)
-    if not merged:
-        if output is None:
-            return weights
-        with atomic_dir(output) as tmp:
-            for f in weights.iterdir():
-                (tmp / f.name).write_bytes(f.read_bytes())
-        return output
-    output = Path(output) if output else run.merged
-    model, tokenizer = load_merged(run, recipe)  # saved in fp32, the precision it was merged in
-    model.config.use_cache = True
-    if not model.config.architectures:
-        model.config.architectures = [type(model).__name__]
-    with atomic_dir(output) as tmp:
-        model.save_pretrained(tmp, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
-        if model.generation_config is not None:
-            model.generation_config.save_pretrained(tmp)
-    return output
