@@ -1,98 +1,110 @@
 """The layers of docs/ARCHITECTURE.md hold: imports point one way, and the engine's
-functions stay short enough to read at once."""
+functions stay short enough to read at once.
+
+The import rules are import-linter contracts (`[tool.importlinter]` in pyproject.toml): each one
+follows imports through other modules, deferred imports inside functions included. What a
+static graph cannot see (a third-party package that imports torch itself, an import made while
+rendering) the runtime checks see: the torch-refusing interpreters of
+tests/k8s/test_images_and_layers.py, tests/operator/test_no_torch.py, tests/cluster and tests/serve."""
 
 from __future__ import annotations
 
 import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
-import pytest
+import tomllib
 
-SRC = Path(__file__).resolve().parents[1] / "src" / "kubetune"
-
-# module (file or package under src/kubetune) -> kubetune modules it must never import
-FORBIDDEN = {
-    "recipe": (
-        "kubetune.data",
-        "kubetune.models",
-        "kubetune.training",
-        "kubetune.export",
-        "kubetune.k8s",
-        "kubetune.cluster",
-    ),
-    "data": ("kubetune.models", "kubetune.training", "kubetune.export", "kubetune.k8s", "kubetune.cluster"),
-    "models": ("kubetune.training", "kubetune.export", "kubetune.k8s", "kubetune.cluster"),
-    "export.py": ("kubetune.training", "kubetune.k8s", "kubetune.cluster"),
-    "gguf_export.py": ("kubetune.training", "kubetune.k8s", "kubetune.cluster"),
-    "rundir.py": ("kubetune.data", "kubetune.models", "kubetune.training", "kubetune.export"),
-    "training": ("kubetune.k8s", "kubetune.cluster", "kubetune.evaluate", "kubetune.generate", "kubetune.cli"),
-    "kube.py": ("kubetune.recipe", "kubetune.training", "kubetune.models", "kubetune.data"),
-    # serving reads runs (models, export, rundir), never the training engine or the cluster code
-    "serve": ("kubetune.training", "kubetune.k8s", "kubetune.cluster", "kubetune.evaluate"),
-    # shared by `kubetune serve` and the torch-free `k8s render-serve`
-    "serve/contract.py": ("kubetune.models", "kubetune.data", "kubetune.export", "torch"),
-    # printed by the engine, parsed by the torch-free k8s layer: stdlib only
-    "progress_line.py": ("kubetune", "torch"),
-    # monitoring renders and checks without torch; of serving it reads only the contract (ALLOWED)
-    "monitor": (
-        "torch",
-        "kubetune.training",
-        "kubetune.models",
-        "kubetune.data",
-        "kubetune.export",
-        "kubetune.serve",
-        "kubetune.cluster",
-    ),
-    # the metric names, exported by training and serving, read by everything else: stdlib only
-    "monitor/contract.py": ("kubetune", "torch"),
-    # shared with kubetune.cluster, which must not import the recipe
-    "monitor/monitors.py": ("kubetune.recipe", "kubetune.k8s", "torch"),
-    # the FineTune operator: recipe, kube, k8s (renderers, client) and the contracts; never the engine
-    "operator": (
-        "torch",
-        "kubetune.training",
-        "kubetune.models",
-        "kubetune.data",
-        "kubetune.export",
-        "kubetune.serve",
-        "kubetune.monitor",
-        "kubetune.cluster",
-        "kubetune.evaluate",
-        "kubetune.generate",
-    ),
-}
-# exceptions to FORBIDDEN: the pure contract modules a layer may share
-ALLOWED = {
-    "monitor": ("kubetune.serve.contract",),
-    "operator": ("kubetune.serve.contract", "kubetune.monitor.contract"),
-}
+REPO = Path(__file__).resolve().parents[1]
+SRC = REPO / "src" / "kubetune"
+PYPROJECT = REPO / "pyproject.toml"
+CONTRACTS = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
 MAX_ENGINE_FUNCTION_LINES = 60
+
+
+def _contract(contract_id: str) -> dict:
+    (contract,) = [c for c in CONTRACTS if c["id"] == contract_id]
+    return contract
+
+
+def _lint_imports(src: Path, *contract_ids: str) -> subprocess.CompletedProcess:
+    """`lint-imports` over the kubetune package found in `src` (first on the path, ahead of the install)."""
+    binary = Path(sys.executable).with_name("lint-imports")  # import-linter, a dev extra
+    assert binary.is_file(), "lint-imports is missing: pip install -e '.[dev]'"
+    selected = [arg for contract_id in contract_ids for arg in ("--contract", contract_id)]
+    return subprocess.run(
+        [str(binary), "--no-cache", "--no-logo", *selected, str(PYPROJECT)],
+        env={**os.environ, "PYTHONPATH": str(src)},
+        cwd=src,  # lint-imports puts its working directory on the path too
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+
+
+def test_the_import_contracts_hold():
+    result = _lint_imports(SRC.parent)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"Contracts: {len(CONTRACTS)} kept, 0 broken." in result.stdout
+
+
+def _layer_modules(contract: dict) -> set[str]:
+    names = [m for layer in contract.get("layers", []) for m in layer.split("|")] + contract.get("source_modules", [])
+    return {name.strip().strip("()") for name in names}
+
+
+def test_every_package_has_its_place_in_a_contract():
+    # a new module or package at the top of kubetune fails here until a contract says where it sits
+    placed = {".".join(name.split(".")[:2]) for c in CONTRACTS for name in _layer_modules(c)}
+    top = {f"kubetune.{p.stem}" for p in SRC.iterdir() if p.suffix == ".py" and p.stem != "__init__"}
+    top |= {f"kubetune.{p.name}" for p in SRC.iterdir() if (p / "__init__.py").is_file()}
+    assert sorted(top - placed) == []
+
+
+# (file under src/kubetune, line appended to it, the contract it breaks, the import lint-imports reports)
+BREAKS = [
+    # the old back-arrow: monitor's objects selected by k8s's names
+    ("monitor/objects.py", "from kubetune.k8s.names import Names", "cluster-layers", "objects -> kubetune.k8s.names"),
+    # torch imported inside a function of the renderer
+    ("k8s/render.py", "def _later():\n    import torch", "torch-free", "kubetune.k8s.render -> torch"),
+    # torch reached through another module: the serving contract k8s imports, importing the grammars
+    ("serve/contract.py", "import kubetune.serve.structured", "torch-free", "contract -> kubetune.serve.structured"),
+    ("progress_line.py", "from kubetune.errors import UserError", "stdlib-only", "progress_line -> kubetune.errors"),
+    ("serve/models.py", "from kubetune.training import run", "engine-layers", "serve.models -> kubetune.training.run"),
+]
+
+
+def _squeezed(text: str) -> str:
+    return "".join(text.split())  # lint-imports wraps long names over lines
+
+
+def _broken_sections(report: str) -> dict[str, str]:
+    """Each broken contract's part of a lint-imports report, by contract id."""
+    text = _squeezed(report.partition("Broken contracts")[2])
+    starts = sorted((text.find(_squeezed(c["name"])), c["id"]) for c in CONTRACTS if _squeezed(c["name"]) in text)
+    ends = [start for start, _ in starts[1:]] + [len(text)]
+    return {contract_id: text[start:end] for (start, contract_id), end in zip(starts, ends)}
+
+
+def test_each_forbidden_import_breaks_its_contract(tmp_path):
+    tree = tmp_path / "kubetune"
+    shutil.copytree(SRC, tree, ignore=shutil.ignore_patterns("__pycache__"))
+    for path, line, _, _ in BREAKS:
+        with (tree / path).open("a") as f:
+            f.write(f"\n\n{line}\n")
+    result = _lint_imports(tmp_path, *sorted({contract_id for _, _, contract_id, _ in BREAKS}))
+    assert result.returncode == 1, result.stdout + result.stderr
+    sections = _broken_sections(result.stdout)
+    for path, _, contract_id, reported in BREAKS:
+        assert _squeezed(reported) in sections.get(contract_id, ""), f"{path}: {contract_id}\n{result.stdout}"
 
 
 def _files(name: str) -> list[Path]:
     path = SRC / name
     return [path] if path.is_file() else sorted(path.rglob("*.py"))
-
-
-def _imports(path: Path) -> set[str]:
-    """Every module an `import` or `from ... import` names, at any depth (deferred imports too)."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
-        if isinstance(node, ast.Import):
-            found.update(a.name for a in node.names)
-        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
-            found.add(node.module)
-    return found
-
-
-@pytest.mark.parametrize("layer", sorted(FORBIDDEN))
-def test_imports_point_one_way(layer):
-    bad = []
-    for path in _files(layer):
-        for module in _imports(path):
-            if module.startswith(FORBIDDEN[layer]) and not module.startswith(ALLOWED.get(layer, ())):
-                bad.append(f"{path.relative_to(SRC)} imports {module}")
-    assert not bad, "\n".join(bad)
 
 
 def test_engine_functions_fit_on_a_screen():
@@ -104,10 +116,3 @@ def test_engine_functions_fit_on_a_screen():
                 if lines > MAX_ENGINE_FUNCTION_LINES:
                     long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {lines} lines")
     assert not long, "\n".join(long)
-
-
-def test_the_checker_sees_deferred_imports(tmp_path):
-    # the import test must fail on an import inside a function, not only at the top
-    f = tmp_path / "m.py"
-    f.write_text("def f():\n    from kubetune.training.run import train_from_recipe\n")
-    assert "kubetune.training.run" in _imports(f)
