@@ -74,6 +74,7 @@ BREAKS = [
     ("serve/contract.py", "import kubetune.serve.structured", "torch-free", "contract -> kubetune.serve.structured"),
     ("progress_line.py", "from kubetune.errors import UserError", "stdlib-only", "progress_line -> kubetune.errors"),
     ("serve/models.py", "from kubetune.training import run", "engine-layers", "serve.models -> kubetune.training.run"),
+    ("export/weights.py", "from kubetune.k8s import names", "engine-not-cluster", "weights -> kubetune.k8s.names"),
 ]
 
 
