@@ -146,8 +146,8 @@ def _eval_history(out) -> list[list[float]]:
 def test_the_readmes_example_lines_read_back():
     from pathlib import Path
 
-    readme = (Path(__file__).parents[1] / "README.md").read_text()
-    block = readme.split("### 4. Watch")[1].split("```text\n")[1].split("```")[0].splitlines()
+    guide = (Path(__file__).parents[1] / "docs" / "cluster.md").read_text()
+    block = guide.split("## 4. Watch")[1].split("```text\n")[1].split("```")[0].splitlines()
     trainer, bar = ast.literal_eval(block[0]), progress_line.parse_line(block[1])
     assert bar is not None and (bar.loss, bar.lr, bar.epoch, bar.rank) == (2.2737, 5.54e-05, 2.17, 0)
     assert (trainer["loss"], trainer["learning_rate"], trainer["epoch"]) == (bar.loss, bar.lr, bar.epoch)

@@ -88,5 +88,5 @@ def test_reference_lists_every_leaf_key():
 def test_readme_recipe_reference_is_the_generated_table():
     from pathlib import Path
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    assert reference_markdown().strip() in readme, "regenerate README's table with `kubetune recipe reference`"
+    page = (Path(__file__).resolve().parents[1] / "docs" / "recipe.md").read_text()
+    assert reference_markdown().strip() in page, "regenerate docs/recipe.md's table with `kubetune recipe reference`"

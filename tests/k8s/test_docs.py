@@ -1,4 +1,4 @@
-"""The README's cluster guide works as written up to the cluster; docs/comm.md covers every key."""
+"""The cluster guide (docs/cluster.md) works as written up to the cluster; docs/comm.md covers every key."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ from kubetune.recipe.loader import all_keys
 
 from .conftest import REPO, TOKEN, run_cli
 
-GUIDE = REPO / "README.md"  # the cluster guide is a section of the README
+GUIDE = REPO / "docs" / "cluster.md"
 COMM = REPO / "docs" / "comm.md"
 
 

@@ -1,4 +1,4 @@
-"""The README's Monitoring section is generated where it can be (the tables) and says what the
+"""The monitoring page (docs/monitoring.md) is generated where it can be (the tables) and says what the
 code does (the release label and its fix, the commands)."""
 
 from __future__ import annotations
@@ -8,14 +8,13 @@ from pathlib import Path
 from kubetune.monitor.contract import DEFAULT_RELEASE, DEFAULT_TRAIN_PORT
 from kubetune.monitor.reference import alerts_markdown, dashboards_markdown, training_metrics_markdown
 
-README = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-SECTION = README.split("\n## Monitoring\n", 1)[1].split("\n## ", 1)[0]
+SECTION = (Path(__file__).resolve().parents[2] / "docs" / "monitoring.md").read_text()
 
 
 def test_the_tables_are_the_generated_ones():
     for table in (training_metrics_markdown(), alerts_markdown(), dashboards_markdown()):
         assert table in SECTION, (
-            "regenerate the README's Monitoring tables from kubetune.monitor.reference "
+            "regenerate docs/monitoring.md's tables from kubetune.monitor.reference "
             f"(training_metrics_markdown, alerts_markdown, dashboards_markdown):\n{table}"
         )
 

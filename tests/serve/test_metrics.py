@@ -201,11 +201,11 @@ def test_the_server_counts_a_stop_string_as_stop_and_exposes_every_contract_seri
 
 
 def test_the_readme_table_is_the_contract():
-    """Every serving metric of the contract is in the README's table, with its exposed name and
+    """Every serving metric of the contract is in docs/serving.md's table, with its exposed name and
     type, and the table names nothing else."""
     from ..conftest import REPO
 
-    section = (REPO / "README.md").read_text().split("### Serving metrics", 1)[1].split("\n## ", 1)[0]
+    section = (REPO / "docs" / "serving.md").read_text().split("## Serving metrics", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `(vllm:[a-z0-9_]+)[^`]*` \| (\w+) \|", section, re.M))
     promised = {
         (contract.exposed_names(m)[0] if m.kind == "counter" else m.name, m.kind) for m in contract.SERVE_METRICS

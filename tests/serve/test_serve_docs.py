@@ -1,4 +1,4 @@
-"""The README's serving example runs as written (against a served tiny run), and its metric
+"""The serving page's example (docs/serving.md) runs as written (against a served tiny run), and its metric
 contract lists exactly what the server exposes."""
 
 from __future__ import annotations
@@ -9,11 +9,11 @@ import sys
 
 from ..conftest import REPO
 
-README = (REPO / "README.md").read_text()
+SERVING = (REPO / "docs" / "serving.md").read_text()
 
 
 def test_the_readme_client_example_runs(tiny_server):
-    block = re.search(r"<!-- serve-example -->\s*```python\n(.*?)```", README, re.S)
+    block = re.search(r"<!-- serve-example -->\s*```python\n(.*?)```", SERVING, re.S)
     assert block, "the serving example is marked <!-- serve-example -->"
     code = (
         block.group(1).replace("http://127.0.0.1:8000", tiny_server.url).replace('"smollm2-135m-lora-cpu"', '"run-a"')
@@ -24,7 +24,7 @@ def test_the_readme_client_example_runs(tiny_server):
 
 
 def test_the_metric_contract_is_what_the_server_exposes(tiny_server):
-    section = README.split("### Serving metrics", 1)[1].split("\n## ", 1)[0]
+    section = SERVING.split("## Serving metrics", 1)[1].split("\n## ", 1)[0]
     documented = set(re.findall(r"^\| `(vllm:[a-z0-9_]+)", section, re.M))
     exposed = {name for name, _ in tiny_server.metrics()}
     for name in documented:
