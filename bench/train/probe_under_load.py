@@ -13,8 +13,8 @@ Then, once more idle, a fair reference timing: both dtypes warmed, interleaved, 
 on [512 x 576] @ [576 x 1536] plus both backward matmuls (the issue's own method), so that
 each choice can be checked against what is really faster here.
 
-    .venv/bin/python bench/monitor/probe_under_load.py              # 5 starts per condition
-    .venv/bin/python bench/monitor/probe_under_load.py --starts 3
+    .venv/bin/python bench/train/probe_under_load.py              # 5 starts per condition
+    .venv/bin/python bench/train/probe_under_load.py --starts 3
 """
 
 from __future__ import annotations
