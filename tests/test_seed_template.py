@@ -6,12 +6,12 @@ directory's saved recipe, byte-level tokenization and `kubetune generate` unchan
 
 import json
 
-import kubetune.generate
+import kubetune.serve.generate
 from kubetune.data.templates import PromptRenderer
 from kubetune.data.tokenize import tokenize_rows
-from kubetune.generate import generate_cli
-from kubetune.models.generate import generate_text
+from kubetune.models.decoding import generate_text
 from kubetune.rundir import RunDir
+from kubetune.serve.generate import generate_cli
 from kubetune.training.run import train_from_recipe
 
 SEED_002_TEMPLATE = "你是一个专业的医疗助手。请根据问题给出准确的回答。\n问题:{input}\n回答:"
@@ -55,7 +55,7 @@ def test_seed_002_template_tokenizes_trains_and_generates(tmp_path, tiny_overrid
         seen.append(prompt)
         return generate_text(lm, tok, prompt, *args, **kwargs)
 
-    monkeypatch.setattr(kubetune.generate, "generate_text", recording)
+    monkeypatch.setattr(kubetune.serve.generate, "generate_text", recording)
     answer = generate_cli(str(out), QUESTION, max_new_tokens=6)
     assert seen == [SEED_002_TEMPLATE.format(input=QUESTION)] and isinstance(answer, str)
 

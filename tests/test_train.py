@@ -179,7 +179,7 @@ def test_compile_runs_and_matches_eager(tmp_path, tiny_overrides):
 
 
 def test_eval_and_recipe_show_commands(tmp_path, tiny_overrides, capsys):
-    from kubetune.evaluate import eval_target
+    from kubetune.training.evaluate import eval_target
 
     out = tmp_path / "run"
     s = train_from_recipe(None, tiny_overrides + ["train.max_steps=2", "eval.generate=0", f"output_dir={out}"])

@@ -115,7 +115,7 @@ def eval_cmd(
     overrides: list[str] = typer.Argument(None, help="key=value overrides (recipe only)."),
 ):
     """Evaluation loss and perplexity on the recipe's eval data."""
-    from kubetune.evaluate import eval_target
+    from kubetune.training.evaluate import eval_target
 
     eval_target(target, overrides or [])
 
@@ -157,7 +157,7 @@ def generate(
     temperature: float = typer.Option(0.0, "--temperature", help="0 = greedy."),
 ):
     """Answer a prompt with a fine-tuned run or model, using the recipe's prompt template."""
-    from kubetune.generate import generate_cli
+    from kubetune.serve.generate import generate_cli
 
     typer.echo(generate_cli(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature))
 

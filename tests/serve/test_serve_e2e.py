@@ -9,7 +9,7 @@ from concurrent.futures import ThreadPoolExecutor
 import openai
 import pytest
 
-from kubetune.generate import generate_cli
+from kubetune.serve.generate import generate_cli
 
 from ..conftest import SHARED_DATA
 from .conftest import ServerProcess

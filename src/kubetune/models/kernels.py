@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from kubetune.models import measure
-from kubetune.models.generate import AutocastFactory
+from kubetune.models.decoding import AutocastFactory
 from kubetune.models.measure import Clock, Decision, Question, Workload
 
 log = logging.getLogger("kubetune")

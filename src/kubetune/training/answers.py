@@ -15,8 +15,8 @@ from typing import Any
 
 import torch
 
+from kubetune.models.decoding import generate_text
 from kubetune.models.finetune import ModelParts, build_model
-from kubetune.models.generate import generate_text
 from kubetune.training.dist import gather_stages, gather_trainable
 from kubetune.training.setup import TrainParts
 

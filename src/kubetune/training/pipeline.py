@@ -30,8 +30,8 @@ import torch.nn as nn
 
 from kubetune.data.packing import IGNORE, Batch
 from kubetune.models.attention import SEQLENS_KWARG
+from kubetune.models.decoding import AutocastFactory
 from kubetune.models.finetune import ModelParts, head_loss
-from kubetune.models.generate import AutocastFactory
 from kubetune.training.dist import DistEnv
 from kubetune.training.parallel import MeshLayout
 from kubetune.training.runner import activation_offload

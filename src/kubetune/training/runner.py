@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import torch
 
 from kubetune.data.packing import Batch
-from kubetune.models.generate import AutocastFactory
+from kubetune.models.decoding import AutocastFactory
 
 
 class StepRunner(Protocol):

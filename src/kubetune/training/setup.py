@@ -20,6 +20,7 @@ from kubetune.data import Batcher, PreparedData, prepare_data
 from kubetune.data.packing import static_shapes
 from kubetune.errors import DataError, RunDirError
 from kubetune.models.attention import seqlens_from_cu
+from kubetune.models.decoding import AutocastFactory
 from kubetune.models.finetune import (
     COMPILE_BACKENDS,
     ModelParts,
@@ -28,7 +29,6 @@ from kubetune.models.finetune import (
     compiled_regions,
     compiles_mlp,
 )
-from kubetune.models.generate import AutocastFactory
 from kubetune.models.kernels import KernelPlan, ModelShapes, autocast_context
 from kubetune.models.kernels import choose as choose_kernels
 from kubetune.models.load import DTYPES, load_config, load_tokenizer, resolve_model

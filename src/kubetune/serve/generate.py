@@ -1,5 +1,6 @@
-"""`kubetune generate`: answer a prompt with a run (base + adapter) or an HF model directory,
-rendering it with the run's prompt template."""
+"""`kubetune generate`: answer one prompt in this process with a run (base + adapter) or an HF
+model directory, rendering it with the run's prompt template as `kubetune serve` does
+(serve/models.py), decoded by models/decoding.py."""
 
 from __future__ import annotations
 
@@ -10,8 +11,8 @@ import torch
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError
 from kubetune.export.weights import base_config, load_run
+from kubetune.models.decoding import generate_text
 from kubetune.models.finetune import ModelParts
-from kubetune.models.generate import generate_text
 from kubetune.models.kernels import autocast_context, compute_precision
 from kubetune.models.load import DTYPES, load_causal_lm, load_config, load_tokenizer
 from kubetune.rundir import RunDir

@@ -1,5 +1,7 @@
-"""Text generation with a causal LM: what `kubetune generate`, the run's sample answers and
-serving share, so that each gives the same greedy answer for the same prompt."""
+"""Decoding one answer with a causal LM (greedy, or sampled at a temperature) through
+transformers' `generate`: what `kubetune generate` and a run's sample answers share, so that
+both give the same greedy answer for the same prompt. Serving has its own batched loop
+(serve/engine.py); its tests hold it to the same greedy tokens."""
 
 from __future__ import annotations
 
