@@ -27,8 +27,10 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))  # run from a checkout, installed or not
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the payloads are the tests' (tests/cluster/samples.py)
 
-from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
+from tests.cluster.samples import extender_args, gaudi_node, training_pod
+
 from kubetune.cluster.extender.server import free_port
 
 ROOT = Path(__file__).resolve().parents[2]

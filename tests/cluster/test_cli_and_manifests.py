@@ -13,11 +13,11 @@ import httpx
 import pytest
 import yaml
 
-from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
 from kubetune.k8s.validate import validate_objects
 from kubetune.netutil import free_port, http_answers, wait_ready
 
 from .fakes import FakeKubelet, hls_box, make_gaudi_tree
+from .samples import extender_args, gaudi_node, training_pod
 
 KUBETUNE = [sys.executable, "-m", "kubetune"]
 

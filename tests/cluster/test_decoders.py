@@ -9,7 +9,8 @@ from pydantic import ValidationError
 
 from kubetune.cluster.extender.app import ExtenderConfig, _fast_decoder, decode_call
 from kubetune.cluster.extender.facts import facts_from, request_of
-from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
+
+from .samples import extender_args, gaudi_node, training_pod
 
 pytest.importorskip("msgspec")
 

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import re
+from pathlib import Path
 
 import httpx
 import pytest
@@ -14,8 +16,9 @@ pytest.importorskip("fastapi")
 from kubetune.cluster.extender.app import ExtenderConfig, create_app
 from kubetune.cluster.extender.podcache import PodCache
 from kubetune.cluster.extender.policy import Weights
-from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
 from kubetune.cluster.extender.server import running
+
+from .samples import extender_args, gaudi_node, training_pod
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +51,16 @@ def test_filter_removes_nodes_that_cannot_hold_the_pod_with_reasons(url, http):
     assert set(unres) == {"hls-2", "hls-3", "cpu-0"}
     assert "4 healthy habana.ai/gaudi in total" in unres["hls-2"] and "6 healthy" in unres["hls-3"]
     assert body["Error"] == "" and body["NodeNames"] is None
+
+
+def test_the_guides_filter_call_gets_the_answer_it_shows(url, http):
+    """docs/cluster-components.md's hand-written ExtenderArgs (curl, no checkout needed) still parses and filters."""
+    guide = (Path(__file__).resolve().parents[2] / "docs" / "cluster-components.md").read_text()
+    command = re.search(r"^curl .*?/filter -d '(.*?)'\n# -> (.*)$", guide, re.S | re.M)
+    assert command is not None, "the guide's curl of /filter"
+    body = http.post(f"{url}/filter", content=command[1], headers={"Content-Type": "application/json"}).json()
+    assert [n["metadata"]["name"] for n in body["Nodes"]["items"]] == ["a"]
+    assert f"FailedNodes: {json.dumps(body['FailedNodes'])}" in command[2]
 
 
 def test_prioritize_prefers_the_node_left_least_fragmented(url, http):

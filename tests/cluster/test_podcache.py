@@ -6,7 +6,8 @@ import pytest
 
 from kubetune.cluster.deviceplugin.server import wait_for
 from kubetune.cluster.extender.podcache import PodCache
-from kubetune.cluster.extender.samples import training_pod
+
+from .samples import training_pod
 
 LEAF = "kubetune.io/network-leaf"
 

@@ -11,8 +11,9 @@ from hypothesis import strategies as st
 from kubetune.cluster.extender.facts import facts_of, request_of
 from kubetune.cluster.extender.policy import NodeFacts, Peers, Request, Weights, explain, filter_nodes, prioritize
 from kubetune.cluster.extender.protocol import Node, Pod
-from kubetune.cluster.extender.samples import gaudi_node, training_pod
 from kubetune.errors import UserError
+
+from .samples import gaudi_node, training_pod
 
 maybe_int = st.one_of(st.none(), st.integers(min_value=-2, max_value=20))
 maybe_float = st.one_of(

@@ -261,6 +261,7 @@ def test_monitoring_renders_without_torch(tmp_path):
 
 
 _CLUSTER_COMPONENTS = """
+import json
 from pathlib import Path
 
 import kubetune.cluster.cli
@@ -271,12 +272,11 @@ from kubetune.cluster.deviceplugin.discovery import HEALTHY, make_discovery
 from kubetune.cluster.deviceplugin.publish import node_facts
 from kubetune.cluster.extender.app import create_app
 from kubetune.cluster.extender.podcache import PodCache
-from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
 from starlette.testclient import TestClient
 
 results = {"manifests": [o["kind"] for o in manifests.render(manifests.ComponentSettings())]}
 with TestClient(create_app()) as http:
-    body = extender_args(training_pod(cards=8), [gaudi_node("hls-0", free=8), gaudi_node("hls-1", free=2)])
+    body = json.loads(Path("extender-args.json").read_text())  # the test wrote it (tests/cluster/samples.py)
     kept = http.post("/filter", json=body).json()
     results["filter"] = [n["metadata"]["name"] for n in kept["Nodes"]["items"]], sorted(kept["FailedNodes"])
     results["prioritize"] = [h["Host"] for h in http.post("/prioritize", json=body).json()]
@@ -288,10 +288,15 @@ report(results)
 
 
 def test_cluster_components_import_and_run_without_torch_or_the_job_side(tmp_path):
+    import json
+
     pytest.importorskip("fastapi")
     from ..cluster.fakes import hls_box, make_gaudi_tree  # skips without grpc
+    from ..cluster.samples import extender_args, gaudi_node, training_pod
 
     make_gaudi_tree(tmp_path, hls_box())
+    nodes = [gaudi_node("hls-0", free=8), gaudi_node("hls-1", free=2)]
+    (tmp_path / "extender-args.json").write_text(json.dumps(extender_args(training_pod(cards=8), nodes)))
     # the components share only kubetune.kube with the job side: kubetune.k8s and kubetune.recipe are refused too
     results = _run_blocked(_CLUSTER_COMPONENTS, (*TRAINING_SIDE, "kubetune.k8s", "kubetune.recipe"), tmp_path)[
         "results"

@@ -26,12 +26,12 @@ import httpx
 import pytest
 import yaml
 
-from kubetune.cluster.extender.samples import extender_args, gaudi_node, training_pod
 from kubetune.cluster.manifests import ComponentSettings, component_monitors
 from kubetune.monitor.dashboards import dashboards
 from kubetune.monitor.rules import rule_file
 from kubetune.netutil import free_port
 
+from ..cluster.samples import extender_args, gaudi_node, training_pod
 from ..conftest import REPO
 from ..serve.conftest import ServerProcess, tiny_runs  # noqa: F401 (tiny_runs: a fixture used below)
 from .promtest import run_cli, running_prometheus, scrape_job

@@ -1,4 +1,5 @@
-"""Realistic kube-scheduler payloads (full v1.Node / v1.Pod JSON) for tests, benchmarks and docs.
+"""Realistic kube-scheduler payloads (full v1.Node / v1.Pod JSON) for the tests and the extender's
+latency benchmark (bench/cluster/extender_latency.py imports them from this checkout).
 
 The shapes follow what `kubectl get node -o json` shows on a Gaudi node running the
 kubetune device plugin: labels, the plugin's annotations, conditions, addresses, nodeInfo,
