@@ -14,13 +14,14 @@ import os
 import platform
 import re
 import signal
-import socket
 import subprocess
 import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+from kubetune.netutil import NotReadyError, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
 PROMPTS = REPO.parent / "shared" / "data" / "medical_flashcards" / "test.jsonl"
@@ -242,12 +243,6 @@ async def run_level(
 # --- a server under test ----------------------------------------------------------------------
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 class Server:
     """A server process (its own session, so its whole tree can be stopped), its log, and the
     peak RSS of its process tree sampled in a thread."""
@@ -314,21 +309,15 @@ class Server:
         return tail[-1].strip()[:300] if tail else "no output"
 
     def wait_ready(self, path: str, timeout: float) -> str | None:
-        """None once `path` answers 200; otherwise why not (the process exited, or the timeout)."""
-        import httpx
-
-        deadline = time.perf_counter() + timeout
-        with httpx.Client(timeout=5.0, trust_env=False) as client:
-            while time.perf_counter() < deadline:
-                if self.proc.poll() is not None:
-                    return f"the server exited with code {self.proc.returncode}: {self.reason()}"
-                try:
-                    if client.get(self.base_url + path).status_code == 200:
-                        return None
-                except httpx.HTTPError:
-                    pass
-                time.sleep(0.5)
-        return f"not ready on {path} after {timeout:.0f} s: {self.reason()}"
+        """None once `path` answers 200; otherwise why not (the process exited, or the timeout),
+        with the reason line of its log rather than the whole tail: the report prints it."""
+        try:
+            wait_ready(self.base_url + path, timeout, process=self.proc, interval=0.5)
+        except NotReadyError:
+            if self.proc.poll() is not None:
+                return f"the server exited with code {self.proc.returncode}: {self.reason()}"
+            return f"not ready on {path} after {timeout:.0f} s: {self.reason()}"
+        return None
 
     def models(self) -> list[dict]:
         import httpx

@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: b
 
 from bench.common import serving as sl
 
+from kubetune.netutil import free_port
+
 
 def main() -> None:
     from kubetune.models.load import resolve_model
@@ -40,7 +42,7 @@ def main() -> None:
     try:
         for src in args.sources:
             name = Path(src).parent.name  # /tmp/b-<commit>/src -> b-<commit>
-            port = sl.free_port()
+            port = free_port()
             env = dict(os.environ, PYTHONPATH=src, HF_HUB_OFFLINE="1")
             argv = [sys.executable, "-m", "kubetune", "serve", model, "--engine", "native", "--port", str(port)]
             server = sl.Server(name, argv, env, logs / f"{name}.log", port)

@@ -25,7 +25,6 @@ import argparse
 import json
 import os
 import platform
-import socket
 import statistics
 import subprocess
 import sys
@@ -34,6 +33,8 @@ import threading
 import time
 import urllib.request
 from pathlib import Path
+
+from kubetune.netutil import free_port
 
 REPO = Path(__file__).resolve().parents[2]
 FLASHCARDS = REPO.parent / "shared" / "data" / "medical_flashcards" / "train.jsonl"
@@ -48,12 +49,6 @@ def cpu_model() -> str:
     flags = set(fields.get("Flags", "").split())
     isa = [f for f in ("amx_bf16", "avx512_bf16", "avx512f", "avx2") if f in flags]
     return f"{fields.get('Model name', 'unknown')} ({os.cpu_count()} CPUs; {' '.join(isa)})"
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def tiny_model(root: Path) -> Path:

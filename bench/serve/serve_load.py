@@ -63,14 +63,14 @@ from bench.common.serving import (
     REPO,
     Server,
     choose_dtype,
-    free_port,
     load_prompts,
     machine,
     run_level,
 )
 
+from kubetune.netutil import free_port
+
 ARMS = ("kubetune", "naive", "vllm", "kubetune-json")
-VLLM_LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the values vLLM's --max-lora-rank accepts
 NOTES = re.compile(
     r"naive_server: |kernels:|dtype=torch|core ids=|reserved_cpus|Reducing Torch threads|KV cache size|threads="
 )
@@ -140,7 +140,7 @@ def naive_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str) -
 
 
 def vllm_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str, lora: bool = False) -> ArmSpec:
-    from kubetune.serve.contract import Adapter, VllmOptions, vllm_argv
+    from kubetune.serve.contract import Adapter, VllmOptions, vllm_argv, vllm_lora_rank
 
     python = Path(args.vllm_venv) / "bin" / "python"
     adapters: tuple[Adapter, ...] = ()
@@ -158,7 +158,7 @@ def vllm_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str, lo
         adapters=adapters,
         port=port,
         max_model_len=args.vllm_max_model_len,
-        max_lora_rank=next((r for r in VLLM_LORA_RANKS if r >= rank), rank) if rank else None,
+        max_lora_rank=vllm_lora_rank(rank) if rank else None,  # the rule `kubetune serve --engine vllm` applies
         dtype={"bf16": "bfloat16", "fp32": "float32"}[dtype],
     )
     argv = vllm_argv(opts)
