@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ast
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -19,6 +20,7 @@ from pathlib import Path
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
+ARCHITECTURE = REPO / "docs" / "ARCHITECTURE.md"
 SRC = REPO / "src" / "kubetune"
 PYPROJECT = REPO / "pyproject.toml"
 CONTRACTS = tomllib.loads(PYPROJECT.read_text())["tool"]["importlinter"]["contracts"]
@@ -62,6 +64,15 @@ def test_every_package_has_its_place_in_a_contract():
     top = {f"kubetune.{p.stem}" for p in SRC.iterdir() if p.suffix == ".py" and p.stem != "__init__"}
     top |= {f"kubetune.{p.name}" for p in SRC.iterdir() if (p / "__init__.py").is_file()}
     assert sorted(top - placed) == []
+
+
+def test_architecture_names_every_contract_and_top_level_module():
+    text = ARCHITECTURE.read_text()
+    contracts = text.partition("### Which contract holds which arrow")[2].partition("###")[0]
+    assert sorted(re.findall(r"^\| `([a-z0-9-]+)` \|", contracts, re.M)) == sorted(c["id"] for c in CONTRACTS)
+    names = [f"{p.name}/" if p.is_dir() else p.name for p in SRC.iterdir() if p.suffix == ".py" or p.is_dir()]
+    shown = [n for n in names if n not in ("__init__.py", "__main__.py", "__pycache__/")]
+    assert [n for n in sorted(shown) if f"`{n}`" not in text] == []
 
 
 # (file under src/kubetune, line appended to it, the contract it breaks, the import lint-imports reports)
