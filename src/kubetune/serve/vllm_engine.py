@@ -107,8 +107,8 @@ def _pass_api_keys(api_keys: tuple[str, ...], env: dict[str, str]) -> list[str]:
 def auto_picks_vllm(target: str) -> tuple[bool, str]:
     """`--engine auto`: vLLM where it is installed and answers as the native engine would (the
     run renders prompts with the tokenizer's chat template and no system prompt of its own,
-    which is what vLLM's server does), else native. (On the AVX2 EPYC of BENCHMARKS.md vLLM
-    CPU generated 1.2-1.7x the native engine's tokens/s at 4-64 concurrent requests.)"""
+    which is what vLLM's server does), else native. (Which engine is faster depends on the CPU
+    and the load: BENCHMARKS.md, section 5.)"""
     from kubetune.rundir import RunDir
 
     if vllm_python() is None:

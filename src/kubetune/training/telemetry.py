@@ -170,7 +170,7 @@ class Telemetry:
                 "kubetune_train_tokens_per_second": tokens_per_s / self.world_size,
                 "kubetune_train_mfu_ratio": self.mfu(tokens_per_s),
             }
-            if time.monotonic() - self._memory_read >= 1.0:  # reading the cgroup's stats costs ~0.1 ms
+            if time.monotonic() - self._memory_read >= 1.0:  # the cgroup's stats cost more than the step's metrics
                 self._memory_read = time.monotonic()
                 values["kubetune_train_memory_bytes"] = memory.used_bytes(1)
             if eta is not None:

@@ -4,7 +4,8 @@ At 5,000 nodes the scheduler's request is ~20 MB of v1.Node JSON, and building P
 objects for every image, condition and label costs more than the 100 ms budget. msgspec
 decodes into structs that declare only the keys the policy reads (`metadata.name`, the
 configured leaf labels, the plugin's annotations, `status.allocatable` of the managed
-resources) and skips everything else in C without allocating it: ~16 ms instead of ~140 ms.
+resources) and skips everything else in C without allocating it, several times faster than
+pydantic at that size (BENCHMARKS.md, section 4).
 
 The result is the same as the pydantic path's (tests/cluster/test_decoders.py compares them): the Pod itself is
 still validated by pydantic (it is small), and on any decode error the caller re-validates

@@ -16,7 +16,7 @@ def tune_for_large_bodies() -> list[str]:
     """Process settings for 20 MB request bodies; returns what was changed (for the log).
 
     - glibc serves allocations above 128 KiB with fresh mmap()s and returns them on free,
-      so every 20 MB body is page-faulted in again (~30 ms per request on a VM). Raising
+      so every 20 MB body is page-faulted in again (BENCHMARKS.md, section 4). Raising
       the mmap and trim thresholds keeps that memory in the heap between requests.
     - gc.freeze(): the imported modules (fastapi, pydantic) are moved out of the collector's
       view, so the full collections the per-node objects trigger stay short (p99 spikes).
