@@ -1,5 +1,5 @@
-"""The README's monitoring tables, generated from the code that defines them (a test holds the
-README equal): the training metrics of the contract, the alerts, the dashboards."""
+"""The monitoring tables of docs/monitoring.md, generated from the code that defines them (a test
+holds the page equal): the training metrics of the contract, the alerts, the dashboards."""
 
 from __future__ import annotations
 

@@ -46,7 +46,7 @@ class Alert:
     summary: str
     description: str
     runbook: str
-    when: str  # the condition in words (the README's alert table)
+    when: str  # the condition in words (docs/monitoring.md's alert table)
     group: str = "training"
 
     def rule(self) -> KubeObject:

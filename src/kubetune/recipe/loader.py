@@ -220,7 +220,7 @@ def recipe_to_yaml(recipe: Recipe) -> str:
 
 
 def reference_markdown() -> str:
-    """The recipe reference table (README), generated from the schema's field descriptions."""
+    """The recipe reference table (docs/recipe.md), generated from the schema's field descriptions."""
     rows = ["| key | default | meaning |", "|---|---|---|"]
 
     def walk(model: type[BaseModel], prefix: str) -> None:

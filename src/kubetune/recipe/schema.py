@@ -1,7 +1,7 @@
 """The typed recipe schema.
 
 Every key a user can write is a field here, with its default and a one-line description
-(the README's recipe reference is generated from these descriptions:
+(the recipe reference, docs/recipe.md, is generated from these descriptions:
 `kubetune recipe reference`). Models forbid unknown keys; the loader turns pydantic's
 errors into one line per problem with the nearest valid key suggested.
 """
