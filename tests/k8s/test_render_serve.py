@@ -25,6 +25,7 @@ from kubetune.k8s.serve.argv import API_KEY_SECRET_KEY
 from kubetune.k8s.serve.network import nginx_size
 from kubetune.k8s.serve.plan import GAUDI_VLLM_WARMUP_S, UNKNOWN_LOAD_S, load_source, model_params
 from kubetune.k8s.serve.render import render_serve
+from kubetune.k8s.serve.settings import flags_given, setting_options, spec_given
 from kubetune.k8s.validate import validate_objects
 from kubetune.recipe.k8s import PROFILE_IMAGES, VLLM_IMAGES
 from kubetune.recipe.loader import load_recipe
@@ -647,3 +648,28 @@ def test_submit_refuses_serving_options_without_serve(cli):
     assert result.code == 2 and "--engine, --replicas: serving options" in result.err
     result = cli("k8s", "submit", "--serve", SMOL, "--api", "trainjob")
     assert result.code == 2 and "--api and --with-runtime are options of a training job" in result.err
+
+
+def test_every_setting_is_an_option_of_render_serve_and_submit():
+    """A ServeSettings field is a flag of both commands with nothing else written for it."""
+    import typer.main
+
+    from kubetune.cli import app
+
+    k8s = typer.main.get_command(app).commands["k8s"]
+    flags = [option.flag for _, option in setting_options()]
+    for name in ("render-serve", "submit"):
+        taken = {opt for param in k8s.commands[name].params for opt in param.opts}
+        assert set(flags) <= taken, name
+
+
+def test_flags_as_given_become_settings_and_a_switch_turns_its_default():
+    given = {"replicas": 0, "adapters": ["cardio=runs/cardio"], "network_policy": True, "require_cpu_features": False}
+    assert ServeSettings.from_flags(given) == ServeSettings(
+        replicas=0, adapters=(Adapter("cardio", "runs/cardio"),), network_policy=False
+    )
+    assert flags_given(given) == ["--replicas", "--adapter", "--no-network-policy"]  # 0 is given, a switch off is not
+    assert spec_given({"engine": "vllm", "ingress_host": "llm.example.com", "name": "x"}) == {
+        "engine": "vllm",
+        "ingressHost": "llm.example.com",
+    }

@@ -18,7 +18,7 @@ recipe = plan.resolved(plan.load_recipe_for("ft", "team", spec.recipe, spec))
 owner = {"metadata": {"name": "ft", "namespace": "team", "uid": "u"}}
 objects = plan.owned(render(recipe).objects, owner, False)
 objects += [export_job(recipe, Names.for_job("ft", "team"), "ft-export")]
-objects += render_serve(recipe, spec.serve.settings()).objects
+objects += render_serve(recipe, spec.serve.settings).objects
 crd.crd_yaml()
 bad = sorted(m for m, v in sys.modules.items() if v and m.startswith(("torch", "kubetune.training", "transformers")))
 print(len(objects), ",".join(bad))

@@ -13,8 +13,10 @@ from kubetune.export.job import export_job
 from kubetune.k8s.names import Names
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
+from kubetune.k8s.serve import ServeSettings
 from kubetune.monitor.contract import TRAIN_METRICS
 from kubetune.operator import metrics_page, plan
+from kubetune.operator.crd import serve_schema
 
 OWNER = {"metadata": {"name": "ft", "namespace": "team", "uid": "u-1"}}
 BASE = plan.Observed(
@@ -85,14 +87,35 @@ def test_the_finetune_names_and_places_the_job_and_spec_overrides_profile_and_ap
 
 
 def test_every_problem_is_one_line():
+    tgi = plan.ServeSpec.from_dict({"enabled": True, "engine": "tgi"})
     with pytest.raises(RecipeError) as e:
-        recipe({"k8s": {"name": "other", "replicas": 0}, "train": {"lr": -1}}, serve=plan.ServeSpec(True, "tgi"))
+        recipe({"k8s": {"name": "other", "replicas": 0}, "train": {"lr": -1}}, serve=tgi)
     assert e.value.problems[0].startswith("`k8s.name`: a FineTune's objects are named and placed by the FineTune")
     assert any(p.startswith("`k8s.replicas`") for p in e.value.problems)
     assert any(p.startswith("`train.lr`") for p in e.value.problems)
     assert all("\n" not in p for p in e.value.problems)
     with pytest.raises(RecipeError, match=r"spec.serve: engine tgi: use native or vllm"):
-        recipe({}, serve=plan.ServeSpec(enabled=True, engine="tgi"))
+        recipe({}, serve=tgi)
+
+
+def test_spec_serve_holds_the_settings_that_name_a_spec_key_and_the_crd_declares_them():
+    spec = {"enabled": True, "engine": "vllm", "replicas": 3, "minReplicas": 2, "maxReplicas": 6}
+    spec |= {"image": "my/server:1", "ingressHost": "llm.example.com", "autoscale": "cpu"}
+    serve = plan.ServeSpec.from_dict(spec)
+    assert serve == plan.ServeSpec(
+        True,
+        ServeSettings(
+            engine="vllm",
+            replicas=3,
+            min_replicas=2,
+            max_replicas=6,
+            image="my/server:1",
+            ingress_host="llm.example.com",
+            autoscale="cpu",
+        ),
+    )
+    assert plan.ServeSpec.from_dict({}) == plan.ServeSpec(False, ServeSettings())
+    assert set(serve_schema()["properties"]) == set(spec)
 
 
 def test_recipe_text_errors_are_one_line():

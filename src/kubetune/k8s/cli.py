@@ -7,14 +7,27 @@ the commands (via the modules they call), so `kubetune --help` stays fast. Probl
 
 from __future__ import annotations
 
+import dataclasses
+import functools
+import inspect
 import os
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from kubetune.errors import UserError
+from kubetune.k8s.serve.settings import (
+    FINETUNE_FLAGS,
+    Option,
+    ServeSettings,
+    flags_given,
+    scalar_type,
+    setting_options,
+    spec_given,
+)
 
 NAMESPACE_HELP = "Namespace of the job (default: the kubeconfig context's, as for kubectl; else `default`)."
 SUBMIT_NAMESPACE_HELP = (
@@ -100,165 +113,38 @@ SERVE_ARGS_HELP = (
     "--model-image), or the recipe of a cluster job (its output_dir on the volume), then overrides."
 )
 SERVE_PANEL = "Serving (render-serve; submit --serve)"
-_engine_opt = typer.Option(
-    None, "--engine", help="native (kubetune serve; default) | vllm (vLLM's image).", rich_help_panel=SERVE_PANEL
-)
-_replicas_opt = typer.Option(
-    None,
-    "--replicas",
-    help="Pods (default 1); with autoscaling the least the HPA keeps (--min-replicas).",
-    rich_help_panel=SERVE_PANEL,
-)
-_min_opt = typer.Option(
-    None, "--min-replicas", help="HPA minReplicas (default --replicas).", rich_help_panel=SERVE_PANEL
-)
-_max_opt = typer.Option(
-    None, "--max-replicas", help="HPA maxReplicas (default max(4, min)).", rich_help_panel=SERVE_PANEL
-)
-_adapter_opt = typer.Option(
-    None,
-    "--adapter",
-    help="NAME=RUN_DIR: also serve that run's LoRA adapter as model NAME (repeatable; a relative RUN_DIR is "
-    "under the volume's root, e.g. runs/cardio = /data/runs/cardio).",
-    rich_help_panel=SERVE_PANEL,
-)
-_image_opt = typer.Option(
-    None,
-    "--image",
-    help="The server's image (default: kubetune's for the profile, or vLLM's with --engine vllm).",
-    rich_help_panel=SERVE_PANEL,
-)
-_model_image_opt = typer.Option(
-    None,
-    "--model-image",
-    help="Read the run directory from this image (at /model) instead of the training job's volume claim.",
-    rich_help_panel=SERVE_PANEL,
-)
-_name_opt = typer.Option(
-    None, "--name", help="Name of the serving objects (default <job>-serve).", rich_help_panel=SERVE_PANEL
-)
-_host_opt = typer.Option(
-    None, "--ingress-host", help="The Ingress's host, e.g. llm.example.com.", rich_help_panel=SERVE_PANEL
-)
-_class_opt = typer.Option(
-    None, "--ingress-class", help="ingressClassName (default nginx).", rich_help_panel=SERVE_PANEL
-)
-_autoscale_opt = typer.Option(
-    None,
-    "--autoscale",
-    help="queue (waiting requests per pod through prometheus-adapter, CPU as fallback; default) | cpu | off.",
-    rich_help_panel=SERVE_PANEL,
-)
-_queue_target_opt = typer.Option(
-    None, "--queue-target", help="Waiting requests per pod the HPA aims at (default 2).", rich_help_panel=SERVE_PANEL
-)
-_cpu_target_opt = typer.Option(
-    None,
-    "--cpu-target",
-    help="CPU utilisation (percent of the request) the HPA aims at (default 80).",
-    rich_help_panel=SERVE_PANEL,
-)
-
-_api_key_secret_opt = typer.Option(
-    None,
-    "--api-key-secret",
-    help="An existing Secret whose key `api-key` holds the server's API key (several: comma-separated; vLLM takes "
-    "one); every route but the probes and /metrics then needs `Authorization: Bearer KEY`.",
-    rich_help_panel=SERVE_PANEL,
-)
-_no_network_policy_opt = typer.Option(
-    False, "--no-network-policy", help="Render no NetworkPolicy for the server.", rich_help_panel=SERVE_PANEL
-)
-_ingress_namespace_opt = typer.Option(
-    None,
-    "--ingress-namespace",
-    help="The ingress controller's namespace, let in by the NetworkPolicy (default ingress-nginx).",
-    rich_help_panel=SERVE_PANEL,
-)
-_monitoring_namespace_opt = typer.Option(
-    None,
-    "--monitoring-namespace",
-    help="Prometheus's namespace, let in by the NetworkPolicy for /metrics (default monitoring).",
-    rich_help_panel=SERVE_PANEL,
-)
-_tls_secret_opt = typer.Option(
-    None,
-    "--ingress-tls-secret",
-    help="TLS on the Ingress from this kubernetes.io/tls Secret (needs --ingress-host).",
-    rich_help_panel=SERVE_PANEL,
-)
-_issuer_opt = typer.Option(
-    None,
-    "--cert-manager-issuer",
-    help="TLS on the Ingress from this cert-manager ClusterIssuer, into the Secret <name>-tls (needs --ingress-host).",
-    rich_help_panel=SERVE_PANEL,
-)
-_require_cpu_opt = typer.Option(
-    False,
-    "--require-cpu-features",
-    help="cpu: schedule only on nodes with k8s.amx_label (default: preferred, other nodes run fp32).",
-    rich_help_panel=SERVE_PANEL,
-)
 
 
-def _access_settings(
-    api_key_secret: str | None,
-    no_network_policy: bool,
-    ingress_namespace: str | None,
-    monitoring_namespace: str | None,
-    ingress_tls_secret: str | None,
-    cert_manager_issuer: str | None,
-    require_cpu_features: bool,
-) -> dict[str, Any]:
-    """The access and placement options as ServeSettings fields (None = not given)."""
-    return {
-        "api_key_secret": api_key_secret,
-        "network_policy": False if no_network_policy else None,
-        "ingress_namespace": ingress_namespace,
-        "monitoring_namespace": monitoring_namespace,
-        "ingress_tls_secret": ingress_tls_secret,
-        "cert_manager_issuer": cert_manager_issuer,
-        "require_cpu_features": True if require_cpu_features else None,
-    }
+def _serve_parameter(f: dataclasses.Field[Any], option: Option) -> inspect.Parameter:
+    """One ServeSettings field as a typer option: None when not given (a switch: False), so that
+    the settings' own default applies and `submit` can tell which were given."""
+    kind = scalar_type(f)
+    default: bool | None
+    annotation: Any
+    if kind is bool:
+        default, annotation = False, bool
+    else:
+        default, annotation = None, (list[str] if kind is tuple else kind) | None
+    info = typer.Option(default, option.flag, help=option.help, rich_help_panel=SERVE_PANEL)
+    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
 
 
-def _serve_settings(
-    engine: str | None,
-    replicas: int | None,
-    min_replicas: int | None,
-    max_replicas: int | None,
-    adapters: list[str] | None,
-    image: str | None,
-    model_image: str | None,
-    name: str | None,
-    ingress_host: str | None,
-    ingress_class: str | None,
-    autoscale: str | None,
-    queue_target: int | None,
-    cpu_target: int | None,
-    access: dict[str, Any],
-):
-    """The serving options as given (None = not given) -> ServeSettings with the defaults."""
-    from kubetune.k8s.serve import ServeSettings
-    from kubetune.serve.contract import parse_adapter
+def with_serve_options(command: Callable[..., None]) -> Callable[..., None]:
+    """`command` with one option per ServeSettings field after its own; it receives them as
+    `serving` (field -> the value given, as `ServeSettings.from_flags` reads it)."""
+    own = inspect.signature(command, eval_str=True)
+    added = [_serve_parameter(f, option) for f, option in setting_options()]
+    names = [p.name for p in added]
+    assert not set(names) & set(own.parameters), "a serving field shadows one of the command's parameters"
 
-    given: dict[str, Any] = {
-        "engine": engine,
-        "replicas": replicas,
-        "min_replicas": min_replicas,
-        "max_replicas": max_replicas,
-        "adapters": tuple(parse_adapter(a) for a in adapters) if adapters else None,
-        "image": image,
-        "model_image": model_image,
-        "name": name,
-        "ingress_host": ingress_host,
-        "ingress_class": ingress_class,
-        "autoscale": autoscale,
-        "queue_target": queue_target,
-        "cpu_target": cpu_target,
-        **access,
-    }
-    return ServeSettings(**{k: v for k, v in given.items() if v is not None})
+    @functools.wraps(command)
+    def run(**kwargs: Any) -> None:
+        serving = {name: kwargs.pop(name) for name in names}
+        command(**kwargs, serving=serving)
+
+    kept = [p for p in own.parameters.values() if p.name != "serving"]
+    run.__signature__ = own.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
+    return run
 
 
 def _render_serve(args: list[str], profile: str | None, settings, token: str | None):
@@ -332,32 +218,13 @@ def render_cmd(
 def render_serve_cmd(
     args: list[str] = typer.Argument(None, help=SERVE_ARGS_HELP),
     profile: str | None = _profile_opt,
-    engine: str | None = _engine_opt,
-    replicas: int | None = _replicas_opt,
-    min_replicas: int | None = _min_opt,
-    max_replicas: int | None = _max_opt,
-    adapter: list[str] | None = _adapter_opt,
-    image: str | None = _image_opt,
-    model_image: str | None = _model_image_opt,
-    name: str | None = _name_opt,
-    ingress_host: str | None = _host_opt,
-    ingress_class: str | None = _class_opt,
-    autoscale: str | None = _autoscale_opt,
-    queue_target: int | None = _queue_target_opt,
-    cpu_target: int | None = _cpu_target_opt,
-    api_key_secret: str | None = _api_key_secret_opt,
-    no_network_policy: bool = _no_network_policy_opt,
-    ingress_namespace: str | None = _ingress_namespace_opt,
-    monitoring_namespace: str | None = _monitoring_namespace_opt,
-    ingress_tls_secret: str | None = _tls_secret_opt,
-    cert_manager_issuer: str | None = _issuer_opt,
-    require_cpu_features: bool = _require_cpu_opt,
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Write one file per object + kustomization.yaml here."
     ),
     hf_token_file: Path | None = _token_opt,
     check: bool = typer.Option(False, "--check", help="Validate every object offline (kubernetes-validate, strict)."),
     create_namespace: bool = _create_namespace_opt,
+    serving: dict[str, Any] | None = None,
 ):
     """Render the serving objects of a trained run: Deployment, Service, Ingress, NetworkPolicy,
     PodDisruptionBudget, HorizontalPodAutoscaler and the prometheus-adapter rule it reads (stdout, or files with -o).
@@ -367,30 +234,7 @@ def render_serve_cmd(
     """
     from kubetune.k8s.render import to_yaml, write_dir, written_note
 
-    settings = _serve_settings(
-        engine,
-        replicas,
-        min_replicas,
-        max_replicas,
-        adapter,
-        image,
-        model_image,
-        name,
-        ingress_host,
-        ingress_class,
-        autoscale,
-        queue_target,
-        cpu_target,
-        _access_settings(
-            api_key_secret,
-            no_network_policy,
-            ingress_namespace,
-            monitoring_namespace,
-            ingress_tls_secret,
-            cert_manager_issuer,
-            require_cpu_features,
-        ),
-    )
+    settings = ServeSettings.from_flags(serving or {})
     rendered = _render_serve(args or [], profile, settings, _read_token(hf_token_file))
     if check:
         _check(rendered.objects)
@@ -410,89 +254,29 @@ def submit_cmd(
     serve: bool = typer.Option(
         False, "--serve", help="Submit the serving objects of a run (what render-serve renders) instead of a job."
     ),
-    engine: str | None = _engine_opt,
-    replicas: int | None = _replicas_opt,
-    min_replicas: int | None = _min_opt,
-    max_replicas: int | None = _max_opt,
-    adapter: list[str] | None = _adapter_opt,
-    image: str | None = _image_opt,
-    model_image: str | None = _model_image_opt,
-    name: str | None = _name_opt,
-    ingress_host: str | None = _host_opt,
-    ingress_class: str | None = _class_opt,
-    autoscale: str | None = _autoscale_opt,
-    queue_target: int | None = _queue_target_opt,
-    cpu_target: int | None = _cpu_target_opt,
-    api_key_secret: str | None = _api_key_secret_opt,
-    no_network_policy: bool = _no_network_policy_opt,
-    ingress_namespace: str | None = _ingress_namespace_opt,
-    monitoring_namespace: str | None = _monitoring_namespace_opt,
-    ingress_tls_secret: str | None = _tls_secret_opt,
-    cert_manager_issuer: str | None = _issuer_opt,
-    require_cpu_features: bool = _require_cpu_opt,
     via_operator: bool = typer.Option(
         False,
         "--via-operator",
         help="Create a FineTune instead: kubetune's operator runs the job, then (with --serve) exports and serves.",
     ),
+    serving: dict[str, Any] | None = None,
 ):
     """Create or update every rendered object in the cluster (idempotent), after validating them."""
     from kubetune.k8s import client, follow
 
-    serve_options = {
-        "--engine": engine,
-        "--replicas": replicas,
-        "--min-replicas": min_replicas,
-        "--max-replicas": max_replicas,
-        "--adapter": adapter,
-        "--image": image,
-        "--model-image": model_image,
-        "--name": name,
-        "--ingress-host": ingress_host,
-        "--ingress-class": ingress_class,
-        "--autoscale": autoscale,
-        "--queue-target": queue_target,
-        "--cpu-target": cpu_target,
-    }
-    access = _access_settings(
-        api_key_secret,
-        no_network_policy,
-        ingress_namespace,
-        monitoring_namespace,
-        ingress_tls_secret,
-        cert_manager_issuer,
-        require_cpu_features,
-    )
-    flags = {field: "--" + field.replace("_", "-") for field in access}
-    flags["network_policy"] = "--no-network-policy"
-    serve_options.update({flags[field]: value for field, value in access.items()})
+    serving = serving or {}
     token = _read_token(hf_token_file)
     args = _with_namespace(args or [], namespace, serve)
     if via_operator:
-        _submit_finetune(args or [], profile, api, token, with_runtime, serve, serve_options)
+        _submit_finetune(args or [], profile, api, token, with_runtime, serve, serving)
         return
     if serve:
         if api or with_runtime:
             raise UserError("--api and --with-runtime are options of a training job, not of --serve")
-        settings = _serve_settings(
-            engine,
-            replicas,
-            min_replicas,
-            max_replicas,
-            adapter,
-            image,
-            model_image,
-            name,
-            ingress_host,
-            ingress_class,
-            autoscale,
-            queue_target,
-            cpu_target,
-            access,
-        )
+        settings = ServeSettings.from_flags(serving)
         rendered = _render_serve(args or [], profile, settings, token)
     else:
-        given = [option for option, value in serve_options.items() if value is not None]
+        given = flags_given(serving)
         if given:
             raise UserError(f"{', '.join(given)}: serving options, for `kubetune k8s submit --serve RUN`")
         rendered = _render(args or [], profile, api, token, with_runtime)
@@ -504,35 +288,22 @@ def submit_cmd(
     typer.echo(f"follow it: kubetune k8s status {rendered.names.job} -n {rendered.names.namespace}")
 
 
-# what `submit --via-operator --serve` maps to a FineTune's spec.serve (the others are render-serve's only)
-FINETUNE_SERVE_OPTIONS = {
-    "--engine": "engine",
-    "--replicas": "replicas",
-    "--min-replicas": "minReplicas",
-    "--max-replicas": "maxReplicas",
-    "--image": "image",
-    "--ingress-host": "ingressHost",
-    "--autoscale": "autoscale",
-}
-
-
-def _submit_finetune(args, profile, api, token, with_runtime, serve: bool, options: dict[str, Any]) -> None:
+def _submit_finetune(args, profile, api, token, with_runtime, serve: bool, serving: dict[str, Any]) -> None:
     """Validate the recipe here (one line per problem, as submit does), then create the FineTune."""
     from kubetune.k8s import client, finetune
     from kubetune.k8s.render import job_name, render
 
     if with_runtime:
         raise UserError("--with-runtime: the operator references the recipe's k8s.runtime; submit the runtime first")
-    given = [o for o, v in options.items() if v is not None]
-    unknown = [o for o in given if o not in FINETUNE_SERVE_OPTIONS or not serve]
+    unknown = [flag for flag in flags_given(serving) if flag not in FINETUNE_FLAGS or not serve]
     if unknown:
         raise UserError(
             f"{', '.join(unknown)}: not a FineTune option; with --via-operator, --serve takes "
-            + ", ".join(FINETUNE_SERVE_OPTIONS)
+            + ", ".join(FINETUNE_FLAGS)
         )
     recipe = _load(args, profile, api)
     _check(render(recipe, hf_token=token).objects)  # what the operator will create, validated now
-    spec_serve = {FINETUNE_SERVE_OPTIONS[o]: options[o] for o in given} if serve else None
+    spec_serve = spec_given(serving) if serve else None
     ft = finetune.finetune_object(recipe, job_name(recipe), with_token=token is not None, serve=spec_serve)
     for line in finetune.submit(client.connect(), ft, token):
         typer.echo(line)
@@ -616,8 +387,8 @@ def doctor_cmd(
 
 def register(k8s_app: typer.Typer) -> None:
     k8s_app.command("render")(render_cmd)
-    k8s_app.command("render-serve")(render_serve_cmd)
-    k8s_app.command("submit")(submit_cmd)
+    k8s_app.command("render-serve")(with_serve_options(render_serve_cmd))
+    k8s_app.command("submit")(with_serve_options(submit_cmd))
     k8s_app.command("status")(status_cmd)
     k8s_app.command("logs")(logs_cmd)
     k8s_app.command("download")(download_cmd)

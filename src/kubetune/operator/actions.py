@@ -113,7 +113,7 @@ def serving_objects(
 ) -> list[dict[str, Any]]:
     """What `kubetune k8s render-serve` makes for the run, owned by the FineTune."""
     token = hf_token(client, meta(body)[1], spec)
-    return plan.owned(render_serve(recipe, spec.serve.settings(), hf_token=token).objects, body, False)
+    return plan.owned(render_serve(recipe, spec.serve.settings, hf_token=token).objects, body, False)
 
 
 # ------------------------------------------------------------------ observing

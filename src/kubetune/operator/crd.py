@@ -31,6 +31,7 @@ from typing import Any
 import yaml
 
 from kubetune.k8s.finetune import API_VERSION, GROUP, KIND, PLURAL, VERSION
+from kubetune.k8s.serve.settings import scalar_type, setting_options
 from kubetune.recipe.schema import Recipe
 
 __all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "check_finetune", "crd", "crd_yaml"]
@@ -40,8 +41,6 @@ CRD_FILE = f"{CRD_NAME}.yaml"
 PHASES = ("Pending", "Running", "Suspended", "Exporting", "Serving", "Succeeded", "Failed")
 PROFILES = ("cpu", "gaudi", "nvidia")
 APIS = ("pytorchjob", "trainjob")
-ENGINES = ("native", "vllm")
-AUTOSCALE = ("queue", "cpu", "off")
 CLAIM_POLICIES = ("Retain", "Delete")
 
 Schema = dict[str, Any]
@@ -162,19 +161,20 @@ def _key_ref(what: str, default_key: str) -> Schema:
 
 
 def serve_schema() -> Schema:
-    return _obj(
-        "Serve the trained model when training succeeds: the objects of `kubetune k8s render-serve`.",
-        {
-            "enabled": {"type": "boolean", "description": "Export and serve after training (default false)."},
-            "engine": _str("native (kubetune serve) | vllm (default native).", enum=list(ENGINES)),
-            "replicas": _int("Server pods (default 1).", minimum=1),
-            "minReplicas": _int("Autoscaling lower bound (default replicas).", minimum=1),
-            "maxReplicas": _int("Autoscaling upper bound (default max(4, minReplicas)).", minimum=1),
-            "autoscale": _str("queue (waiting requests) | cpu | off (default queue).", enum=list(AUTOSCALE)),
-            "image": _str("The server's image (default kubetune's, or vLLM's for engine vllm)."),
-            "ingressHost": _str("The Ingress host (default: any host of the ingress class)."),
-        },
-    )
+    """`spec.serve`: `enabled`, then each ServeSettings field that names a spec key."""
+    properties: dict[str, Schema] = {
+        "enabled": {"type": "boolean", "description": "Export and serve after training (default false)."}
+    }
+    for f, option in setting_options():
+        if option.spec_key is None:
+            continue
+        if scalar_type(f) is int:
+            properties[option.spec_key] = _int(option.spec_help, minimum=option.minimum)
+        else:
+            choices = {"enum": list(option.choices)} if option.choices else {}
+            properties[option.spec_key] = _str(option.spec_help, **choices)
+    what = "Serve the trained model when training succeeds: the objects of `kubetune k8s render-serve`."
+    return _obj(what, properties)
 
 
 def spec_schema() -> Schema:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import copy
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
@@ -42,25 +42,14 @@ EXPORT_SUFFIX = "-export"
 
 @dataclass(frozen=True)
 class ServeSpec:
-    enabled: bool = False
-    engine: str = "native"
-    replicas: int = 1
-    min_replicas: int | None = None
-    max_replicas: int | None = None
-    autoscale: str = "queue"
-    image: str | None = None
-    ingress_host: str | None = None
+    """spec.serve: whether to serve, and render-serve's settings for it (the keys ServeSettings names)."""
 
-    def settings(self) -> ServeSettings:
-        return ServeSettings(
-            engine=self.engine,
-            replicas=self.replicas,
-            min_replicas=self.min_replicas,
-            max_replicas=self.max_replicas,
-            autoscale=self.autoscale,
-            image=self.image,
-            ingress_host=self.ingress_host,
-        )
+    enabled: bool = False
+    settings: ServeSettings = field(default_factory=ServeSettings)
+
+    @classmethod
+    def from_dict(cls, serve: dict[str, Any]) -> ServeSpec:
+        return cls(bool(serve.get("enabled", False)), ServeSettings.from_spec(serve))
 
 
 @dataclass(frozen=True)
@@ -87,16 +76,7 @@ class FineTuneSpec:
             profile=spec.get("profile"),
             api=spec.get("api"),
             hf_token_ref=_key_ref(spec.get("hfTokenSecretRef"), TOKEN_KEY),
-            serve=ServeSpec(
-                enabled=bool(serve.get("enabled", False)),
-                engine=serve.get("engine", "native"),
-                replicas=serve.get("replicas", 1),
-                min_replicas=serve.get("minReplicas"),
-                max_replicas=serve.get("maxReplicas"),
-                autoscale=serve.get("autoscale", "queue"),
-                image=serve.get("image"),
-                ingress_host=serve.get("ingressHost"),
-            ),
+            serve=ServeSpec.from_dict(serve),
             export_merged=bool((spec.get("export") or {}).get("merged", False)),
             suspend=bool(spec.get("suspend", False)),
             ttl_seconds=spec.get("ttlSecondsAfterFinished"),
@@ -146,7 +126,7 @@ def load_recipe_for(name: str, namespace: str, data: dict[str, Any], spec: FineT
     problems += recipe_problems(recipe)
     if spec.serve.enabled:
         # the settings speak in render-serve's flags (--max-replicas): say spec.serve's words
-        problems += [f"spec.serve: {p.replace('--', '')}" for p in spec.serve.settings().problems()]
+        problems += [f"spec.serve: {p.replace('--', '')}" for p in spec.serve.settings.problems()]
     if problems:
         raise RecipeError(*problems)
     return recipe

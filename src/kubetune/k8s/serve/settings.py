@@ -4,10 +4,13 @@ CLI builds its options from it at start."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, get_args, get_origin, get_type_hints
 
-from kubetune.serve.contract import Adapter
+from kubetune.serve.contract import Adapter, parse_adapter
 
 ENGINES = ("native", "vllm")  # `auto` picks by what is installed, which a manifest cannot know
 AUTOSCALE = ("queue", "cpu", "off")
@@ -18,29 +21,151 @@ DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
 @dataclass(frozen=True)
-class ServeSettings:
-    """The command line of `render-serve` (and `submit --serve`), defaults applied."""
+class Option:
+    """How one setting is given: its flag of `render-serve` and `submit --serve` with the flag's help
+    and, for a setting a FineTune takes too, its key under `spec.serve` with the CRD's description
+    (a minimum for an integer, the choices of a string)."""
 
-    engine: str = "native"
-    replicas: int = 1
-    min_replicas: int | None = None  # HPA minReplicas; None = replicas
-    max_replicas: int | None = None  # HPA maxReplicas; None = max(4, min)
-    adapters: tuple[Adapter, ...] = ()
-    image: str | None = None  # the server's image; None = kubetune's (native) or vLLM's (vllm) for the profile
-    model_image: str | None = None  # read the run from this image instead of the job's claim
-    name: str | None = None
-    ingress_host: str | None = None
-    ingress_class: str = "nginx"
-    autoscale: str = "queue"
-    queue_target: int = 2  # waiting requests per pod the HPA aims at
-    cpu_target: int = 80  # CPU utilisation (% of the request) the HPA aims at
-    api_key_secret: str | None = None  # an existing Secret whose key `api-key` the server requires; None = open
-    network_policy: bool = True  # the NetworkPolicy `<name>`; off where the cluster's policies are managed elsewhere
-    ingress_namespace: str = "ingress-nginx"  # the ingress controller's namespace (allowed by the NetworkPolicy)
-    monitoring_namespace: str = "monitoring"  # Prometheus's namespace (allowed, for /metrics)
-    ingress_tls_secret: str | None = None  # TLS on the Ingress from this kubernetes.io/tls Secret
-    cert_manager_issuer: str | None = None  # TLS from cert-manager: this ClusterIssuer writes the Secret
-    require_cpu_features: bool = False  # cpu: only nodes with k8s.amx_label (else they are preferred)
+    flag: str
+    help: str
+    spec_key: str | None = None
+    spec_help: str = ""
+    minimum: int | None = None
+    choices: tuple[str, ...] = ()
+
+
+def _setting(default: Any, flag: str, help: str, **spec: Any) -> Any:
+    return field(default=default, metadata={"option": Option(flag, help, **spec)})
+
+
+@dataclass(frozen=True)
+class ServeSettings:
+    """The settings of a serving instance, defaults applied: each field's Option makes its flag
+    (`kubetune.k8s.cli`) and, where it has a spec_key, the FineTune's `spec.serve` key
+    (`kubetune.operator.crd`, `kubetune.operator.plan`). A new setting is one field here."""
+
+    engine: str = _setting(
+        "native",
+        "--engine",
+        "native (kubetune serve; default) | vllm (vLLM's image).",
+        spec_key="engine",
+        spec_help="native (kubetune serve) | vllm (default native).",
+        choices=ENGINES,
+    )
+    replicas: int = _setting(
+        1,
+        "--replicas",
+        "Pods (default 1); with autoscaling the least the HPA keeps (--min-replicas).",
+        spec_key="replicas",
+        spec_help="Server pods (default 1).",
+        minimum=1,
+    )
+    min_replicas: int | None = _setting(  # None = replicas
+        None,
+        "--min-replicas",
+        "HPA minReplicas (default --replicas).",
+        spec_key="minReplicas",
+        spec_help="Autoscaling lower bound (default replicas).",
+        minimum=1,
+    )
+    max_replicas: int | None = _setting(  # None = max(4, min)
+        None,
+        "--max-replicas",
+        "HPA maxReplicas (default max(4, min)).",
+        spec_key="maxReplicas",
+        spec_help="Autoscaling upper bound (default max(4, minReplicas)).",
+        minimum=1,
+    )
+    adapters: tuple[Adapter, ...] = _setting(
+        (),
+        "--adapter",
+        "NAME=RUN_DIR: also serve that run's LoRA adapter as model NAME (repeatable; a relative RUN_DIR is "
+        "under the volume's root, e.g. runs/cardio = /data/runs/cardio).",
+    )
+    image: str | None = _setting(  # None = kubetune's (native) or vLLM's (vllm) for the profile
+        None,
+        "--image",
+        "The server's image (default: kubetune's for the profile, or vLLM's with --engine vllm).",
+        spec_key="image",
+        spec_help="The server's image (default kubetune's, or vLLM's for engine vllm).",
+    )
+    model_image: str | None = _setting(
+        None,
+        "--model-image",
+        "Read the run directory from this image (at /model) instead of the training job's volume claim.",
+    )
+    name: str | None = _setting(None, "--name", "Name of the serving objects (default <job>-serve).")
+    ingress_host: str | None = _setting(
+        None,
+        "--ingress-host",
+        "The Ingress's host, e.g. llm.example.com.",
+        spec_key="ingressHost",
+        spec_help="The Ingress host (default: any host of the ingress class).",
+    )
+    ingress_class: str = _setting("nginx", "--ingress-class", "ingressClassName (default nginx).")
+    autoscale: str = _setting(
+        "queue",
+        "--autoscale",
+        "queue (waiting requests per pod through prometheus-adapter, CPU as fallback; default) | cpu | off.",
+        spec_key="autoscale",
+        spec_help="queue (waiting requests) | cpu | off (default queue).",
+        choices=AUTOSCALE,
+    )
+    queue_target: int = _setting(2, "--queue-target", "Waiting requests per pod the HPA aims at (default 2).")
+    cpu_target: int = _setting(
+        80, "--cpu-target", "CPU utilisation (percent of the request) the HPA aims at (default 80)."
+    )
+    api_key_secret: str | None = _setting(  # None = an open API
+        None,
+        "--api-key-secret",
+        "An existing Secret whose key `api-key` holds the server's API key (several: comma-separated; vLLM takes "
+        "one); every route but the probes and /metrics then needs `Authorization: Bearer KEY`.",
+    )
+    # off where the cluster's policies are managed elsewhere
+    network_policy: bool = _setting(True, "--no-network-policy", "Render no NetworkPolicy for the server.")
+    ingress_namespace: str = _setting(
+        "ingress-nginx",
+        "--ingress-namespace",
+        "The ingress controller's namespace, let in by the NetworkPolicy (default ingress-nginx).",
+    )
+    monitoring_namespace: str = _setting(
+        "monitoring",
+        "--monitoring-namespace",
+        "Prometheus's namespace, let in by the NetworkPolicy for /metrics (default monitoring).",
+    )
+    ingress_tls_secret: str | None = _setting(
+        None, "--ingress-tls-secret", "TLS on the Ingress from this kubernetes.io/tls Secret (needs --ingress-host)."
+    )
+    cert_manager_issuer: str | None = _setting(
+        None,
+        "--cert-manager-issuer",
+        "TLS on the Ingress from this cert-manager ClusterIssuer, into the Secret <name>-tls (needs --ingress-host).",
+    )
+    require_cpu_features: bool = _setting(
+        False,
+        "--require-cpu-features",
+        "cpu: schedule only on nodes with k8s.amx_label (default: preferred, other nodes run fp32).",
+    )
+
+    @classmethod
+    def from_flags(cls, given: Mapping[str, Any]) -> ServeSettings:
+        """Field -> the value of its flag (None, or False for a switch, where not given) -> settings."""
+        values: dict[str, Any] = {}
+        for f, _ in setting_options():
+            value: Any = given.get(f.name)
+            if not is_given(value):
+                continue
+            if f.name == "adapters":
+                value = tuple(parse_adapter(a) for a in value)
+            elif value is True:
+                value = not f.default  # a switch turns its setting away from the default
+            values[f.name] = value
+        return cls(**values)
+
+    @classmethod
+    def from_spec(cls, serve: Mapping[str, Any]) -> ServeSettings:
+        """A FineTune's `spec.serve` (its spec keys; `enabled` is the operator's) -> settings."""
+        return cls(**{f.name: serve[o.spec_key] for f, o in setting_options() if o.spec_key and o.spec_key in serve})
 
     def replica_range(self) -> tuple[int, int]:
         lo = self.min_replicas if self.min_replicas is not None else self.replicas
@@ -97,3 +222,33 @@ class ServeSettings:
                 "--ingress-tls-secret/--cert-manager-issuer: a certificate is for a host; give --ingress-host too"
             )
         return out
+
+
+def setting_options() -> list[tuple[dataclasses.Field[Any], Option]]:
+    """Every setting's field with its Option, in the order of the command line."""
+    return [(f, f.metadata["option"]) for f in dataclasses.fields(ServeSettings)]
+
+
+def scalar_type(f: dataclasses.Field[Any]) -> type:
+    """What a setting holds, None aside: bool, int, str, or tuple (the adapters)."""
+    kind = get_type_hints(ServeSettings)[f.name]
+    return next(t for t in (bool, int, str, tuple) if t in (kind, get_origin(kind), *get_args(kind)))
+
+
+def is_given(value: Any) -> bool:
+    """A flag's value says it was given: not None, not a switch left off, not an empty list."""
+    return value is not None and value is not False and value != [] and value != ()
+
+
+def flags_given(given: Mapping[str, Any]) -> list[str]:
+    """The flags given (`from_flags`' input), in the order of the command line."""
+    return [o.flag for f, o in setting_options() if is_given(given.get(f.name))]
+
+
+def spec_given(given: Mapping[str, Any]) -> dict[str, Any]:
+    """The flags given that a FineTune's `spec.serve` takes, as its keys."""
+    return {o.spec_key: given[f.name] for f, o in setting_options() if o.spec_key and given.get(f.name) is not None}
+
+
+# what `submit --via-operator --serve` maps to a FineTune's spec.serve (the others are render-serve's only)
+FINETUNE_FLAGS = {o.flag: o.spec_key for _, o in setting_options() if o.spec_key}
