@@ -77,17 +77,22 @@ def _render(args: list[str], profile: str | None, api: str | None, token: str | 
     return rendered
 
 
+def _first_and_overrides(args: list[str], missing: str, what: str) -> tuple[str, list[str]]:
+    """RECIPE|RUN [key=value ...] -> (the first, the overrides); `missing` when there is none."""
+    if not args:
+        raise UserError(missing)
+    if "=" in args[0]:
+        raise UserError(f"the first argument must be {what}, not the override `{args[0]}`")
+    return args[0], list(args[1:])
+
+
 def _load(args: list[str], profile: str | None, api: str | None):
     from kubetune.recipe.loader import load_recipe
 
-    if not args:
-        raise UserError(
-            "give a recipe: `kubetune k8s render RECIPE [key=value ...]` "
-            "(`kubetune recipe list` shows the builtin ones)"
-        )
-    recipe, overrides = args[0], list(args[1:])
-    if "=" in recipe:
-        raise UserError(f"the first argument must be a recipe, not the override `{recipe}`")
+    missing = (
+        "give a recipe: `kubetune k8s render RECIPE [key=value ...]` (`kubetune recipe list` shows the builtin ones)"
+    )
+    recipe, overrides = _first_and_overrides(args, missing, "a recipe")
     # --profile / --api are recipe overrides, so a bad value gets the same one-line error as a bad key.
     overrides += [f"k8s.profile={profile}"] if profile else []
     overrides += [f"k8s.api={api}"] if api else []
@@ -151,14 +156,11 @@ def _render_serve(args: list[str], profile: str | None, settings, token: str | N
     from kubetune.k8s.serve.plan import load_source
     from kubetune.k8s.serve.render import render_serve
 
-    if not args:
-        raise UserError(
-            "give a run: `kubetune k8s render-serve RUN_DIR|RECIPE [key=value ...]` "
-            "(a directory `kubetune train` wrote, or the recipe of a cluster job)"
-        )
-    source, overrides = args[0], list(args[1:])
-    if "=" in source:
-        raise UserError(f"the first argument must be a run directory or a recipe, not the override `{source}`")
+    missing = (
+        "give a run: `kubetune k8s render-serve RUN_DIR|RECIPE [key=value ...]` "
+        "(a directory `kubetune train` wrote, or the recipe of a cluster job)"
+    )
+    source, overrides = _first_and_overrides(args, missing, "a run directory or a recipe")
     overrides += [f"k8s.profile={profile}"] if profile else []
     recipe, local_run = load_source(source, overrides)
     rendered = render_serve(recipe, settings, hf_token=token, local_run=local_run)
