@@ -4,41 +4,28 @@ model directory, rendering it with the run's prompt template as `kubetune serve`
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import torch
 
-from kubetune.data.templates import PromptRenderer
-from kubetune.errors import RunDirError
-from kubetune.export.weights import base_config, load_run
+from kubetune.export.weights import base_config
 from kubetune.models.decoding import generate_text
 from kubetune.models.finetune import ModelParts
 from kubetune.models.kernels import autocast_context, compute_precision
-from kubetune.models.load import DTYPES, load_causal_lm, load_config, load_tokenizer
-from kubetune.rundir import RunDir
+from kubetune.models.load import DTYPES, load_config
+from kubetune.serve.models import model_source
 
 
 def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0) -> str:
-    path = Path(target)
-    run = RunDir(path)
+    source = model_source(target)
     cpu = torch.device("cpu")
-    template, system = "chat", None
-    if run.is_run():
-        recipe = run.recipe()
-        template, system = recipe.data.template, recipe.data.system_prompt
-        precision = compute_precision(
-            recipe.train.precision, base_config(recipe), cpu
-        )  # training's decision on this machine
-        model, tokenizer = load_run(run, recipe.with_kernels(precision, "fp32"))
-    elif (path / "config.json").is_file():
-        precision = compute_precision("auto", load_config(str(path)), cpu)
-        tokenizer = load_tokenizer(str(path))
-        model = load_causal_lm(str(path), DTYPES[precision])
-        if not getattr(tokenizer, "chat_template", None):
-            template = "alpaca"
+    if source.recipe is not None:  # training's precision decision on this machine
+        recipe = source.recipe
+        precision = compute_precision(recipe.train.precision, base_config(recipe), cpu)
+        dtype = DTYPES[recipe.with_kernels(precision, "fp32").base_dtype_name()]
     else:
-        raise RunDirError(f"{target}: neither a kubetune run directory nor an HF model directory (config.json)")
-    renderer = PromptRenderer(template, tokenizer, system)
+        precision = compute_precision("auto", load_config(str(source.path)), cpu)
+        dtype = DTYPES[precision]
+    model, tokenizer = source.load(dtype, "sdpa")
+    renderer = source.renderer(tokenizer)
     text = renderer.prompt({"instruction": prompt, "input": ""})
     model.eval()
     return generate_text(

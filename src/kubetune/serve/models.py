@@ -62,7 +62,7 @@ class ServedSet:
 
 
 @dataclass(frozen=True)
-class _Source:
+class ModelSource:
     """A run directory or HF model directory, read without loading weights."""
 
     path: Path
@@ -78,15 +78,22 @@ class _Source:
             return PromptRenderer("chat" if getattr(tokenizer, "chat_template", None) else "alpaca", tokenizer)
         return PromptRenderer(self.recipe.data.template, tokenizer, self.recipe.data.system_prompt)
 
+    def load(self, dtype: torch.dtype, attn: str, with_adapter: bool = True) -> tuple[Any, Any]:
+        """(model, tokenizer): a run's through `load_run`, an HF model directory as it is."""
+        if self.recipe is not None:
+            return load_run(RunDir(self.path), self.recipe, dtype, attn, with_adapter)
+        weights = str(self.weights)
+        return load_causal_lm(weights, dtype, attn), load_tokenizer(weights)
 
-def _source(target: str | Path) -> _Source:
+
+def model_source(target: str | Path) -> ModelSource:
     path = Path(target)
     run = RunDir(path)
     if run.is_run():
         recipe = run.recipe()
-        return _Source(path, recipe, run.finished_weights(recipe))
+        return ModelSource(path, recipe, run.finished_weights(recipe))
     if (path / "config.json").is_file():
-        return _Source(path, None, path)
+        return ModelSource(path, None, path)
     raise RunDirError(f"{target}: neither a kubetune run directory nor an HF model directory (config.json)")
 
 
@@ -94,9 +101,9 @@ def _source(target: str | Path) -> _Source:
 class Plan:
     """What will be served, read from the run directories without loading any weights."""
 
-    main: _Source
+    main: ModelSource
     base_name: str
-    adapters: list[tuple[str, _Source]]
+    adapters: list[tuple[str, ModelSource]]
 
     def base_config(self) -> Any:
         """The base model's config, read as the model will be loaded (a run's revision and remote code)."""
@@ -106,19 +113,11 @@ class Plan:
         remote = recipe is not None and recipe.model.trust_remote_code
         return load_config(str(self.main.weights), trust_remote_code=remote)
 
-    def load_base(self, dtype: torch.dtype, attn: str) -> tuple[Any, Any]:
-        """(base model, tokenizer): a run's through `load_run` (without its adapter: serving
-        installs every adapter itself), an HF model directory as it is."""
-        if self.main.recipe is not None:
-            return load_run(RunDir(self.main.path), self.main.recipe, dtype, attn, with_adapter=False)
-        weights = str(self.main.weights)
-        return load_causal_lm(weights, dtype, attn), load_tokenizer(weights)
-
 
 def plan_served(target: str, adapters: list[Adapter]) -> Plan:
     """Check the target and the adapters (one clear line each) before anything is loaded."""
-    main = _source(target)
-    extra = [(a.name, _source(a.path)) for a in adapters]
+    main = model_source(target)
+    extra = [(a.name, model_source(a.path)) for a in adapters]
     if main.is_lora:
         assert main.recipe is not None
         base_name = Path(main.recipe.model.name_or_path).name
@@ -132,7 +131,7 @@ def plan_served(target: str, adapters: list[Adapter]) -> Plan:
 def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str, fuse: bool = True) -> ServedSet:
     plan = plan_served(target, adapters)
     main, base_name, extra = plan.main, plan.base_name, plan.adapters
-    lm, tokenizer = plan.load_base(dtype, attn)
+    lm, tokenizer = main.load(dtype, attn, with_adapter=False)  # serving installs every adapter itself
     lm.eval()
     served = ServedSet(lm, tokenizer, base_name)
     served.models[base_name] = Served(base_name, main.renderer(tokenizer))
@@ -145,7 +144,7 @@ def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: 
     return served
 
 
-def _check_adapters(main: _Source, extra: list[tuple[str, _Source]], base_name: str) -> None:
+def _check_adapters(main: ModelSource, extra: list[tuple[str, ModelSource]], base_name: str) -> None:
     names = [base_name] + [name for name, _ in extra]
     dupes = sorted({n for n in names if names.count(n) > 1})
     if dupes:
@@ -181,7 +180,7 @@ def read_runtime_adapter(served: ServedSet, name: str, lora_path: str) -> tuple[
     assert served.plan is not None
     if RunDir(path).is_run():
         try:
-            src = _source(path)
+            src = model_source(path)
             _check_adapters(served.plan.main, [(name, src)], served.base_name)
         except UserError as e:
             raise AdapterRequestError(400, str(e).replace("--adapter ", "lora_path: ", 1), "lora_path") from None
