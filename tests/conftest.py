@@ -25,6 +25,20 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+# Fixtures that start a server process: every test that uses one is a `process` test too.
+PROCESS_FIXTURES = frozenset({"tiny_server", "two_hosts"})
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marks added here must count
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """`process` also on the tests that start several processes (`multiproc`) and on those that
+    use a fixture that starts a server, so that `-m "not process"` leaves every one out."""
+    for item in items:
+        uses = PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))
+        if uses or item.get_closest_marker("multiproc"):
+            item.add_marker(pytest.mark.process)
+
+
 @pytest.fixture(scope="session")
 def smollm_dir() -> Path:
     from kubetune.models.load import resolve_model

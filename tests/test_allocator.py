@@ -10,6 +10,8 @@ import pytest
 
 from kubetune import allocator
 
+pytestmark = pytest.mark.process
+
 PROBE = "from kubetune.allocator import *; reexec_with_jemalloc(); print(jemalloc_loaded(), describe())\n"
 
 

@@ -17,6 +17,8 @@ from kubetune.training.launch import refuse_missing_chat_template
 from tests.conftest import run_cli as run_process
 from tests.k8s.conftest import run_cli
 
+pytestmark = pytest.mark.process
+
 BASE = "meta-llama/Llama-2-7b-hf"  # seed 002's base model
 
 

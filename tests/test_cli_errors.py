@@ -5,7 +5,11 @@ import json
 import subprocess
 import sys
 
+import pytest
+
 from .conftest import REPO, run_cli
+
+pytestmark = pytest.mark.process
 
 
 def start_cli(args: list[str]) -> subprocess.Popen:

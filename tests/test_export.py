@@ -9,6 +9,8 @@ from kubetune.training.run import train_from_recipe
 
 from .conftest import SHARED_DATA, run_cli
 
+pytestmark = pytest.mark.process
+
 
 def _greedy(model, tokenizer, prompt, n=12):
     enc = tokenizer(prompt, return_tensors="pt")

@@ -21,6 +21,8 @@ from kubetune.export.gguf import export_gguf, permute_qk, write_gguf
 
 from .conftest import run_cli
 
+pytestmark = pytest.mark.process
+
 SMALL_VOCAB = 2048
 TEXT = "Answer this question truthfully\n\nWhat is fact number 37? It's 74 <|im_end|>, café."
 

@@ -16,6 +16,8 @@ from bench.common import serving
 from kubetune.netutil import free_port, wait_ready
 from tests.conftest import REPO, SHARED_DATA, load_bench
 
+pytestmark = pytest.mark.process
+
 serve_load = load_bench("serve/serve_load")
 
 

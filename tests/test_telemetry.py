@@ -24,6 +24,8 @@ from kubetune.training.kubeflow_progress import KubeflowProgress, status_body
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.process
+
 
 def scrape(port: int) -> dict[str, list]:
     """Samples by name from a /metrics endpoint."""

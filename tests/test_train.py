@@ -16,6 +16,8 @@ from kubetune.training.run import train_from_recipe
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.process
+
 METRIC_KEYS = {"step", "epoch", "loss", "lr", "grad_norm", "tokens", "tokens_per_s", "elapsed_s"}
 SUMMARY_KEYS = {
     "eval_loss_before",

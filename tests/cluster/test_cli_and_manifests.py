@@ -19,6 +19,8 @@ from kubetune.netutil import free_port, http_answers, wait_ready
 from .fakes import FakeKubelet, hls_box, make_gaudi_tree
 from .samples import extender_args, gaudi_node, training_pod
 
+pytestmark = pytest.mark.process
+
 KUBETUNE = [sys.executable, "-m", "kubetune"]
 
 

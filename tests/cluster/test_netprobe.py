@@ -36,6 +36,8 @@ from kubetune.cluster.netprobe import (
 from kubetune.errors import UserError
 from kubetune.netutil import tcp_accepts, wait_ready
 
+pytestmark = pytest.mark.process
+
 KUBETUNE = [sys.executable, "-m", "kubetune"]
 PORT = 7471
 

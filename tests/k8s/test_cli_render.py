@@ -12,6 +12,8 @@ from kubetune.k8s.names import NAMESPACE_QUOTA
 
 from .conftest import TOKEN
 
+pytestmark = pytest.mark.process
+
 SEED = "llama2-7b-medical-flashcards"
 
 

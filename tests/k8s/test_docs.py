@@ -15,6 +15,8 @@ from kubetune.recipe.loader import all_keys
 
 from .conftest import REPO, TOKEN, run_cli
 
+pytestmark = pytest.mark.process
+
 GUIDE = REPO / "docs" / "cluster.md"
 COMM = REPO / "docs" / "comm.md"
 

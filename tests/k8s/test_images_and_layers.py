@@ -12,6 +12,8 @@ import pytest
 
 from .conftest import REPO
 
+pytestmark = pytest.mark.process
+
 DOCKERFILES = ["Dockerfile", "Dockerfile.gaudi", "Dockerfile.cuda"]
 
 

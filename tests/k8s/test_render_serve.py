@@ -48,6 +48,8 @@ from kubetune.serve.contract import (
 from .conftest import TOKEN
 from .fakes import FakeClient
 
+pytestmark = pytest.mark.process
+
 SMOL = "smollm2-135m-lora-cpu"  # LoRA over the embedded GGUF default
 SEED = "llama2-7b-medical-flashcards"  # LoRA over a hub model (32 heads: tensor parallel 8 fits)
 JOB, NS = SMOL, "kubetune"

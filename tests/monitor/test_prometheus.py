@@ -26,6 +26,8 @@ from kubetune.netutil import free_port
 
 from .promtest import run_cli, running_prometheus, scrape_job
 
+pytestmark = pytest.mark.process
+
 NS = "kubetune"
 JOB = "demo"
 RELEASE = "kube-prometheus-stack"

@@ -14,6 +14,8 @@ from kubetune.k8s.validate import validate_objects
 from kubetune.monitor.objects import prometheus_rule
 from kubetune.monitor.rules import RuleSettings, alerts, rule_file
 
+pytestmark = pytest.mark.process
+
 ALERTS = {a.name: a for a in alerts()}
 J = 'job="j"'
 

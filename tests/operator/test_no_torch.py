@@ -5,6 +5,10 @@ from __future__ import annotations
 import subprocess
 import sys
 
+import pytest
+
+pytestmark = pytest.mark.process
+
 CODE = """
 import sys
 sys.modules["torch"] = None  # any import of torch now fails

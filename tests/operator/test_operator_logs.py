@@ -16,6 +16,8 @@ import pytest
 
 from .conftest import NAMESPACE, Cluster, wait_for
 
+pytestmark = pytest.mark.process
+
 RECIPE = {"train": {"max_steps": 40, "save_every": 10}, "k8s": {"replicas": 2, "amx_label": None}}
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 

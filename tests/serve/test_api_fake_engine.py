@@ -19,6 +19,8 @@ from kubetune.serve.api import ServerState, create_app
 from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request
 from kubetune.serve.models import Served
 
+pytestmark = pytest.mark.process
+
 ANSWER = "The answer is 42."
 CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Oslo"}}\n</tool_call>'
 

@@ -17,6 +17,8 @@ from kubetune.serve.auth import ApiKeyAuth, load_api_keys
 from ..conftest import run_cli
 from .conftest import ServerProcess
 
+pytestmark = pytest.mark.process
+
 FLAG_KEY = "flag-key-1234"
 FILE_KEYS = ("file-key-aaaa", "file-key-bbbb")
 ENV_KEYS = ("env-key-cccc", "env-key-dddd")

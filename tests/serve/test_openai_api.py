@@ -13,6 +13,8 @@ from pydantic import BaseModel
 
 from .conftest import ServerProcess
 
+pytestmark = pytest.mark.process
+
 USER = [{"role": "user", "content": "Say something"}]
 
 

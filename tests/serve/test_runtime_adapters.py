@@ -11,6 +11,8 @@ from kubetune.serve.adapter_routes import VLLM_SWITCH, runtime_adapters_allowed
 
 from .conftest import ServerProcess
 
+pytestmark = pytest.mark.process
+
 ASK = {"messages": [{"role": "user", "content": "What is 3 plus 3?"}], "max_tokens": 16, "temperature": 0}
 
 

@@ -7,7 +7,11 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 from ..conftest import REPO
+
+pytestmark = pytest.mark.process
 
 SERVING = (REPO / "docs" / "serving.md").read_text()
 

@@ -14,7 +14,7 @@ from kubetune.serve.generate import generate_cli
 from ..conftest import SHARED_DATA
 from .conftest import ServerProcess
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.process]
 MAX_TOKENS = 16
 
 

@@ -17,6 +17,8 @@ from kubetune.serve.engine_client import Limits
 from ..conftest import run_cli
 from .conftest import ServerProcess, metric
 
+pytestmark = pytest.mark.process
+
 
 @pytest.fixture(scope="module")
 def client(tiny_server):

@@ -18,6 +18,8 @@ from kubetune.serve.vllm_engine import VLLM_PYTHON_ENV, vllm_options, vllm_pytho
 
 from ..conftest import run_cli
 
+pytestmark = pytest.mark.process
+
 
 def test_a_lora_run_maps_to_the_base_with_every_adapter(tiny_runs, tiny_model_dir):
     a, b = tiny_runs
