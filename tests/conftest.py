@@ -25,8 +25,9 @@ os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
-# Fixtures that start a server process: every test that uses one is a `process` test too.
-PROCESS_FIXTURES = frozenset({"tiny_server", "two_hosts"})
+# Fixtures that start a server (a `kubetune serve` process, two network namespaces, the
+# operator under kopf's KopfRunner): every test that uses one is a `process` test too.
+PROCESS_FIXTURES = frozenset({"tiny_server", "two_hosts", "operator"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marks added here must count
