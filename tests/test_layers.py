@@ -17,6 +17,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import tomllib
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,6 +48,7 @@ def _lint_imports(src: Path, *contract_ids: str) -> subprocess.CompletedProcess:
     )
 
 
+@pytest.mark.process  # starts lint-imports
 def test_the_import_contracts_hold():
     result = _lint_imports(SRC.parent)
     assert result.returncode == 0, result.stdout + result.stderr
@@ -101,6 +103,7 @@ def _broken_sections(report: str) -> dict[str, str]:
     return {contract_id: text[start:end] for (start, contract_id), end in zip(starts, ends)}
 
 
+@pytest.mark.process  # starts lint-imports
 def test_each_forbidden_import_breaks_its_contract(tmp_path):
     tree = tmp_path / "kubetune"
     shutil.copytree(SRC, tree, ignore=shutil.ignore_patterns("__pycache__"))

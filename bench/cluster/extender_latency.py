@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the payloads are
 
 from tests.cluster.samples import extender_args, gaudi_node, training_pod
 
-from kubetune.cluster.extender.server import free_port
+from kubetune.netutil import free_port
 
 ROOT = Path(__file__).resolve().parents[2]
 
