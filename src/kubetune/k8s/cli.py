@@ -206,15 +206,8 @@ def render_cmd(
     On stdout the HF-token Secret is replaced by a comment: the token is only ever written
     to DIR/secret-*.yaml (mode 0600) with -o, or sent to the cluster by `submit`.
     """
-    from kubetune.k8s.render import to_yaml, write_dir, written_note
-
     rendered = _render(args or [], profile, api, _read_token(hf_token_file), with_runtime)
-    if check:
-        _check(rendered.objects)
-    if output is None:
-        sys.stdout.write(to_yaml(rendered.objects, redact_secrets=True, create_namespace=create_namespace))
-        return
-    _note(written_note(write_dir(rendered.objects, output, create_namespace), output, rendered.names.namespace))
+    _emit(rendered, output, check, create_namespace)
 
 
 def render_serve_cmd(
@@ -234,10 +227,16 @@ def render_serve_cmd(
     `kubetune k8s submit --serve RUN ...` applies the same objects; `status` and `delete` take
     their name (`<job>-serve`).
     """
-    from kubetune.k8s.render import to_yaml, write_dir, written_note
-
     settings = ServeSettings.from_flags(serving or {})
     rendered = _render_serve(args or [], profile, settings, _read_token(hf_token_file))
+    _emit(rendered, output, check, create_namespace)
+
+
+def _emit(rendered: Any, output: Path | None, check: bool, create_namespace: bool) -> None:
+    """`render` and `render-serve`'s output: validated with --check, then stdout (the token's
+    Secret redacted) or one file per object in `output`."""
+    from kubetune.k8s.render import to_yaml, write_dir, written_note
+
     if check:
         _check(rendered.objects)
     if output is None:
