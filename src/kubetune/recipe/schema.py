@@ -50,8 +50,53 @@ class ModelSection(Section):
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the hub.")
 
 
+Objective = Literal["sft", "dpo", "orpo", "simpo"]
+# beta when finetune.preference.beta is null: DPO's and ORPO's papers (and TRL) use 0.1; SimPO's
+# reward is a length-normalised log-probability, whose paper scales it by 2.0.
+DEFAULT_BETA: dict[str, float] = {"dpo": 0.1, "orpo": 0.1, "simpo": 2.0}
+
+
+class PreferenceSection(Section):
+    """Settings of the preference objectives (finetune.objective = dpo | orpo | simpo)."""
+
+    beta: float | None = Field(
+        None,
+        gt=0,
+        description="Strength of the preference term: DPO's KL weight, ORPO's odds-ratio weight (lambda), "
+        "SimPO's reward scale; null = the method's default (dpo 0.1, orpo 0.1, simpo 2.0).",
+    )
+    label_smoothing: float = Field(
+        0.0, ge=0, lt=0.5, description="dpo: conservative DPO, the assumed share of flipped preference labels."
+    )
+    simpo_gamma: float = Field(0.5, ge=0, description="simpo: target reward margin over beta (gamma / beta).")
+    reference: Literal["auto", "adapter_off", "copy"] = Field(
+        "auto",
+        description="dpo: where the reference log-probabilities come from. adapter_off = the same base with the "
+        "LoRA adapter switched off (no second model); copy = a frozen copy of the starting weights (full "
+        "fine-tuning: twice the weight memory); auto = adapter_off for lora, copy for full.",
+    )
+    reference_logps: Literal["auto", "on_the_fly", "precompute"] = Field(
+        "auto",
+        description="dpo: compute the reference log-probabilities in each step (on_the_fly) or once before "
+        "training, then read them back (precompute); auto = the faster one for this run.",
+    )
+
+
 class FinetuneSection(Section):
     method: Literal["lora", "full"] = Field("lora", description="lora = PEFT LoRA adapters; full = all weights.")
+    objective: Objective = Field(
+        "sft",
+        description="sft = supervised next-token loss on the answers; dpo | orpo | simpo = preference tuning on "
+        "rows of prompt, chosen and rejected answers (docs/preference.md).",
+    )
+    preference: PreferenceSection = Field(
+        default_factory=PreferenceSection, description="Settings of dpo, orpo and simpo."
+    )
+
+    @property
+    def beta(self) -> float:
+        """The preference strength in effect (the method's default where beta is null)."""
+        return self.preference.beta if self.preference.beta is not None else DEFAULT_BETA.get(self.objective, 0.0)
 
 
 class LoraSection(Section):
@@ -72,6 +117,12 @@ class ColumnsSection(Section):
     output: str | None = Field("output", description="Column holding the target answer.")
     messages: str | None = Field(
         None, description="Column holding chat messages [{role, content}]; replaces the three above."
+    )
+    chosen: str = Field(
+        "chosen", description="Preference objectives: column holding the preferred answer (text or messages)."
+    )
+    rejected: str = Field(
+        "rejected", description="Preference objectives: column holding the dispreferred answer (text or messages)."
     )
 
 
