@@ -2,10 +2,13 @@
 
 A `Discovery` backend answers three questions, and nothing about gRPC:
 
-- `devices()`: the cards (id, model, accel index, OAM module, NUMA node, HBM),
+- `devices()`: the cards (id, model, accel index, OAM module, NUMA node, HBM, PCIe root, link
+  domain),
 - `probe()`: the health of each card right now (the health loop polls it),
 - `allocate_spec(cards)`: device nodes and environment for a container given these cards,
 - `free_memory_mib()`: free HBM per card now, where the backend can measure it (NVML).
+
+The device plugin and the DRA driver (`kubetune.cluster.dra`) both sit on this one interface.
 
 Backends: Gaudi from sysfs (what Intel's DRA driver reads, no HLML needed), NVIDIA through
 NVML (`nvidia-ml-py`, imported only when chosen), and an inventory YAML for demos and tests.
@@ -23,6 +26,7 @@ import logging
 import re
 import threading
 import time
+import uuid as uuid_mod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -60,6 +64,13 @@ class Card:
     numa_node: int | None = None  # None when the platform reports -1 / nothing
     hbm_mib: int | None = None
     pci_address: str | None = None
+    # Kubernetes' standard form of the card's PCIe root complex, `pci<domain>:<bus>` (the
+    # resource.kubernetes.io/pcieRoot attribute NIC drivers publish too); None when sysfs
+    # does not show it.
+    pcie_root: str | None = None
+    # Cards with equal values talk over direct links (Gaudi: the board's scale-up RoCE links;
+    # NVIDIA: one NVLink fabric clique); None where the backend cannot tell.
+    link_domain: str | None = None
 
 
 @dataclass
@@ -109,6 +120,30 @@ def _read_int(path: Path, base: int = 10) -> int | None:
         return int(text, base)
     except ValueError:
         return None
+
+
+_PCIE_ROOT = re.compile(r"pci[0-9a-f]{4}:[0-9a-f]{2}")
+
+
+def pcie_root(sysfs_root: Path, pci_address: str) -> str | None:
+    """`pci0000:00` for a card whose sysfs device path runs under `/sys/devices/pci0000:00/...`.
+
+    The same rule as Kubernetes' deviceattribute package: resolve `bus/pci/devices/<address>`
+    (a symlink into `devices/`) and take its root-complex component. None without that link.
+    """
+    link = Path(sysfs_root) / "bus/pci/devices" / pci_address.lower()
+    try:
+        parts = link.resolve(strict=True).parts
+    except OSError:
+        return None
+    return next((part for part in parts if _PCIE_ROOT.fullmatch(part)), None)
+
+
+def gaudi_link_domain(model: str) -> str:
+    """Gaudi cards of one host sit on one baseboard whose RoCE ports link every OAM module to
+    every other (HLS-Gaudi2/3): one scale-up domain per model and host. The value only has to
+    be equal within a node, because a claim's node-local devices all come from one node."""
+    return f"{model}-board"
 
 
 def _gaudi_allocate_spec(cards: list[Card], total_cards: int) -> AllocateSpec:
@@ -184,6 +219,8 @@ class SysfsGaudiDiscovery:
             numa_node=numa if numa is not None and numa >= 0 else None,
             hbm_mib=hbm,
             pci_address=pci_dir.name,
+            pcie_root=pcie_root(self.sysfs_root, pci_dir.name),
+            link_domain=gaudi_link_domain(model),
         )
 
     def probe(self) -> dict[str, str]:
@@ -213,9 +250,13 @@ class InventoryDiscovery:
     ```yaml
     vendor: habana            # habana | nvidia: which device nodes and env Allocate gives
     cards:
-      - {id: card0, model: gaudi3, index: 0, module_id: 0, numa_node: 0, hbm_mib: 131072}
+      - {id: card0, model: gaudi3, index: 0, module_id: 0, numa_node: 0, hbm_mib: 131072,
+         pcie_root: pci0000:00, link_domain: board-a}
       - {id: card1, model: gaudi3, index: 1, module_id: 1, numa_node: 0, health: Unhealthy}
     ```
+
+    `pcie_root` and `link_domain` are optional (None when absent), as on hardware that does not
+    show them.
 
     The file is re-read on every probe, so editing `health:` flips a card at run time; an
     optional `hbm_free_mib:` per card stands for a measured free memory.
@@ -248,6 +289,8 @@ class InventoryDiscovery:
                     module_id=None if raw.get("module_id") is None else int(raw["module_id"]),
                     numa_node=None if raw.get("numa_node") is None else int(raw["numa_node"]),
                     hbm_mib=None if raw.get("hbm_mib") is None else int(raw["hbm_mib"]),
+                    pcie_root=None if raw.get("pcie_root") is None else str(raw["pcie_root"]),
+                    link_domain=None if raw.get("link_domain") is None else str(raw["link_domain"]),
                 )
             except (KeyError, TypeError, ValueError) as e:
                 problems.append(
@@ -344,9 +387,29 @@ class NvmlDiscovery:
                     numa_node=numa if numa is not None and numa >= 0 else None,
                     hbm_mib=nv.nvmlDeviceGetMemoryInfo(handle).total // (1024 * 1024),
                     pci_address=pci,
+                    pcie_root=pcie_root(self.sysfs_root, pci),
+                    link_domain=self._fabric_clique(handle),
                 )
             )
         return cards
+
+    def _fabric_clique(self, handle) -> str | None:
+        """`<cluster uuid>.<clique id>` of a GPU in a multi-node NVLink fabric (GB200 NVL and the
+        like; NVIDIA's own DRA driver names IMEX domains the same way); None on GPUs without a
+        fabric, with older bindings, or while the fabric manager has not finished."""
+        nv = self._nvml
+        try:
+            info = nv.nvmlDeviceGetGpuFabricInfo(handle)
+        except (AttributeError, nv.NVMLError):  # no such call in old bindings; NOT_SUPPORTED on PCIe GPUs
+            return None
+        if getattr(info, "state", None) != getattr(nv, "NVML_GPU_FABRIC_STATE_COMPLETED", 3):
+            return None
+        # ctypes cuts a char array at its first NUL byte: pad it back; GPUs of one clique get the
+        # same value either way, and equality is all the attribute is for.
+        raw = bytes(info.clusterUuid)[:16].ljust(16, b"\0")
+        if not any(raw):
+            return None
+        return f"{uuid_mod.UUID(bytes=raw)}.{info.cliqueId}"
 
     def _event_set(self):
         nv = self._nvml
