@@ -1,4 +1,11 @@
-"""Data: sources -> column mapping -> prompt template -> tokens (cached) -> packed micro-batches."""
+"""Data: sources -> column mapping -> prompt template -> tokens (cached) -> packed micro-batches.
+
+With a preference objective (finetune.objective != sft) the rows are pairs (prompt, chosen,
+rejected) and so is everything downstream: `TokenizedData.pairs` (sample 2k = pair k's prompt +
+chosen answer, 2k+1 = prompt + rejected answer), the eval split (pairs are held out whole) and
+the batches (a pair is never split; `Batch.chosen` / `rejected` / `pair_ids`). The eval rows
+kept for sample answers are the SFT rows of the chosen answers, the reference outputs.
+"""
 
 from __future__ import annotations
 
@@ -9,9 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from kubetune.data.packing import Batch, Batcher
-from kubetune.data.sources import load_rows, map_columns
-from kubetune.data.templates import PromptRenderer, Row
-from kubetune.data.tokenize import TokenizedData, cache_key, load_or_build, tokenize_rows
+from kubetune.data.sources import load_rows, map_columns, map_pair_columns
+from kubetune.data.templates import PromptRenderer, Row, pair_sequences
+from kubetune.data.tokenize import TokenizedData, cache_key, load_or_build, tokenize_pairs, tokenize_rows
 from kubetune.errors import DataError
 from kubetune.fsutil import cache_root
 from kubetune.recipe.schema import Recipe
@@ -28,7 +35,7 @@ EVAL_SPLIT_SEED = 1234  # fixed, so the held-out rows don't move when train.seed
 class PreparedData:
     train: TokenizedData
     eval: TokenizedData | None
-    eval_rows: list[Row]  # raw eval rows, for generation samples
+    eval_rows: list[Row]  # raw eval rows (of pairs: with the chosen answer as output), for generation samples
     renderer: PromptRenderer
 
 
@@ -43,12 +50,14 @@ def split_rows(rows: list[Row], fraction: float) -> tuple[list[Row], list[Row]]:
 
 def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> PreparedData:
     d = recipe.data
-    rows = map_columns(load_rows(d.train, d.split, "data.train"), d.columns, "data.train")
+    pairs = recipe.finetune.objective != "sft"
+    mapped = map_pair_columns if pairs else map_columns
+    rows = mapped(load_rows(d.train, d.split, "data.train"), d.columns, "data.train")
     eval_rows: list[Row] = []
     if isinstance(d.eval, float):
         rows, eval_rows = split_rows(rows, d.eval)
     elif isinstance(d.eval, str):
-        eval_rows = map_columns(load_rows(d.eval, "test", "data.eval"), d.columns, "data.eval")
+        eval_rows = mapped(load_rows(d.eval, "test", "data.eval"), d.columns, "data.eval")
     if d.max_train_samples:
         rows = rows[: d.max_train_samples]
     if d.max_eval_samples:
@@ -56,14 +65,18 @@ def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> Prepared
     renderer = PromptRenderer(d.template, tokenizer, d.system_prompt)
     cache_dir = Path(d.cache_dir) if d.cache_dir else cache_root() / "data"
 
+    tokenize = tokenize_pairs if pairs else tokenize_rows
+
     def tokenized(part: list[Row], key: str) -> TokenizedData:
-        k = cache_key(part, tokenizer, d.template, d.system_prompt, d.max_seq_len, d.truncate)
+        k = cache_key(part, tokenizer, d.template, d.system_prompt, d.max_seq_len, d.truncate, pairs)
         return load_or_build(
-            cache_dir, k, lambda: tokenize_rows(part, renderer, tokenizer, d.max_seq_len, d.truncate, key)
+            cache_dir, k, lambda: tokenize(part, renderer, tokenizer, d.max_seq_len, d.truncate, key), pairs
         )
 
     train = tokenized(rows, "data.train")
     if int(train.trainable.sum()) == 0:
         raise DataError("data.train: no row has a non-empty answer to train on; check data.columns.output")
     ev = tokenized(eval_rows, "data.eval") if eval_rows else None
+    if pairs:  # sample answers are scored against the chosen one
+        eval_rows = [pair_sequences(r)[0] for r in eval_rows]
     return PreparedData(train=train, eval=ev, eval_rows=eval_rows, renderer=renderer)

@@ -11,6 +11,14 @@ On Gaudi, batches are padded to a few static shapes (`shape_buckets`): HPU graph
 compiled per input shape, and rows whose length follows their samples would compile a
 new graph almost every step. Padding is its own segment with ignored targets, so the loss
 is unchanged. CPU and CUDA keep the rows' own lengths (a CPU trains fastest unpadded).
+
+Pair data (preference objectives, `TokenizedData.pairs`) is batched by pairs: a pair is one
+unit of the shuffle and of packing, so both of its samples sit side by side in one row (its
+chosen sample first), each its own attention segment, and a pair is never split across rows
+or micro-batches; without packing a row is one pair. Each sample keeps the SFT bound of
+`max_seq_len` tokens, so a row of pair data holds up to twice that (`row_tokens`), and the HPU
+shapes add the doubled buckets. The batch says which sample each target belongs to and which
+samples form each pair (`Batch.target_sample`, `chosen`, `rejected`, `pair_ids`).
 """
 
 from __future__ import annotations
@@ -75,6 +83,13 @@ def pack_rows(
     return rows
 
 
+def pair_shapes(buckets: tuple[int, ...]) -> tuple[int, ...]:
+    """The static shapes of pair data: a row holds up to two samples of the longest bucket."""
+    if not buckets:
+        return ()
+    return (*buckets, *(2 * n for n in buckets if 2 * n > buckets[-1]))
+
+
 @dataclass
 class Batch:
     input_ids: torch.Tensor  # [B, T] int64
@@ -83,6 +98,16 @@ class Batch:
     cu_seqlens: list[int]  # segment boundaries over the flattened batch
     real_tokens: int  # tokens that are not padding
     target_tokens: int
+    # Pair data only (None in SFT batches):
+    # [B, T] int64: for each position whose target is not IGNORE, the index (0..S-1, in batch
+    # order) of the sample that target belongs to; -1 elsewhere.
+    target_sample: torch.Tensor | None = None
+    # [P] int64: the sample index (as in target_sample) of each pair's chosen sequence.
+    chosen: torch.Tensor | None = None
+    # [P] int64: the sample index (as in target_sample) of each pair's rejected sequence.
+    rejected: torch.Tensor | None = None
+    # [P] int64: each pair's index in its dataset (TokenizedData), for precomputed reference log-probs.
+    pair_ids: torch.Tensor | None = None
 
 
 class Batcher:
@@ -118,21 +143,25 @@ class Batcher:
         self.every_row = every_row
         # Static shapes (HPU): rows padded to the next of these lengths, and micro-batches to
         # micro_batch_size rows; () keeps each batch's own shape.
-        self.buckets = buckets
+        self.buckets = pair_shapes(buckets) if data.pairs else buckets
+        # a row's capacity: pair data packs pairs, whose two samples are each up to max_seq_len
+        self.row_tokens = 2 * max_seq_len if data.pairs else max_seq_len
         self._cache: dict[int, list[list[int]]] = {}
 
     def epoch_rows(self, epoch: int) -> list[list[int]]:
-        """All rows of an epoch (every rank computes the same list)."""
+        """All rows of an epoch, each a list of sample indices (every rank computes the same list)."""
         if epoch not in self._cache:
-            n = len(self.data)
+            n = len(self.data)  # units: samples, or pairs
             if self.shuffle:
                 order = np.random.default_rng([self.seed, epoch]).permutation(n)
             else:
                 order = np.arange(n)
             if self.packing:
-                rows = pack_rows(self.data.lengths, order, self.max_seq_len)
+                rows = pack_rows(self.data.unit_lengths, order, self.row_tokens)
             else:
                 rows = [[int(i)] for i in order]
+            if self.data.pairs:
+                rows = [self.data.unit_samples(row) for row in rows]
             self._cache = {epoch: rows}  # keep one epoch: they are cheap to recompute
         return self._cache[epoch]
 
@@ -167,7 +196,22 @@ class Batcher:
         if self.buckets:
             return self.collate([])
         one = torch.full((1, 1), self.pad_id, dtype=torch.int64)
-        return Batch(one, torch.zeros_like(one), torch.full_like(one, IGNORE), [0, 1], 0, 0)
+        no_target = torch.full_like(one, IGNORE)
+        pair_fields = self._pair_fields(torch.full_like(one, -1), [])
+        return Batch(one, torch.zeros_like(one), no_target, [0, 1], 0, 0, **pair_fields)
+
+    def _pair_fields(self, target_sample: torch.Tensor, samples: list[int]) -> dict[str, torch.Tensor]:
+        """The pair fields of a batch holding these samples of the data (in batch order: each
+        pair's chosen sample, then its rejected one); {} for SFT data."""
+        if not self.data.pairs:
+            return {}
+        in_batch = torch.arange(len(samples), dtype=torch.int64)
+        return {
+            "target_sample": target_sample,
+            "chosen": in_batch[0::2],
+            "rejected": in_batch[1::2],
+            "pair_ids": torch.tensor(samples[0::2], dtype=torch.int64) // 2,
+        }
 
     def batch_shape(self, rows: int, longest: int) -> tuple[int, int]:
         """[B, T] of a micro-batch of `rows` rows, the longest `longest` tokens."""
@@ -183,7 +227,9 @@ class Batcher:
         ids = np.full((b, t), self.pad_id, dtype=np.int64)
         pos = np.zeros((b, t), dtype=np.int64)
         tgt = np.full((b, t), IGNORE, dtype=np.int64)
+        owner = np.full((b, t), -1, dtype=np.int64)  # which sample (in batch order) each target is of
         cu = [0]
+        samples: list[int] = []
         for r, row in enumerate(rows):
             cur = 0
             for i in row:
@@ -194,6 +240,8 @@ class Batcher:
                 # target at j is token j+1 when token j+1 is trained on (never across samples)
                 nxt = np.where(s_tr[1:], s_ids[1:], IGNORE)
                 tgt[r, cur : cur + n - 1] = nxt
+                owner[r, cur : cur + n - 1] = np.where(s_tr[1:], len(samples), -1)
+                samples.append(i)
                 cur += n
                 cu.append(r * t + cur)
             if cur < t:  # padding is its own segment: it attends to itself, never to a sample
@@ -207,4 +255,5 @@ class Batcher:
             cu_seqlens=cu,
             real_tokens=int(sum(lengths)),
             target_tokens=int((tgt_t != IGNORE).sum()),
+            **self._pair_fields(torch.from_numpy(owner), samples),
         )

@@ -2,6 +2,13 @@
 
 Output is a list of plain dicts in one of two shapes, whatever the source's columns:
 `{"instruction", "input", "output"}` or `{"messages": [{"role", "content"}, ...]}`.
+Preference rows (`map_pair_columns`) have `chosen` and `rejected` answers (text) instead of
+the output, and their messages are the prompt turns alone: `{"instruction", "input",
+"chosen", "rejected"}` or `{"messages", "chosen", "rejected"}`. So kubetune's own pair files
+(an SFT row's columns with `chosen`/`rejected` for `output`), TRL's `{"prompt", "chosen",
+"rejected"}` (`data.columns.instruction=prompt`, or `data.columns.messages=prompt` when the
+prompt is a conversation) and chat rows whose answers are lists of one assistant message all
+map through the same column map as SFT.
 """
 
 from __future__ import annotations
@@ -10,7 +17,7 @@ import importlib.resources
 import json
 from pathlib import Path
 
-from kubetune.data.templates import Message, Row
+from kubetune.data.templates import ANSWERS, Message, Row
 from kubetune.errors import DataError
 from kubetune.recipe.schema import ColumnsSection
 
@@ -100,37 +107,91 @@ def load_rows(spec: str, split: str, key: str) -> list[Row]:
 
 def map_columns(rows: list[Row], columns: ColumnsSection, key: str) -> list[Row]:
     """Rename the recipe's columns to the canonical shape; fail naming the missing column."""
+    present = _columns_of(rows, key)
+    if columns.messages:
+        return [{"messages": m} for m in _messages(rows, columns.messages, present, key)]
+    prompts = _prompts(rows, columns, present, key)
+    output_col = _required(key, "output", columns.output, present)
+    return [{**prompt, "output": str(r.get(output_col) or "")} for prompt, r in zip(prompts, rows)]
+
+
+def map_pair_columns(rows: list[Row], columns: ColumnsSection, key: str) -> list[Row]:
+    """Preference rows in the canonical shape (the prompt mapped as `map_columns` maps it, then
+    the two answers); one error naming the row, the column and the fix for a bad pair."""
+    present = _columns_of(rows, key)
+    answer_cols = {a: _required(key, a, getattr(columns, a), present) for a in ANSWERS}
+    if columns.messages:
+        prompts: list[Row] = []
+        for i, msgs in enumerate(_messages(rows, columns.messages, present, key)):
+            if msgs[-1]["role"] == "assistant":
+                raise DataError(
+                    f"{key}: row {i}: column `{columns.messages}` ends with an assistant turn; in preference "
+                    f"rows it holds the prompt turns only and the answers go in `{answer_cols['chosen']}` and "
+                    f"`{answer_cols['rejected']}`"
+                )
+            prompts.append({"messages": msgs})
+    else:
+        prompts = _prompts(rows, columns, present, key)
+    out: list[Row] = []
+    for i, (prompt, r) in enumerate(zip(prompts, rows)):
+        answers = {
+            a: _answer(r.get(col), f"{key}: row {i}: column `{col}` (data.columns.{a})")
+            for a, col in answer_cols.items()
+        }
+        if answers["chosen"] == answers["rejected"]:
+            raise DataError(
+                f"{key}: row {i}: columns `{answer_cols['chosen']}` and `{answer_cols['rejected']}` hold the same "
+                f"answer; a pair needs two different answers: fix the row or drop it"
+            )
+        out.append({**prompt, **answers})
+    return out
+
+
+def _columns_of(rows: list[Row], key: str) -> set[str]:
     if not rows:
         raise DataError(f"{key}: the dataset is empty; give a file with at least one row")
-    present = set(rows[0])
-    if columns.messages:
-        if columns.messages not in present:
-            raise DataError(_missing(key, "messages", columns.messages, present))
-        out: list[Row] = []
-        for i, r in enumerate(rows):
-            msgs = r.get(columns.messages)
-            if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
-                raise DataError(
-                    f"{key}: row {i}: column `{columns.messages}` must be a list of {{role, content}} messages"
-                )
-            messages: list[Message] = [{"role": m.get("role"), "content": m.get("content") or ""} for m in msgs]
-            out.append({"messages": messages})
-        return out
+    return set(rows[0])
+
+
+def _messages(rows: list[Row], col: str, present: set[str], key: str) -> list[list[Message]]:
+    """Each row's conversation in column `col` (data.columns.messages), as {role, content} messages."""
+    if col not in present:
+        raise DataError(_missing(key, "messages", col, present))
+    out: list[list[Message]] = []
+    for i, r in enumerate(rows):
+        msgs = r.get(col)
+        if not isinstance(msgs, list) or not msgs or not all(isinstance(m, dict) for m in msgs):
+            raise DataError(f"{key}: row {i}: column `{col}` must be a list of {{role, content}} messages")
+        out.append([{"role": m.get("role"), "content": m.get("content") or ""} for m in msgs])
+    return out
+
+
+def _prompts(rows: list[Row], columns: ColumnsSection, present: set[str], key: str) -> list[Row]:
+    """Each row's `{instruction, input}`."""
     in_col = columns.input if columns.input in present else None
     # data with only a question column (input + output) is fine: the templates use the input
     # as the question; only a dataset with neither column has nothing to ask
     instruction_col = columns.instruction if columns.instruction in present else None
     if instruction_col is None and in_col is None:
         raise DataError(_missing(key, "instruction", columns.instruction, present))
-    output_col = _required(key, "output", columns.output, present)
     return [
         {
             "instruction": str(r.get(instruction_col) or "") if instruction_col else "",
             "input": str(r.get(in_col) or "") if in_col else "",
-            "output": str(r.get(output_col) or ""),
         }
         for r in rows
     ]
+
+
+def _answer(value: object, where: str) -> str:
+    """A preference answer: text, or a list of one assistant message (TRL's conversational rows)."""
+    if isinstance(value, list):
+        if len(value) != 1 or not isinstance(value[0], dict) or value[0].get("role") != "assistant":
+            raise DataError(f"{where} must be text or a list of one assistant message; put the answer there")
+        value = value[0].get("content")
+    if value is None or not str(value).strip():
+        raise DataError(f"{where} is empty; every pair needs both answers: fill it in or drop the row")
+    return str(value)
 
 
 def _required(key: str, field: str, col: str | None, present: set[str]) -> str:

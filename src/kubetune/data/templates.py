@@ -4,6 +4,9 @@
 tokens, ...); `alpaca` and `llama2` are the classic formats; any other string is a custom
 template naming `{instruction}`, `{input}` or both (`custom_fields` says what each receives).
 The response never carries an EOS: tokenization appends the tokenizer's EOS exactly once.
+
+A preference row is rendered as the two SFT rows it stands for (`pair_sequences`): the same
+prompt, answered once with the chosen and once with the rejected answer.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ if TYPE_CHECKING:
 # One dataset row, as `sources.load_rows` / `sources.map_columns` produce it (plain JSON values).
 Row = dict[str, Any]
 Message = dict[str, Any]  # {"role": ..., "content": ...}
+ANSWERS = ("chosen", "rejected")  # a preference row's two answers, in the order its samples take
 
 ALPACA = (
     "Below is an instruction that describes a task{ctx}. Write a response that appropriately "
@@ -32,6 +36,18 @@ def user_text(row: Row) -> str:
     instruction: str = row.get("instruction", "")
     inp: str = row.get("input", "")
     return f"{instruction}\n\n{inp}" if inp and instruction else (instruction or inp)
+
+
+def pair_sequences(row: Row) -> tuple[Row, Row]:
+    """A preference row (`{instruction, input, chosen, rejected}` or `{messages, chosen, rejected}`,
+    the messages being the prompt turns) -> its SFT rows: the prompt with each answer."""
+    if "messages" in row:
+        chosen, rejected = ({"messages": [*row["messages"], {"role": "assistant", "content": row[a]}]} for a in ANSWERS)
+    else:
+        chosen, rejected = (
+            {"instruction": row["instruction"], "input": row["input"], "output": row[a]} for a in ANSWERS
+        )
+    return chosen, rejected
 
 
 def custom_fields(template: str, row: Row) -> dict[str, str]:
