@@ -133,7 +133,9 @@ def cluster_runtime(recipe: Recipe, names: Names) -> KubeObject:
     k8s = recipe.k8s
     pod = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))["spec"]
     pod_spec = {"containers": [{"name": "node", "image": k8s.container_image(), "command": list(TRAIN_COMMAND)}]}
-    carried = ("hostIPC", "hostNetwork", "dnsPolicy", "priorityClassName", "schedulerName")
+    # resourceClaims (k8s.devices=dra): a runtime patch cannot add them; spec.trainer's
+    # resourcesPerNode.claims names them for the container
+    carried = ("hostIPC", "hostNetwork", "dnsPolicy", "priorityClassName", "schedulerName", "resourceClaims")
     pod_spec.update({k: pod[k] for k in carried if k in pod})
     spec: KubeObject = {
         "mlPolicy": {"numNodes": k8s.replicas, "torch": {}},

@@ -39,6 +39,7 @@ class Names:
     data_pod: str
     quota: str
     runtime: str
+    claim_template: str  # the pods' ResourceClaimTemplate (k8s.devices=dra)
     owns_pvc: bool
 
     @classmethod
@@ -52,6 +53,7 @@ class Names:
             data_pod=f"{job}-data",
             quota=f"{job}-quota",
             runtime=f"{job}-runtime",
+            claim_template=f"{job}-cards",
             owns_pvc=existing_claim is None,
         )
 

@@ -11,7 +11,7 @@ from decimal import Decimal
 from typing import TYPE_CHECKING
 
 from kubetune.errors import RecipeError
-from kubetune.k8s import profiles
+from kubetune.k8s import claims, profiles
 from kubetune.k8s.names import (
     COSCHEDULING_LABEL,
     DATA_DIR,
@@ -162,6 +162,7 @@ def worker_pod_template(recipe: Recipe, names: Names, container_name: str) -> V1
         priority_class_name=k8s.priority_class,
         scheduler_name=_scheduler(k8s),
         service_account_name=k8s.service_account,
+        resource_claims=claims.pod_claims(k8s, names),  # k8s.devices=dra: the cards, claimed
     )
     meta = V1ObjectMeta(
         labels={**standard_labels(names, "trainer"), **gang_labels}, annotations=gang_annotations or None

@@ -31,6 +31,9 @@ if TYPE_CHECKING:  # the kubernetes client is untyped: these names document inte
 # page cache of the checkpoint writes, allocator fragmentation and short spikes, so the
 # process sees its own budget run out before the kernel's OOM killer ends the pod.
 MEMORY_HEADROOM = Decimal("0.05")
+# k8s.devices=dra: the name of the pod's claim (spec.resourceClaims) its container uses, and of
+# the one request in it (kubetune.k8s.claims renders the template behind it).
+CLAIM = "cards"
 
 
 @dataclass(frozen=True)
@@ -40,23 +43,33 @@ class Profile:
     host_ipc: bool  # Gaudi: HCCL and the Habana runtime share memory between processes over host IPC
     capabilities_add: tuple[str, ...]  # Gaudi: SYS_NICE lets the runtime pin and prioritise its threads
     non_root: bool  # Intel's Gaudi images expect root for /dev/accel; CPU and CUDA do not
+    # k8s.devices=dra: what a worker's cards share unless k8s.dra.align says. Gaudi: one board,
+    # whose RoCE links join every card to every other (HCCL's scale-up within a node runs over
+    # them); NVIDIA: nothing asked, since a GPU node's NVLink topology varies by system.
+    dra_align: str = "none"
 
 
 PROFILES = {
     "cpu": Profile("cpu", None, host_ipc=False, capabilities_add=(), non_root=True),
     "gaudi": Profile(
-        "gaudi", ACCELERATOR_RESOURCE["gaudi"], host_ipc=True, capabilities_add=("SYS_NICE",), non_root=False
+        "gaudi",
+        ACCELERATOR_RESOURCE["gaudi"],
+        host_ipc=True,
+        capabilities_add=("SYS_NICE",),
+        non_root=False,
+        dra_align="link_domain",
     ),
     "nvidia": Profile("nvidia", ACCELERATOR_RESOURCE["nvidia"], host_ipc=False, capabilities_add=(), non_root=True),
 }
 
 
 def resource_list(k8s: K8sSection) -> dict[str, str]:
-    """The worker's limits (= requests): cpu, memory, accelerators, hugepages."""
+    """The worker's limits (= requests): cpu, memory, accelerators, hugepages. With
+    k8s.devices=dra the cards come from the pod's ResourceClaim instead (`claims`)."""
     res = k8s.worker_resources()
     limits = {"cpu": str(res["cpu"]), "memory": str(res["memory"])}
     profile = PROFILES[k8s.profile]
-    if profile.accelerator_resource and res["accelerators"]:
+    if profile.accelerator_resource and res["accelerators"] and k8s.devices == "plugin":
         limits[profile.accelerator_resource] = str(res["accelerators"])
     if res["hugepages_2mi"]:
         limits["hugepages-2Mi"] = str(res["hugepages_2mi"])
@@ -64,10 +77,16 @@ def resource_list(k8s: K8sSection) -> dict[str, str]:
 
 
 def worker_resources(k8s: K8sSection) -> V1ResourceRequirements:
-    from kubernetes.client import V1ResourceRequirements
+    from kubernetes.client import CoreV1ResourceClaim, V1ResourceRequirements
 
     limits = resource_list(k8s)
-    return V1ResourceRequirements(requests=dict(limits), limits=limits)
+    claimed = [CoreV1ResourceClaim(name=CLAIM)] if k8s.devices == "dra" else None
+    return V1ResourceRequirements(requests=dict(limits), limits=limits, claims=claimed)
+
+
+def dra_align(k8s: K8sSection) -> str:
+    """k8s.dra.align, else the profile's default."""
+    return k8s.dra.align or PROFILES[k8s.profile].dra_align
 
 
 def cpus_per_process(k8s: K8sSection) -> int:

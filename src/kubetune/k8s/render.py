@@ -26,7 +26,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from kubetune.errors import RecipeError, UserError
-from kubetune.k8s import jobs, objects, profiles, quota
+from kubetune.k8s import claims, jobs, objects, profiles, quota
 from kubetune.k8s.names import DATA_DIR, NAMESPACE_QUOTA, Names
 from kubetune.k8s.scrape import metrics_port, training_pod_monitor
 from kubetune.kube import KubeObject
@@ -110,6 +110,7 @@ def _portability_warnings(recipe: Recipe, with_runtime: bool) -> list[str]:
                 ("hostIPC (gaudi)", k8s.profile == "gaudi"),
                 ("k8s.priority_class", bool(k8s.priority_class)),
                 (f"k8s.gang={k8s.gang}", k8s.gang != "none"),
+                ("the pods' resourceClaims (k8s.devices=dra)", k8s.devices == "dra"),
             )
             if needed
         ]
@@ -230,6 +231,8 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     if recipe.monitor.in_cluster:
         out.append(training_pod_monitor(resolved, names))
     out.append(objects.data_pod(k8s, names))
+    if k8s.devices == "dra":  # before the job: its pods claim their cards from it
+        out.append(claims.claim_template(k8s, names, "trainer"))
     out.append(
         jobs.pytorchjob(resolved, names) if k8s.api == "pytorchjob" else jobs.trainjob(resolved, names, runtime_name)
     )

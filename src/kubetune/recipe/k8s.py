@@ -18,11 +18,15 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import Field, field_validator
 
+from kubetune.dra import parse_version, require_dra, vendor_for
+from kubetune.errors import UserError
 from kubetune.kube import parse_quantity
 from kubetune.recipe.base import Section
 
 Profile = Literal["cpu", "gaudi", "nvidia"]
 Api = Literal["pytorchjob", "trainjob"]
+Devices = Literal["plugin", "dra"]
+Align = Literal["none", "pcie_root", "numa_node", "link_domain"]
 
 AMX_LABEL = "feature.node.kubernetes.io/cpu-cpuid.AMXBF16"
 ACCELERATOR_RESOURCE = {"gaudi": "habana.ai/gaudi", "nvidia": "nvidia.com/gpu"}
@@ -185,6 +189,33 @@ class NetworkSection(Section):
     )
 
 
+class DraSection(Section):
+    """Which cards a worker's ResourceClaim asks for (k8s.devices=dra): CEL selectors over the
+    attributes the DRA driver publishes, and one alignment constraint (docs/cluster.md,
+    "Claiming devices with DRA")."""
+
+    model: str | None = Field(
+        None,
+        description="Card model every claimed card must be: the driver's `model` attribute (gaudi2, gaudi3, or "
+        "NVML's product name); null = any model.",
+    )
+    min_memory: Quantity | None = Field(
+        None, description="Least memory (HBM) of every claimed card, e.g. 80Gi; null = any."
+    )
+    align: Align | None = Field(
+        None,
+        description="What all cards of one worker share: pcie_root | numa_node | link_domain (linked directly, one "
+        "board) | none; null = the profile's default (gaudi: link_domain, nvidia: none).",
+    )
+
+    @field_validator("min_memory")
+    @classmethod
+    def _quantity(cls, v: Quantity | None) -> Quantity | None:
+        if v is not None and parse_quantity(v) <= 0:
+            raise ValueError(f"{v!r} must be more than 0 (e.g. 80Gi)")
+        return v
+
+
 class K8sSection(Section):
     """Cluster job settings (see the cluster guide in README.md)."""
 
@@ -264,6 +295,33 @@ class K8sSection(Section):
     network: NetworkSection = Field(
         default_factory=NetworkSection, description="Scale-out networking of the workers (host network, RDMA, Multus)."
     )
+    devices: Devices = Field(
+        "plugin",
+        description="How pods get their cards: plugin (the device plugin's extended resources habana.ai/gaudi, "
+        "nvidia.com/gpu) | dra (a ResourceClaim per pod, Kubernetes 1.34+, k8s.dra); `--devices` overrides.",
+    )
+    kubernetes_version: str | None = Field(
+        None,
+        description="The cluster's Kubernetes version (major.minor, e.g. 1.33): k8s.devices=dra is refused before "
+        "1.34; null = not said; `--kubernetes-version` overrides.",
+    )
+    dra: DraSection = Field(
+        default_factory=DraSection, description="With k8s.devices=dra: the model, memory and alignment of the cards."
+    )
+
+    @field_validator("kubernetes_version", mode="before")
+    @classmethod
+    def _version(cls, v: object) -> object:
+        if isinstance(v, float):  # YAML reads `1.34` as a number: take its text, unless it lost a 0
+            v = repr(v)
+            if len(v.partition(".")[2]) < 2:
+                raise ValueError(f"write it quoted, '{v}0' or '{v}': YAML reads 1.30 as the number 1.3")
+        if isinstance(v, str):
+            try:
+                parse_version(v, "k8s.kubernetes_version")
+            except UserError:
+                raise ValueError(f"{v!r} is not a Kubernetes version; write it as 1.34 (major.minor)") from None
+        return v
 
     @field_validator("namespace", "name")
     @classmethod
@@ -334,6 +392,25 @@ def pod_resource_problems(k8s: K8sSection) -> list[str]:
         problems.append(f"the {k8s.profile} profile needs {key('accelerators')} >= 1")
     if res["hugepages_2mi"] and parse_quantity(res["hugepages_2mi"]) % (2 * 2**20):
         problems.append(f"{key('hugepages_2mi')} {res['hugepages_2mi']} is not a multiple of 2Mi")
+    return problems + device_problems(k8s)
+
+
+def device_problems(k8s: K8sSection) -> list[str]:
+    """k8s.devices=dra where it cannot work: on the cpu profile (no cards to claim), or on a
+    cluster older than 1.34 (no resource.k8s.io/v1)."""
+    if k8s.devices != "dra":
+        return []
+    problems = []
+    try:
+        vendor_for(k8s.profile, field="k8s.devices=dra with k8s.profile")
+    except UserError as e:
+        problems += e.problems
+    version = k8s.kubernetes_version
+    if version is not None:
+        try:
+            require_dra(parse_version(version, "k8s.kubernetes_version"), f"k8s.devices=dra on {version}")
+        except UserError as e:
+            problems += e.problems
     return problems
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from kubetune.k8s import objects, profiles
+from kubetune.k8s import claims, objects, profiles
 from kubetune.k8s.serve.argv import CACHE_DIR, server_argv, server_env
 from kubetune.k8s.serve.plan import MODEL_IMAGE_DIR, MODELS_DIR, PORT_NAME, Plan, startup_seconds
 from kubetune.kube import KubeObject
@@ -142,6 +142,7 @@ def deployment(plan: Plan) -> KubeObject:
             "hostIPC": True if profiles.PROFILES[k8s.profile].host_ipc else None,
             "priorityClassName": k8s.priority_class,
             "serviceAccountName": k8s.service_account,
+            "resourceClaims": claims.pod_claims(k8s, plan.names),  # k8s.devices=dra: the cards, claimed
             "topologySpreadConstraints": [
                 {
                     "maxSkew": 1,

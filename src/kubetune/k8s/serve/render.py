@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kubetune.errors import RecipeError
-from kubetune.k8s import objects
+from kubetune.k8s import claims, objects
 from kubetune.k8s.names import DATA_DIR, SERVER_COMPONENT
 from kubetune.k8s.render import Rendered, _refuse_token_leak
 from kubetune.k8s.scrape import server_service_monitor
@@ -72,6 +72,8 @@ def render_serve(
         out.append(network_policy(plan))
     if settings.autoscale == "queue":
         out.append(adapter_rule_config_map(plan))
+    if recipe.k8s.devices == "dra":  # before the Deployment: its pods claim their cards from it
+        out.append(claims.claim_template(recipe.k8s, plan.names, SERVER_COMPONENT))
     out += [deployment(plan), service(plan), disruption_budget(plan)]
     if recipe.monitor.in_cluster:
         out.append(server_service_monitor(plan.names, recipe.monitor.release, SERVER_COMPONENT))
