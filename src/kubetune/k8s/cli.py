@@ -68,10 +68,12 @@ def _read_token(hf_token_file: Path | None) -> str | None:
     return os.environ.get("HF_TOKEN", "").strip() or None
 
 
-def _render(args: list[str], profile: str | None, api: str | None, token: str | None, with_runtime: bool):
+def _render(
+    args: list[str], profile: str | None, api: str | None, token: str | None, with_runtime: bool, kueue: bool = False
+):
     from kubetune.k8s.render import render
 
-    rendered = render(_load(args, profile, api), hf_token=token, with_runtime=with_runtime)
+    rendered = render(_load(args, profile, api), hf_token=token, with_runtime=with_runtime, with_kueue=kueue)
     for warning in rendered.warnings:
         _note(f"warning: {warning}")
     return rendered
@@ -107,7 +109,7 @@ def _check(objects: list[dict]) -> None:
         raise UserError(*[f"invalid manifest: {p}" for p in problems])
     _note(
         f"checked {len(objects)} objects: all valid (core kinds: kubernetes-validate {KUBERNETES_VERSION} strict; "
-        "custom resources: the vendored CRD schemas of Kubeflow and the Prometheus Operator)"
+        "custom resources: the vendored CRD schemas of Kubeflow, Kueue and the Prometheus Operator)"
     )
 
 
@@ -200,13 +202,19 @@ def render_cmd(
     check: bool = typer.Option(False, "--check", help="Validate every object offline; fail if any cannot be checked."),
     with_runtime: bool = _runtime_opt,
     create_namespace: bool = _create_namespace_opt,
+    kueue: bool = typer.Option(
+        False,
+        "--kueue",
+        help="Also render Kueue's LocalQueue k8s.queue, its ClusterQueue (this job's requests as quota), "
+        "ResourceFlavor and Topology; with -o as files outside kustomization.yaml (other jobs share them).",
+    ),
 ):
     """Render the recipe as Kubernetes manifests (stdout, or files with -o for `kubectl apply -k`).
 
     On stdout the HF-token Secret is replaced by a comment: the token is only ever written
     to DIR/secret-*.yaml (mode 0600) with -o, or sent to the cluster by `submit`.
     """
-    rendered = _render(args or [], profile, api, _read_token(hf_token_file), with_runtime)
+    rendered = _render(args or [], profile, api, _read_token(hf_token_file), with_runtime, kueue)
     _emit(rendered, output, check, create_namespace)
 
 

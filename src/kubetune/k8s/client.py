@@ -103,6 +103,16 @@ KINDS = {
             )
         ),
         Kind("kubetune.io/v1alpha1", "FineTune", "finetunes", True, "kubetune's FineTune CRD and operator"),
+        *(
+            Kind("kueue.x-k8s.io/v1beta2", kind, plural, namespaced, "Kueue (v0.19 or newer)")
+            for kind, plural, namespaced in (
+                ("LocalQueue", "localqueues", True),
+                ("ClusterQueue", "clusterqueues", False),
+                ("ResourceFlavor", "resourceflavors", False),
+                ("Topology", "topologies", False),
+                ("Workload", "workloads", True),
+            )
+        ),
     )
 }
 

@@ -22,7 +22,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from kubetune.errors import UserError
-from kubetune.k8s import progress, quota
+from kubetune.k8s import kueue, progress, quota
 from kubetune.k8s.client import KubeClient, NotFound
 from kubetune.k8s.names import (
     CONTAINER,
@@ -73,6 +73,9 @@ def submit(client: KubeClient, rendered: Rendered) -> list[str]:
             lines.append(f"{_ensure_namespace(client, obj)} {where}")
             continue
         budget = _is_namespace_quota(obj)
+        queued_job = obj is rendered.job and kueue.queue_of(obj)
+        if queued_job and client.get(obj["apiVersion"], obj["kind"], obj["metadata"]["name"], rendered.names.namespace):
+            obj = kueue.without_suspend(obj)  # Kueue unsuspended it on admission: suspending it again would evict it
         try:
             action = client.apply(obj, immutable=obj["kind"] in IMMUTABLE_KINDS or budget)
         except NotFound:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kubetune.k8s import kueue
 from kubetune.k8s.names import CONTAINER, KUEUE_LABEL, TRAIN_COMMAND, Names
 from kubetune.k8s.objects import object_meta, to_dict, worker_pod_template
 from kubetune.kube import KubeObject
@@ -19,7 +20,7 @@ if TYPE_CHECKING:  # the Kubeflow SDK is untyped: the name documents intent (it 
 
 def _job_labels(k8s: K8sSection, names: Names) -> dict[str, str]:
     # With Volcano the queue is Volcano's (PodGroup/schedulingPolicy); otherwise it is Kueue's.
-    return {KUEUE_LABEL: k8s.queue} if k8s.queue and k8s.gang != "volcano" else {}
+    return {KUEUE_LABEL: str(k8s.queue)} if kueue.queued(k8s) else {}
 
 
 def pytorchjob(recipe: Recipe, names: Names) -> KubeObject:

@@ -2,7 +2,8 @@
 
 Objects: Namespace, [PriorityClass], [ResourceQuota], PVC, [Secret], ConfigMap (the
 resolved recipe), [PodGroup], [ClusterTrainingRuntime], [PodMonitor, with monitor.in_cluster:
-the pods serve metrics on monitor.port, 9450 unless set], the data-access Pod, and the job
+the pods serve metrics on monitor.port, 9450 unless set], the data-access Pod, [with --kueue:
+Kueue's Topology, ResourceFlavor, ClusterQueue, LocalQueue], and the job
 (PyTorchJob kubeflow.org/v1 or TrainJob trainer.kubeflow.org/v1alpha1). Every namespaced
 object lives in `k8s.namespace`. Each training container runs
 
@@ -26,7 +27,7 @@ from pathlib import Path, PurePosixPath
 import yaml
 
 from kubetune.errors import RecipeError, UserError
-from kubetune.k8s import claims, jobs, objects, profiles, quota
+from kubetune.k8s import claims, jobs, kueue, objects, profiles, quota
 from kubetune.k8s.names import DATA_DIR, NAMESPACE_QUOTA, Names
 from kubetune.k8s.scrape import metrics_port, training_pod_monitor
 from kubetune.kube import KubeObject
@@ -196,16 +197,19 @@ def quota_problems(rendered: list[KubeObject], k8s: K8sSection) -> list[str]:
 def recipe_problems(recipe: Recipe) -> list[str]:
     """What can be told from the recipe alone never to run (resources, layout, chat template):
     `render` and the operator refuse the same, one line each."""
-    problems = resource_problems(recipe.k8s) + layout_problems(recipe)
+    problems = resource_problems(recipe.k8s) + layout_problems(recipe) + kueue.problems(recipe.k8s)
     if template_problem := chat_template_problem(recipe):
         problems.append(template_problem)
     return problems
 
 
-def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = False) -> Rendered:
-    """All manifests for `recipe` (k8s.profile / k8s.api already applied), in apply order."""
+def render(
+    recipe: Recipe, hf_token: str | None = None, with_runtime: bool = False, with_kueue: bool = False
+) -> Rendered:
+    """All manifests for `recipe` (k8s.profile / k8s.api already applied), in apply order;
+    `with_kueue`: also the Kueue queue, quota and topology of k8s.queue (`kueue.team_objects`)."""
     k8s = recipe.k8s
-    problems = recipe_problems(recipe)
+    problems = recipe_problems(recipe) + (kueue.team_problems(k8s) if with_kueue else [])
     if problems:
         raise RecipeError("; ".join(problems))
     names = Names.for_job(job_name(recipe), k8s.namespace, k8s.storage.existing_claim)
@@ -233,9 +237,11 @@ def render(recipe: Recipe, hf_token: str | None = None, with_runtime: bool = Fal
     out.append(objects.data_pod(k8s, names))
     if k8s.devices == "dra":  # before the job: its pods claim their cards from it
         out.append(claims.claim_template(k8s, names, "trainer"))
-    out.append(
-        jobs.pytorchjob(resolved, names) if k8s.api == "pytorchjob" else jobs.trainjob(resolved, names, runtime_name)
-    )
+    job = jobs.pytorchjob(resolved, names) if k8s.api == "pytorchjob" else jobs.trainjob(resolved, names, runtime_name)
+    job = kueue.through_queue(job, k8s)  # k8s.queue: suspended until Kueue admits it whole
+    if with_kueue:
+        out += kueue.team_objects(k8s, names, job)
+    out.append(job)
     beyond = quota_problems(out, k8s)
     if beyond:
         raise RecipeError("; ".join(beyond))
@@ -318,11 +324,11 @@ def _write(obj: KubeObject, path: Path) -> None:
 
 
 def shared(obj: KubeObject) -> bool:
-    """What is not this job's alone: the Namespace, the team's quota, a PriorityClass (other jobs may
-    use it). `submit` never deletes them; in a directory they stay out of kustomization.yaml, so that
+    """What is not this job's alone: the Namespace, the team's quota, a PriorityClass, Kueue's queues
+    (other jobs may use them). `submit` never deletes them; in a directory they stay out of kustomization.yaml, so that
     `kubectl delete -k` never deletes them and `kubectl apply -k` of one job never rewrites them."""
     budget = obj["kind"] == "ResourceQuota" and obj["metadata"]["name"] == NAMESPACE_QUOTA
-    return budget or obj["kind"] in ("Namespace", "PriorityClass")
+    return budget or obj["kind"] in ("Namespace", "PriorityClass") or kueue.is_team_object(obj)
 
 
 def write_dir(objects: list[KubeObject], out_dir: Path, create_namespace: bool = False) -> list[Path]:

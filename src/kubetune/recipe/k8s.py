@@ -158,6 +158,47 @@ class NamespaceQuotaSection(Section):
         return any(v is not None for v in (self.cpu, self.memory, self.accelerators, self.pods))
 
 
+class KueueTopologySection(Section):
+    """Kueue's Topology-Aware Scheduling: the Topology's levels and the one the pods must (or
+    should) share (docs/cluster.md, "Queueing with Kueue")."""
+
+    name: str = Field(
+        "kubetune", description="The Topology's name (the ResourceFlavor's spec.topologyName); rendered with --kueue."
+    )
+    levels: list[str] = Field(
+        default_factory=list,
+        description="The Topology's levels, node labels from the widest to the narrowest, e.g. "
+        "[topology.kubernetes.io/zone, example.com/rack, kubernetes.io/hostname] (hostname only last).",
+    )
+    required: str | None = Field(
+        None,
+        description="Level (one of k8s.kueue.topology.levels) all workers must share, e.g. example.com/rack: "
+        "annotation kueue.x-k8s.io/podset-required-topology; null = none.",
+    )
+    preferred: str | None = Field(
+        None,
+        description="Level the workers should share where they fit (annotation "
+        "kueue.x-k8s.io/podset-preferred-topology); null = none.",
+    )
+
+
+class KueueSection(Section):
+    """What `kubetune k8s render --kueue` creates for k8s.queue, and how the job asks Kueue to place it."""
+
+    cluster_queue: str | None = Field(
+        None, description="ClusterQueue the LocalQueue k8s.queue points to; null = named as k8s.queue."
+    )
+    flavor: str | None = Field(
+        None, description="ResourceFlavor of the ClusterQueue's quota; null = kubetune-<profile>."
+    )
+    quota_jobs: int = Field(
+        1, ge=1, description="The ClusterQueue's nominal quota, in jobs of this one's size (--kueue renders it)."
+    )
+    topology: KueueTopologySection = Field(
+        default_factory=KueueTopologySection, description="Topology-Aware Scheduling of the workers."
+    )
+
+
 # Intel's Network Operator labels a node once its Gaudi scale-out ports are up
 # (https://github.com/intel/network-operator, "Intel Gaudi integrated NICs").
 GAUDI_SCALE_OUT_LABEL = "intel.feature.node.kubernetes.io/gaudi-scale-out"
@@ -260,7 +301,12 @@ class K8sSection(Section):
         None, description="Also render PriorityClass `priority_class` with this value (cluster-scoped)."
     )
     queue: str | None = Field(
-        None, description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name); Volcano queue with gang=volcano."
+        None,
+        description="Kueue LocalQueue (label kueue.x-k8s.io/queue-name; the job is created suspended until Kueue "
+        "admits it); Volcano queue with gang=volcano.",
+    )
+    kueue: KueueSection = Field(
+        default_factory=KueueSection, description="Kueue's queues (`--kueue` renders them) and topology (k8s.queue)."
     )
     gang: Literal["none", "coscheduling", "volcano"] = Field(
         "none", description="Gang scheduling: all workers start together or none (PodGroup of minMember = replicas)."
