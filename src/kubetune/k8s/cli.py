@@ -179,6 +179,18 @@ def _render_serve(args: list[str], profile: str | None, settings, token: str | N
 
 _profile_opt = typer.Option(None, "--profile", help="cpu | gaudi | nvidia (default: the recipe's k8s.profile).")
 _api_opt = typer.Option(None, "--api", help="pytorchjob | trainjob (default: the recipe's k8s.api).")
+_devices_opt = typer.Option(
+    None,
+    "--devices",
+    help="plugin | dra: the device plugin's extended resources, or a ResourceClaim per pod (Kubernetes 1.34+) "
+    "(default: the recipe's k8s.devices).",
+)
+_kubernetes_version_opt = typer.Option(
+    None,
+    "--kubernetes-version",
+    help="The cluster's Kubernetes version, e.g. 1.33: --devices dra is refused before 1.34 "
+    "(default: the recipe's k8s.kubernetes_version).",
+)
 _token_opt = typer.Option(None, "--hf-token-file", help="File holding the Hugging Face token (default: $HF_TOKEN).")
 _runtime_opt = typer.Option(
     False, "--with-runtime", help="trainjob: also render a ClusterTrainingRuntime for this job."
@@ -191,10 +203,23 @@ _create_namespace_opt = typer.Option(
 )
 
 
+def _with_devices(args: list[str], devices: str | None, kubernetes_version: str | None) -> list[str]:
+    """--devices / --kubernetes-version as the recipe overrides they stand for, after the given
+    ones (a flag wins, as --profile does), so that a bad value gets the same one-line error as
+    a bad key. The version is quoted: YAML would read 1.30 as the number 1.3."""
+    if not args:
+        return args  # the render that follows says what is missing
+    extra = [f"k8s.devices={devices}"] if devices else []
+    extra += [f"k8s.kubernetes_version='{kubernetes_version}'"] if kubernetes_version else []
+    return [*args, *extra]
+
+
 def render_cmd(
     args: list[str] = typer.Argument(None, help=RECIPE_ARGS_HELP),
     profile: str | None = _profile_opt,
     api: str | None = _api_opt,
+    devices: str | None = _devices_opt,
+    kubernetes_version: str | None = _kubernetes_version_opt,
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Write one file per object + kustomization.yaml here."
     ),
@@ -214,13 +239,16 @@ def render_cmd(
     On stdout the HF-token Secret is replaced by a comment: the token is only ever written
     to DIR/secret-*.yaml (mode 0600) with -o, or sent to the cluster by `submit`.
     """
-    rendered = _render(args or [], profile, api, _read_token(hf_token_file), with_runtime, kueue)
+    args = _with_devices(args or [], devices, kubernetes_version)
+    rendered = _render(args, profile, api, _read_token(hf_token_file), with_runtime, kueue)
     _emit(rendered, output, check, create_namespace)
 
 
 def render_serve_cmd(
     args: list[str] = typer.Argument(None, help=SERVE_ARGS_HELP),
     profile: str | None = _profile_opt,
+    devices: str | None = _devices_opt,
+    kubernetes_version: str | None = _kubernetes_version_opt,
     output: Path | None = typer.Option(
         None, "-o", "--output", help="Write one file per object + kustomization.yaml here."
     ),
@@ -236,7 +264,8 @@ def render_serve_cmd(
     their name (`<job>-serve`).
     """
     settings = ServeSettings.from_flags(serving or {})
-    rendered = _render_serve(args or [], profile, settings, _read_token(hf_token_file))
+    args = _with_devices(args or [], devices, kubernetes_version)
+    rendered = _render_serve(args, profile, settings, _read_token(hf_token_file))
     _emit(rendered, output, check, create_namespace)
 
 
@@ -257,6 +286,8 @@ def submit_cmd(
     args: list[str] = typer.Argument(None, help=RECIPE_ARGS_HELP + " With --serve: " + SERVE_ARGS_HELP),
     profile: str | None = _profile_opt,
     api: str | None = _api_opt,
+    devices: str | None = _devices_opt,
+    kubernetes_version: str | None = _kubernetes_version_opt,
     namespace: str | None = typer.Option(None, "-n", "--namespace", help=SUBMIT_NAMESPACE_HELP),
     hf_token_file: Path | None = _token_opt,
     with_runtime: bool = _runtime_opt,
@@ -275,7 +306,7 @@ def submit_cmd(
 
     serving = serving or {}
     token = _read_token(hf_token_file)
-    args = _with_namespace(args or [], namespace, serve)
+    args = _with_namespace(_with_devices(args or [], devices, kubernetes_version), namespace, serve)
     if via_operator:
         _submit_finetune(args or [], profile, api, token, with_runtime, serve, serving)
         return

@@ -74,6 +74,7 @@ KINDS = {
         Kind("v1", "Service", "services", True),
         Kind("apps/v1", "Deployment", "deployments", True),
         Kind("batch/v1", "Job", "jobs", True),
+        Kind("resource.k8s.io/v1", "ResourceClaimTemplate", "resourceclaimtemplates", True, "Kubernetes 1.34+ (DRA)"),
         Kind("networking.k8s.io/v1", "Ingress", "ingresses", True),
         Kind("networking.k8s.io/v1", "NetworkPolicy", "networkpolicies", True),
         Kind("policy/v1", "PodDisruptionBudget", "poddisruptionbudgets", True),

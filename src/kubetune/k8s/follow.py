@@ -41,7 +41,8 @@ from kubetune.kube import COMPONENT, INSTANCE, KUBETUNE, MANAGED_BY
 MONITORING_API = "monitoring.coreos.com/v1"
 JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))
 POD_GROUP_KINDS = (("scheduling.x-k8s.io/v1alpha1", "PodGroup"), ("scheduling.volcano.sh/v1beta1", "PodGroup"))
-IMMUTABLE_KINDS = {"Pod", "PersistentVolumeClaim"}  # a changed spec needs delete + create, not a patch
+# a changed spec needs delete + create, not a patch
+IMMUTABLE_KINDS = {"Pod", "PersistentVolumeClaim", "ResourceClaimTemplate"}
 # What `render-serve` makes, in the order `delete` removes it (the Deployment first: its pods go with it)
 SERVING_KINDS = (
     ("apps/v1", "Deployment"),
@@ -52,6 +53,7 @@ SERVING_KINDS = (
     ("v1", "Service"),
     ("v1", "ConfigMap"),
     (MONITORING_API, "ServiceMonitor"),
+    ("resource.k8s.io/v1", "ResourceClaimTemplate"),  # k8s.devices=dra: after the pods that claim from it
 )
 FINISHED = {"Succeeded", "Complete", "Failed"}
 NO_MONITORING_CRDS = (
@@ -479,6 +481,7 @@ def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -
         for p in client.list("v1", "Pod", namespace, trainer_selector(name))
     ]
     targets += [("v1", "ConfigMap", names.recipe, namespace), ("v1", "Secret", names.secret, namespace)]
+    targets.append(("resource.k8s.io/v1", "ResourceClaimTemplate", names.claim_template, namespace))
     targets.append((MONITORING_API, "PodMonitor", pod_monitor_name(name), namespace))
     if purge:
         targets += [("v1", "Pod", names.data_pod, namespace), ("v1", "ResourceQuota", names.quota, namespace)]

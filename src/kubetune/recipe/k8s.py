@@ -454,7 +454,9 @@ def device_problems(k8s: K8sSection) -> list[str]:
     version = k8s.kubernetes_version
     if version is not None:
         try:
-            require_dra(parse_version(version, "k8s.kubernetes_version"), f"k8s.devices=dra on {version}")
+            require_dra(
+                parse_version(version, "k8s.kubernetes_version"), f"k8s.devices=dra on k8s.kubernetes_version={version}"
+            )
         except UserError as e:
             problems += e.problems
     return problems
