@@ -28,6 +28,7 @@ import math
 import re
 from dataclasses import dataclass
 
+ACCURACY = "rewards/accuracies"  # a preference run's field: TRL's name for the pairs its rewards order right
 PREFIX = "kubetune: train"  # a prefix of our own: other tqdm bars (datasets, shards) must not parse as training
 BAR_WIDTH = 10
 _BLOCKS = " ▏▎▍▌▋▊▉█"  # eighths, as tqdm draws them
@@ -53,6 +54,7 @@ class ProgressLine:
     tokens: int | None = None
     tokens_per_s: float | None = None
     rank: int | None = None  # the printing process's global rank, in a job of several processes
+    accuracy: float | None = None  # preference objectives: the step's rewards/accuracies
 
 
 def format_interval(seconds: float | None) -> str:
@@ -95,6 +97,7 @@ def format_line(p: ProgressLine, ascii_only: bool = False) -> str:
     fields = {
         "epoch": None if p.epoch is None else f"{p.epoch:.2f}",
         "loss": None if p.loss is None else f"{p.loss:.4f}",
+        ACCURACY: None if p.accuracy is None else f"{p.accuracy:.4f}",
         "lr": None if p.lr is None else f"{p.lr:.2e}",
         "tokens": None if p.tokens is None else str(p.tokens),
         "tok/s": None if p.tokens_per_s is None else f"{p.tokens_per_s:.1f}",
@@ -127,6 +130,7 @@ def parse_line(line: str) -> ProgressLine | None:
         tokens=int(fields["tokens"]) if fields.get("tokens", "").isdigit() else None,
         tokens_per_s=_number(fields.get("tok/s")),
         rank=int(fields["rank"]) if fields.get("rank", "").isdigit() else None,
+        accuracy=_number(fields.get(ACCURACY)),
     )
 
 

@@ -130,9 +130,13 @@ class FakePodResources:
 
 
 class KubeEmulator:
-    """kmock's in-memory Kubernetes API on a loopback port, in a background thread."""
+    """kmock's in-memory Kubernetes API on a loopback port, in a background thread.
 
-    def __init__(self):
+    `resources` ("group/version/plural") are declared up front, so that listing one answers an
+    empty list before its first object exists (kmock otherwise answers 404, as for an unknown kind).
+    """
+
+    def __init__(self, resources: tuple[str, ...] = ()):
         import asyncio
         import threading
 
@@ -143,6 +147,8 @@ class KubeEmulator:
 
         async def main():
             emulator = kmock.KubernetesEmulator()
+            for resource in resources:
+                emulator.resources[resource] = {}
             async with emulator, kmock.Server(emulator, host="127.0.0.1") as server:
                 self._box.update(url=str(server.url).rstrip("/"), stop=asyncio.Event(), loop=asyncio.get_running_loop())
                 ready.set()

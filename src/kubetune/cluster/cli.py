@@ -1,4 +1,5 @@
-"""Commands of the cluster components: `device-plugin`, `scheduler-extender`, `netprobe`, `k8s render-components`.
+"""Commands of the cluster components: `device-plugin`, `dra-driver`, `scheduler-extender`, `netprobe`,
+`k8s render-components`.
 
 `register(app, k8s_app)` is called by kubetune.cli. Commands parse, check their flags, then
 hand over to one function; grpc, fastapi and kubernetes are imported inside them.
@@ -8,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import signal
 import threading
 from pathlib import Path
@@ -119,6 +121,93 @@ def device_plugin(
         if publisher:
             publisher.stop()
         plugin.stop()
+
+
+def _dra_vendor(discovery: str, backend) -> str:
+    """The DRA vendor (kubetune.dra.VENDORS key) of a --discovery choice."""
+    if discovery == "nvml" or getattr(backend, "vendor", None) == "nvidia":
+        return "nvidia"
+    return "gaudi"  # sysfs, or an inventory of vendor habana
+
+
+def dra_driver(
+    discovery: str = typer.Option(
+        "sysfs", "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."
+    ),
+    node_name: str | None = typer.Option(
+        None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
+    ),
+    registry_dir: Path = typer.Option(
+        Path("/var/lib/kubelet/plugins_registry"), "--registry-dir", help="The kubelet's plugin registry directory."
+    ),
+    plugins_dir: Path = typer.Option(
+        Path("/var/lib/kubelet/plugins"), "--plugins-dir", help="Parent of the driver's own directory."
+    ),
+    cdi_dir: Path = typer.Option(Path("/var/run/cdi"), "--cdi-dir", help="Where the CDI spec files are written."),
+    kubeconfig: Path | None = typer.Option(
+        None, "--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG, else the pod's service account)."
+    ),
+    sysfs_root: Path = typer.Option(Path("/sys"), "--sysfs-root", help="Root of the sysfs tree (a fake in tests)."),
+    dev_root: Path = typer.Option(Path("/dev"), "--dev-root", help="Root of the device nodes probed for health."),
+    health_interval: float = typer.Option(5.0, "--health-interval", help="Seconds between health probes."),
+    log_level: str = typer.Option("info", "--log-level"),
+):
+    """Publish this node's cards as ResourceSlices and prepare claims for the kubelet (DRA, Kubernetes 1.34+)."""
+    _logging(log_level)
+    problems = _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, health_interval)
+    if problems:
+        raise UserError(*problems)
+    assert node_name is not None  # (checked above)
+    if kubeconfig is not None:
+        os.environ["KUBECONFIG"] = str(kubeconfig)  # kubetune.kube.load_config reads it
+
+    from kubernetes import client
+
+    from kubetune import dra
+    from kubetune.cluster.deviceplugin.discovery import make_discovery
+    from kubetune.cluster.dra.prepare import claim_reader
+    from kubetune.cluster.dra.publish import SliceApi, SlicePublisher
+    from kubetune.cluster.dra.server import DraDriver
+    from kubetune.kube import load_config
+
+    first_guess = dra.VENDORS["nvidia" if discovery == "nvml" else "gaudi"]
+    backend = make_discovery(
+        discovery, first_guess.extended_resource, sysfs_root, dev_root, wait_for_driver=health_interval
+    )
+    vendor = dra.VENDORS[_dra_vendor(discovery, backend)]
+    api_client = client.ApiClient(load_config())
+    driver = DraDriver(
+        vendor,
+        node_name,
+        backend,
+        SlicePublisher(node_name, vendor, SliceApi(api_client)),
+        claim_reader(api_client),
+        registry_dir,
+        plugins_dir,
+        cdi_dir,
+        health_interval,
+    )
+    log.info("%s: %d cards via %s on %s", vendor.driver, len(backend.devices()), discovery, node_name)
+    stop = _stop_on_signals()
+    driver.start()
+    try:
+        driver.wait(stop)
+    finally:
+        driver.stop()
+
+
+def _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, health_interval) -> list[str]:
+    problems = []
+    if not node_name:
+        problems.append("--node-name is required (or NODE_NAME from the downward API): the slices name the node")
+    if health_interval <= 0:
+        problems.append("--health-interval must be > 0 seconds")
+    for flag, path in (("--registry-dir", registry_dir), ("--plugins-dir", plugins_dir)):
+        if not path.is_dir():
+            problems.append(f"{flag} {path}: not a directory; mount the kubelet's directory at the same path")
+    if kubeconfig is not None and not kubeconfig.is_file():
+        problems.append(f"--kubeconfig {kubeconfig}: no such file")
+    return problems
 
 
 def scheduler_extender(
@@ -327,6 +416,7 @@ def render_components(
 
 def register(app: typer.Typer, k8s_app: typer.Typer) -> None:
     app.command("device-plugin")(device_plugin)
+    app.command("dra-driver")(dra_driver)
     app.command("scheduler-extender")(scheduler_extender)
     app.command("netprobe")(netprobe)
     k8s_app.command("render-components")(render_components)

@@ -17,7 +17,7 @@ from kubetune.errors import ModelError
 from kubetune.models.attention import SEQLENS_KWARG, seqlens_from_cu
 from kubetune.models.attention import register as register_attention
 from kubetune.models.dropout import use_fast_dropout
-from kubetune.models.lm_loss import target_cross_entropy
+from kubetune.models.lm_loss import sample_logprobs, target_cross_entropy
 from kubetune.models.load import DTYPES, load_causal_lm, load_causal_lm_stage
 from kubetune.models.stages import Stage, decoder_layers
 from kubetune.recipe.schema import RECOMPUTES, Recipe
@@ -185,12 +185,19 @@ class TargetLoss(nn.Module):
         position_ids: torch.Tensor,
         targets: torch.Tensor,
         cu_seqlens: list[int] | None = None,
+        target_sample: torch.Tensor | None = None,
+        n_samples: int = 0,
     ) -> torch.Tensor:
+        """The summed loss; with `target_sample` (each target position's sample, -1 elsewhere)
+        the summed target log-probability of each of the `n_samples` samples instead (the
+        preference objectives' input, kubetune.training.preference)."""
         lm = self.lm
         kwargs = {}
         if cu_seqlens is not None:  # packed rows: per-sample attention
             kwargs[SEQLENS_KWARG] = seqlens_from_cu(cu_seqlens)
         hidden = lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **kwargs).last_hidden_state
+        if target_sample is not None:
+            return head_logps(lm.lm_head, hidden, targets, target_sample, n_samples)
         return head_loss(lm.lm_head, hidden, targets)
 
 
@@ -217,3 +224,29 @@ def head_loss(
         return target_cross_entropy(rows, weight, wanted, ignore_index=ignore)
     logits = lm_head(rows).float()
     return F.cross_entropy(logits, wanted, ignore_index=IGNORE, reduction="sum")
+
+
+def head_logps(
+    lm_head: nn.Module,
+    hidden: torch.Tensor,
+    targets: torch.Tensor,
+    target_sample: torch.Tensor,
+    n_samples: int,
+    static_shapes: bool | None = None,
+) -> torch.Tensor:
+    """Summed target log-probabilities per sample [n_samples] through `lm_head`, the rows
+    chosen as `head_loss` chooses them (every position under static shapes, where the rows
+    of no sample weigh 0)."""
+    if static_shapes is None:
+        static_shapes = hidden.device.type == "hpu"
+    if static_shapes:
+        rows, wanted, samples = hidden.flatten(0, -2), targets.flatten(), target_sample.flatten()
+    else:
+        mask = target_sample >= 0
+        rows, wanted, samples = hidden[mask], targets[mask], target_sample[mask]
+    weight = getattr(lm_head, "weight", None)
+    if type(lm_head) is nn.Linear and lm_head.bias is None and isinstance(weight, torch.Tensor):
+        return sample_logprobs(rows, weight, wanted, samples, n_samples)
+    picked = -F.cross_entropy(lm_head(rows).float(), wanted.clamp(min=0), reduction="none")
+    kept = torch.where(samples >= 0, picked, 0.0)
+    return torch.zeros(n_samples, device=rows.device).index_add_(0, samples.clamp(min=0), kept)

@@ -140,6 +140,11 @@ def check_model(layout: Layout, config: ModelShape, recipe: Recipe) -> None:
 
 def check_recipe(layout: Layout, recipe: Recipe) -> None:
     """The layout's demands on the rest of the recipe (no model needed)."""
+    if recipe.finetune.objective != "sft" and (layout.tp > 1 or layout.pp > 1):
+        raise RecipeError(
+            f"finetune.objective={recipe.finetune.objective} runs data parallel (processes, parallel.fsdp), not "
+            f"under parallel.tp or parallel.pp; set parallel.tp=1 and parallel.pp=1"
+        )
     if layout.pp > 1 and recipe.parallel.pp_schedule == "1f1b" and recipe.train.grad_accum < layout.pp:
         raise RecipeError(
             f"parallel.pp_schedule=1f1b needs at least parallel.pp={layout.pp} micro-batches per step; "

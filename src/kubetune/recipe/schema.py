@@ -98,6 +98,20 @@ class FinetuneSection(Section):
         """The preference strength in effect (the method's default where beta is null)."""
         return self.preference.beta if self.preference.beta is not None else DEFAULT_BETA.get(self.objective, 0.0)
 
+    def check_preference(self) -> None:
+        """Combinations the preference objectives refuse, one line each."""
+        pref = self.preference
+        if self.objective == "dpo" and self.method == "full" and pref.reference == "adapter_off":
+            raise ValueError(
+                "finetune.preference.reference=adapter_off needs finetune.method=lora (full fine-tuning has no "
+                "adapter to switch off); use reference=copy (a frozen copy of the weights: their memory once more) "
+                "or finetune.method=lora"
+            )
+        if self.objective == "orpo" and pref.label_smoothing > 0:
+            raise ValueError(
+                "finetune.preference.label_smoothing is DPO's and SimPO's (ORPO has none); set it to 0 for orpo"
+            )
+
 
 class LoraSection(Section):
     r: int = Field(8, ge=1, description="LoRA rank.")
@@ -353,6 +367,7 @@ class Recipe(Section):
     def _consistent(self) -> Recipe:
         if self.train.precision == "fp16" and self.model.dtype == "bf16":
             raise ValueError("train.precision=fp16 with model.dtype=bf16 mixes half formats; use model.dtype=auto")
+        self.finetune.check_preference()
         return self
 
     def base_dtype_name(self) -> str:

@@ -170,6 +170,16 @@ def all_reduce_sum(value: float | int, env: DistEnv) -> float:
     return float(t.item())
 
 
+def all_reduce_sums(values: list[float], env: DistEnv) -> list[float]:
+    """`all_reduce_sum` of several numbers in one collective."""
+    if not env.distributed:
+        return [float(v) for v in values]
+    t = torch.tensor(values, dtype=torch.float64, device=env.device)
+    with timed_collective("all_reduce", t.numel() * t.element_size()):
+        torch_dist.all_reduce(t)
+    return [float(v) for v in t.tolist()]
+
+
 def barrier(env: DistEnv) -> None:
     if env.distributed:
         with timed_collective("barrier", 0):

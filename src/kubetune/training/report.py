@@ -17,6 +17,8 @@ from kubetune.training.step import EvalResult
 
 log = logging.getLogger("kubetune")
 
+EVAL_ACCURACY = "eval_rewards/accuracies"
+PREFERENCE_KEYS = ("objective", "reward_accuracy_before", "reward_accuracy_after", "eval_after")
 QUIET_LOGGERS = ("transformers", "datasets", "torch.distributed.checkpoint", "httpx")
 
 
@@ -56,6 +58,13 @@ class Summary:
     precision: str = ""  # the compute precision the run used (auto resolved)
     kernels: str = ""  # the kernel choices and the measurements behind them
     samples: list[dict[str, Any]] = field(default_factory=list)
+    # preference objectives (left out of summary.json under sft): the held-out pairs' reward
+    # accuracy before and after, and TRL's eval metrics after; the perplexities above are then
+    # those of the chosen (reference) answers, the losses the objective's
+    objective: str = "sft"
+    reward_accuracy_before: float | None = None
+    reward_accuracy_after: float | None = None
+    eval_after: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def of(
@@ -68,6 +77,7 @@ class Summary:
         started_at: float,
         rss_per_rank: list[float],
         kernels: KernelPlan | None = None,
+        objective: str = "sft",
     ) -> Summary:
         before = state.eval_before or {}
         before_answers = {a["prompt"]: a["answer"] for a in before.get("answers", [])}
@@ -90,10 +100,18 @@ class Summary:
             precision=kernels.precision if kernels else "",
             kernels=kernels.describe() if kernels else "",
             samples=[{**a, "answer_before": before_answers.get(a["prompt"])} for a in answers],
+            objective=objective,
+            reward_accuracy_before=before.get(EVAL_ACCURACY),
+            reward_accuracy_after=after.pairs.get(EVAL_ACCURACY),
+            eval_after=after.pairs,
         )
 
     def as_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        out = asdict(self)
+        if self.objective == "sft":
+            for key in PREFERENCE_KEYS:
+                del out[key]
+        return out
 
     def write(self, run_dir: RunDir) -> None:
         atomic_write_json(run_dir.summary_file, self.as_dict())
@@ -110,6 +128,9 @@ def print_report(summary: Summary, run_dir: RunDir) -> None:
     table.add_column("after", justify="right")
     table.add_row("eval loss", fmt_number(summary.eval_loss_before), fmt_number(summary.eval_loss_after))
     table.add_row("perplexity", fmt_number(summary.perplexity_before), fmt_number(summary.perplexity_after))
+    if summary.objective != "sft":
+        before, after = summary.reward_accuracy_before, summary.reward_accuracy_after
+        table.add_row("reward accuracy", fmt_number(before), fmt_number(after))
     console.print(table)
     console.print(
         f"trained on {summary.train_tokens:,} tokens at {summary.tokens_per_s:.0f} tokens/s; "

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 from kubetune import allocator
+from kubetune.data.packing import Batch
 from kubetune.errors import MemoryBudgetError, RunDirError
 from kubetune.export.weights import save_trained
 from kubetune.recipe import Recipe, load_recipe, recipe_to_yaml
@@ -28,7 +29,7 @@ from kubetune.training.parallel import plan_layout
 from kubetune.training.report import Summary, fmt_number, peak_rss_mb, print_report, setup_logging
 from kubetune.training.runlog import RunLog, plot_loss_curve, print_eval_line
 from kubetune.training.setup import TrainParts, setup
-from kubetune.training.step import EvalResult, evaluate, next_micro_batches, train_step
+from kubetune.training.step import EvalResult, StepResult, evaluate, next_micro_batches, train_step
 
 log = logging.getLogger("kubetune")
 
@@ -119,7 +120,7 @@ def fit(parts: TrainParts, state: TrainState) -> None:
         t0 = time.perf_counter()
         batches = next_micro_batches(parts.batcher, state, recipe.train.grad_accum)
         data_s = time.perf_counter() - t0
-        result = train_step(parts.runner, parts.optim, batches, parts.layout, env)
+        result = one_step(parts, batches)
         result = dataclasses.replace(result, phases={"data": data_s, **result.phases})
         step_s = time.perf_counter() - t0
         state.train_time_s += step_s
@@ -178,6 +179,7 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
         parts.started_at,
         rss_per_rank,
         parts.kernels,
+        recipe.finetune.objective,
     )
     summary.write(run_dir)
     plot_loss_curve(run_dir.metrics_file, run_dir.loss_curve, state.eval_history)
@@ -227,6 +229,13 @@ def stop_if_over_budget(parts: TrainParts, state: TrainState, last_saved: int, r
     )
 
 
+def one_step(parts: TrainParts, batches: list[Batch]) -> StepResult:
+    """The objective's optimizer step: SFT's, or the preference objective's."""
+    if parts.preference is not None:
+        return parts.preference.train_step(parts.optim, batches, parts.layout, parts.env)
+    return train_step(parts.runner, parts.optim, batches, parts.layout, parts.env)
+
+
 def epoch_of(parts: TrainParts, state: TrainState) -> float:
     """Epochs done, with the fraction of the current one (what the logs and the Trainer's lines show)."""
     return state.epoch + state.row / max(1, parts.batcher.usable_rows(state.epoch))
@@ -241,11 +250,15 @@ def evaluate_and_print(parts: TrainParts, epoch: float) -> EvalResult:
     """Evaluate, and print the Trainer's eval line; its samples and steps count as the Trainer's do
     (eval rows, and rows / (micro-batch x data-parallel replicas) rounded up)."""
     t0 = time.monotonic()
-    result = evaluate(parts.runner, parts.eval_batcher, parts.layout, parts.env)
+    if parts.preference is not None:
+        result = parts.preference.evaluate(parts.eval_batcher, parts.layout, parts.env)
+    else:
+        result = evaluate(parts.runner, parts.eval_batcher, parts.layout, parts.env)
     samples = len(parts.data.eval) if parts.data.eval else 0
     per_batch = parts.recipe.train.micro_batch_size * parts.layout.data_parallel_size
     steps = -(-samples // per_batch)
-    print_eval_line(parts.env.local_rank == 0, result.loss, time.monotonic() - t0, samples, steps, epoch)
+    shows = parts.env.local_rank == 0
+    print_eval_line(shows, result.loss, time.monotonic() - t0, samples, steps, epoch, result.pairs)
     return result
 
 

@@ -10,6 +10,7 @@ checkpoint) are dropped so the file describes one consistent trajectory.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import sys
 import time
@@ -17,7 +18,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from kubetune.fsutil import atomic_write_text
-from kubetune.progress_line import ProgressLine, format_line, trainer_eval, trainer_log, trainer_train_end
+from kubetune.progress_line import (
+    ACCURACY,
+    ProgressLine,
+    format_line,
+    trainer_eval,
+    trainer_log,
+    trainer_train_end,
+)
 
 if TYPE_CHECKING:
     from kubetune.training.checkpoint import TrainState
@@ -77,13 +85,16 @@ class Progress:
             )
             self._bar.start()
 
-    def update(self, step: int, loss: float, lr: float, tokens: int, tps: float, epoch: float) -> None:
+    def update(
+        self, step: int, loss: float, lr: float, tokens: int, tps: float, epoch: float, pairs: dict[str, float]
+    ) -> None:
         if not self.enabled:
             return
         if self._bar is not None:
             self._bar.update(self._task, completed=step, loss=loss, tps=tps)
             return
-        print(format_line(self.line(step, loss, lr, tokens, tps, epoch), self._ascii_only), flush=True)
+        line = dataclasses.replace(self.line(step, loss, lr, tokens, tps, epoch), accuracy=pairs.get(ACCURACY))
+        print(format_line(line, self._ascii_only), flush=True)
 
     def trainer_line(self, values: dict[str, float]) -> None:
         """A Trainer-style dict line (above the bar on a terminal: rich redirects stdout)."""
@@ -187,8 +198,8 @@ class RunLog:
 
     def step(self, state: TrainState, result: StepResult, lr: float, epoch: float, elapsed_s: float) -> None:
         tps = state.tokens / max(state.train_time_s, 1e-9)
-        self.progress.trainer_line(trainer_log(result.loss, result.grad_norm, lr, epoch))
-        self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch)
+        self.progress.trainer_line({**trainer_log(result.loss, result.grad_norm, lr, epoch), **rounded(result.pairs)})
+        self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch, result.pairs)
         if self.metrics is None:
             return
         self.metrics.write(
@@ -203,6 +214,7 @@ class RunLog:
                 "tokens_per_s": round(tps, 2),
                 "elapsed_s": round(elapsed_s, 2),
                 "step_s": {phase: round(seconds, 5) for phase, seconds in result.phases.items()},
+                **{k: v for k, v in result.pairs.items() if k != "loss"},  # preference objectives: TRL's names
             }
         )
 
@@ -220,7 +232,21 @@ class RunLog:
             self.metrics = None
 
 
-def print_eval_line(shows: bool, loss: float | None, runtime_s: float, samples: int, steps: int, epoch: float) -> None:
-    """The Trainer's line of an evaluation, on each node's first process; nothing when nothing was scored."""
+def print_eval_line(
+    shows: bool,
+    loss: float | None,
+    runtime_s: float,
+    samples: int,
+    steps: int,
+    epoch: float,
+    pairs: dict[str, float] | None = None,
+) -> None:
+    """The Trainer's line of an evaluation (with TRL's `eval_rewards/...` of a preference run), on
+    each node's first process; nothing when nothing was scored."""
     if shows and loss is not None:
-        print(trainer_eval(loss, runtime_s, samples, steps, epoch), flush=True)
+        print({**trainer_eval(loss, runtime_s, samples, steps, epoch), **(pairs or {})}, flush=True)
+
+
+def rounded(pairs: dict[str, float]) -> dict[str, float]:
+    """TRL's metrics as its log line rounds them (the loss is the Trainer line's own)."""
+    return {k: round(v, 4) for k, v in pairs.items() if k != "loss"}

@@ -10,6 +10,7 @@
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import torch
@@ -91,6 +92,42 @@ class LocalRunner:
                 (self.scaler.scale(scaled) if self.scaler else scaled).backward()
             total += loss.detach()
         return float(total.item())
+
+    def sample_logps(self, module: torch.nn.Module, b: Batch) -> torch.Tensor:
+        """Summed target log-probs of each sample of a pair batch [samples] (preference objectives)."""
+        assert b.target_sample is not None and b.chosen is not None
+        with self.autocast():
+            logps: torch.Tensor = module(
+                b.input_ids.to(self.device),
+                b.position_ids.to(self.device),
+                b.targets.to(self.device),
+                b.cu_seqlens,
+                b.target_sample.to(self.device),
+                2 * len(b.chosen),
+            )
+        return logps
+
+    def pairs_backward(
+        self,
+        batches: list[Batch],
+        before: Callable[[Batch], Any],
+        loss_of: Callable[[Batch, torch.Tensor, Any], tuple[torch.Tensor, torch.Tensor]],
+    ) -> torch.Tensor:
+        """Gradients of the preference loss of `batches`: for each micro-batch, `before(batch)`
+        (the reference's log-probs, run before the policy's forward so that a sharded model's
+        backward follows its own forward), then `loss_of(batch, its samples' log-probs, that)`:
+        the micro-batch's scaled loss and its metric sums. Returns the sums' total."""
+        total: torch.Tensor | None = None
+        for i, b in enumerate(batches):
+            sync = i == len(batches) - 1 or not hasattr(self.module, "no_sync")
+            no_sync = contextlib.nullcontext() if sync else getattr(self.module, "no_sync")()  # noqa: B009 (DDP only)
+            first = before(b)
+            with no_sync, activation_offload(self.offload, self.device):
+                loss, sums = loss_of(b, self.sample_logps(self.module, b), first)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total = sums if total is None else total + sums
+        assert total is not None
+        return total
 
     @torch.no_grad()
     def loss_sum(self, batches: list[Batch]) -> float:

@@ -7,6 +7,7 @@ optimizer over the wrapped parameters.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 import os
@@ -18,6 +19,7 @@ import torch
 
 from kubetune.data import Batcher, PreparedData, prepare_data
 from kubetune.data.packing import static_shapes
+from kubetune.data.tokenize import TokenizedData
 from kubetune.errors import DataError, RunDirError
 from kubetune.models.attention import seqlens_from_cu
 from kubetune.models.decoding import AutocastFactory
@@ -38,12 +40,14 @@ from kubetune.recipe.layout import Layout, check_model
 from kubetune.recipe.schema import OFFLOADS
 from kubetune.rundir import RunDir
 from kubetune.training import checkpoint as ckpt
+from kubetune.training import preference
 from kubetune.training.auto_compile import AutoCompile
 from kubetune.training.dist import DistEnv, gather_objects
 from kubetune.training.optim import Optimization, build_optimization
 from kubetune.training.parallel import MeshLayout
 from kubetune.training.parallel import wrap as wrap_parallel
 from kubetune.training.pipeline import PipelineRunner
+from kubetune.training.preference import PreferenceTraining
 from kubetune.training.runner import LocalRunner, StepRunner
 from kubetune.training.telemetry import Telemetry, open_metrics, start_telemetry
 
@@ -70,6 +74,7 @@ class TrainParts:
     started_at: float  # time.monotonic() when the command started
     telemetry: Telemetry  # Prometheus metrics (monitor.port) and Kubeflow progress
     auto_compile: AutoCompile | None  # train.compile=auto: decided on the first steps
+    preference: PreferenceTraining | None = None  # finetune.objective = dpo | orpo | simpo (None: sft)
 
 
 def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, started_at: float) -> TrainParts:
@@ -79,6 +84,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     source = resolve_model(given.model.name_or_path)
     tokenizer = load_tokenizer(source, given.model.revision, given.model.trust_remote_code)
     data = prepare_data(given, tokenizer)
+    check_pairs(given, data)
     batcher = train_batcher(given, data, tokenizer.pad_token_id, layout, env.device.type)
     config = load_config(source, given.model.revision, given.model.trust_remote_code)
     check_model(layout, config, given)
@@ -92,6 +98,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     total_steps = plan_steps(recipe, batcher, resume_from)
     # a pipeline stage is set up on the unwrapped layers; tensor parallelism then splits them in place
     pipeline = pipeline_runner(recipe, model, layout, env, autocast, tokenizer.pad_token_id) if layout.pp > 1 else None
+    start = preference_start(recipe, model, batcher, total_steps, env)  # before wrapping: the starting weights
     wrapped = wrap_parallel(model.loss, model.layers, layout, env, recipe.train.precision)
     optim = build_optimization(model.model, recipe.train, layout, env.device, total_steps)
     runner = pipeline or LocalRunner(
@@ -104,7 +111,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     )
     trainable = sum(p.numel() for p in optim.params)
     telemetry = start_telemetry(metrics, recipe, env, config, trainable, total_steps, wrapped)
-    return TrainParts(
+    parts = TrainParts(
         recipe=recipe,
         recipe_as_given=given,
         kernels=kernels,
@@ -126,6 +133,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         telemetry=telemetry,
         auto_compile=auto_compile(recipe, model, env, config) if recipe.train.compile == "auto" else None,
     )
+    return dataclasses.replace(parts, preference=preference_training(parts, start))
 
 
 def auto_compile(recipe: Recipe, model: ModelParts, env: DistEnv, config: Any) -> AutoCompile:
@@ -228,10 +236,17 @@ def eval_batcher(
     ev = data.eval
     if recipe.eval.max_samples and len(ev) > recipe.eval.max_samples:
         ev = ev.subset(range(recipe.eval.max_samples))
+    return every_row_batcher(recipe, ev, pad_id, layout, device_type)
+
+
+def every_row_batcher(
+    recipe: Recipe, data: TokenizedData, pad_id: int, layout: Layout, device_type: str = "cpu"
+) -> Batcher:
+    """Every row of `data` in order, in eval's micro-batches (a share of them per replica)."""
     # A pipeline's micro-batches have one shape, the training one.
     rows = recipe.train.micro_batch_size if layout.pp > 1 else recipe.eval.batch_size
     return Batcher(
-        ev,
+        data,
         max_seq_len=recipe.data.max_seq_len,
         micro_batch_size=rows,
         packing=True,
@@ -248,13 +263,16 @@ def eval_batcher(
 def plan_steps(recipe: Recipe, batcher: Batcher, resume_from: Path | None) -> int:
     """Optimizer steps of the whole run. A resumed run keeps the schedule of the checkpointed
     run (its world size may differ), unless the recipe now asks for a different length."""
-    steps_per_epoch = math.ceil(batcher.micro_batches_left(0, 0) / recipe.train.grad_accum)
-    total = recipe.train.max_steps or max(1, math.ceil(recipe.train.epochs * steps_per_epoch))
+    total = recipe.train.max_steps or max(1, math.ceil(recipe.train.epochs * steps_per_epoch(recipe, batcher)))
     if resume_from is not None:
         meta = ckpt.read_meta(resume_from)
         if meta.length == (recipe.train.max_steps, recipe.train.epochs):
             total = meta.total_steps
     return total
+
+
+def steps_per_epoch(recipe: Recipe, batcher: Batcher) -> int:
+    return math.ceil(batcher.micro_batches_left(0, 0) / recipe.train.grad_accum)
 
 
 def resume_path(mode: str, run_dir: RunDir) -> Path | None:
@@ -275,3 +293,47 @@ def resume_path(mode: str, run_dir: RunDir) -> Path | None:
             f"use auto, never, or a checkpoints/step-N directory"
         )
     return path
+
+
+def check_pairs(recipe: Recipe, data: PreparedData) -> None:
+    """A preference objective trains on pairs: refuse SFT rows in one line."""
+    objective = recipe.finetune.objective
+    if objective != "sft" and not data.train.pairs:
+        cols = recipe.data.columns
+        raise DataError(
+            f"finetune.objective={objective}: data.train has no preference pairs; give rows with the "
+            f"data.columns.{cols.chosen!r} and {cols.rejected!r} answers (kubetune data make-preferences writes them) "
+            f"or set finetune.objective=sft"
+        )
+
+
+def preference_start(
+    recipe: Recipe, model: ModelParts, batcher: Batcher, total_steps: int, env: DistEnv
+) -> torch.nn.Module | None:
+    """DPO's reference as a frozen copy of the starting weights, when the run needs one: reference=copy
+    (auto under full fine-tuning) with the log-probs computed on the fly. Precomputed, the reference
+    is the model itself before step 1, and no copy is made."""
+    if recipe.finetune.objective != "dpo" or preference.reference_kind(recipe) != "copy":
+        return None
+    if preference.precomputes(recipe, total_steps, steps_per_epoch(recipe, batcher)):
+        return None
+    preference.check_copy_fits(model.loss, env)
+    return preference.frozen_copy(model.loss)
+
+
+def preference_training(parts: TrainParts, start: torch.nn.Module | None) -> PreferenceTraining | None:
+    """The objective and its reference; with precomputed reference log-probs, their tables
+    (computed here, before any checkpoint is loaded: the model still holds the starting weights)."""
+    recipe = parts.recipe
+    if recipe.finetune.objective == "sft":
+        return None
+    training = preference.build(recipe, parts.runner, parts.model.model, start)
+    if training.reference is None or start is not None:
+        return training
+    if not preference.precomputes(recipe, parts.total_steps, steps_per_epoch(recipe, parts.batcher)):
+        return training
+    pad, device_type = parts.tokenizer.pad_token_id, parts.env.device.type
+    every_pair = every_row_batcher(recipe, parts.batcher.data, pad, parts.layout, device_type)
+    path = parts.run_dir.path / preference.REFERENCE_FILE
+    training.precompute(path, every_pair, parts.eval_batcher, parts.layout, parts.env)
+    return training

@@ -1,0 +1,136 @@
+"""Keep this node's ResourceSlices equal to `build_slices()` of its cards, through the API server.
+
+`SlicePublisher.publish(cards, health)` computes the slices, and only when their devices
+differ from what it last wrote does it raise `pool.generation` and create / patch / delete
+(consumers trust the highest generation of a pool, so every change needs a new one). On the
+first call it reads the slices an earlier run of the driver left, continues their generation
+and takes them over. The ServiceAccount needs resourceslices
+get/list/watch/create/update/patch/delete and nodes get (manifests.py renders it).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import threading
+from typing import Any
+
+from kubetune import dra
+from kubetune.cluster.deviceplugin.discovery import Card
+from kubetune.cluster.dra.slices import build_slices
+
+log = logging.getLogger(__name__)
+
+GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
+
+
+class SliceApi:
+    """ResourceSlice calls on plain dicts: `ResourceV1Api` where the installed kubernetes client
+    has it (35.x on), else the custom-objects API on the same URLs."""
+
+    def __init__(self, api_client: Any):
+        from kubernetes import client
+
+        self._typed = client.ResourceV1Api(api_client) if hasattr(client, "ResourceV1Api") else None
+        self._custom = client.CustomObjectsApi(api_client)
+        self._core = client.CoreV1Api(api_client)
+
+    def list(self, node_name: str, driver: str) -> list[dict]:
+        selector = f"spec.nodeName={node_name},spec.driver={driver}"
+        if self._typed is not None:
+            raw = self._typed.list_resource_slice(field_selector=selector, _preload_content=False)
+            items = json.loads(raw.data).get("items", [])
+        else:
+            items = self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, field_selector=selector)["items"]
+        # not every API server (or test double) applies the field selector: check again here
+        return [s for s in items if s["spec"].get("nodeName") == node_name and s["spec"].get("driver") == driver]
+
+    def create(self, body: dict) -> None:
+        if self._typed is not None:
+            self._typed.create_resource_slice(body, _preload_content=False)
+        else:
+            self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
+
+    def replace_spec(self, name: str, spec: dict) -> None:
+        # A JSON patch: a merge patch would keep attributes the new spec no longer has.
+        patch = [{"op": "replace", "path": "/spec", "value": spec}]
+        if self._typed is not None:
+            self._typed.patch_resource_slice(name, patch, _preload_content=False)
+        else:
+            self._custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, patch)
+
+    def delete(self, name: str) -> None:
+        if self._typed is not None:
+            self._typed.delete_resource_slice(name, _preload_content=False)
+        else:
+            self._custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
+
+    def node_uid(self, node_name: str) -> str | None:
+        """The Node's uid, for the slices' owner reference; None when it cannot be read."""
+        from kubernetes.client import ApiException
+
+        try:
+            node = json.loads(self._core.read_node(node_name, _preload_content=False).data)
+        except ApiException as e:
+            log.warning("cannot read Node %s (%s): slices get no owner reference", node_name, e.status)
+            return None
+        return node.get("metadata", {}).get("uid")
+
+
+def _content(slices: list[dict]) -> list[tuple[str, Any, int]]:
+    """What a change is judged on: names and devices, not the generation."""
+    return [(s["metadata"]["name"], s["spec"]["devices"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices]
+
+
+class SlicePublisher:
+    """Writes the node's slices when the cards or their health change (thread-safe)."""
+
+    def __init__(self, node_name: str, vendor: dra.DraVendor, api: SliceApi):
+        self.node_name = node_name
+        self.vendor = vendor
+        self.api = api
+        self.generation: int | None = None  # None until the first publish has read the API
+        self._node_uid: str | None = None
+        self._written: dict[str, dict] = {}  # slice name -> spec last written
+        self._last: list[tuple[str, Any, int]] | None = None
+        self._lock = threading.Lock()
+
+    def _adopt(self) -> None:
+        """First call: take over the slices a previous run left, and continue their generation."""
+        existing = self.api.list(self.node_name, self.vendor.driver)
+        self._written = {s["metadata"]["name"]: s["spec"] for s in existing}
+        self.generation = max((s["spec"]["pool"].get("generation", 0) for s in existing), default=-1)
+        self._node_uid = self.api.node_uid(self.node_name)
+
+    def publish(self, cards: list[Card], health: dict[str, str]) -> bool:
+        """Bring the API's slices to these cards; True when something was written."""
+        with self._lock:
+            if self.generation is None:
+                self._adopt()
+            assert self.generation is not None
+            desired = build_slices(self.node_name, self.vendor, cards, health, self.generation, self._node_uid)
+            if self._last is not None and _content(desired) == self._last:
+                return False
+            self.generation += 1
+            desired = build_slices(self.node_name, self.vendor, cards, health, self.generation, self._node_uid)
+            self._write(desired)
+            self._last = _content(desired)
+            log.info(
+                "%s: published %d devices on %s, pool generation %d",
+                self.vendor.driver,
+                len(cards),
+                self.node_name,
+                self.generation,
+            )
+            return True
+
+    def _write(self, desired: list[dict]) -> None:
+        for s in desired:
+            name = s["metadata"]["name"]
+            if name in self._written:
+                self.api.replace_spec(name, s["spec"])
+            else:
+                self.api.create(s)
+        for name in set(self._written) - {s["metadata"]["name"] for s in desired}:
+            self.api.delete(name)
+        self._written = {s["metadata"]["name"]: s["spec"] for s in desired}
