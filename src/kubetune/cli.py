@@ -24,6 +24,8 @@ recipe_app = typer.Typer(help="Inspect recipes.", no_args_is_help=True)
 k8s_app = typer.Typer(help="Run the recipe as a Kubernetes (Kubeflow) job.", no_args_is_help=True)
 app.add_typer(recipe_app, name="recipe")
 app.add_typer(k8s_app, name="k8s")
+data_app = typer.Typer(help="Make training data.", no_args_is_help=True)
+app.add_typer(data_app, name="data")
 
 
 def _split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -267,6 +269,22 @@ def serve(
             trust_request_chat_template=trust_request_chat_template,
         )
     )
+
+
+@data_app.command("make-preferences")
+def data_make_preferences(
+    args: list[str] = typer.Argument(None, help="[RECIPE] [key=value ...]; no recipe = the embedded default."),
+    out: Path = typer.Option(..., "--out", "-o", help="The JSONL file of preference pairs to write."),
+    limit: int | None = typer.Option(None, "--limit", help="Only the first N rows (a quick run)."),
+    max_new_tokens: int = typer.Option(128, "--max-new-tokens", help="Longest rejected (greedy) answer."),
+):
+    """Preference pairs from the recipe's training data: chosen = the reference answer, rejected = the
+    base model's own greedy answer to the same prompt (docs/preference.md)."""
+    from kubetune.serve.preferences import make_preferences
+
+    recipe, overrides = _split_recipe_args(args or [])
+    made = make_preferences(recipe, overrides, out, limit, max_new_tokens, lambda line: typer.echo(line, err=True))
+    typer.echo(made.summary())
 
 
 @recipe_app.command("show")

@@ -1,0 +1,143 @@
+"""`kubetune data make-preferences` on the tiny Llama: chosen = the reference answer, rejected = the
+model's own greedy answer (the same tokens `kubetune generate`'s decoding gives), pairs whose
+greedy answer is the reference left out and counted, one error line for a bad path or recipe."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from kubetune.errors import UserError
+
+from .conftest import run_cli
+
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module")
+def tiny_model_dir(tmp_path_factory, tokenizer):
+    """conftest's tiny Llama, but with its own LM head and larger weights: the shared one (tied
+    embeddings, small init) answers every chat prompt with newlines, which would not show whose
+    answer a row holds."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    torch.manual_seed(0)
+    cfg = LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        max_position_embeddings=1024,
+        tie_word_embeddings=False,
+        initializer_range=0.5,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
+    out = tmp_path_factory.mktemp("answering-llama")
+    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
+    tokenizer.save_pretrained(out)
+    return out
+
+
+def _recipe(tiny_model_dir, data) -> list[str]:
+    return [f"model.name_or_path={tiny_model_dir}", f"data.train={data}", "train.precision=fp32"]
+
+
+def _direct_answers(tiny_model_dir, rows: list[dict]) -> list[str]:
+    """Each row's greedy answer from transformers' generate, one prompt at a time (models/decoding.py)."""
+    from kubetune.data.templates import PromptRenderer
+    from kubetune.models.decoding import generate_text
+    from kubetune.models.load import load_causal_lm, load_tokenizer
+
+    lm = load_causal_lm(str(tiny_model_dir), torch.float32).eval()
+    tokenizer = load_tokenizer(str(tiny_model_dir))
+    renderer = PromptRenderer("chat", tokenizer)
+    return [
+        generate_text(lm, tokenizer, renderer.prompt(r), MAX_NEW, add_special_tokens=False, device=torch.device("cpu"))
+        for r in rows
+    ]
+
+
+def test_rejected_is_the_models_greedy_answer_and_identical_pairs_are_left_out(tiny_model_dir, qa_file, tmp_path):
+    from kubetune.serve.preferences import make_preferences
+
+    rows = [json.loads(line) for line in qa_file.read_text().splitlines()[:5]]
+    greedy = _direct_answers(tiny_model_dir, rows)
+    assert len(set(greedy)) > 1 and all(greedy), greedy  # answers that tell the rows apart
+    rows[2]["output"] = greedy[2]  # this row's model already answers with its reference
+    data = tmp_path / "sft.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    out = tmp_path / "made" / "pairs.jsonl"
+    progress: list[str] = []
+
+    made = make_preferences(None, _recipe(tiny_model_dir, data), out, max_new_tokens=MAX_NEW, echo=progress.append)
+
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert (made.rows, made.written, made.identical, made.no_reference) == (5, 4, 1, 0)
+    assert "wrote 4 preference pairs" in made.summary() and "left out 1 whose greedy answer" in made.summary()
+    assert progress[-1].startswith("make-preferences: 5/5 answered")
+    kept = [i for i in range(5) if i != 2]
+    assert [set(w) for w in written] == [{"instruction", "input", "chosen", "rejected"}] * 4
+    assert [w["input"] for w in written] == [rows[i]["input"] for i in kept]
+    assert [w["instruction"] for w in written] == [rows[i]["instruction"] for i in kept]
+    assert [w["chosen"] for w in written] == [rows[i]["output"] for i in kept]
+    assert [w["rejected"] for w in written] == [greedy[i] for i in kept]
+
+
+def test_limit_takes_the_first_rows_and_chat_rows_keep_their_history(tiny_model_dir, tmp_path):
+    from kubetune.serve.preferences import make_preferences
+
+    chats = [
+        {
+            "conv": [
+                {"role": "user", "content": f"What is {i} plus {i}?"},
+                {"role": "assistant", "content": f"{i} plus {i} is {2 * i}."},
+            ]
+        }
+        for i in range(4)
+    ]
+    data = tmp_path / "chat.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in chats))
+    out = tmp_path / "pairs.jsonl"
+    overrides = [*_recipe(tiny_model_dir, data), "data.columns.messages=conv"]
+
+    made = make_preferences(None, overrides, out, limit=2, max_new_tokens=MAX_NEW, echo=lambda _: None)
+
+    written = [json.loads(line) for line in out.read_text().splitlines()]
+    assert made.rows == 2 and len(written) == 2
+    assert [w["messages"] for w in written] == [c["conv"][:1] for c in chats[:2]]
+    assert [w["chosen"] for w in written] == [c["conv"][1]["content"] for c in chats[:2]]
+    assert all(w["rejected"] and w["rejected"] != w["chosen"] for w in written)
+
+
+@pytest.mark.parametrize(
+    ("out_name", "limit", "says"),
+    [
+        ("dir", None, "is a directory"),
+        ("pairs.json", None, "ending in .jsonl"),
+        ("pairs.jsonl", 0, "--limit 0"),
+    ],
+)
+def test_a_bad_output_or_limit_is_refused_before_the_model_loads(tmp_path, out_name, limit, says):
+    from kubetune.serve.preferences import make_preferences
+
+    (tmp_path / "dir").mkdir()
+    with pytest.raises(UserError, match=says):
+        make_preferences(None, ["model.name_or_path=/no/such/model"], tmp_path / out_name, limit)
+
+
+@pytest.mark.process
+def test_the_cli_prints_one_error_line_for_a_missing_data_file_or_recipe(tmp_path):
+    out = str(tmp_path / "p.jsonl")
+    missing = run_cli(["data", "make-preferences", f"data.train={tmp_path}/none.jsonl", "--out", out])
+    bad_recipe = run_cli(["data", "make-preferences", "no-such-recipe.yaml", "--out", out])
+    for result, names in ((missing, "data.train"), (bad_recipe, "no-such-recipe.yaml")):
+        lines = result.stderr.strip().splitlines()
+        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("kubetune: error: "), result.stderr
+        assert names in lines[0]
+    assert not (tmp_path / "p.jsonl").exists()
