@@ -3,10 +3,14 @@
 import torch
 
 from kubetune.data import Batcher
+from kubetune.data.packing import Batch
+from kubetune.data.sources import map_pair_columns
 from kubetune.data.templates import PromptRenderer
-from kubetune.data.tokenize import tokenize_rows
+from kubetune.data.tokenize import tokenize_pairs, tokenize_rows
 from kubetune.models.attention import SEQLENS_KWARG, register, seqlens_from_cu
+from kubetune.models.finetune import TargetLoss
 from kubetune.models.load import load_causal_lm
+from kubetune.recipe.schema import ColumnsSection
 
 
 def test_packed_logits_equal_each_sample_alone(tiny_model_dir, tokenizer):
@@ -46,3 +50,48 @@ def test_naive_packing_would_differ(tiny_model_dir, tokenizer):
         naive = model(input_ids=ids).logits[0, len(a) :]
         alone = model(input_ids=b[None]).logits[0]
     assert not torch.allclose(naive, alone, atol=1e-4)
+
+
+def test_packed_pairs_score_each_sequence_as_it_scores_alone(tiny_model_dir, tokenizer):
+    """Preference batches: the summed answer log-probability of every sequence of a packed
+    pair batch, through the training forward (TargetLoss with target_sample), equals that of
+    the sequence run alone; without the segment boundaries it would not."""
+    model = load_causal_lm(str(tiny_model_dir), torch.float32, register()).eval()
+    rows = [
+        {
+            "instruction": "Q",
+            "input": f"item {i} " * (1 + i),
+            "chosen": "yes " * (3 + 2 * i),
+            "rejected": "no " * (2 + i),
+        }
+        for i in range(6)
+    ]
+    pairs = map_pair_columns(rows, ColumnsSection(), "data.train")
+    data = tokenize_pairs(pairs, PromptRenderer("chat", tokenizer), tokenizer, 128, True)
+    batcher = Batcher(
+        data, max_seq_len=128, micro_batch_size=2, packing=True, seed=0, pad_id=tokenizer.pad_token_id, shuffle=False
+    )
+    batch, _ = batcher.micro_batch(0, 0)
+    assert batch.pair_ids is not None and batch.chosen is not None and batch.rejected is not None
+    assert any(len(r) > 2 for r in batcher.epoch_rows(0)[:2]), "the test needs rows holding several pairs"
+    loss = TargetLoss(model, model)
+    with torch.no_grad():
+        packed = sample_logps(loss, batch, batch.cu_seqlens)
+        naive = sample_logps(loss, batch, None)  # one causal segment per row: later samples see earlier ones
+        for p, pair in enumerate(batch.pair_ids.tolist()):
+            for s, sample in ((batch.chosen[p], 2 * pair), (batch.rejected[p], 2 * pair + 1)):
+                torch.testing.assert_close(packed[s], alone_logp(model, *data.sample(sample)), atol=1e-4, rtol=1e-5)
+    assert not torch.allclose(packed, naive, atol=1e-3)
+
+
+def sample_logps(loss: TargetLoss, b: Batch, cu_seqlens: list[int] | None) -> torch.Tensor:
+    assert b.target_sample is not None and b.pair_ids is not None
+    return loss(b.input_ids, b.position_ids, b.targets, cu_seqlens, b.target_sample, 2 * len(b.pair_ids))
+
+
+def alone_logp(model, ids, trainable) -> torch.Tensor:
+    """The summed log-probability of a sample's trained tokens, from its own forward's logits."""
+    ids_t = torch.as_tensor(ids, dtype=torch.long)
+    logps = model(input_ids=ids_t[None]).logits[0, :-1].log_softmax(-1)
+    picked = logps.gather(-1, ids_t[1:, None])[:, 0]
+    return picked[torch.as_tensor(trainable[1:])].sum()
