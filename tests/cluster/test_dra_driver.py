@@ -255,3 +255,13 @@ def test_dra_driver_bad_flags_exit_2_with_one_line(tmp_path):
         f"kubetune: error: --registry-dir {tmp_path / 'no'}: not a directory; "
         "mount the kubelet's directory at the same path"
     )
+
+
+def test_dra_driver_modules_do_not_import_torch():
+    code = (
+        "import sys, kubetune.cluster.dra.server, kubetune.cluster.dra.publish, kubetune.cluster.manifests; "
+        "bad = [m for m in sys.modules if m == 'torch' or m.startswith('kubetune.training')]; "
+        "print(bad); sys.exit(1 if bad else 0)"
+    )
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -375,13 +375,22 @@ def render_components(
         "--release",
         help="The monitors' `release` label: the Helm release kube-prometheus-stack's Prometheus selects on.",
     ),
+    devices: str = typer.Option(
+        "plugin",
+        "--devices",
+        help="plugin: the device plugin (extended resources); dra: the DRA driver and its DeviceClass (1.34+).",
+    ),
+    kubernetes_version: str | None = typer.Option(
+        None, "--kubernetes-version", help="The cluster's version, e.g. 1.33: --devices dra is refused before 1.34."
+    ),
     scheduler_config_only: bool = typer.Option(
         False, "--scheduler-config-only", help="Print only the KubeSchedulerConfiguration."
     ),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
 ):
-    """Render the device plugin and netprobe DaemonSets, the extender Deployment/Service, the scheduler config
-    and the Prometheus monitors of the plugin and the extender."""
+    """Render the device plugin (or, with --devices dra, the DRA driver and its DeviceClass) and netprobe
+    DaemonSets, the extender Deployment/Service, the scheduler config and the Prometheus monitors of the
+    plugin and the extender."""
     from kubetune.cluster import manifests
 
     if weights:
@@ -404,6 +413,8 @@ def render_components(
         netprobe_port=netprobe_port,
         monitors=monitors,
         release=release,
+        devices=devices,
+        kubernetes_version=kubernetes_version,
     )
     objects = [manifests.scheduler_config(settings)] if scheduler_config_only else manifests.render(settings)
     text = manifests.to_yaml(objects)

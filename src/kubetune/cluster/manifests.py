@@ -6,6 +6,11 @@
   ClusterRoleBinding, DaemonSet (privileged, hostPath of the plugin and pod-resources
   directories, priorityClassName system-node-critical), on the nodes whose Node Feature
   Discovery PCI labels show the vendor's cards (or `--node-selector`, or `--all-nodes`);
+- or, with `--devices dra` (Kubernetes 1.34+), the DRA driver instead of the device plugin:
+  ServiceAccount, ClusterRole (resourceslices, resourceclaims get, nodes get), binding,
+  DaemonSet (hostPath of the kubelet's plugins_registry and plugins directories and of
+  /var/run/cdi at the same paths, NODE_NAME / POD_UID from the downward API) on the same nodes,
+  and the vendor's DeviceClass (this driver's healthy cards);
 - scheduler extender: ServiceAccount, ClusterRole (list/watch pods and nodes, for the
   optional pod cache), ClusterRoleBinding, Deployment, Service;
 - node prober (`kubetune netprobe`, unless `--no-netprobe`): ServiceAccount, ClusterRole
@@ -23,14 +28,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubetune import dra
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
+from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 from kubetune.errors import UserError
 from kubetune.kube import KUBETUNE, NAME, common_labels
 from kubetune.monitor import monitors
 from kubetune.monitor.contract import DEFAULT_RELEASE, METRICS_PORT_NAME
 
 PLUGIN_NAME = "kubetune-device-plugin"
+DRA_DRIVER_NAME = "kubetune-dra-driver"
+DEVICES = ("plugin", "dra")  # --devices: the device plugin (extended resources) or the DRA driver
 EXTENDER_NAME = "kubetune-scheduler-extender"
 NETPROBE_NAME = "kubetune-netprobe"
 SCHEDULER_CONFIG_NAME = "kubetune-scheduler-config"
@@ -44,6 +53,7 @@ POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 # (default 03, 0b40, 12) are labelled: Gaudi is 1200 (processing accelerator), NVIDIA data-centre
 # GPUs 0302 (3D controller), other NVIDIA GPUs 0300 (VGA). Discovery -> (PCI vendor, classes).
 NFD_PCI = {"sysfs": ("1da3", ("1200",)), "nvml": ("10de", ("0302", "0300"))}
+DRA_VENDOR = {"sysfs": "gaudi", "nvml": "nvidia"}  # --discovery -> kubetune.dra.VENDORS key
 
 
 def nfd_pci_label(device_label: str) -> str:
@@ -68,9 +78,11 @@ class ComponentSettings:
     netprobe_port: int = 7471
     monitors: bool = True  # PodMonitor / ServiceMonitor for Prometheus (needs the Prometheus Operator's CRDs)
     release: str = DEFAULT_RELEASE  # their `release` label: kube-prometheus-stack's Helm release name
+    devices: str = "plugin"  # plugin | dra (the DRA driver, Kubernetes 1.34+)
+    kubernetes_version: str | None = None  # the cluster's, e.g. 1.33: refuses --devices dra before 1.34
 
     def __post_init__(self):
-        problems = self._placement_problems()
+        problems = self._placement_problems() + self._devices_problems()
         if not 1 <= self.extender_weight <= 100:
             problems.append(
                 f"--extender-weight {self.extender_weight}: use 1..100 (the scheduler multiplies the 0..10 score by it)"
@@ -89,6 +101,19 @@ class ComponentSettings:
             problems.append(f"--discovery {self.discovery!r}: use sysfs (Gaudi) or nvml (NVIDIA)")
         if problems:
             raise UserError(*problems)
+
+    def _devices_problems(self) -> list[str]:
+        if self.devices not in DEVICES:
+            return [f"--devices {self.devices!r}: use plugin (the device plugin) or dra (the DRA driver, 1.34+)"]
+        try:
+            version = None
+            if self.kubernetes_version is not None:
+                version = dra.parse_version(self.kubernetes_version, "--kubernetes-version")
+            if self.devices == "dra" and version is not None:
+                dra.require_dra(version, "--devices dra")
+        except UserError as e:
+            return list(e.args)
+        return []
 
     def _placement_problems(self) -> list[str]:
         problems = [
@@ -216,6 +241,93 @@ def device_plugin(s: ComponentSettings) -> list[dict]:
     }
     rules = [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     return _rbac(PLUGIN_NAME, s, "device-plugin", rules) + [daemonset]
+
+
+# What the driver's node plugin needs (KEP-4381): its slices, the claims it prepares, its Node (the owner).
+DRA_RULES = [
+    {
+        "apiGroups": ["resource.k8s.io"],
+        "resources": ["resourceslices"],
+        "verbs": ["get", "list", "watch", "create", "update", "patch", "delete"],
+    },
+    {"apiGroups": ["resource.k8s.io"], "resources": ["resourceclaims"], "verbs": ["get"]},
+    {"apiGroups": [""], "resources": ["nodes"], "verbs": ["get"]},
+]
+
+
+def device_class(vendor: dra.DraVendor) -> dict:
+    """The vendor's DeviceClass: this driver's cards that are healthy now (the driver publishes
+    `healthy` on every device, so the selector never reads a missing attribute)."""
+    healthy = f'device.attributes["{vendor.driver}"].{dra.ATTR_HEALTHY}'
+    return {
+        "apiVersion": dra.RESOURCE_API_VERSION,
+        "kind": "DeviceClass",
+        "metadata": {"name": vendor.device_class, "labels": _labels(DRA_DRIVER_NAME, "dra-driver")},
+        "spec": {"selectors": [{"cel": {"expression": f'device.driver == "{vendor.driver}" && {healthy}'}}]},
+    }
+
+
+def _dra_volumes() -> tuple[list[dict], list[dict]]:
+    """(volumeMounts, volumes): the kubelet's directories and the CDI dir at the host's paths, which
+    the sockets' paths and the CDI ids the kubelet hands the runtime must equal."""
+    dirs = [
+        ("plugins-registry", DEFAULT_REGISTRY_DIR, "Directory"),
+        ("plugins", DEFAULT_PLUGINS_DIR, "Directory"),
+        ("cdi", DEFAULT_CDI_DIR, "DirectoryOrCreate"),
+    ]
+    mounts = [{"name": name, "mountPath": str(path)} for name, path, _ in dirs]
+    volumes = [{"name": name, "hostPath": {"path": str(path), "type": kind}} for name, path, kind in dirs]
+    return mounts, volumes
+
+
+def dra_driver(s: ComponentSettings) -> list[dict]:
+    vendor = dra.VENDORS[DRA_VENDOR[s.discovery]]
+    # not formatted: one flag and its value per line
+    args = [
+        "dra-driver",
+        "--discovery", s.discovery,
+        "--registry-dir", str(DEFAULT_REGISTRY_DIR),
+        "--plugins-dir", str(DEFAULT_PLUGINS_DIR),
+        "--cdi-dir", str(DEFAULT_CDI_DIR),
+    ]  # fmt: skip
+    env = _plugin_env(s) + [{"name": "POD_UID", "valueFrom": {"fieldRef": {"fieldPath": "metadata.uid"}}}]
+    mounts, volumes = _dra_volumes()
+    container = {
+        "name": "dra-driver",
+        "image": s.image,
+        "command": ["kubetune"],
+        "args": args,
+        "env": env,
+        # root and privileged as the device plugin: the kubelet's directories are root's, and the
+        # health probe looks at the host's device nodes
+        "securityContext": {"privileged": True},
+        "resources": {"requests": {"cpu": "10m", "memory": "64Mi"}, "limits": {"memory": "256Mi"}},
+        "volumeMounts": mounts,
+    }
+    daemonset = {
+        "apiVersion": "apps/v1",
+        "kind": "DaemonSet",
+        "metadata": _meta(DRA_DRIVER_NAME, s, "dra-driver"),
+        "spec": {
+            "selector": {"matchLabels": {NAME: DRA_DRIVER_NAME}},
+            "updateStrategy": {"type": "RollingUpdate", "rollingUpdate": {"maxUnavailable": 1}},
+            "template": {
+                "metadata": {"labels": _labels(DRA_DRIVER_NAME, "dra-driver")},
+                "spec": {
+                    **plugin_placement(s),
+                    "serviceAccountName": DRA_DRIVER_NAME,
+                    "priorityClassName": "system-node-critical",
+                    "tolerations": [
+                        {"key": "CriticalAddonsOnly", "operator": "Exists"},
+                        {"key": s.resource, "operator": "Exists", "effect": "NoSchedule"},
+                    ],
+                    "containers": [container],
+                    "volumes": volumes,
+                },
+            },
+        },
+    }
+    return _rbac(DRA_DRIVER_NAME, s, "dra-driver", DRA_RULES) + [daemonset, device_class(vendor)]
 
 
 def managed_resources(s: ComponentSettings) -> tuple[str, ...]:
@@ -349,7 +461,8 @@ def _pod_reader(name: str, s: ComponentSettings, component: str) -> list[dict]:
 
 
 def component_monitors(s: ComponentSettings) -> list[dict]:
-    """What Prometheus scrapes: each device-plugin pod (port `metrics`), the extender's Service (`http`)."""
+    """What Prometheus scrapes: each device-plugin pod (port `metrics`; the DRA driver serves no
+    metrics), the extender's Service (`http`)."""
     plugin = monitors.pod_monitor(
         monitors.monitor_meta(PLUGIN_NAME, s.namespace, _labels(PLUGIN_NAME, "device-plugin"), s.release),
         {NAME: PLUGIN_NAME},
@@ -360,7 +473,7 @@ def component_monitors(s: ComponentSettings) -> list[dict]:
         {NAME: EXTENDER_NAME},
         [monitors.endpoint("http")],
     )
-    return [plugin, extender]
+    return [plugin, extender] if s.devices == "plugin" else [extender]
 
 
 def extender_url(s: ComponentSettings) -> str:
@@ -403,7 +516,8 @@ def scheduler_config_map(s: ComponentSettings) -> dict:
 
 
 def render(s: ComponentSettings) -> list[dict]:
-    objects = device_plugin(s) + extender(s) + (netprobe(s) if s.netprobe else []) + [scheduler_config_map(s)]
+    node_side = device_plugin(s) if s.devices == "plugin" else dra_driver(s)
+    objects = node_side + extender(s) + (netprobe(s) if s.netprobe else []) + [scheduler_config_map(s)]
     return objects + (component_monitors(s) if s.monitors else [])
 
 
