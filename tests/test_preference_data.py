@@ -173,6 +173,8 @@ def test_data_parallel_shares_hold_whole_pairs(tokenizer):
     usable = len(one.epoch_rows(0)) - len(one.epoch_rows(0)) % 2  # equal shares: the odd row is left out
     expected = [s // 2 for row in one.epoch_rows(0)[:usable] for s in row[0::2]]
     assert sorted(split) == sorted(expected) and len(set(split)) == len(split)
+    scoring = [batcher(dp_rank=r, dp_size=3, shuffle=False, every_row=True) for r in range(3)]  # eval's
+    assert sorted(pid for s in scoring for b in every_batch(s) for pid in b.pair_ids.tolist()) == list(range(16))
 
 
 def write_jsonl(path, rows):
