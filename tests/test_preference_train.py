@@ -1,0 +1,262 @@
+"""Preference training (finetune.objective = dpo | orpo | simpo): the losses against values
+worked out by hand, the per-sample log-probs of the chunked head against the plain head, and
+whole runs on the tiny model: TRL's metrics, the reference from the same weights (on the fly
+and precomputed agree), step-exact resume after SIGKILL, and the refused combinations."""
+
+import json
+import math
+import signal
+import time
+
+import pytest
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from kubetune.errors import UserError
+from kubetune.models.finetune import head_logps
+from kubetune.models.lm_loss import sample_logprobs
+from kubetune.recipe import load_recipe
+from kubetune.training.preference import PAIR_METRICS, dpo_loss, orpo_loss, precomputes, simpo_loss
+from kubetune.training.run import train_from_recipe
+
+from .test_train import _train_process
+
+TRL_KEYS = {"loss", *PAIR_METRICS}
+
+
+def softplus(x: float) -> float:
+    """-log sigmoid(-x) = log(1 + e^x)"""
+    return math.log1p(math.exp(x))
+
+
+# ------------------------------------------------------------------ the losses, by hand
+
+
+def test_dpo_loss_is_the_sigmoid_of_the_reward_margin():
+    t = torch.tensor
+    # log-ratios: chosen -1 - (-1.5) = 0.5, rejected -2 - (-1.5) = -0.5: margin 1, beta 0.1
+    losses, rc, rr = dpo_loss(t([-1.0]), t([-2.0]), t([-1.5]), t([-1.5]), beta=0.1)
+    assert losses.item() == pytest.approx(softplus(-0.1), rel=1e-6)  # -log sigmoid(0.1)
+    assert (rc.item(), rr.item()) == pytest.approx((0.05, -0.05))
+    # conservative DPO: 10% of the labels assumed flipped
+    smoothed, _, _ = dpo_loss(t([-1.0]), t([-2.0]), t([-1.5]), t([-1.5]), beta=0.1, label_smoothing=0.1)
+    assert smoothed.item() == pytest.approx(0.9 * softplus(-0.1) + 0.1 * softplus(0.1), rel=1e-6)
+
+
+def test_orpo_odds_ratio_term():
+    c, r = -0.5, -1.0  # mean log-probs per token
+    log_odds = (c - r) - (math.log(1 - math.exp(c)) - math.log(1 - math.exp(r)))
+    term, rc, rr = orpo_loss(torch.tensor([c]), torch.tensor([r]), beta=0.1)
+    assert term.item() == pytest.approx(0.1 * softplus(-log_odds), rel=1e-6)  # -beta log sigmoid(log_odds)
+    assert (rc.item(), rr.item()) == pytest.approx((-0.05, -0.1))
+
+
+def test_simpo_loss_has_its_target_margin():
+    # z = beta ((c - r) - gamma / beta) = 2 (0.5 - 0.25) = 0.5
+    losses, rc, rr = simpo_loss(torch.tensor([-0.5]), torch.tensor([-1.0]), beta=2.0, gamma=0.5)
+    assert losses.item() == pytest.approx(softplus(-0.5), rel=1e-6)
+    assert (rc.item(), rr.item()) == pytest.approx((-1.0, -2.0))
+    smoothed, _, _ = simpo_loss(torch.tensor([-0.5]), torch.tensor([-1.0]), 2.0, 0.5, label_smoothing=0.2)
+    assert smoothed.item() == pytest.approx(0.8 * softplus(-0.5) + 0.2 * softplus(0.5), rel=1e-6)
+
+
+# ------------------------------------------------------------------ per-sample log-probs of the chunked head
+
+
+def plain_logprobs(hidden, weight, targets, samples, n):
+    picked = -F.cross_entropy((hidden @ weight.t()).float(), targets.clamp(min=0), reduction="none")
+    keep = samples >= 0
+    return torch.zeros(n).index_add_(0, samples[keep], picked[keep])
+
+
+@pytest.mark.parametrize("chunk", [1, 8, 1000])
+@pytest.mark.parametrize("train_weight", [False, True])
+def test_sample_logprobs_and_gradients_equal_the_plain_head(chunk, train_weight):
+    g = torch.Generator().manual_seed(0)
+    hidden, weight = torch.randn(37, 24, generator=g), torch.randn(101, 24, generator=g) * 0.3
+    targets = torch.randint(0, 101, (37,), generator=g)
+    samples = torch.randint(-1, 5, (37,), generator=g)  # -1: a row of no sample
+    upstream = torch.randn(5, generator=g)  # what a preference loss sends back per sample
+    h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_(train_weight)
+    h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_(train_weight)
+    ours = sample_logprobs(h1, w1, targets, samples, 5, chunk_rows=chunk)
+    ref = plain_logprobs(h2, w2, targets, samples, 5)
+    (ours * upstream).sum().backward()
+    (ref * upstream).sum().backward()
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-5, atol=1e-6)
+    if train_weight:
+        torch.testing.assert_close(w1.grad, w2.grad, rtol=1e-5, atol=1e-5)
+    else:
+        assert w1.grad is None
+
+
+def test_static_shapes_and_a_wrapped_head_give_the_same_logprobs():
+    g = torch.Generator().manual_seed(1)
+    head = nn.Linear(16, 50, bias=False)
+    hidden = torch.randn(2, 9, 16, generator=g)
+    targets = torch.randint(0, 50, (2, 9), generator=g)
+    owner = torch.randint(-1, 3, (2, 9), generator=g)
+    targets[owner < 0] = -100
+    selected = head_logps(head, hidden, targets, owner, 3, static_shapes=False)
+    padded = head_logps(head, hidden, targets, owner, 3, static_shapes=True)
+    through_module = head_logps(nn.Sequential(head), hidden, targets, owner, 3)  # not a plain Linear
+    torch.testing.assert_close(selected, padded)
+    torch.testing.assert_close(selected, through_module)
+
+
+# ------------------------------------------------------------------ recipes
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["finetune.objective=dpo", "finetune.method=full", "finetune.preference.reference=adapter_off"], "copy"),
+        (["finetune.objective=orpo", "finetune.preference.label_smoothing=0.1"], "ORPO has none"),
+    ],
+)
+def test_bad_combinations_are_one_line(overrides, says):
+    with pytest.raises(UserError) as e:
+        load_recipe(None, overrides)
+    assert says in str(e.value) and "\n" not in str(e.value).strip()
+
+
+def test_auto_precomputes_from_one_epoch_on():
+    auto = load_recipe(None, ["finetune.objective=dpo"]).recipe
+    assert precomputes(auto, total_steps=10, steps_per_epoch=10)
+    assert not precomputes(auto, total_steps=9, steps_per_epoch=10)
+    asked = load_recipe(None, ["finetune.objective=dpo", "finetune.preference.reference_logps=on_the_fly"]).recipe
+    assert not precomputes(asked, total_steps=100, steps_per_epoch=10)
+
+
+# ------------------------------------------------------------------ whole runs on the tiny model
+
+
+@pytest.fixture
+def pairs_file(tmp_path):
+    rows = [
+        {
+            "instruction": "Answer this question truthfully",
+            "input": f"What is fact number {i}?",
+            "chosen": f"Fact number {i} is that {i} plus {i} equals {2 * i}.",
+            "rejected": f"I do not know fact {i}.",
+        }
+        for i in range(40)
+    ]
+    path = tmp_path / "pairs.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def pref_overrides(tiny_overrides, pairs_file):
+    return [o for o in tiny_overrides if not o.startswith(("data.train=", "eval.generate"))] + [
+        f"data.train={pairs_file}",
+        "eval.generate=0",
+        "finetune.objective=dpo",
+        "train.log_every=1",
+    ]
+
+
+def records(run):
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.process
+def test_dpo_on_the_fly_and_precomputed_reference_train_the_same(tmp_path, pref_overrides):
+    fly = tmp_path / "fly"
+    pre = tmp_path / "pre"
+    steps = ["train.max_steps=4", "train.save_every=0"]
+    a = train_from_recipe(
+        None, pref_overrides + steps + [f"output_dir={fly}", "finetune.preference.reference_logps=on_the_fly"]
+    )
+    b = train_from_recipe(
+        None, pref_overrides + steps + [f"output_dir={pre}", "finetune.preference.reference_logps=precompute"]
+    )
+    ra, rb = records(fly), records(pre)
+    assert all(set(r) >= TRL_KEYS for r in ra + rb)
+    # the reference is the starting model: at step 1 every reward is 0 and DPO's loss is log 2
+    assert ra[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    assert ra[0]["rewards/margins"] == pytest.approx(0.0, abs=1e-6)
+    for x, y in zip(ra, rb):
+        for key in TRL_KEYS:
+            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-5), key
+    assert ra[-1]["rewards/margins"] > 0 and ra[-1]["loss"] < ra[0]["loss"]
+    assert (pre / "reference_logps.pt").is_file() and not (fly / "reference_logps.pt").exists()
+    # held-out pairs: the accuracy of their rewards, the perplexity of their chosen answers
+    assert a.reward_accuracy_before == 0.0 and a.reward_accuracy_after == pytest.approx(b.reward_accuracy_after)
+    assert a.reward_accuracy_after > 0.5
+    assert a.eval_loss_after < a.eval_loss_before == pytest.approx(math.log(2), abs=1e-6)
+    summary = json.loads((fly / "summary.json").read_text())
+    assert summary["objective"] == "dpo" and summary["eval_after"]["eval_rewards/accuracies"] == a.reward_accuracy_after
+    assert summary["perplexity_after"] > 1
+
+
+@pytest.mark.process
+def test_full_dpo_reference_copy_equals_the_precomputed_start(tmp_path, pref_overrides):
+    full = pref_overrides + ["finetune.method=full", "train.lr=1e-3", "train.max_steps=3", "train.save_every=0"]
+    copy = records_of(tmp_path / "copy", full + ["finetune.preference.reference_logps=on_the_fly"])
+    pre = records_of(tmp_path / "pre", full + ["finetune.preference.reference_logps=precompute"])
+    assert copy[0]["loss"] == pytest.approx(math.log(2), abs=1e-6)
+    for x, y in zip(copy, pre):
+        assert x["loss"] == pytest.approx(y["loss"], rel=1e-4)
+        assert x["rewards/margins"] == pytest.approx(y["rewards/margins"], rel=1e-3, abs=1e-5)
+
+
+def records_of(out, overrides):
+    train_from_recipe(None, overrides + [f"output_dir={out}"])
+    return records(out)
+
+
+@pytest.mark.process
+def test_a_copy_over_the_memory_budget_is_refused_with_its_cost(tmp_path, pref_overrides, monkeypatch):
+    monkeypatch.setenv("KUBETUNE_MEMORY_BUDGET", str(1024**2))  # 1 MiB
+    args = pref_overrides + ["finetune.method=full", "finetune.preference.reference_logps=on_the_fly"]
+    with pytest.raises(UserError, match=r"frozen copy of the weights costs .* GiB per process"):
+        train_from_recipe(None, args + [f"output_dir={tmp_path / 'run'}"])
+
+
+@pytest.mark.process
+@pytest.mark.parametrize("objective", ["orpo", pytest.param("simpo", marks=pytest.mark.slow)])
+def test_reference_free_objectives_learn_the_preference(tmp_path, pref_overrides, objective):
+    out = tmp_path / objective
+    summary = train_from_recipe(
+        None, pref_overrides + [f"finetune.objective={objective}", "train.max_steps=6", f"output_dir={out}"]
+    )
+    rs = records(out)
+    assert all(set(r) >= TRL_KEYS for r in rs)
+    assert rs[-1]["rewards/margins"] > rs[0]["rewards/margins"]
+    assert summary.reward_accuracy_after >= summary.reward_accuracy_before
+    assert not (out / "reference_logps.pt").exists()  # no reference at all
+
+
+@pytest.mark.process
+def test_dpo_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, pref_overrides):
+    common = pref_overrides + [
+        "train.max_steps=8",
+        "train.save_every=3",
+        "finetune.preference.reference_logps=precompute",
+    ]
+    straight = tmp_path / "straight"
+    train_from_recipe(None, common + [f"output_dir={straight}"])
+    out = tmp_path / "killed"
+    proc = _train_process(common + [f"output_dir={out}"])
+    deadline = time.time() + 240
+    while not (out / "checkpoints" / "step-6" / "meta.json").exists():
+        assert proc.poll() is None, proc.stdout.read()
+        assert time.time() < deadline, "no checkpoint appeared"
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    table = (out / "reference_logps.pt").stat().st_mtime_ns
+    resumed = _train_process(common + [f"output_dir={out}"])
+    log, _ = resumed.communicate(timeout=240)
+    assert resumed.returncode == 0, log
+    assert "resumed from" in log and "reference log-probs read from" in log
+    assert (out / "reference_logps.pt").stat().st_mtime_ns == table  # read back, not recomputed
+    a, b = records(straight), records(out)
+    assert [r["step"] for r in b] == list(range(1, 9))
+    for x, y in zip(a, b):
+        for key in TRL_KEYS:
+            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-5), (key, x["step"])
