@@ -234,6 +234,11 @@ def scenarios(client: RecordingClient) -> None:
     lifecycle(client, finetune("second", spec))
     # 3. TrainJob, created suspended, then resumed
     lifecycle(client, finetune("third", {"recipe": copy.deepcopy(SEED_LIKE), "api": "trainjob", "suspend": True}))
+    # 4. NVIDIA cards claimed through DRA (k8s.devices=dra): the pods' ResourceClaimTemplate
+    recipe = copy.deepcopy(SEED_LIKE)
+    recipe["k8s"].update(devices="dra", dra={"min_memory": "40Gi"})
+    recipe["k8s"]["resources"].update(accelerators=1, shm_size="1Gi")
+    lifecycle(client, finetune("fourth", {"recipe": recipe, "profile": "nvidia"}))
 
 
 @pytest.fixture(scope="module")
@@ -293,4 +298,5 @@ def test_the_cluster_role_grants_exactly_what_the_operator_asks_across_the_clust
 def test_the_scenarios_reach_every_kind_the_operator_renders(recorded):
     # guards the scenarios themselves: each optional object kind was created at least once
     created = {resource for group, resource, verb in recorded[True] if verb == "create"}
-    assert {"pytorchjobs", "trainjobs", "podgroups", "resourcequotas", "secrets", "jobs", "ingresses"} <= created
+    kinds = {"pytorchjobs", "trainjobs", "podgroups", "resourcequotas", "secrets", "jobs", "ingresses"}
+    assert kinds | {"resourceclaimtemplates"} <= created

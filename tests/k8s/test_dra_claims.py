@@ -400,3 +400,16 @@ def test_the_cli_flags_are_the_recipe_keys(cli):
     assert rendered.code == 0 and "kind: ResourceClaimTemplate" in rendered.out
     bad = cli("k8s", "render", RECIPE, "--profile", "gaudi", "--devices", "claims")
     assert bad.code == 2 and "k8s.devices" in bad.err
+
+
+def test_the_operator_renders_and_owns_the_claim_template():
+    from kubetune.operator import plan
+
+    spec = plan.FineTuneSpec(profile="gaudi")
+    recipe = plan.load_recipe_for("ft", "team", {"k8s": {"devices": "dra", "dra": {"model": "gaudi3"}}}, spec)
+    owner = {"metadata": {"name": "ft", "uid": "uid-ft"}}
+    template = _template(plan.owned(render(recipe).objects, owner, delete_claim=False))
+    assert template["metadata"]["name"] == "ft-cards"
+    assert template["metadata"]["ownerReferences"][0]["uid"] == "uid-ft"  # deleted with the FineTune
+    with pytest.raises(UserError, match=r"k8s\.devices=dra on k8s\.kubernetes_version=1\.32"):
+        plan.load_recipe_for("ft", "team", {"k8s": {"devices": "dra", "kubernetes_version": "1.32"}}, spec)

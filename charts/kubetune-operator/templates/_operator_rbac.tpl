@@ -102,4 +102,8 @@ through whole lifecycles, records every request, and fails on a rule missing or 
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors, servicemonitors]
   verbs: [create]
+# k8s.devices=dra: the ResourceClaimTemplate the job's and the server's pods claim their cards from
+- apiGroups: [resource.k8s.io]
+  resources: [resourceclaimtemplates]
+  verbs: [create]
 {{- end }}
