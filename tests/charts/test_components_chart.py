@@ -52,6 +52,8 @@ VALUES = {
     "netprobe_port": (("netprobe", "port"), int),
     "monitors": (("monitors", "enabled"), bool),
     "release": (("monitors", "release"), str),
+    "devices": (("draDriver", "enabled"), lambda devices: devices == "dra"),  # tests/cluster/test_dra_chart.py
+    "kubernetes_version": None,  # Helm's .Capabilities.KubeVersion: the cluster's own
 }
 
 CASES = {

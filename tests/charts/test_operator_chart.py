@@ -64,6 +64,10 @@ def test_lint_finds_nothing(case):
 
 def test_every_template_renders_objects_with_every_component_on():
     rendered = render(OPERATOR_CHART, ALL_ON)
+    # the DRA driver takes the device plugin's place: it renders with the plugin off (tests/cluster/test_dra_chart.py)
+    dra = {"devicePlugin": {"enabled": False}, "draDriver": {"enabled": True}}
+    dra_on = {"components": {**ALL_ON["components"], **dra}}
+    rendered.update({p: t for p, t in render(OPERATOR_CHART, dra_on).items() if p.endswith("/dra-driver.yaml")})
     templates = [t["name"] for t in chart(OPERATOR_CHART).templates if not t["name"].rsplit("/")[-1].startswith("_")]
     empty = [t for t in templates if t.endswith(".yaml") and not rendered[f"kubetune-operator/{t}"]]
     assert templates and empty == []
