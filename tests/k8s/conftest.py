@@ -85,6 +85,8 @@ RESOURCES = {
     "trainer.kubeflow.org/v1alpha1/clustertrainingruntimes": ("ClusterTrainingRuntime", False),
     "scheduling.x-k8s.io/v1alpha1/podgroups": ("PodGroup", True),
     "scheduling.volcano.sh/v1beta1/podgroups": ("PodGroup", True),
+    "kueue.x-k8s.io/v1beta2/workloads": ("Workload", True),
+    "kueue.x-k8s.io/v1beta2/localqueues": ("LocalQueue", True),
 }
 
 

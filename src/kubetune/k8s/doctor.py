@@ -19,6 +19,7 @@ so every rule is tested with plain dicts. The rules, in the order they are repor
 | pods missing and the namespace's ResourceQuotas lack room (or FailedCreate "exceeded quota") | the job does not fit |
 | job condition Failed | the operator's reason |
 | no pods for a job that is not suspended | operator missing, or waiting in a Kueue queue |
+| suspended in a Kueue queue: no LocalQueue, no Workload, its conditions | Kueue's reason and message, the fix |
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetune.k8s import quota
+from kubetune.k8s import kueue, quota
 from kubetune.k8s.names import KUEUE_LABEL, Names
 from kubetune.recipe.comm import ACCELERATOR_KINDS, oneccl_advice, oneccl_variables
 
@@ -56,6 +57,8 @@ class Snapshot:
     recipe: dict = field(default_factory=dict)  # the ConfigMap's recipe (for the values fixes mention)
     quotas: list[dict] = field(default_factory=list)  # the namespace's ResourceQuotas
     namespace_pods: list[dict] = field(default_factory=list)  # every pod of the namespace (what quotas count)
+    workload: dict | None = None  # the Kueue Workload of a queued job
+    local_queue_missing: bool = False  # the job's Kueue LocalQueue does not exist
 
 
 def _get(d: object, dotted: str, default: object = "?") -> Any:
@@ -347,6 +350,125 @@ def _exceeded_quota_events(snap: Snapshot) -> list[Finding]:
     return [Finding("error", f"job {snap.name}", problem, _quota_fix(snap.namespace))]
 
 
+# ----------------------------------------------------------------------------- Kueue
+
+# What to do about a pending Workload, by what Kueue's QuotaReserved message says (first match).
+_PENDING_FIXES = (
+    (
+        re.compile(r"LocalQueue \S+ (doesn't exist|is inactive)"),
+        (
+            "create or restart the LocalQueue: `kubetune k8s render RECIPE --kueue -o DIR` writes it with its "
+            "ClusterQueue (`kubectl create -f` them), or set k8s.queue to one of `kubectl get localqueues -n {ns}`"
+        ),
+    ),
+    (
+        re.compile(r"ClusterQueue \S+ (doesn't exist|is inactive)"),
+        (
+            "the ClusterQueue behind LocalQueue {queue} is missing, stopped or lacks its ResourceFlavor or Topology: "
+            "`kubectl describe clusterqueue` shows which (`render --kueue` writes all three)"
+        ),
+    ),
+    (
+        re.compile(r"request > maximum capacity|> maximum capacity"),
+        (
+            "the job asks for more than its ClusterQueue can ever lend it, so it never fits: raise that resource's "
+            "nominalQuota (`kubectl edit clusterqueue`; k8s.kueue.quota_jobs with `render --kueue`) or lower "
+            "k8s.replicas / k8s.resources.*"
+        ),
+    ),
+    (
+        re.compile(r"insufficient unused quota"),
+        (
+            "other Workloads hold the quota (`kubectl get workloads -n {ns}`): it is admitted when they finish; "
+            "a higher k8s.priority_value lets it preempt them where the ClusterQueue allows preemption"
+        ),
+    ),
+    (
+        re.compile(r"unavailable in ClusterQueue|not covered", re.IGNORECASE),
+        (
+            "the ClusterQueue does not cover a resource the pods request: add it to coveredResources with a quota "
+            "(`render --kueue` covers every resource the job requests)"
+        ),
+    ),
+    (
+        re.compile(r"topology|doesn't allow to fit", re.IGNORECASE),
+        (
+            "no domain of the requested topology level has room for every pod: ask for k8s.kueue.topology.preferred "
+            "instead of required, a wider level, or fewer k8s.replicas"
+        ),
+    ),
+)
+_EVICTED_FIXES = {
+    "Preempted": "a Workload of higher priority took its quota; Kueue requeues it: raise k8s.priority_value or the "
+    "ClusterQueue's quota",
+    "PodsReadyTimeout": "its pods were not all ready in time (Kueue's waitForPodsReady): see the pod findings "
+    "(image pulls, scheduling); Kueue requeues it",
+    "InactiveWorkload": "Kueue deactivated it (too many requeues, or spec.active=false): fix the cause, then "
+    '`kubectl patch workload {wl} -n {ns} --type merge -p \'{{"spec":{{"active":true}}}}\'`',
+    "ClusterQueueStopped": "its ClusterQueue was stopped (spec.stopPolicy): resume it with `kubectl edit clusterqueue`",
+    "LocalQueueStopped": "LocalQueue {queue} was stopped (spec.stopPolicy): resume it with "
+    "`kubectl edit localqueue {queue} -n {ns}`",
+}
+
+
+def _conditions(obj: dict) -> dict[str, dict]:
+    return {c.get("type", ""): c for c in _get(obj, "status.conditions", []) or []}
+
+
+def _said(condition: dict) -> str:
+    return f"{condition.get('reason', '')}: {condition.get('message', '')}".strip(": ")
+
+
+def _queue_findings(snap: Snapshot, queue: str) -> list[Finding]:
+    """Why Kueue has not started a job that waits, suspended, in `queue`."""
+    subject, ns = f"{(snap.job or {}).get('kind')} {snap.name}", snap.namespace
+    if snap.local_queue_missing:
+        problem = f"suspended in Kueue queue {queue}, but LocalQueue {queue} does not exist in namespace {ns}"
+        return [Finding("error", subject, problem, _PENDING_FIXES[0][1].format(ns=ns, queue=queue))]
+    if snap.workload is None:
+        return [
+            Finding(
+                "warning",
+                subject,
+                f"suspended in Kueue queue {queue}, and Kueue made no Workload for it",
+                f"Kueue is not running or does not manage this kind (`kubectl describe localqueue {queue} -n {ns}`, "
+                "`kubectl get pods -n kueue-system`): its configuration's integrations.frameworks must list "
+                "kubeflow.org/pytorchjob or trainer.kubeflow.org/trainjob; without Kueue, drop k8s.queue",
+            )
+        ]
+    return _workload_findings(snap.workload, subject, queue, ns)
+
+
+def _workload_findings(workload: dict, subject: str, queue: str, ns: str) -> list[Finding]:
+    """One finding from the Workload's conditions: evicted, pending, or waiting for its checks or pods."""
+    wl = workload["metadata"]["name"]
+    conditions = _conditions(workload)
+    holds = {kind for kind, c in conditions.items() if c.get("status") == "True"}
+    subject = f"{subject} (Workload {wl})"
+    if "Finished" in holds:
+        return []
+    if "Evicted" in holds:
+        evicted = conditions["Evicted"]
+        fix = _EVICTED_FIXES.get(evicted.get("reason", ""), f"`kubectl describe workload {wl} -n {ns}`")
+        return [Finding("error", subject, f"evicted by Kueue: {_said(evicted)}", fix.format(wl=wl, ns=ns, queue=queue))]
+    if "Admitted" in holds:
+        ready = conditions.get("PodsReady")
+        if ready is None or ready.get("status") == "True":
+            return [Finding("info", subject, "admitted by Kueue; the job starts now", "wait a moment")]
+        problem = f"admitted by Kueue, its pods not ready: {_said(ready)}"
+        return [Finding("warning", subject, problem, "see the pod findings; `kubetune k8s status` once they run")]
+    if "QuotaReserved" in holds:
+        admitted = conditions.get("Admitted") or {}
+        problem = f"quota reserved, waiting for its admission checks: {_said(admitted) or 'no Admitted condition yet'}"
+        return [Finding("warning", subject, problem, f"`kubectl describe workload {wl} -n {ns}` (admissionChecks)")]
+    pending = conditions.get("QuotaReserved")
+    said = _said(pending) if pending else "no QuotaReserved condition yet (Kueue has not considered it)"
+    message = (pending or {}).get("message", "")
+    default = f"`kubectl describe workload {wl} -n {ns}` and `kubectl describe localqueue {queue} -n {ns}`"
+    fix = next((f for pattern, f in _PENDING_FIXES if pattern.search(message)), default)
+    return [Finding("error", subject, f"not admitted by Kueue: {said}", fix.format(ns=ns, queue=queue))]
+
+
 # ----------------------------------------------------------------------------- job level
 
 
@@ -384,15 +506,7 @@ def _job_findings(snap: Snapshot) -> list[Finding]:
     queue = (job["metadata"].get("labels") or {}).get(KUEUE_LABEL)
     if not snap.pods and not failed:
         if suspended and queue:
-            out.append(
-                Finding(
-                    "warning",
-                    f"{job['kind']} {snap.name}",
-                    f"suspended, waiting for admission in Kueue queue {queue}",
-                    f"the ClusterQueue behind LocalQueue {queue} lacks quota for the job: "
-                    f"`kubectl describe localqueue {queue} -n {snap.namespace}` and the Workload's events",
-                )
-            )
+            out += _queue_findings(snap, queue)
         elif suspended:
             out.append(Finding("warning", f"{job['kind']} {snap.name}", "the job is suspended", "unsuspend it"))
         elif not _get(job, "status", None):
@@ -460,6 +574,8 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
     cls = _get(snap.pvc or {}, "spec.storageClassName", None)
     if cls and client.get("storage.k8s.io/v1", "StorageClass", cls) is None:
         snap.storage_class_missing = cls
+    if job is not None and (queue := kueue.queue_of(job)):
+        _collect_queue(client, snap, job, queue)
     container = CONTAINER["pytorchjob" if (job or {}).get("kind") != "TrainJob" else "trainjob"]
     for pod in snap.pods:
         if _get(pod, "status.phase", "") == "Pending" and not _get(pod, "status.containerStatuses", None):
@@ -469,6 +585,15 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
                 client.pod_log(pod["metadata"]["name"], namespace, container, tail_lines=log_lines)
             )
     return snap
+
+
+def _collect_queue(client, snap: Snapshot, job: dict, queue: str) -> None:
+    """The job's Kueue Workload and whether its LocalQueue exists (nothing when Kueue's API is not readable)."""
+    from kubetune.k8s.client import ClusterError
+
+    with contextlib.suppress(ClusterError):
+        snap.workload = kueue.workload_of(client.list(kueue.API_VERSION, "Workload", snap.namespace), job)
+        snap.local_queue_missing = client.get(kueue.API_VERSION, "LocalQueue", queue, snap.namespace) is None
 
 
 def _with_resolved_resources(recipe: dict) -> dict:
