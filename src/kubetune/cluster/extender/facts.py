@@ -58,14 +58,23 @@ def _gang_size(pod: Pod) -> int | None:
     return None
 
 
+def _job_of(pod: Pod) -> str | None:
+    labels = pod.metadata.labels or {}
+    job_name = next((labels[k] for k in JOB_LABELS if labels.get(k)), None)
+    return f"{pod.metadata.namespace or 'default'}/{job_name}" if job_name else None
+
+
 def request_of(pod: Pod, resources: tuple[str, ...]) -> Request:
+    """What the pod asks for: whole cards of the first managed resource it requests, else, for a
+    pod whose cards come from DRA claims (no extended resource to count), only its job."""
+    job = _job_of(pod)
+    gang_size = _gang_size(pod) if job else None
     for resource in resources:
         cards = pod_cards(pod, resource)
         if cards > 0:
-            labels = pod.metadata.labels or {}
-            job_name = next((labels[k] for k in JOB_LABELS if labels.get(k)), None)
-            job = f"{pod.metadata.namespace or 'default'}/{job_name}" if job_name else None
-            return Request(resource=resource, cards=cards, job=job, gang_size=_gang_size(pod) if job else None)
+            return Request(resource=resource, cards=cards, job=job, gang_size=gang_size)
+    if pod.spec.resource_claims:
+        return Request(resource=None, cards=0, job=job, gang_size=gang_size, claims=True)
     return Request(resource=None, cards=0)
 
 

@@ -2,6 +2,12 @@
 
 Filter: a node stays only if the pod's whole-card request fits on it now.
 
+A pod that claims its cards through DRA (Kubernetes 1.34+: spec.resourceClaims, no extended
+resource) asks the extender for no cards: the filter keeps every node (the scheduler's own DRA
+allocator decides which node's free devices satisfy the claim, and which cards, on which PCIe
+root, healthy or not), and of the scores below only `closeness` and `rdma` apply; `fit` and
+`hbm` are neutral, because the claim's cards are not what the device plugin's annotations count.
+
 Prioritize: four component scores, each 0..10, combined as a weighted mean and rounded:
 
 - `fit` rewards whole-card bin packing (the node the request leaves least fragmented):
@@ -79,12 +85,14 @@ class Weights:
 
 @dataclass(frozen=True)
 class Request:
-    """What the pod asks for: `cards` whole cards of `resource` on one node."""
+    """What the pod asks for: `cards` whole cards of `resource` on one node, or (`claims`) cards
+    through DRA ResourceClaims, whose number and choice the scheduler's DRA allocator decides."""
 
     resource: str | None
     cards: int
     job: str | None = None  # "namespace/job-name" when the pod belongs to a training job
     gang_size: int | None = None  # workers in the job (PET_NNODES), when known
+    claims: bool = False  # the pod claims its cards through DRA (spec.resourceClaims)
 
 
 class NodeFacts(NamedTuple):
@@ -210,9 +218,10 @@ def _columns(req: Request, nodes: list[NodeFacts], peers: Peers) -> list[list[fl
                 # only whole workers count: a node with 3 free cards holds one 2-card worker
                 leaf_free[n.leaf] = leaf_free.get(n.leaf, 0) + (n.cards_free // req.cards) * req.cards
     neutral = [NEUTRAL] * len(nodes)  # components without data for anyone cost nothing per node
+    cards_known = not req.claims  # a claim's cards are DRA's to count and choose, not these annotations'
     return [
-        [fit_score(req, n) for n in nodes],  # 0..10 by construction
-        [_clamp(hbm_score(h, best_hbm)) for h in hbm] if best_hbm else neutral,
+        [fit_score(req, n) for n in nodes] if cards_known else neutral,  # 0..10 by construction
+        [_clamp(hbm_score(h, best_hbm)) for h in hbm] if best_hbm and cards_known else neutral,
         [closeness_score(req, n, peers, leaf_free) for n in nodes]
         if req.job is not None
         else neutral,  # 0..10 by construction
@@ -249,6 +258,6 @@ def prioritize(
     req: Request, nodes: list[NodeFacts], peers: Peers | None = None, weights: Weights = Weights()
 ) -> dict[str, int]:
     """Node name -> score 0..10 (see the table in the module docstring)."""
-    if req.cards <= 0 or req.resource is None:
+    if (req.cards <= 0 or req.resource is None) and not req.claims:
         return {n.name: int(NEUTRAL) for n in nodes}
     return dict(zip((n.name for n in nodes), _combine(_columns(req, nodes, peers or Peers()), weights)))

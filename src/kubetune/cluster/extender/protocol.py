@@ -48,10 +48,16 @@ class Container(_Lenient):
     env: list[EnvVar] | None = None
 
 
+class PodResourceClaim(_Lenient):
+    name: str = ""
+
+
 class PodSpec(_Lenient):
     containers: list[Container] = Field(default_factory=list)
     init_containers: list[Container] | None = Field(None, alias="initContainers")
     node_name: str = Field("", alias="nodeName")
+    # DRA (Kubernetes 1.34+): the pod's cards come from these claims, not from extended resources
+    resource_claims: list[PodResourceClaim] | None = Field(None, alias="resourceClaims")
 
 
 class Pod(_Lenient):
