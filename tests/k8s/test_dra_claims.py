@@ -14,6 +14,7 @@ from celpy import celtypes
 from kubetune import dra
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, Card
 from kubetune.cluster.dra.slices import build_slices
+from kubetune.cluster.manifests import device_class
 from kubetune.errors import UserError
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
@@ -138,10 +139,8 @@ def passes(expressions: list[str], driver: str, device: dict) -> bool:
 
 
 def device_class_selectors(vendor: dra.DraVendor) -> list[str]:
-    """The vendor's DeviceClass selector as the DRA driver's chart ships it: its own devices,
-    healthy ones only."""
-    healthy = f'device.attributes["{vendor.driver}"].{dra.ATTR_HEALTHY}'
-    return [f'device.driver == "{vendor.driver}" && has({healthy}) && {healthy}']
+    """The selectors of the vendor's DeviceClass as `render-components --devices dra` ships it."""
+    return [s["cel"]["expression"] for s in device_class(vendor)["spec"]["selectors"]]
 
 
 def selected(template: dict, vendor: dra.DraVendor, slices: list[dict]) -> dict[str, list[str]]:
