@@ -260,3 +260,36 @@ def test_dpo_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, pref_ove
     for x, y in zip(a, b):
         for key in TRL_KEYS:
             assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-5), (key, x["step"])
+
+
+# ------------------------------------------------------------------ several processes
+
+
+@pytest.mark.multiproc
+@pytest.mark.parametrize(
+    "parallel, reference_logps",
+    [
+        ([], "on_the_fly"),  # DDP, the adapter switched off in every step
+        # FSDP2, each rank's share of the table summed (slow: CI runs FSDP2 in test_distributed.py)
+        pytest.param(["parallel.fsdp=2"], "precompute", marks=pytest.mark.slow),
+    ],
+)
+def test_two_processes_train_dpo_as_one(tmp_path, pref_overrides, parallel, reference_logps):
+    from .test_distributed import finish, kubetune
+
+    common = [o for o in pref_overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
+        "train.max_steps=3",
+        "train.save_every=0",
+        f"finetune.preference.reference_logps={reference_logps}",
+    ]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_from_recipe(None, [*common, "train.grad_accum=2", f"output_dir={one}"])
+    out = finish(
+        kubetune(["train", "--nproc-per-node", "2", *common, *parallel, "train.grad_accum=1", f"output_dir={two}"])
+    )
+    assert "2 process(es)" in out
+    for x, y in zip(records(one), records(two), strict=True):
+        for key in TRL_KEYS:
+            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-5), (key, x["step"])
+    sa, sb = (json.loads((run / "summary.json").read_text()) for run in (one, two))
+    assert sa["eval_after"] == pytest.approx(sb["eval_after"], rel=1e-4, abs=1e-5)
