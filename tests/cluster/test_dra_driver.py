@@ -108,6 +108,13 @@ class Node:
         }
         client.ResourceV1Api(self.api).create_namespaced_resource_claim("team", claim)
 
+    def delete_slices(self) -> None:
+        """What a starting kubelet does to its node's slices."""
+        from kubernetes import client
+
+        for s in self.slices():
+            client.ResourceV1Api(self.api).delete_resource_slice(s["metadata"]["name"])
+
     def slices(self) -> list[dict]:
         from kubernetes import client
 
@@ -210,6 +217,10 @@ def test_dra_driver_registers_prepares_survives_a_restart_and_unprepares(node):
     assert v1beta1_ids == [list(d.cdi_device_ids) for d in prepared.devices]
     assert len(list(node.cdi.iterdir())) == 1
 
+    node.reg_socket.unlink()  # deregistered: the driver serves the socket again for the plugin watcher
+    assert wait_for(node.reg_socket.exists, 20)
+    assert _register(node).endpoint == endpoint
+
     assert node.stop() == 0
     assert not node.reg_socket.exists() and not Path(endpoint).exists()  # its own sockets, removed on exit
     node.start()  # a new process: only the checkpoint knows the claim now
@@ -240,6 +251,13 @@ def test_dra_driver_publishes_the_inventory_and_republishes_on_health_changes(no
     assert node.slices()[0]["spec"]["pool"]["generation"] > first
     _write_inventory(node.inventory)
     assert wait_for(lambda: health() == {"bool": True}, 20)
+
+    # a kubelet restart: it deletes the node's slices, then registers the driver again
+    generation = node.slices()[0]["spec"]["pool"]["generation"]
+    node.delete_slices()
+    _register(node)
+    assert wait_for(lambda: len(node.slices()) == 1, 20), "the slices did not come back"
+    assert node.slices()[0]["spec"]["pool"]["generation"] > generation
     assert node.stop() == 0
 
 

@@ -150,11 +150,14 @@ def dra_driver(
     sysfs_root: Path = typer.Option(Path("/sys"), "--sysfs-root", help="Root of the sysfs tree (a fake in tests)."),
     dev_root: Path = typer.Option(Path("/dev"), "--dev-root", help="Root of the device nodes probed for health."),
     health_interval: float = typer.Option(5.0, "--health-interval", help="Seconds between health probes."),
+    resync_interval: float = typer.Option(
+        60.0, "--resync-interval", help="Seconds between checks that this node's ResourceSlices are still there."
+    ),
     log_level: str = typer.Option("info", "--log-level"),
 ):
     """Publish this node's cards as ResourceSlices and prepare claims for the kubelet (DRA, Kubernetes 1.34+)."""
     _logging(log_level)
-    problems = _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, health_interval)
+    problems = _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, min(health_interval, resync_interval))
     if problems:
         raise UserError(*problems)
     assert node_name is not None  # (checked above)
@@ -186,6 +189,7 @@ def dra_driver(
         plugins_dir,
         cdi_dir,
         health_interval,
+        resync_interval,
     )
     log.info("%s: %d cards via %s on %s", vendor.driver, len(backend.devices()), discovery, node_name)
     stop = _stop_on_signals()
@@ -196,12 +200,12 @@ def dra_driver(
         driver.stop()
 
 
-def _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, health_interval) -> list[str]:
+def _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, interval) -> list[str]:
     problems = []
     if not node_name:
         problems.append("--node-name is required (or NODE_NAME from the downward API): the slices name the node")
-    if health_interval <= 0:
-        problems.append("--health-interval must be > 0 seconds")
+    if interval <= 0:
+        problems.append("--health-interval and --resync-interval must be > 0 seconds")
     for flag, path in (("--registry-dir", registry_dir), ("--plugins-dir", plugins_dir)):
         if not path.is_dir():
             problems.append(f"{flag} {path}: not a directory; mount the kubelet's directory at the same path")

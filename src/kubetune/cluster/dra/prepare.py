@@ -39,6 +39,7 @@ class ClaimError(Exception):
 
 def claim_reader(api_client: Any) -> Callable[[str, str], dict | None]:
     """(namespace, name) -> the ResourceClaim as a dict, None when it does not exist."""
+    import urllib3
     from kubernetes import client
 
     typed = client.ResourceV1Api(api_client) if hasattr(client, "ResourceV1Api") else None
@@ -53,6 +54,8 @@ def claim_reader(api_client: Any) -> Callable[[str, str], dict | None]:
             if e.status == 404:
                 return None
             raise ClaimError(f"reading ResourceClaim {namespace}/{name}: API status {e.status} {e.reason}") from None
+        except urllib3.exceptions.HTTPError as e:
+            raise ClaimError(f"reading ResourceClaim {namespace}/{name}: the API server did not answer ({e})") from None
 
     return read
 

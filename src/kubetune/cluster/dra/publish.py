@@ -4,7 +4,9 @@
 differ from what it last wrote does it raise `pool.generation` and create / patch / delete
 (consumers trust the highest generation of a pool, so every change needs a new one). On the
 first call it reads the slices an earlier run of the driver left, continues their generation
-and takes them over. The ServiceAccount needs resourceslices
+and takes them over. `resync()` looks again: the kubelet deletes all of its node's slices when
+it starts, and a driver's when the driver has been away a while, so what was written is not
+what stays; the driver calls it on every registration and every resync interval. The ServiceAccount needs resourceslices
 get/list/watch/create/update/patch/delete and nodes get (manifests.py renders it).
 """
 
@@ -82,6 +84,10 @@ def _content(slices: list[dict]) -> list[tuple[str, Any, int]]:
     return [(s["metadata"]["name"], s["spec"]["devices"], s["spec"]["pool"]["resourceSliceCount"]) for s in slices]
 
 
+def _generations(specs: dict[str, dict]) -> dict[str, int]:
+    return {name: spec["pool"].get("generation", 0) for name, spec in specs.items()}
+
+
 class SlicePublisher:
     """Writes the node's slices when the cards or their health change (thread-safe)."""
 
@@ -97,10 +103,26 @@ class SlicePublisher:
 
     def _adopt(self) -> None:
         """First call: take over the slices a previous run left, and continue their generation."""
-        existing = self.api.list(self.node_name, self.vendor.driver)
-        self._written = {s["metadata"]["name"]: s["spec"] for s in existing}
-        self.generation = max((s["spec"]["pool"].get("generation", 0) for s in existing), default=-1)
+        self._written = self._existing()
+        self.generation = max((spec["pool"].get("generation", 0) for spec in self._written.values()), default=-1)
         self._node_uid = self.api.node_uid(self.node_name)
+
+    def _existing(self) -> dict[str, dict]:
+        return {s["metadata"]["name"]: s["spec"] for s in self.api.list(self.node_name, self.vendor.driver)}
+
+    def resync(self, cards: list[Card], health: dict[str, str]) -> bool:
+        """Write again if the API no longer holds the slices last written (deleted, or a pool of
+        another generation). Only names and generations are compared: the API server writes
+        quantities in its canonical form (131072Mi comes back as 128Gi)."""
+        with self._lock:
+            existing_differs = True
+            if self.generation is not None:
+                existing = self._existing()
+                existing_differs = _generations(existing) != _generations(self._written)
+                if existing_differs:
+                    log.warning("%s: this node's ResourceSlices changed under us; writing again", self.vendor.driver)
+                    self._written, self._last = existing, None
+        return self.publish(cards, health) if existing_differs else False
 
     def publish(self, cards: list[Card], health: dict[str, str]) -> bool:
         """Bring the API's slices to these cards; True when something was written."""

@@ -17,6 +17,8 @@ import contextlib
 import logging
 import queue
 import threading
+import time
+from collections.abc import Callable
 from concurrent import futures
 from pathlib import Path
 from types import ModuleType
@@ -60,7 +62,7 @@ class DraServicer:
         for claim in request.claims:
             try:
                 devices = self.preparer.prepare(ClaimRef(claim.namespace, claim.name, claim.uid))
-            except ClaimError as e:
+            except (ClaimError, OSError) as e:  # OSError: the CDI dir or the checkpoint cannot be written
                 log.warning("prepare %s/%s: %s", claim.namespace, claim.name, e)
                 answers[claim.uid] = pb.NodePrepareResourceResponse(error=str(e))
                 continue
@@ -100,9 +102,10 @@ class V1beta1Servicer(DraServicer, dra_v1beta1_pb2_grpc.DRAPluginServicer):
 
 
 class RegistrationServicer(reg_grpc.RegistrationServicer):
-    def __init__(self, vendor: dra.DraVendor, endpoint: Path):
+    def __init__(self, vendor: dra.DraVendor, endpoint: Path, on_registered: Callable[[], None]):
         self.vendor = vendor
         self.endpoint = endpoint
+        self.on_registered = on_registered  # a (re)starting kubelet has just deleted this node's slices
         self.registered = threading.Event()
 
     def GetInfo(self, request, context):
@@ -117,6 +120,7 @@ class RegistrationServicer(reg_grpc.RegistrationServicer):
         if request.plugin_registered:
             log.info("%s: registered with the kubelet", self.vendor.driver)
             self.registered.set()
+            self.on_registered()
         else:
             log.error("%s: the kubelet refused the registration: %s", self.vendor.driver, request.error)
             self.registered.clear()
@@ -148,6 +152,7 @@ class DraDriver:
         plugins_dir: Path = DEFAULT_PLUGINS_DIR,
         cdi_dir: Path = DEFAULT_CDI_DIR,
         health_interval: float = 5.0,
+        resync_interval: float = 60.0,
     ):
         self.vendor = vendor
         self.node_name = node_name
@@ -158,6 +163,7 @@ class DraDriver:
         self.reg_socket = registration_socket(registry_dir, vendor)
         self.cdi_dir = Path(cdi_dir)
         self.health_interval = health_interval
+        self.resync_interval = resync_interval
         self.health = {c.id: HEALTHY for c in discovery.devices()}
         self.health.update(discovery.probe())
         self._health_lock = threading.Lock()
@@ -167,10 +173,11 @@ class DraDriver:
         self.preparer = Preparer(
             vendor, node_name, discovery, self.health_now, read_claim, self.cdi_dir, self.checkpoint
         )
-        self.registration = RegistrationServicer(vendor, self.dra_socket)
-        self._servers: list[grpc.Server] = []
+        self.registration = RegistrationServicer(vendor, self.dra_socket, self._resync_soon)
+        self._servers: dict[Path, grpc.Server] = {}
         self._stop = threading.Event()
         self._dirty = True  # slices not yet written (or the last write failed)
+        self._next_resync = time.monotonic() + resync_interval
         self._drainer = threading.Thread(target=self._drain, name="dra-health", daemon=True)
 
     def health_now(self) -> dict[str, str]:
@@ -180,27 +187,40 @@ class DraDriver:
     def start(self) -> None:
         self.data_dir.mkdir(parents=True, exist_ok=True)
         self.cdi_dir.mkdir(parents=True, exist_ok=True)
-        self._servers.append(
-            _serve(
-                self.dra_socket,
-                [
-                    lambda s: dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.preparer), s),
-                    lambda s: dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(self.preparer), s),
-                ],
-                "dra",
-            )
-        )
-        self._servers.append(
-            _serve(
-                self.reg_socket,
-                [lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s)],
-                "dra-registration",
-            )
-        )
+        self._serve_dra()
+        self._serve_registration()
         log.info("%s: DRA service on %s, registration on %s", self.vendor.driver, self.dra_socket, self.reg_socket)
         self._publish()
         self.monitor.start(self.health_now())
         self._drainer.start()
+
+    def _serve_dra(self) -> None:
+        self._servers[self.dra_socket] = _serve(
+            self.dra_socket,
+            [
+                lambda s: dra_v1_pb2_grpc.add_DRAPluginServicer_to_server(V1Servicer(self.preparer), s),
+                lambda s: dra_v1beta1_pb2_grpc.add_DRAPluginServicer_to_server(V1beta1Servicer(self.preparer), s),
+            ],
+            "dra",
+        )
+
+    def _serve_registration(self) -> None:
+        self._servers[self.reg_socket] = _serve(
+            self.reg_socket,
+            [lambda s: reg_grpc.add_RegistrationServicer_to_server(self.registration, s)],
+            "dra-registration",
+        )
+
+    def _ensure_serving(self) -> None:
+        """A socket someone removed is served again (the DRA one first, as at start): deleting the
+        registration socket deregisters the plugin, and a plugin the kubelet cannot reach is lost."""
+        for sock, serve in ((self.dra_socket, self._serve_dra), (self.reg_socket, self._serve_registration)):
+            if not sock.exists():
+                log.warning("%s: %s was removed; serving it again", self.vendor.driver, sock)
+                old = self._servers.pop(sock, None)
+                if old is not None:
+                    old.stop(grace=0)
+                serve()
 
     def _publish(self) -> None:
         if self.publisher is None:
@@ -213,14 +233,28 @@ class DraDriver:
             log.warning("%s: publishing ResourceSlices failed (%s); retrying", self.vendor.driver, e)
             self._dirty = True
 
+    def _resync_soon(self) -> None:
+        self._next_resync = 0.0
+
+    def _resync(self) -> None:
+        self._next_resync = time.monotonic() + self.resync_interval
+        if self.publisher is None:
+            return
+        try:
+            self.publisher.resync(self.discovery.devices(), self.health_now())
+        except Exception as e:  # as _publish: the next interval tries again
+            log.warning("%s: checking the ResourceSlices failed (%s)", self.vendor.driver, e)
+
     def _drain(self) -> None:
         while not self._stop.is_set():
             try:
-                event = self.events.get(timeout=self.health_interval)
+                event = self.events.get(timeout=min(self.health_interval, self.resync_interval))
             except queue.Empty:
                 self._sync_cards()
                 if self._dirty:
                     self._publish()
+                elif time.monotonic() >= self._next_resync:
+                    self._resync()
                 continue
             with self._health_lock:
                 changed = self.health.get(event.device_id) != event.health
@@ -238,14 +272,15 @@ class DraDriver:
             self.health = {c.id: probed.get(c.id, HEALTHY) for c in cards}
         self._dirty = True
 
-    def wait(self, stop: threading.Event) -> None:
-        while not stop.is_set() and not self._stop.is_set():
-            stop.wait(1.0)
+    def wait(self, stop: threading.Event, watch_interval: float = 1.0) -> None:
+        """Until `stop`: look at the sockets every `watch_interval` seconds."""
+        while not stop.wait(watch_interval) and not self._stop.is_set():
+            self._ensure_serving()
 
     def stop(self) -> None:
         self._stop.set()
         self.monitor.stop()
-        for server in self._servers:
+        for server in self._servers.values():
             server.stop(grace=0.5).wait()
         self._servers.clear()
         for sock in (self.reg_socket, self.dra_socket):
