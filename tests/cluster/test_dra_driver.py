@@ -242,6 +242,10 @@ def test_dra_driver_publishes_the_inventory_and_republishes_on_health_changes(no
     cards = InventoryDiscovery(node.inventory).devices()
     expected = build_slices(NODE, GAUDI, cards, {c.id: HEALTHY for c in cards}, 0, "node-uid-1")[0]
     assert published["spec"]["devices"] == expected["spec"]["devices"]
+    by_name = {d["name"]: d["attributes"] for d in published["spec"]["devices"]}
+    assert {n: (a[dra.ATTR_UUID]["string"], a[dra.ATTR_PCIE_ROOT]["string"]) for n, a in by_name.items()} == {
+        f"gaudi-{c['index']}": (c["id"], c["pcie_root"]) for c in _cards()
+    }  # the inventory's own facts, not only build_slices' reading of them
     assert published["metadata"]["ownerReferences"] == expected["metadata"]["ownerReferences"]
     first = published["spec"]["pool"]["generation"]
 

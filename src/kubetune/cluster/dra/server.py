@@ -147,7 +147,7 @@ class DraDriver:
         node_name: str,
         discovery: Discovery,
         publisher: SlicePublisher | None,
-        read_claim,
+        read_claim: Callable[[str, str], dict | None],
         registry_dir: Path = DEFAULT_REGISTRY_DIR,
         plugins_dir: Path = DEFAULT_PLUGINS_DIR,
         cdi_dir: Path = DEFAULT_CDI_DIR,
