@@ -2,13 +2,15 @@
 
 - Core kinds (Namespace, Pod, PVC, ...): `kubernetes_validate` in strict mode (unknown fields
   are errors) against Kubernetes KUBERNETES_VERSION.
-- PyTorchJob, TrainJob, ClusterTrainingRuntime, and the Prometheus Operator's PodMonitor,
-  ServiceMonitor and PrometheusRule: the CRD's `openAPIV3Schema` with jsonschema's
-  Draft4Validator. The CRDs are vendored in `kubetune/k8s/crds/` (Apache-2.0, see its
+- PyTorchJob, TrainJob, ClusterTrainingRuntime, Kueue's LocalQueue, ClusterQueue,
+  ResourceFlavor and Topology, and the Prometheus Operator's PodMonitor, ServiceMonitor and
+  PrometheusRule: the CRD's `openAPIV3Schema` with jsonschema's Draft4Validator; for Kueue and
+  Trainer v2 also the CRD's CEL rules (`CEL_CHECKED`), and a Kueue topology annotation against the
+  Topology rendered with it. The CRDs are vendored in `kubetune/k8s/crds/` (Apache-2.0, see its
   README) so an installed kubetune can check; tests point `crd_dir` at ../shared/schemas,
-  which holds the Kubeflow ones only (the monitoring CRDs then come from the package).
-  A CRD schema is weaker than the API server (no CEL rules, unknown fields are pruned, not
-  rejected), so the CRD check also rejects fields the schema does not declare.
+  which holds the Kubeflow and Kueue ones (the monitoring CRDs then come from the package).
+  A CRD schema is weaker than the API server (CEL rules only where evaluated, unknown fields
+  are pruned, not rejected), so the CRD check also rejects fields the schema does not declare.
 - PodGroup (coscheduling, Volcano): no upstream schema ships here, so a minimal one written
   from the field names kubetune renders; said so in each result.
 Any other kind is an error ("cannot check"), never a silent pass.
@@ -45,10 +47,11 @@ CRD_FILES = {
 }
 # Checked against the package's copies whatever `crd_dir` says (../shared/schemas lacks them).
 VENDORED_ONLY = {key for key in CRD_FILES if key[0] == "monitoring.coreos.com/v1"}
-# Whose `x-kubernetes-validations` CEL rules are evaluated too (cel-python): Kueue's say what its
-# schemas cannot (a Topology's hostname level comes last, a flavor of a Topology has node labels,
-# every flavor quotas each covered resource). Transition rules (`oldSelf`) need an update: skipped.
-CEL_CHECKED = {key for key in CRD_FILES if key[0].startswith("kueue.x-k8s.io/")}
+# Whose `x-kubernetes-validations` CEL rules are evaluated too (cel-python): they say what the
+# schemas cannot (Kueue: a Topology's hostname level comes last, a flavor of a Topology has node
+# labels, every flavor quotas each covered resource; Trainer v2: a TrainJob's name is an RFC 1035
+# label, one mlPolicy). Transition rules (`oldSelf`) need an update: skipped.
+CEL_CHECKED = {key for key in CRD_FILES if key[0].startswith(("kueue.x-k8s.io/", "trainer.kubeflow.org/"))}
 
 _META = {
     "type": "object",
