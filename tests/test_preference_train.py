@@ -293,3 +293,30 @@ def test_two_processes_train_dpo_as_one(tmp_path, pref_overrides, parallel, refe
             assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-5), (key, x["step"])
     sa, sb = (json.loads((run / "summary.json").read_text()) for run in (one, two))
     assert sa["eval_after"] == pytest.approx(sb["eval_after"], rel=1e-4, abs=1e-5)
+
+
+def test_the_exporter_serves_trl_metrics_by_name():
+    from prometheus_client import generate_latest
+
+    from kubetune.training.telemetry import Identity, Telemetry, TrainMetrics
+
+    metrics = TrainMetrics(Identity(job="run", rank=0, node="n"), multiprocess=False)
+    telemetry = Telemetry(metrics, None, total_steps=10, world_size=1, flops_per_token=0.0, peak_flops=0.0)
+    telemetry.preference({"loss": 0.6, "rewards/accuracies": 0.75, "eval_rewards/margins": 0.5})
+    text = generate_latest(metrics.registry).decode()
+    assert 'kubetune_train_preference{job="run",metric="rewards/accuracies",node="n",rank="0"} 0.75' in text
+    assert 'metric="eval_rewards/margins"' in text and 'metric="loss"' not in text
+
+
+def test_the_loss_plot_shows_the_reward_accuracy(tmp_path):
+    from kubetune.training.runlog import plot_loss_curve
+
+    def png(with_accuracy: bool) -> bytes:
+        rows = [{"step": s, "loss": 0.7 - 0.05 * s, "tokens_per_s": 100.0} for s in (1, 2, 3, 4)]
+        for r in rows if with_accuracy else []:
+            r["rewards/accuracies"] = r["step"] / 4
+        (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        plot_loss_curve(tmp_path / "metrics.jsonl", tmp_path / "loss_curve.png", [[4, 0.5]])
+        return (tmp_path / "loss_curve.png").read_bytes()
+
+    assert png(with_accuracy=True) != png(with_accuracy=False)

@@ -66,6 +66,13 @@ TRAIN_METRICS: tuple[Metric, ...] = (
     # learning
     _train("kubetune_train_loss", "gauge", "Training loss of the last step (nats per target token)."),
     _train("kubetune_train_eval_loss", "gauge", "Loss on the eval split at the last evaluation."),
+    _train(
+        "kubetune_train_preference",
+        "gauge",
+        "Preference objectives (dpo, orpo, simpo): TRL's metrics, by their names, of the last logged step "
+        "(metric=rewards/accuracies, rewards/margins, ...) and of the last evaluation (eval_rewards/accuracies, ...).",
+        ("metric",),
+    ),
     _train("kubetune_train_learning_rate", "gauge", "Learning rate of the last step."),
     _train("kubetune_train_grad_norm", "gauge", "Gradient norm before clipping, last step."),
     _train("kubetune_train_nonfinite_steps_total", "counter", "Steps whose loss or gradient was not finite."),

@@ -84,6 +84,25 @@ def _learning() -> Row:
     )  # fmt: skip
 
 
+def _preference() -> Row:
+    pref = "kubetune_train_preference"
+    return Row(
+        "Preference (dpo, orpo, simpo)",
+        (
+            _p("Reward accuracy (train, eval)",
+               _t(f'avg by (job) ({pref}{{metric="rewards/accuracies",{TRAIN[1:]})', "train {{job}}"),
+               _t(f'avg by (job) ({pref}{{metric="eval_rewards/accuracies",{TRAIN[1:]})', "eval {{job}}"),
+               description="TRL's rewards/accuracies: the share of pairs whose chosen answer's reward is the higher.",
+               unit="percentunit", min=0, max=1, width=12),
+            _p("Rewards and margin",
+               *(_t(f'avg by (job) ({pref}{{metric="rewards/{m}",{TRAIN[1:]})', f"{m} {{{{job}}}}")
+                 for m in ("chosen", "rejected", "margins")),
+               description="TRL's rewards/chosen, rewards/rejected and rewards/margins of the last logged step.",
+               width=12),
+        ),
+    )  # fmt: skip
+
+
 def _speed() -> Row:
     step = "kubetune_train_step_seconds"
     seconds, steps = (f"sum by (job, phase) (rate({step}_{part}{TRAIN}[{RATE}]))" for part in ("sum", "count"))
@@ -156,7 +175,7 @@ def training() -> Dashboard:
         "kubetune / Training",
         "A fine-tune's progress, loss, speed, communication and health (kubetune_* metrics of the training pods).",
         (DATASOURCE, NAMESPACE, job),
-        (_progress(), _learning(), _speed(), _communication(), _health()),
+        (_progress(), _learning(), _preference(), _speed(), _communication(), _health()),
     )
 
 

@@ -148,9 +148,16 @@ def _plot_loss(ax: Any, records: list[dict], eval_points: list[list[float | None
     scored = [(s, v) for s, v in eval_points if s is not None and v is not None]
     if scored:
         ax.plot([s for s, _ in scored], [v for _, v in scored], "o--", label="eval loss")
-    ax.set_ylabel("loss (nats / target token)")
+    preference = [r for r in records if ACCURACY in r]
+    ax.set_ylabel("loss (nats / target token)" if not preference else "loss (the objective's)")
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(loc="upper left")
+    if preference:  # TRL's reward accuracy beside the loss, on its own 0-1 scale
+        acc = ax.twinx()
+        acc.plot([r["step"] for r in preference], [r[ACCURACY] for r in preference], color="tab:red", label=ACCURACY)
+        acc.set_ylim(0, 1.05)
+        acc.set_ylabel(ACCURACY)
+        acc.legend(loc="upper right")
 
 
 def _plot_speed(ax: Any, records: list[dict]) -> None:

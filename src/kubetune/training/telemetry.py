@@ -180,6 +180,14 @@ class Telemetry:
         if self.kubeflow is not None:
             self.kubeflow.update(100 * step / max(1, self.total_steps), eta, self._kubeflow_metrics(step, epoch, loss))
 
+    def preference(self, values: dict[str, float]) -> None:
+        """A preference run's TRL metrics (a logged step's, an evaluation's with `eval_`)."""
+        if self.metrics is None:
+            return
+        for name, value in values.items():
+            if name not in ("loss", "eval_loss"):
+                self.metrics["kubetune_train_preference"].labels(metric=name).set(value)
+
     def evaluated(self, loss: float | None) -> None:
         if loss is None:
             return
