@@ -326,7 +326,8 @@ RESERVED = condition("QuotaReserved", "True", "QuotaReserved", "Quota reserved i
 def test_the_workload_fixtures_are_real_workloads(shared_schemas):
     import jsonschema
 
-    crd = yaml.safe_load((shared_schemas / "kueue.x-k8s.io_workloads.yaml").read_text())
+    loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # 1.4 MB of CRD: libyaml where installed
+    crd = yaml.load((shared_schemas / "kueue.x-k8s.io_workloads.yaml").read_text(), Loader=loader)
     (schema,) = [v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
     validator = jsonschema.Draft4Validator(schema)
     for wl in (workload(PENDING_FOREVER), workload(PREEMPTED), workload(RESERVED, ADMITTED, NOT_READY)):
