@@ -78,8 +78,9 @@ def test_rejected_is_the_models_greedy_answer_and_identical_pairs_are_left_out(t
     made = make_preferences(None, _recipe(tiny_model_dir, data), out, max_new_tokens=MAX_NEW, echo=progress.append)
 
     written = [json.loads(line) for line in out.read_text().splitlines()]
-    assert (made.rows, made.written, made.identical, made.no_reference) == (5, 4, 1, 0)
-    assert "wrote 4 preference pairs" in made.summary() and "left out 1 whose greedy answer" in made.summary()
+    assert (made.rows, made.written, made.left_out) == (5, 4, {"identical": 1})
+    assert "wrote 4 preference pairs" in made.summary()
+    assert "left out 1 whose greedy answer equals the reference, 0 without a reference answer" in made.summary()
     assert progress[-1].startswith("make-preferences: 5/5 answered")
     kept = [i for i in range(5) if i != 2]
     assert [set(w) for w in written] == [{"instruction", "input", "chosen", "rejected"}] * 4

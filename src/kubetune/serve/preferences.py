@@ -7,10 +7,12 @@ training renders (the recipe's column map, template and system prompt), and the 
 from the serving engine (engine.py: continuous batching over a KV cache), so a pair costs one
 batched decode rather than one `generate` call. Greedy decoding makes the file reproducible.
 
-Rows whose greedy answer already is the reference teach nothing and are left out; the summary
-counts them. The file is ordinary JSON Lines in kubetune's own column names (the instruction
-and input of the source row, or its chat history, beside `chosen` and `rejected`), so a DPO
-recipe reads it with the default `data.columns`.
+Rows whose greedy answer already is the reference teach nothing and are left out, as are rows
+without a reference answer and empty greedy answers (a pair needs two different answers, which
+the preference data reader checks); the summary counts each. The file is ordinary JSON Lines
+in kubetune's own column names (the instruction and input of the source row, or its chat
+history, beside `chosen` and `rejected`), so a DPO recipe reads it with the default
+`data.columns`.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -58,6 +61,23 @@ class Pair:
     def row(self) -> Row:
         return {**self.prompt_fields, "chosen": self.chosen, "rejected": self.rejected}
 
+    @property
+    def left_out(self) -> str | None:
+        """Why this pair is not written (a LEFT_OUT key), or None."""
+        if not self.chosen:
+            return "no_reference"
+        if not self.rejected:
+            return "empty"
+        return "identical" if self.rejected == self.chosen else None
+
+
+# why a pair is left out -> how the summary line says it
+LEFT_OUT = {
+    "identical": "whose greedy answer equals the reference",
+    "no_reference": "without a reference answer",
+    "empty": "whose greedy answer is empty",
+}
+
 
 @dataclass(frozen=True)
 class Made:
@@ -66,15 +86,14 @@ class Made:
     out: Path
     rows: int
     written: int
-    identical: int  # greedy answer == reference: left out
-    no_reference: int  # empty reference answer: left out
+    left_out: dict[str, int]  # LEFT_OUT key -> pairs
     seconds: float
 
     def summary(self) -> str:
+        reasons = ", ".join(f"{self.left_out.get(k, 0)} {says}" for k, says in LEFT_OUT.items())
         return (
-            f"wrote {self.written} preference pairs to {self.out} from {self.rows} rows; left out "
-            f"{self.identical} whose greedy answer equals the reference and {self.no_reference} without a "
-            f"reference answer ({self.seconds:.0f} s)"
+            f"wrote {self.written} preference pairs to {self.out} from {self.rows} rows; left out {reasons} "
+            f"({self.seconds:.0f} s)"
         )
 
 
@@ -102,11 +121,10 @@ def make_preferences(
     answers = greedy_answers(lm, tokenizer.eos_token_id, dtype, prompts, max_new_tokens, echo)
     texts = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
     pairs = [Pair(prompt_fields(row), reference(row), text) for row, text in zip(rows, texts)]
-    kept = [p for p in pairs if p.chosen and p.rejected != p.chosen]
+    kept = [p for p in pairs if p.left_out is None]
     atomic_write_text(out, "".join(json.dumps(p.row(), ensure_ascii=False) + "\n" for p in kept))
-    no_reference = sum(1 for p in pairs if not p.chosen)
-    identical = len(pairs) - len(kept) - no_reference
-    return Made(out, len(rows), len(kept), identical, no_reference, time.monotonic() - started)
+    left_out = Counter(p.left_out for p in pairs if p.left_out is not None)
+    return Made(out, len(rows), len(kept), dict(left_out), time.monotonic() - started)
 
 
 def check_out(out: Path) -> None:
