@@ -17,6 +17,7 @@ from pathlib import Path
 import typer
 
 from kubetune.cluster import nodefacts as keys
+from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 from kubetune.errors import UserError
 
 log = logging.getLogger("kubetune.cluster")
@@ -138,12 +139,12 @@ def dra_driver(
         None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
     ),
     registry_dir: Path = typer.Option(
-        Path("/var/lib/kubelet/plugins_registry"), "--registry-dir", help="The kubelet's plugin registry directory."
+        DEFAULT_REGISTRY_DIR, "--registry-dir", help="The kubelet's plugin registry directory."
     ),
     plugins_dir: Path = typer.Option(
-        Path("/var/lib/kubelet/plugins"), "--plugins-dir", help="Parent of the driver's own directory."
+        DEFAULT_PLUGINS_DIR, "--plugins-dir", help="Parent of the driver's own directory."
     ),
-    cdi_dir: Path = typer.Option(Path("/var/run/cdi"), "--cdi-dir", help="Where the CDI spec files are written."),
+    cdi_dir: Path = typer.Option(DEFAULT_CDI_DIR, "--cdi-dir", help="Where the CDI spec files are written."),
     kubeconfig: Path | None = typer.Option(
         None, "--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG, else the pod's service account)."
     ),
