@@ -9,11 +9,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
 import pytest
 import yaml
-from referencing import Registry, Resource
-from referencing.jsonschema import DRAFT7
 
 from kubetune import dra
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, InventoryDiscovery
@@ -24,13 +21,13 @@ from kubetune.cluster.dra.proto import pluginregistration_pb2_grpc as reg_grpc
 from kubetune.cluster.dra.slices import build_slices
 
 from .fakes import KubeEmulator, grpc
+from .test_dra_prepare import cdi_validator
 
 pytestmark = pytest.mark.process
 
 KUBETUNE = [sys.executable, "-m", "kubetune"]
 GAUDI = dra.VENDORS["gaudi"]
 NODE = "node-a"
-CDI_SCHEMA = Path(__file__).parent / "cdi"
 
 
 def _cards(unhealthy: int | None = None) -> list[dict]:
@@ -54,13 +51,6 @@ def _write_inventory(path: Path, unhealthy: int | None = None) -> None:
     tmp = path.with_suffix(".tmp")  # rename: the driver's probe never reads half a file
     tmp.write_text(yaml.safe_dump({"vendor": "habana", "cards": _cards(unhealthy)}))
     tmp.replace(path)
-
-
-def _cdi_validator() -> jsonschema.Draft7Validator:
-    defs = json.loads((CDI_SCHEMA / "defs.json").read_text())
-    # defs.json names no $schema: read it as the draft-07 document schema.json is
-    registry = Registry().with_resource("defs.json", Resource(contents=defs, specification=DRAFT7))
-    return jsonschema.Draft7Validator(json.loads((CDI_SCHEMA / "schema.json").read_text()), registry=registry)
 
 
 class Node:
@@ -203,7 +193,7 @@ def test_dra_driver_registers_prepares_survives_a_restart_and_unprepares(node):
     (spec_file,) = node.cdi.iterdir()
     assert spec_file.name == "kubetune.io-gaudi_11111111-aaaa.json"
     spec = json.loads(spec_file.read_text())
-    _cdi_validator().validate(spec)
+    cdi_validator().validate(spec)
     assert spec["kind"] == kind
     assert "HABANA_VISIBLE_DEVICES=1,2" in spec["containerEdits"]["env"]
     nodes = {d["name"]: [n["path"] for n in d["containerEdits"]["deviceNodes"]] for d in spec["devices"]}

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetune import dra
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, Card, Discovery
+from kubetune.cluster.deviceplugin.discovery import HEALTHY, AllocateSpec, Card, Discovery
 from kubetune.cluster.dra import cdi
 from kubetune.cluster.dra.slices import device_name
 from kubetune.fsutil import atomic_write_json
@@ -91,7 +91,7 @@ class Preparer:
             return done.devices
         results = self._allocated(ref)
         cards = self._cards(results)
-        per_device = {name: self.discovery.allocate_spec([card]) for name, card in cards.items()}
+        per_device = {name: self._device_spec(card) for name, card in cards.items()}
         spec = cdi.claim_spec(self.vendor, ref.uid, self.discovery.allocate_spec(list(cards.values())), per_device)
         devices = [
             cdi.PreparedDevice(
@@ -107,6 +107,15 @@ class Preparer:
         atomic_write_json(path, spec)
         log.info("prepared claim %s/%s (%s): %s", ref.namespace, ref.name, ref.uid, ", ".join(cards))
         return devices
+
+    def _device_spec(self, card: Card) -> AllocateSpec:
+        """One card's edits. CDI refuses a device whose edits are empty, and NVIDIA's spec is only an
+        environment variable (the container toolkit adds the nodes), so an NVIDIA card gets its own
+        node, `/dev/nvidia<minor>`, as the specs `nvidia-ctk cdi generate` writes list per GPU."""
+        spec = self.discovery.allocate_spec([card])
+        if not spec.device_nodes and self.vendor.profile == "nvidia":
+            spec.device_nodes = [f"/dev/nvidia{card.index}"]
+        return spec
 
     def _allocated(self, ref: ClaimRef) -> list[dict]:
         claim = self.read_claim(ref.namespace, ref.name)
