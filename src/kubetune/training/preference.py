@@ -45,6 +45,7 @@ from kubetune.recipe.layout import Layout
 from kubetune.training import memory
 from kubetune.training.dist import DistEnv, all_reduce_sums
 from kubetune.training.optim import Optimization
+from kubetune.training.parallel import MeshLayout
 from kubetune.training.runner import LocalRunner, StepRunner
 from kubetune.training.step import EvalResult, StepResult
 
@@ -124,6 +125,26 @@ def simpo_loss(
 
 
 @dataclass(frozen=True)
+class PairIndex:
+    """A pair batch's pair fields (kubetune.data.packing.Batch), there by construction."""
+
+    target_sample: torch.Tensor  # [B, T]: each target's sample, -1 elsewhere
+    chosen: torch.Tensor  # [P]: each pair's chosen sample
+    rejected: torch.Tensor  # [P]
+    pair_ids: torch.Tensor  # [P]: each pair's index in its data
+
+    @classmethod
+    def of(cls, b: Batch) -> PairIndex:
+        if b.target_sample is None or b.chosen is None or b.rejected is None or b.pair_ids is None:
+            raise TypeError("a preference objective needs pair batches (TokenizedData.pairs)")
+        return cls(b.target_sample, b.chosen, b.rejected, b.pair_ids)
+
+
+def pair_count(b: Batch) -> int:
+    return len(PairIndex.of(b).chosen)
+
+
+@dataclass(frozen=True)
 class Pairs:
     """A micro-batch's pairs: each one's target tokens, chosen then rejected."""
 
@@ -132,17 +153,12 @@ class Pairs:
 
     @classmethod
     def of(cls, b: Batch) -> Pairs:
-        n_samples = sample_count(b)
-        counts = torch.bincount(b.target_sample[b.target_sample >= 0], minlength=n_samples).double()
-        return cls(chosen_tokens=counts[b.chosen], rejected_tokens=counts[b.rejected])
+        ix = PairIndex.of(b)
+        counts = torch.bincount(ix.target_sample[ix.target_sample >= 0], minlength=2 * len(ix.chosen)).double()
+        return cls(chosen_tokens=counts[ix.chosen], rejected_tokens=counts[ix.rejected])
 
     def __len__(self) -> int:
         return len(self.chosen_tokens)
-
-
-def sample_count(b: Batch) -> int:
-    """Samples of a micro-batch: every one belongs to a pair."""
-    return 2 * len(b.chosen)
 
 
 @dataclass(frozen=True)
@@ -169,7 +185,7 @@ class Objective:
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
         """(per-pair loss, chosen rewards, rejected rewards, the chosen and rejected log-probs
         TRL reports) of the samples' summed log-probs `logps`."""
-        chosen, rejected = logps[b.chosen.to(logps.device)], logps[b.rejected.to(logps.device)]
+        chosen, rejected = split_pairs(logps, b)
         if self.name == "dpo":
             assert reference is not None
             losses, rc, rr = dpo_loss(chosen, rejected, *reference, self.beta, self.label_smoothing)
@@ -195,7 +211,7 @@ class Objective:
         pairs, chosen NLL, chosen tokens] (the last two give eval its perplexity)."""
         pairs = Pairs.of(b)
         losses, rc, rr, lc, lr = self.pair_losses(logps, b, pairs, reference)
-        nll = -logps[b.chosen.to(logps.device)].sum()
+        nll = -split_pairs(logps, b)[0].sum()
         loss = losses.sum() * per_pair
         if self.name == "orpo":
             loss = loss + nll * per_chosen_token
@@ -222,7 +238,8 @@ class Reference(Protocol):
 
 
 def split_pairs(logps: torch.Tensor, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-    return logps[b.chosen.to(logps.device)], logps[b.rejected.to(logps.device)]
+    ix = PairIndex.of(b)
+    return logps[ix.chosen.to(logps.device)], logps[ix.rejected.to(logps.device)]
 
 
 class AdapterOff:
@@ -256,7 +273,7 @@ class Precomputed:
         self.table = table.to(device)
 
     def logps(self, b: Batch) -> tuple[torch.Tensor, torch.Tensor]:
-        rows = self.table[b.pair_ids.to(self.table.device)]
+        rows = self.table[PairIndex.of(b).pair_ids.to(self.table.device)]
         return rows[:, 0], rows[:, 1]
 
 
@@ -316,11 +333,11 @@ def reference_table(
     row = 0
     while batcher.micro_batches_left(0, row) > 0:
         b, row = batcher.micro_batch(0, row)
-        if len(b.chosen) == 0:
+        if pair_count(b) == 0:
             continue
         c, r = reference.logps(b)
-        table[b.pair_ids, 0] = c.double().cpu()
-        table[b.pair_ids, 1] = r.double().cpu()
+        table[PairIndex.of(b).pair_ids, 0] = c.double().cpu()
+        table[PairIndex.of(b).pair_ids, 1] = r.double().cpu()
     runner.train(was_training)
     return torch.tensor(replica_sums(table.flatten(), env, layout), dtype=torch.float32).view(n_pairs, 2)
 
@@ -359,8 +376,8 @@ def step_norms(batches: list[Batch], env: DistEnv, layout: Layout) -> tuple[floa
     for b in batches:
         pairs = Pairs.of(b)
         mine += torch.tensor([float(len(pairs)), float(pairs.chosen_tokens.sum())], dtype=torch.float64)
-    pairs, chosen_tokens = replica_sums(mine, env, layout)
-    return pairs, chosen_tokens
+    n_pairs, chosen_tokens = replica_sums(mine, env, layout)
+    return n_pairs, chosen_tokens
 
 
 @dataclass
@@ -390,7 +407,7 @@ class PreferenceTraining:
         self.reference = Precomputed(tables["train"], device)
         self.eval_reference = Precomputed(tables["eval"], device) if "eval" in tables else None
 
-    def train_step(self, optim: Optimization, batches: list[Batch], layout: Layout, env: DistEnv) -> StepResult:
+    def train_step(self, optim: Optimization, batches: list[Batch], layout: MeshLayout, env: DistEnv) -> StepResult:
         """One optimizer step over `batches`: the mean loss over the step's pairs on every replica."""
         t0 = time.perf_counter()
         n_pairs, chosen_tokens = step_norms(batches, env, layout)
@@ -428,7 +445,7 @@ class PreferenceTraining:
         with torch.no_grad():
             while batcher.micro_batches_left(0, row) > 0:
                 b, row = batcher.micro_batch(0, row)
-                if len(b.chosen) == 0:
+                if pair_count(b) == 0:
                     continue
                 logps = runner.sample_logps(runner.eval_module, b)
                 reference = self.eval_reference.logps(b) if self.eval_reference is not None else None
