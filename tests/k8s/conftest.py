@@ -87,6 +87,7 @@ RESOURCES = {
     "scheduling.volcano.sh/v1beta1/podgroups": ("PodGroup", True),
     "kueue.x-k8s.io/v1beta2/workloads": ("Workload", True),
     "kueue.x-k8s.io/v1beta2/localqueues": ("LocalQueue", True),
+    "resource.k8s.io/v1/resourceclaimtemplates": ("ResourceClaimTemplate", True),
 }
 
 

@@ -412,3 +412,20 @@ def test_the_operator_renders_and_owns_the_claim_template():
     assert template["metadata"]["ownerReferences"][0]["uid"] == "uid-ft"  # deleted with the FineTune
     with pytest.raises(UserError, match=r"k8s\.devices=dra on k8s\.kubernetes_version=1\.32"):
         plan.load_recipe_for("ft", "team", {"k8s": {"devices": "dra", "kubernetes_version": "1.32"}}, spec)
+
+
+def test_submit_creates_the_template_before_the_job_and_delete_removes_it(cli, kube):
+    args = ("k8s", "submit", RECIPE, "--profile", "gaudi", "--devices", "dra", "k8s.dra.model=gaudi2")
+    first = cli(*args)
+    assert first.code == 0, first.err
+    lines = first.out.splitlines()
+    created = [i for i, line in enumerate(lines) if line.startswith("created ResourceClaimTemplate")]
+    job = [i for i, line in enumerate(lines) if line.startswith("created PyTorchJob")]
+    assert created and job and created[0] < job[0], first.out
+    templates = kube.objects("resource.k8s.io/v1/resourceclaimtemplates")
+    assert list(templates) == [("kubetune", f"{RECIPE}-cards")]
+    # the claim cannot change in place (a template's spec is immutable): kept, not patched
+    changed = cli(*args[:-1], "k8s.dra.model=gaudi3")
+    assert changed.code == 0 and f"kept ResourceClaimTemplate kubetune/{RECIPE}-cards" in changed.out
+    gone = cli("k8s", "delete", RECIPE)
+    assert gone.code == 0 and kube.objects("resource.k8s.io/v1/resourceclaimtemplates") == {}, gone.out
