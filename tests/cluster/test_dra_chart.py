@@ -9,7 +9,7 @@ import pytest
 from kubetune.cluster import manifests
 from kubetune.cluster.manifests import ComponentSettings
 
-from ..charts.helm import OPERATOR_CHART, by_key, render, without_helm_labels
+from ..charts.helm import OPERATOR_CHART, by_key, installed, objects, render, without_helm_labels
 from ..charts.test_components_chart import chart_values
 
 CASES = {
@@ -51,3 +51,12 @@ def test_the_chart_is_lint_clean_and_refuses_old_clusters_and_two_device_compone
     values["components"]["devicePlugin"]["enabled"] = True
     with pytest.raises(helm_python.HelmRenderError, match="both would hand out the same cards"):
         render(OPERATOR_CHART, values)
+
+
+def test_helm_test_waits_for_the_dra_driver_to_roll_out():
+    values = _dra_values(CASES["gaudi"])
+    everything = objects(OPERATOR_CHART, values, name="rel")
+    (pod,) = [o for o in everything if o["kind"] == "Pod" and o not in installed([o])]
+    waited = {a for c in pod["spec"]["initContainers"] for a in c["args"] if a.startswith("daemonset/")}
+    daemonsets = {f"daemonset/{o['metadata']['name']}" for o in installed(everything) if o["kind"] == "DaemonSet"}
+    assert waited == daemonsets == {f"daemonset/{manifests.DRA_DRIVER_NAME}"}
