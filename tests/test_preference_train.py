@@ -191,6 +191,12 @@ def test_dpo_on_the_fly_and_precomputed_reference_train_the_same(tmp_path, pref_
     summary = json.loads((fly / "summary.json").read_text())
     assert summary["objective"] == "dpo" and summary["eval_after"]["eval_rewards/accuracies"] == a.reward_accuracy_after
     assert summary["perplexity_after"] > 1
+    # `kubetune eval RUN` scores the same pairs with the same code (the adapter switched off for the reference)
+    from kubetune.training.evaluate import eval_target
+
+    again = eval_target(str(fly), [])
+    assert again.pairs == pytest.approx(summary["eval_after"], rel=1e-4, abs=1e-5)
+    assert again.perplexity == pytest.approx(summary["perplexity_after"], rel=1e-4)
 
 
 @pytest.mark.process
