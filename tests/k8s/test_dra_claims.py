@@ -361,6 +361,11 @@ def test_the_device_plugin_path_is_the_default_and_unchanged_by_the_version():
     # only the recipe the pods read (its ConfigMap) records the version
     differ = [a["kind"] for a, b in zip(plain, on_133) if a != b]
     assert differ == ["ConfigMap"]
+    # a claim's keys on the plugin path change nothing, and say so
+    unread = render(_recipe("k8s.profile=gaudi", "k8s.dra.model=gaudi2", "k8s.dra.min_memory=90Gi"))
+    assert [o for o in unread.objects if o["kind"] != "ConfigMap"] == [o for o in plain if o["kind"] != "ConfigMap"]
+    said = "k8s.dra.model, k8s.dra.min_memory: only claims read it, and k8s.devices=plugin requests whole cards"
+    assert [w for w in unread.warnings if "k8s.dra" in w] == [f"{said}; set k8s.devices=dra"]
 
 
 @pytest.mark.parametrize(

@@ -76,6 +76,15 @@ def claim_template(k8s: K8sSection, names: Names, component: str) -> KubeObject:
     }
 
 
+def ignored_warnings(k8s: K8sSection) -> list[str]:
+    """k8s.dra keys set where nothing reads them: the device plugin counts cards, it cannot pick them."""
+    given = [name for name, value in k8s.dra if value is not None]  # every k8s.dra key defaults to null
+    if k8s.devices == "dra" or not given:
+        return []
+    keys = ", ".join(f"k8s.dra.{name}" for name in given)
+    return [f"{keys}: only claims read it, and k8s.devices=plugin requests whole cards; set k8s.devices=dra"]
+
+
 def pod_claims(k8s: K8sSection, names: Names) -> list[KubeObject] | None:
     """The pod's `spec.resourceClaims` (None on the device-plugin path)."""
     if k8s.devices != "dra":
