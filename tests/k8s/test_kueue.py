@@ -34,7 +34,7 @@ def by_kind(objects, kind):
 
 
 def annotations(job):
-    return [(t.get("metadata") or {}).get("annotations") or {} for _, t in kueue.pod_templates(copy.deepcopy(job))]
+    return [(t.get("metadata") or {}).get("annotations") or {} for _, t in kueue.pod_templates(job)]
 
 
 # ----------------------------------------------------------------------------- the queued job

@@ -123,20 +123,20 @@ def team_problems(k8s: K8sSection) -> list[str]:
 
 def pod_templates(job: KubeObject) -> Iterator[tuple[str, KubeObject]]:
     """(path, pod template) of every pod set this job gives Kueue: a PyTorchJob's replica specs,
-    the pod templates a TrainJob patches into its runtime's replicated jobs."""
+    the pod templates a TrainJob patches into its runtime's replicated jobs (the job's own dicts)."""
     spec = job.get("spec") or {}
     if job.get("kind") == "PyTorchJob":
         for role, replica in (spec.get("pytorchReplicaSpecs") or {}).items():
-            yield f"spec/pytorchReplicaSpecs/{role}/template", replica.setdefault("template", {})
+            if isinstance(replica.get("template"), dict):
+                yield f"spec/pytorchReplicaSpecs/{role}/template", replica["template"]
     elif job.get("kind") == "TrainJob":
         for i, patch in enumerate(spec.get("runtimePatches") or []):
             replicated = ((patch.get("trainingRuntimeSpec") or {}).get("template") or {}).get("spec") or {}
             for j, rj in enumerate(replicated.get("replicatedJobs") or []):
-                where = f"spec/runtimePatches/{i}/trainingRuntimeSpec/template/spec/replicatedJobs/{j}"
-                yield (
-                    f"{where}/template/spec/template",
-                    rj.setdefault("template", {}).setdefault("spec", {}).setdefault("template", {}),
-                )
+                template = ((rj.get("template") or {}).get("spec") or {}).get("template")
+                if isinstance(template, dict):
+                    where = f"spec/runtimePatches/{i}/trainingRuntimeSpec/template/spec/replicatedJobs/{j}"
+                    yield f"{where}/template/spec/template", template
 
 
 def _suspend_holder(job: KubeObject) -> KubeObject:
@@ -258,7 +258,7 @@ def topology_problems(objects: list[KubeObject]) -> list[str]:
     for obj in objects:
         if obj.get("kind") not in ("PyTorchJob", "TrainJob"):
             continue
-        for where, template in pod_templates(copy.deepcopy(obj)):
+        for where, template in pod_templates(obj):
             for key, value in ((template.get("metadata") or {}).get("annotations") or {}).items():
                 if key in TOPOLOGY_ANNOTATIONS and value not in levels:
                     out.append(
