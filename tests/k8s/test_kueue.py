@@ -108,6 +108,15 @@ def test_render_kueue_gives_the_team_queue_quota_flavor_and_topology():
     assert objects[-1]["kind"] == "PyTorchJob"  # the queue objects come before the job they admit
 
 
+def test_claimed_cards_are_not_in_the_quota_and_render_says_so():
+    loaded = load_recipe(SEED, ["k8s.profile=gaudi", "k8s.devices=dra", "k8s.kubernetes_version='1.34'", QUEUE])
+    out = r.render(loaded.recipe, with_kueue=True)
+    (cluster_queue,) = by_kind(out.objects, "ClusterQueue")
+    assert cluster_queue["spec"]["resourceGroups"][0]["coveredResources"] == ["cpu", "memory", "hugepages-2Mi"]
+    assert any(w.startswith("--kueue with k8s.devices=dra: the pods claim their cards") for w in out.warnings)
+    assert not any("--kueue" in w for w in r.render(loaded.recipe).warnings)
+
+
 def test_the_queue_objects_are_shared_outside_the_job_kustomization(tmp_path):
     objects = rendered("cpu", "pytorchjob", QUEUE, with_kueue=True)
     written = r.write_dir(objects, tmp_path)

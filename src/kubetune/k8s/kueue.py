@@ -118,6 +118,18 @@ def team_problems(k8s: K8sSection) -> list[str]:
     return []
 
 
+def team_warnings(k8s: K8sSection) -> list[str]:
+    """What `render --kueue`'s quota leaves out."""
+    if k8s.devices != "dra":
+        return []
+    line = (
+        "--kueue with k8s.devices=dra: the pods claim their cards (ResourceClaims), request none, so the "
+        "ClusterQueue quotas their cpu, memory and hugepages only; Kueue counts claimed devices only where its "
+        "own DRA support is configured"
+    )
+    return [line]
+
+
 # ----------------------------------------------------------------------------- the job
 
 

@@ -251,6 +251,7 @@ def render(
         layout_warnings(recipe) + comm_warnings(recipe.comm, k8s.profile) + _portability_warnings(recipe, with_runtime)
     )
     warnings += recipe.train.loss_scale_warnings() + profiles.scale_out_warnings(recipe)
+    warnings += kueue.team_warnings(k8s) if with_kueue else []
     warnings += claims.ignored_warnings(k8s)
     return Rendered(objects=out, names=names, warnings=warnings)
 
