@@ -141,6 +141,8 @@ for recipe in sorted(builtin_recipes()):
                                "k8s.priority_value=100", "k8s.queue=q"]):
                 if extra and api == "pytorchjob":
                     extra = [e for e in extra if e != "--with-runtime"] + ["k8s.elastic.enabled=true"]
+                if extra and profile != "cpu":
+                    extra = extra + ["k8s.devices=dra"]  # the cards claimed through DRA
                 code, out, err = run_cli("k8s", "render", recipe, "--profile", profile, "--api", api, *extra)
                 kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
                 results.append({"args": [recipe, profile, api, *extra], "code": code, "kinds": kinds, "err": err})
@@ -183,6 +185,7 @@ def test_every_shipped_recipe_renders_on_every_profile_and_api_without_torch(tmp
         if len(r["args"]) > 3:  # the variant with every optional object
             assert {"ResourceQuota", "PriorityClass"} <= set(r["kinds"]), r
             assert ("PodGroup" if api == "pytorchjob" else "ClusterTrainingRuntime") in r["kinds"], r
+            assert ("ResourceClaimTemplate" in r["kinds"]) == (r["args"][1] != "cpu"), r
     components = [r for r in results if r["args"][0] == "render-components"]
     assert [r["code"] for r in components] == [0, 0, 0], components
     full, stateless, config_only = (r["kinds"] for r in components)
