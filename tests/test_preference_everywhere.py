@@ -150,3 +150,38 @@ def test_a_dpo_run_is_served_and_answers_a_completion(dpo_run):
     assert reply.status_code == 200, reply.text
     choice = reply.json()["choices"][0]
     assert choice["finish_reason"] in ("length", "stop") and reply.json()["usage"]["completion_tokens"] >= 1
+
+
+# ------------------------------------------------------------------ the recipe's commands and the page
+
+
+def _opening_commands() -> list[list[str]]:
+    path = load_recipe(RECIPE).source
+    return [ln.lstrip("# ").split("#")[0].split() for ln in path.read_text().splitlines()[:8] if "kubetune " in ln]
+
+
+def test_the_recipes_opening_commands_make_the_file_it_trains_on():
+    import typer.main
+
+    from kubetune import cli as kubetune_cli
+
+    make = next(c for c in _opening_commands() if c[1:3] == ["data", "make-preferences"])
+    assert "make-preferences" in typer.main.get_command(kubetune_cli.app).commands["data"].commands
+    args = make[3:]
+    out = args[args.index("--out") + 1]
+    source = load_recipe(args[0], [a for a in args[1:] if "=" in a]).recipe  # the recipe the pairs come from
+    assert source.data.train == "builtin:medical_flashcards_sample"
+    assert out == load_recipe(RECIPE).recipe.data.train  # what make-preferences writes, training reads
+    assert ["kubetune", "train", RECIPE] in _opening_commands()
+
+
+def test_the_page_documents_every_preference_key():
+    from pathlib import Path
+
+    from kubetune.recipe.schema import PreferenceSection
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "preference.md").read_text()
+    keys = [f"finetune.preference.{k}" for k in PreferenceSection.model_fields]
+    keys += ["finetune.objective", "data.columns.chosen", "data.columns.rejected"]
+    assert [k for k in keys if f"`{k}`" not in page] == []
+    assert "kubetune data make-preferences smollm2-135m-dpo-cpu data.train=builtin:medical_flashcards_sample" in page
