@@ -322,6 +322,13 @@ def test_nvidia_claims_by_memory_and_asks_no_alignment_by_default():
     assert NVIDIA.extended_resource not in limits["containers"][0]["resources"]["limits"]
 
 
+def test_a_namespace_quota_on_cards_is_said_to_miss_claimed_cards():
+    rendered = render(_gaudi("k8s.namespace_quota.accelerators=16"))
+    (said,) = [w for w in rendered.warnings if "namespace_quota" in w]
+    assert said.startswith("k8s.namespace_quota.accelerators caps requests of habana.ai/gaudi, which pods that claim")
+    assert said.endswith("the namespace quota counts none of this job's cards")
+
+
 def test_a_claimed_server_references_its_own_template():
     recipe = _recipe("k8s.profile=nvidia", "k8s.devices=dra", "k8s.resources.accelerators=3", "k8s.dra.align=pcie_root")
     objects = render_serve(recipe, ServeSettings(engine="vllm")).objects

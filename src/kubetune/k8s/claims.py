@@ -76,10 +76,20 @@ def claim_template(k8s: K8sSection, names: Names, component: str) -> KubeObject:
     }
 
 
-def ignored_warnings(k8s: K8sSection) -> list[str]:
-    """k8s.dra keys set where nothing reads them: the device plugin counts cards, it cannot pick them."""
+def device_warnings(k8s: K8sSection) -> list[str]:
+    """k8s.dra keys set where nothing reads them (the device plugin counts cards, it cannot pick
+    them); with claims, a namespace quota on the extended resource that no claim pod requests."""
+    if k8s.devices == "dra":
+        if k8s.namespace_quota.accelerators is None:
+            return []
+        resource = dra.vendor_for(k8s.profile).extended_resource
+        line = (
+            f"k8s.namespace_quota.accelerators caps requests of {resource}, which pods that claim their cards "
+            "(k8s.devices=dra) do not make: the namespace quota counts none of this job's cards"
+        )
+        return [line]
     given = [name for name, value in k8s.dra if value is not None]  # every k8s.dra key defaults to null
-    if k8s.devices == "dra" or not given:
+    if not given:
         return []
     keys = ", ".join(f"k8s.dra.{name}" for name in given)
     return [f"{keys}: only claims read it, and k8s.devices=plugin requests whole cards; set k8s.devices=dra"]

@@ -252,7 +252,7 @@ def render(
     )
     warnings += recipe.train.loss_scale_warnings() + profiles.scale_out_warnings(recipe)
     warnings += kueue.team_warnings(k8s) if with_kueue else []
-    warnings += claims.ignored_warnings(k8s)
+    warnings += claims.device_warnings(k8s)
     return Rendered(objects=out, names=names, warnings=warnings)
 
 

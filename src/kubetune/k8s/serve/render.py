@@ -45,7 +45,7 @@ def _warnings(plan: Plan) -> list[str]:
             f"no --ingress-host: the Ingress answers on every host of class {settings.ingress_class} "
             "that no other rule claims"
         )
-    return out + _access_warnings(settings) + claims.ignored_warnings(k8s)
+    return out + _access_warnings(settings) + claims.device_warnings(k8s)
 
 
 def _access_warnings(settings: ServeSettings) -> list[str]:
