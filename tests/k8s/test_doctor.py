@@ -298,6 +298,7 @@ def test_no_operator():
 def test_waiting_in_kueue():
     f = only(findings(job=job(suspend=True, labels={"kueue.x-k8s.io/queue-name": "team-a"})))
     assert f.severity == "warning" and "Kueue queue team-a" in f.problem and "localqueue team-a" in f.fix
+    assert "its Workload could not be read" in f.problem  # Kueue's own conditions: tests/k8s/test_kueue.py
 
 
 def test_oneccl_variables_in_the_pods_or_the_recipe():

@@ -353,6 +353,7 @@ def diagnosis(*conditions, missing_queue=False, kind="PyTorchJob"):
         job=job(kind),
         workload=workload(*conditions, owner=kind) if conditions else None,
         local_queue_missing=missing_queue,
+        kueue_read=True,
     )
     found = [f for f in diagnose(snap) if "Kueue" in f.problem or "Workload" in f.subject]
     assert len(found) == 1, found
@@ -402,6 +403,7 @@ def test_doctor_explains_a_workload_that_is_not_admitted(conditions, severity, p
 def test_doctor_on_a_missing_local_queue_and_on_a_job_kueue_ignores():
     missing = diagnosis(missing_queue=True, kind="TrainJob")
     assert missing.severity == "error" and "LocalQueue team-a does not exist in namespace kubetune" in missing.problem
+    assert "is Kueue installed?" in missing.fix  # no Workload either
     ignored = diagnosis(kind="TrainJob")
     assert "Kueue made no Workload for it" in ignored.problem
     assert "trainer.kubeflow.org/trainjob" in ignored.fix

@@ -59,6 +59,7 @@ class Snapshot:
     namespace_pods: list[dict] = field(default_factory=list)  # every pod of the namespace (what quotas count)
     workload: dict | None = None  # the Kueue Workload of a queued job
     local_queue_missing: bool = False  # the job's Kueue LocalQueue does not exist
+    kueue_read: bool = False  # the two above were read (a client without rights on Kueue's API reads neither)
 
 
 def _get(d: object, dotted: str, default: object = "?") -> Any:
@@ -422,9 +423,22 @@ def _said(condition: dict) -> str:
 def _queue_findings(snap: Snapshot, queue: str) -> list[Finding]:
     """Why Kueue has not started a job that waits, suspended, in `queue`."""
     subject, ns = f"{(snap.job or {}).get('kind')} {snap.name}", snap.namespace
+    if not snap.kueue_read:
+        return [
+            Finding(
+                "warning",
+                subject,
+                f"suspended, waiting for admission in Kueue queue {queue} (its Workload could not be read)",
+                f"the ClusterQueue behind LocalQueue {queue} lacks quota for the job, or the LocalQueue is missing: "
+                f"`kubectl describe localqueue {queue} -n {ns}` and `kubectl get workloads -n {ns}`",
+            )
+        ]
     if snap.local_queue_missing:
         problem = f"suspended in Kueue queue {queue}, but LocalQueue {queue} does not exist in namespace {ns}"
-        return [Finding("error", subject, problem, _PENDING_FIXES[0][1].format(ns=ns, queue=queue))]
+        fix = _PENDING_FIXES[0][1].format(ns=ns, queue=queue)
+        if snap.workload is None:  # no Workload either: Kueue's API may be missing altogether
+            fix += "; is Kueue installed? (`kubectl get crd localqueues.kueue.x-k8s.io`)"
+        return [Finding("error", subject, problem, fix)]
     if snap.workload is None:
         return [
             Finding(
@@ -594,6 +608,7 @@ def _collect_queue(client, snap: Snapshot, job: dict, queue: str) -> None:
     with contextlib.suppress(ClusterError):
         snap.workload = kueue.workload_of(client.list(kueue.API_VERSION, "Workload", snap.namespace), job)
         snap.local_queue_missing = client.get(kueue.API_VERSION, "LocalQueue", queue, snap.namespace) is None
+        snap.kueue_read = True
 
 
 def _with_resolved_resources(recipe: dict) -> dict:
