@@ -326,3 +326,14 @@ def test_the_loss_plot_shows_the_reward_accuracy(tmp_path):
         return (tmp_path / "loss_curve.png").read_bytes()
 
     assert png(with_accuracy=True) != png(with_accuracy=False)
+
+
+def test_tensor_and_pipeline_parallel_are_refused_in_one_line():
+    from kubetune.errors import RecipeError
+    from kubetune.recipe.layout import check_recipe, layout_for
+
+    recipe = load_recipe(None, ["finetune.objective=simpo", "parallel.pp=2"]).recipe
+    with pytest.raises(RecipeError, match=r"finetune.objective=simpo runs data parallel .* set parallel.tp=1"):
+        check_recipe(layout_for(recipe.parallel, 2), recipe)
+    sft = load_recipe(None, ["parallel.pp=2"]).recipe
+    check_recipe(layout_for(sft.parallel, 2), sft)  # SFT keeps its pipelines
