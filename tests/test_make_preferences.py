@@ -45,7 +45,7 @@ def tiny_model_dir(tmp_path_factory, tokenizer):
 
 
 def _recipe(tiny_model_dir, data) -> list[str]:
-    return [f"model.name_or_path={tiny_model_dir}", f"data.train={data}", "train.precision=fp32"]
+    return [f"model.name_or_path={tiny_model_dir}", f"data.train={data}", "train.precision=fp32", "train.num_threads=1"]
 
 
 def _direct_answers(tiny_model_dir, rows: list[dict]) -> list[str]:

@@ -36,6 +36,7 @@ from kubetune.fsutil import atomic_write_text
 from kubetune.models.kernels import compute_precision
 from kubetune.models.load import DTYPES
 from kubetune.recipe import Recipe, load_recipe
+from kubetune.serve import host
 from kubetune.serve.build import kv_budget
 from kubetune.serve.engine import Engine
 from kubetune.serve.engine_client import Event, Limits, Request, Sampling
@@ -114,13 +115,8 @@ def make_preferences(
         raise UserError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
     r = load_recipe(recipe, overrides).recipe
     rows = source_rows(r, limit)
-    lm, tokenizer, dtype = load_base(r)
-    renderer = PromptRenderer(r.data.template, tokenizer, r.data.system_prompt)
-    special = not renderer.uses_chat_template  # a chat template holds its special tokens already
-    prompts = [tokenizer(renderer.prompt(row), add_special_tokens=special)["input_ids"] for row in rows]
-    answers = greedy_answers(lm, tokenizer.eos_token_id, dtype, prompts, max_new_tokens, echo)
-    texts = [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
-    pairs = [Pair(prompt_fields(row), reference(row), text) for row, text in zip(rows, texts)]
+    greedy = answer(r, rows, max_new_tokens, echo)
+    pairs = [Pair(prompt_fields(row), reference(row), text) for row, text in zip(rows, greedy)]
     kept = [p for p in pairs if p.left_out is None]
     atomic_write_text(out, "".join(json.dumps(p.row(), ensure_ascii=False) + "\n" for p in kept))
     left_out = Counter(p.left_out for p in pairs if p.left_out is not None)
@@ -160,6 +156,22 @@ def reference(row: Row) -> str:
         last = row["messages"][-1]
         return str(last["content"]).strip() if last["role"] == "assistant" else ""
     return str(row["output"]).strip()
+
+
+def answer(recipe: Recipe, rows: list[Row], max_new_tokens: int, echo: Callable[[str], None]) -> list[str]:
+    """The base model's greedy answer to each row's prompt, rendered as training renders it, on
+    `train.num_threads` threads (else the container's CPU quota, as serving runs)."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(recipe.train.num_threads or host.threads())
+    try:
+        lm, tokenizer, dtype = load_base(recipe)
+        renderer = PromptRenderer(recipe.data.template, tokenizer, recipe.data.system_prompt)
+        special = not renderer.uses_chat_template  # a chat template holds its special tokens already
+        prompts = [tokenizer(renderer.prompt(row), add_special_tokens=special)["input_ids"] for row in rows]
+        answers = greedy_answers(lm, tokenizer.eos_token_id, dtype, prompts, max_new_tokens, echo)
+    finally:
+        torch.set_num_threads(threads)
+    return [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
 
 
 def load_base(recipe: Recipe) -> tuple[Any, Any, torch.dtype]:
