@@ -84,7 +84,6 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     source = resolve_model(given.model.name_or_path)
     tokenizer = load_tokenizer(source, given.model.revision, given.model.trust_remote_code)
     data = prepare_data(given, tokenizer)
-    check_pairs(given, data)
     batcher = train_batcher(given, data, tokenizer.pad_token_id, layout, env.device.type)
     config = load_config(source, given.model.revision, given.model.trust_remote_code)
     check_model(layout, config, given)
@@ -98,7 +97,8 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     total_steps = plan_steps(recipe, batcher, resume_from)
     # a pipeline stage is set up on the unwrapped layers; tensor parallelism then splits them in place
     pipeline = pipeline_runner(recipe, model, layout, env, autocast, tokenizer.pad_token_id) if layout.pp > 1 else None
-    start = preference_start(recipe, model, batcher, total_steps, env)  # before wrapping: the starting weights
+    precompute = preference.precomputes(recipe, total_steps, steps_per_epoch(recipe, batcher))
+    start = preference_start(recipe, model, precompute, env)  # before wrapping: the starting weights
     wrapped = wrap_parallel(model.loss, model.layers, layout, env, recipe.train.precision)
     optim = build_optimization(model.model, recipe.train, layout, env.device, total_steps)
     runner = pipeline or LocalRunner(
@@ -133,7 +133,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         telemetry=telemetry,
         auto_compile=auto_compile(recipe, model, env, config) if recipe.train.compile == "auto" else None,
     )
-    return dataclasses.replace(parts, preference=preference_training(parts, start))
+    return dataclasses.replace(parts, preference=preference_training(parts, start, precompute))
 
 
 def auto_compile(recipe: Recipe, model: ModelParts, env: DistEnv, config: Any) -> AutoCompile:
@@ -295,42 +295,26 @@ def resume_path(mode: str, run_dir: RunDir) -> Path | None:
     return path
 
 
-def check_pairs(recipe: Recipe, data: PreparedData) -> None:
-    """A preference objective trains on pairs: refuse SFT rows in one line."""
-    objective = recipe.finetune.objective
-    if objective != "sft" and not data.train.pairs:
-        cols = recipe.data.columns
-        raise DataError(
-            f"finetune.objective={objective}: data.train has no preference pairs; give rows with the "
-            f"data.columns.{cols.chosen!r} and {cols.rejected!r} answers (kubetune data make-preferences writes them) "
-            f"or set finetune.objective=sft"
-        )
-
-
-def preference_start(
-    recipe: Recipe, model: ModelParts, batcher: Batcher, total_steps: int, env: DistEnv
-) -> torch.nn.Module | None:
+def preference_start(recipe: Recipe, model: ModelParts, precompute: bool, env: DistEnv) -> torch.nn.Module | None:
     """DPO's reference as a frozen copy of the starting weights, when the run needs one: reference=copy
     (auto under full fine-tuning) with the log-probs computed on the fly. Precomputed, the reference
     is the model itself before step 1, and no copy is made."""
-    if recipe.finetune.objective != "dpo" or preference.reference_kind(recipe) != "copy":
-        return None
-    if preference.precomputes(recipe, total_steps, steps_per_epoch(recipe, batcher)):
+    if recipe.finetune.objective != "dpo" or preference.reference_kind(recipe) != "copy" or precompute:
         return None
     preference.check_copy_fits(model.loss, env)
     return preference.frozen_copy(model.loss)
 
 
-def preference_training(parts: TrainParts, start: torch.nn.Module | None) -> PreferenceTraining | None:
+def preference_training(
+    parts: TrainParts, start: torch.nn.Module | None, precompute: bool
+) -> PreferenceTraining | None:
     """The objective and its reference; with precomputed reference log-probs, their tables
     (computed here, before any checkpoint is loaded: the model still holds the starting weights)."""
     recipe = parts.recipe
     if recipe.finetune.objective == "sft":
         return None
     training = preference.build(recipe, parts.runner, parts.model.model, start)
-    if training.reference is None or start is not None:
-        return training
-    if not preference.precomputes(recipe, parts.total_steps, steps_per_epoch(recipe, parts.batcher)):
+    if training.reference is None or not precompute:
         return training
     pad, device_type = parts.tokenizer.pad_token_id, parts.env.device.type
     every_pair = every_row_batcher(recipe, parts.batcher.data, pad, parts.layout, device_type)
