@@ -18,7 +18,6 @@ history, beside `chosen` and `rejected`), so a DPO recipe reads it with the defa
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections import Counter
 from collections.abc import Callable
@@ -228,8 +227,8 @@ def fitting_limits(config: Any, prompts: list[list[int]], max_new_tokens: int) -
 
 
 class Tracker:
-    """Collects each request's tokens (on the engine's thread), prints progress, and stops the
-    engine when the last answer is complete."""
+    """Collects each request's tokens, prints progress, and stops the engine when the last
+    answer is complete. Its sinks run on the engine's thread, which is the caller's."""
 
     def __init__(self, total: int, engine: Engine, echo: Callable[[str], None]) -> None:
         self.total, self.engine, self.echo = total, engine, echo
@@ -238,7 +237,6 @@ class Tracker:
         self.done = 0
         self.every = max(1, total // PROGRESS_STEPS)
         self.started = time.monotonic()
-        self._lock = threading.Lock()
 
     def sink(self, index: int) -> Callable[[Event], None]:
         def receive(event: Event) -> None:
@@ -250,9 +248,8 @@ class Tracker:
         return receive
 
     def finished(self, event: Event) -> None:
-        with self._lock:
-            self.done += 1
-            done = self.done
+        self.done += 1
+        done = self.done
         if event.finish_reason == "error":
             self.errors.append(event.error or "unknown error")
         if done % self.every == 0 or done == self.total:
