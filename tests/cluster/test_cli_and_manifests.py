@@ -340,3 +340,10 @@ def test_node_selection_is_overridable():
 def test_bad_node_selection_is_one_line_naming_the_flag(flags, line):
     r = subprocess.run(KUBETUNE + ["k8s", "render-components", *flags], capture_output=True, text=True, timeout=30)
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1 and r.stderr.startswith(line), r.stderr
+
+
+def test_with_the_dra_driver_the_scheduler_sends_every_pod_to_the_extender():
+    # claim pods request no extended resource: a managedResources list would keep them from the extender
+    (config,) = _render("--scheduler-config-only", "--devices", "dra", "--kubernetes-version", "1.34")
+    (entry,) = config["extenders"]
+    assert "managedResources" not in entry and entry["filterVerb"] == "filter"

@@ -497,11 +497,20 @@ def scheduler_config(s: ComponentSettings) -> dict:
                 "enableHTTPS": False,
                 "httpTimeout": "5s",
                 "nodeCacheCapable": False,
-                "managedResources": [{"name": r, "ignoredByScheduler": False} for r in managed_resources(s)],
+                **_managed_resources_entry(s),
                 "ignorable": True,
             }
         ],
     }
+
+
+def _managed_resources_entry(s: ComponentSettings) -> dict:
+    """kube-scheduler calls the extender only for pods that request a listed extended resource, and
+    for every pod when the list is absent. Pods that claim their cards through DRA request none,
+    so with the DRA driver the list is left out (the extender is neutral on pods without cards)."""
+    if s.devices == "dra":
+        return {}
+    return {"managedResources": [{"name": r, "ignoredByScheduler": False} for r in managed_resources(s)]}
 
 
 def scheduler_config_map(s: ComponentSettings) -> dict:
