@@ -12,9 +12,10 @@ DPO's reference is the starting model:
 - LoRA (`reference: adapter_off`): the same model with the PEFT adapter switched off, under
   no_grad, so no second copy of the weights exists;
 - full fine-tuning (`reference: copy`): a frozen copy of the starting weights.
-With `reference_logps: precompute` the reference runs once over the training pairs before
-step 1, and its log-probabilities are kept per pair in the run directory (a resumed run reads
-them back; the model has moved on by then). ORPO and SimPO need no reference.
+With `reference_logps: precompute` the reference runs once over the training and held-out
+pairs before step 1 (before a checkpoint is loaded, so that the model itself is the reference
+of full fine-tuning and no copy is made), and its log-probabilities are kept per pair in the
+run directory, where a resumed run reads them back. ORPO and SimPO need no reference.
 
 Like the SFT loss, a step's loss is normalised over the whole step on every replica (its
 pairs, and for ORPO's NLL term its chosen tokens), so N replicas compute the gradient of
@@ -343,21 +344,24 @@ def reference_table(
 
 
 def load_or_precompute(
-    path: Path, compute: Callable[[], dict[str, torch.Tensor]], env: DistEnv
+    path: Path, compute: Callable[[], dict[str, torch.Tensor]], sizes: dict[str, int], env: DistEnv
 ) -> dict[str, torch.Tensor]:
-    """The run directory's tables when they are there (a resumed run does not recompute
-    them), else computed now and written by rank 0."""
+    """The run directory's tables when they hold `sizes` pairs (a resumed run does not recompute
+    them; eval.* may change on a resume, and the held-out pairs with it), else computed now and
+    written by rank 0. Either is right: this runs before a checkpoint is loaded, so the model
+    still holds the starting weights."""
     if path.is_file():
-        log.info("reference log-probs read from %s", path)
         tables: dict[str, torch.Tensor] = torch.load(path, weights_only=True)
-        return tables
+        if {k: len(v) for k, v in tables.items()} == sizes:
+            log.info("reference log-probs read from %s", path)
+            return tables
     t0 = time.perf_counter()
     tables = compute()
     if env.is_main:
         buf = io.BytesIO()
         torch.save(tables, buf)
         atomic_write_bytes(path, buf.getvalue())
-    log.info("reference log-probs of %d pairs computed in %.1f s", len(tables["train"]), time.perf_counter() - t0)
+    log.info("reference log-probs of %d pairs computed in %.1f s", sum(sizes.values()), time.perf_counter() - t0)
     return tables
 
 
@@ -403,7 +407,8 @@ class PreferenceTraining:
                 tables["eval"] = reference_table(self.runner, reference, held_out, layout, env)
             return tables
 
-        tables = load_or_precompute(path, compute, env)
+        sizes = {"train": len(train.data), **({"eval": len(held_out.data)} if held_out is not None else {})}
+        tables = load_or_precompute(path, compute, sizes, env)
         self.reference = Precomputed(tables["train"], device)
         self.eval_reference = Precomputed(tables["eval"], device) if "eval" in tables else None
 
