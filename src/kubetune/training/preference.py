@@ -61,6 +61,8 @@ PAIR_METRICS = (
     "logps/chosen",
     "logps/rejected",
 )
+# what a micro-batch sums (Objective.micro_batch_loss), in order: summed over micro-batches and replicas
+SUMS = ("loss", *PAIR_METRICS, "pairs", "chosen_nll", "chosen_tokens")
 REFERENCE_FILE = "reference_logps.pt"
 
 
@@ -164,7 +166,7 @@ class Pairs:
 
 @dataclass(frozen=True)
 class Objective:
-    """One run's preference objective: its settings, and where DPO's reference comes from."""
+    """One run's preference objective and its settings."""
 
     name: str  # dpo | orpo | simpo
     beta: float
@@ -208,10 +210,10 @@ class Objective:
         per_chosen_token: float,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """This micro-batch's share of the step's loss (its pairs' losses x `per_pair`, and
-        ORPO's chosen NLL x `per_chosen_token`), and its sums: [loss, the six PAIR_METRICS,
-        pairs, chosen NLL, chosen tokens] (the last two give eval its perplexity)."""
+        ORPO's chosen NLL x `per_chosen_token`), and its sums, in the order of SUMS (the
+        chosen answers' NLL and tokens give eval its perplexity)."""
         pairs = Pairs.of(b)
-        losses, rc, rr, lc, lr = self.pair_losses(logps, b, pairs, reference)
+        losses, rc, rr, logp_c, logp_r = self.pair_losses(logps, b, pairs, reference)
         nll = -split_pairs(logps, b)[0].sum()
         loss = losses.sum() * per_pair
         if self.name == "orpo":
@@ -220,7 +222,7 @@ class Objective:
         sums = torch.stack(
             [
                 loss.detach().double(),
-                *(x.detach().double().sum() for x in (rc, rr, acc, rc - rr, lc, lr)),
+                *(x.detach().double().sum() for x in (rc, rr, acc, rc - rr, logp_c, logp_r)),
                 torch.tensor(float(len(pairs)), dtype=torch.float64, device=logps.device),
                 nll.detach().double(),
                 pairs.chosen_tokens.sum().to(device=logps.device),
@@ -374,6 +376,11 @@ def replica_sums(values: torch.Tensor, env: DistEnv, layout: Layout) -> list[flo
     return all_reduce_sums(mine, env)
 
 
+def named_totals(sums: torch.Tensor, env: DistEnv, layout: Layout) -> dict[str, float]:
+    """The micro-batches' SUMS (and any after them, e.g. tokens) over all replicas, by name."""
+    return dict(zip((*SUMS, "tokens"), replica_sums(sums, env, layout), strict=False))
+
+
 def step_norms(batches: list[Batch], env: DistEnv, layout: Layout) -> tuple[float, float]:
     """The step's pairs and chosen target tokens over all replicas."""
     mine = torch.zeros(2, dtype=torch.float64)
@@ -431,11 +438,13 @@ class PreferenceTraining:
         t2 = time.perf_counter()
         grad_norm = optim.step(layout)
         t3 = time.perf_counter()
-        totals = replica_sums(sums.cpu(), env, layout)
-        tokens = int(replica_sums(torch.tensor([float(sum(b.real_tokens for b in batches))]), env, layout)[0])
+        real_tokens = torch.tensor([float(sum(b.real_tokens for b in batches))], dtype=torch.float64)
+        totals = named_totals(torch.cat([sums.cpu(), real_tokens]), env, layout)
         phases = {"compute": t2 - t1, "optimizer": t3 - t2, "communication": (t1 - t0) + (time.perf_counter() - t3)}
-        loss = totals[0] / layout.data_parallel_size
-        return StepResult(loss=loss, grad_norm=grad_norm, tokens=tokens, phases=phases, pairs=pair_means(totals, loss))
+        loss = totals["loss"] / layout.data_parallel_size  # each replica's share was scaled by their count
+        return StepResult(
+            loss=loss, grad_norm=grad_norm, tokens=int(totals["tokens"]), phases=phases, pairs=pair_means(totals, loss)
+        )
 
     def evaluate(self, batcher: Batcher | None, layout: Layout, env: DistEnv) -> EvalResult:
         """The objective's loss and TRL's metrics over the held-out pairs, and the perplexity
@@ -445,7 +454,7 @@ class PreferenceTraining:
         runner = self.runner
         was_training = runner.training
         runner.train(False)
-        sums = torch.zeros(10, dtype=torch.float64)
+        sums = torch.zeros(len(SUMS), dtype=torch.float64)
         row = 0
         with torch.no_grad():
             while batcher.micro_batches_left(0, row) > 0:
@@ -458,25 +467,25 @@ class PreferenceTraining:
                 _, s = self.objective.micro_batch_loss(logps, b, reference, 1.0, 1.0)
                 sums += s.cpu()
         runner.train(was_training)
-        totals = replica_sums(sums, env, layout)
-        n_pairs, nll, chosen_tokens = totals[7], totals[8], totals[9]
+        totals = named_totals(sums, env, layout)
+        n_pairs, nll, chosen_tokens = totals["pairs"], totals["chosen_nll"], max(totals["chosen_tokens"], 1.0)
         if n_pairs == 0:
             return EvalResult(loss=None, perplexity=None, tokens=0)
-        loss = totals[0] / n_pairs if self.objective.name != "orpo" else None
-        if loss is None:  # ORPO's loss: the chosen answers' mean NLL plus the pairs' mean odds term
-            loss = (totals[0] - nll) / n_pairs + nll / max(chosen_tokens, 1.0)
+        loss = totals["loss"] / n_pairs
+        if self.objective.name == "orpo":  # the pairs' mean odds term, plus the chosen answers' NLL per token
+            loss = (totals["loss"] - nll) / n_pairs + nll / chosen_tokens
         return EvalResult(
             loss=round(loss, 6),
-            perplexity=round(math.exp(nll / max(chosen_tokens, 1.0)), 4),
-            tokens=int(chosen_tokens),
+            perplexity=round(math.exp(nll / chosen_tokens), 4),
+            tokens=int(totals["chosen_tokens"]),
             pairs={f"eval_{k}": round(v, 6) for k, v in pair_means(totals, loss).items() if k != "loss"},
         )
 
 
-def pair_means(totals: list[float], loss: float) -> dict[str, float]:
+def pair_means(totals: dict[str, float], loss: float) -> dict[str, float]:
     """TRL's metrics of a step (or an evaluation): `loss` and the means over its pairs."""
-    n = max(totals[7], 1.0)
-    return {"loss": loss, **{name: totals[1 + i] / n for i, name in enumerate(PAIR_METRICS)}}
+    n = max(totals["pairs"], 1.0)
+    return {"loss": loss, **{name: totals[name] / n for name in PAIR_METRICS}}
 
 
 def build(recipe: Recipe, runner: StepRunner, peft_model: Any, start: torch.nn.Module | None) -> PreferenceTraining:
