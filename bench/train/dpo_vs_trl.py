@@ -16,10 +16,12 @@ TRL runs in its fastest CPU setting, measured here: the reference pass on the fl
 the one compared. Gradient checkpointing is off (DPOConfig turns it on by default; off is the
 faster on CPU). TRL 1.x has no padding-free DPO (`padding_free=True` warns and pads), so there
 is no such setting to try. kubetune runs as `kubetune train` as a user types it (precision,
-processes and the reference pass chosen by its own probes).
+processes and the reference pass chosen by its own probes); the verdicts are its. Beside it,
+`kubetune-1proc` (`--nproc-per-node 1`: one process with every thread, one model in memory)
+shows what the probe's choice of processes gives and costs.
 
-Each arm runs in its own process, interleaved (kubetune, TRL, TRL-precompute, then again, for
-`--rounds`); figures are medians over rounds. Reported:
+Each arm runs in its own process, interleaved (kubetune, kubetune-1proc, TRL, TRL-precompute,
+then again, for `--rounds`); figures are medians over rounds. Reported:
   - per step, first 20 steps: loss and rewards/accuracies of both sides, and max |diff|;
   - pairs/s from steady-state step times (the first `--skip` steps left out), plus the time of
     a precomputed reference pass spread over the pairs it served;
@@ -30,7 +32,7 @@ Each arm runs in its own process, interleaved (kubetune, TRL, TRL-precompute, th
     from TRL's is at most twice TRL's own seed-to-seed max |diff| (with a floor of 0.01 on loss
     and 0.25 on accuracy, one pair in a step of four, where the noise measures ~0).
 
-    .venv/bin/python bench/train/dpo_vs_trl.py                    # the full comparison
+    .venv/bin/python bench/train/dpo_vs_trl.py                    # the full comparison (30 steps, 2 rounds)
     .venv/bin/python bench/train/dpo_vs_trl.py --quick            # a smoke run: 4 steps, 1 round
     .venv/bin/python bench/train/dpo_vs_trl.py --pairs data/flashcards-pairs.jsonl
 
@@ -83,7 +85,7 @@ class Plan:
         return self.steps * self.pairs_per_step
 
 
-ARMS = ("kubetune", "trl", "trl-precompute")
+ARMS = ("kubetune", "kubetune-1proc", "trl", "trl-precompute")
 
 
 def plan_from_args(args: argparse.Namespace) -> Plan:
@@ -342,15 +344,15 @@ def arm_trl(plan: Plan, pairs_file: Path, precision: str, precompute: bool, seed
 REFERENCE_LINE = re.compile(r"reference log-probs of \d+ pairs computed in ([0-9.]+) s")
 
 
-def arm_kubetune(plan: Plan, pairs_file: Path, precision: str, seed: int) -> dict:
+def arm_kubetune(plan: Plan, pairs_file: Path, precision: str, cli: tuple[str, ...] = ()) -> dict:
     """`kubetune train` as a user runs it (its probes choose precision, processes and the
-    reference pass); its metrics.jsonl gives the curves and the step times. Its seed is SEED:
-    train.seed also orders the pairs, which TRL's arms follow."""
+    reference pass; `cli` adds options); its metrics.jsonl gives the curves and the step times.
+    Its seed is SEED: train.seed also orders the pairs, which TRL's arms follow."""
     with tempfile.TemporaryDirectory() as tmp:
         overrides = kubetune_overrides(plan, pairs_file, tmp, precision)
         env = {k: v for k, v in os.environ.items() if k != "OMP_NUM_THREADS"}
         res = subprocess.run(
-            [sys.executable, "-m", "kubetune", "train", *overrides], capture_output=True, text=True, env=env
+            [sys.executable, "-m", "kubetune", "train", *cli, *overrides], capture_output=True, text=True, env=env
         )
         if res.returncode != 0:
             raise SystemExit(res.stdout[-2000:] + res.stderr[-3000:])
@@ -373,7 +375,11 @@ def arm_kubetune(plan: Plan, pairs_file: Path, precision: str, seed: int) -> dic
 
 
 ARM_RUNNERS = {
-    "kubetune": arm_kubetune,
+    "kubetune": lambda plan, pairs, precision, seed: arm_kubetune(plan, pairs, precision),
+    # one process with every thread, where the probe chose one per core: its memory is one model's
+    "kubetune-1proc": lambda plan, pairs, precision, seed: arm_kubetune(
+        plan, pairs, precision, ("--nproc-per-node", "1")
+    ),
     "trl": lambda plan, pairs, precision, seed: arm_trl(plan, pairs, precision, False, seed),
     "trl-precompute": lambda plan, pairs, precision, seed: arm_trl(plan, pairs, precision, True, seed),
 }
@@ -425,9 +431,9 @@ def verdict(ok: bool) -> str:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps per arm (>= 20: the curves compare 20)")
+    p.add_argument("--steps", type=int, default=30, help="optimizer steps per arm (>= 20: the curves compare 20)")
     p.add_argument("--pairs-per-step", type=int, default=4, help="preference pairs per optimizer step")
-    p.add_argument("--rounds", type=int, default=3, help="interleaved rounds of every arm (medians over them)")
+    p.add_argument("--rounds", type=int, default=2, help="interleaved rounds of every arm (medians over them)")
     p.add_argument("--skip", type=int, default=3, help="first steps left out of the steady-state step time")
     p.add_argument("--threads", type=int, default=os.cpu_count() or 1, help="torch threads of TRL's arms")
     p.add_argument("--precision", choices=("auto", "fp32", "bf16"), default="auto", help="auto = kubetune's choice")
@@ -459,11 +465,11 @@ def run_rounds(plan: Plan, pairs_file: Path) -> dict[str, list[dict]]:
     """Every arm once per round, kubetune first (with `--precision auto` its probe's choice is
     the precision of TRL's arms), then the faster TRL setting once more with another seed."""
     results: dict[str, list[dict]] = {name: [] for name in plan.arms}
-    precision = plan.precision
+    precision = plan.precision  # TRL's: kubetune's choice once kubetune has run
     for round_ in range(plan.rounds):
         for name in plan.arms:
             t = time.perf_counter()
-            results[name].append(run_arm(name, plan, pairs_file, precision))
+            results[name].append(run_arm(name, plan, pairs_file, plan.precision if name == "kubetune" else precision))
             if name == "kubetune" and plan.precision == "auto":
                 precision = results[name][0]["precision"]
             print(f"round {round_ + 1}/{plan.rounds}: {name} done in {time.perf_counter() - t:.0f} s", flush=True)
@@ -558,6 +564,8 @@ def report(plan: Plan, results: dict[str, list[dict]], source: str) -> None:
             f"{verdict(rss_ratio <= MEMORY_TARGET)}), curves within run-to-run noise: {verdict(agree)}"
         )
         summary |= {"trl_arm": faster, "speed_ratio": speed_ratio, "rss_ratio": rss_ratio, "curves": curves}
+    for n in (n for n in arms if n.startswith("kubetune-") and faster):
+        print(f"{n} / TRL ({faster}): pairs/s x{speed[n] / speed[faster]:.2f}, peak RSS x{rss[n] / rss[faster]:.2f}")
     print(json.dumps(summary))
 
 
