@@ -360,22 +360,33 @@ def test_four_processes_in_two_dimensions(tmp_path_factory, dist_overrides, layo
     assert_same_run(reference, run)
 
 
+IMPOSSIBLE_LAYOUTS = (
+    (["parallel.fsdp=3"], "dp x fsdp x tp x pp"),
+    (["parallel.tp=2", "model.name_or_path=smollm2-135m-instruct"], "9 attention heads"),
+    (["parallel.pp=2", "finetune.method=full"], "ties its input embedding"),
+    (["parallel.pp=2", "parallel.fsdp=2", "parallel.dp=1"], "parallel.fsdp=1"),
+    (["parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=1"], "train.grad_accum>=2"),
+)
+
+
 def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
-    procs, out_dir = [], tmp_path / "x"
-    for bad, words in (
-        (["parallel.fsdp=3"], "dp x fsdp x tp x pp"),
-        (["parallel.tp=2", "model.name_or_path=smollm2-135m-instruct"], "9 attention heads"),
-        (["parallel.pp=2", "finetune.method=full"], "ties its input embedding"),
-        (["parallel.pp=2", "parallel.fsdp=2", "parallel.dp=1"], "parallel.fsdp=1"),
-        (["parallel.pp=2", "parallel.pp_schedule=1f1b", "train.grad_accum=1"], "train.grad_accum>=2"),
-    ):
-        procs.append(
-            (kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *bad, f"output_dir={out_dir}"]), words)
-        )
-    for proc, words in procs:  # started together: each is refused by the launcher, none trains
-        out, _ = proc.communicate(timeout=180)
-        assert proc.returncode == 2 and words in out, out[-2000:]
-        assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+    """`kubetune train --nproc-per-node 2` refuses each layout in its launcher (`precheck`),
+    with one line, before any worker starts: the first as a real process (exit 2, one line,
+    no traceback), every one through the very function the launcher calls."""
+    from kubetune.errors import UserError
+    from kubetune.training.launch import precheck
+
+    out_dir = tmp_path / "x"
+    (first, words), *_ = IMPOSSIBLE_LAYOUTS
+    proc = kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *first, f"output_dir={out_dir}"])
+    out, _ = proc.communicate(timeout=180)
+    assert proc.returncode == 2 and words in out, out[-2000:]
+    assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
+    for bad, words in IMPOSSIBLE_LAYOUTS:
+        with pytest.raises(UserError) as refused:
+            precheck(None, [*dist_overrides, *bad, f"output_dir={out_dir}"], world_size=2, nproc_per_node=2)
+        assert len(refused.value.problems) == 1 and words in refused.value.problems[0], refused.value.problems
+        assert "\n" not in refused.value.problems[0]
     assert not out_dir.exists() or not any(out_dir.iterdir())
 
 
