@@ -81,8 +81,8 @@ def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
     return out
 
 
-@pytest.fixture
-def qa_file(tmp_path) -> Path:
+def write_qa_file(path: Path) -> Path:
+    """The 48 question/answer rows every tiny recipe trains on, as JSONL at `path`."""
     rows = [
         {
             "instruction": "Answer this question truthfully",
@@ -91,20 +91,30 @@ def qa_file(tmp_path) -> Path:
         }
         for i in range(48)
     ]
-    path = tmp_path / "qa.jsonl"
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
 
 
 @pytest.fixture
+def qa_file(tmp_path) -> Path:
+    return write_qa_file(tmp_path / "qa.jsonl")
+
+
+@pytest.fixture
 def tiny_overrides(tiny_model_dir, qa_file, tmp_path) -> list[str]:
-    """A fast recipe: tiny model, 48 rows, fp32 (exact comparisons), a few steps."""
+    """`tiny_recipe` in this test's directory."""
+    return tiny_recipe(tiny_model_dir, qa_file, tmp_path / "cache")
+
+
+def tiny_recipe(model_dir: Path, qa_file: Path, cache_dir: Path) -> list[str]:
+    """A fast recipe: tiny model, 48 rows, fp32 (exact comparisons), a few steps (the
+    `tiny_overrides` fixture; module fixtures that train once for several tests call it)."""
     return [
-        f"model.name_or_path={tiny_model_dir}",
+        f"model.name_or_path={model_dir}",
         f"data.train={qa_file}",
         "data.eval=0.25",
         "data.max_seq_len=128",
-        f"data.cache_dir={tmp_path / 'cache'}",
+        f"data.cache_dir={cache_dir}",
         "train.precision=fp32",
         "train.micro_batch_size=2",
         "train.grad_accum=2",
@@ -145,6 +155,25 @@ def run_cli(args: list[str], env: dict | None = None, timeout: int = 300):
         timeout=timeout,
         cwd=str(REPO),
     )
+
+
+def run_cli_in_process(args: list[str], capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
+    """`kubetune ARGS` through `kubetune.cli.main` in this process: the CLI path (its UserError
+    -> one line, exit 2) without a process's seconds of imports; fd 1 and 2 as `run_cli` sees
+    them. Keep one real-process case per command beside the in-process ones."""
+    from kubetune import cli
+
+    capfd.readouterr()  # what earlier code printed is not this command's
+    argv, sys.argv = sys.argv, ["kubetune", *args]
+    code = 0
+    try:
+        cli.main()
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    finally:
+        sys.argv = argv
+    out, err = capfd.readouterr()
+    return subprocess.CompletedProcess(["kubetune", *args], code, out, err)
 
 
 def _ip(*args) -> subprocess.CompletedProcess:

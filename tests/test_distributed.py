@@ -8,13 +8,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import NamedTuple
 
 import psutil
 import pytest
 
 from kubetune.netutil import free_port
 
-from .conftest import REPO
+from .conftest import REPO, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.multiproc
 
@@ -54,27 +55,60 @@ def losses(run: Path) -> list[float]:
     return [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.fixture
-def dist_overrides(tiny_overrides):
-    return [o for o in tiny_overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
+def for_processes(overrides: list[str]) -> list[str]:
+    """The tiny recipe for these tests: 4 steps, grad_accum and threads set per test."""
+    return [o for o in overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
         "eval.generate=0",
         "train.max_steps=4",
     ]
 
 
-def test_two_processes_equal_one_with_grad_accum_two(tmp_path, dist_overrides):
-    one = finish(kubetune(["train", *dist_overrides, "train.grad_accum=2", f"output_dir={tmp_path / 'one'}"]))
+@pytest.fixture
+def dist_overrides(tiny_overrides):
+    return for_processes(tiny_overrides)
+
+
+# What every layout below is compared with: one process, grad_accum 2 (a step's 4 rows),
+# sample answers after training.
+ONE_PROCESS = ("train.grad_accum=2", "eval.generate=1")
+
+
+class Run(NamedTuple):
+    dir: Path
+    output: str  # what the process printed
+
+
+@pytest.fixture(scope="module")
+def one_process(tmp_path_factory, tiny_model_dir):
+    """`one_process(*extra)`: one `kubetune train` process of the tiny recipe with
+    ONE_PROCESS and `extra`, trained once per module for every test that compares a layout
+    with that same run."""
+    root = tmp_path_factory.mktemp("one-process")
+    recipe = for_processes(tiny_recipe(tiny_model_dir, write_qa_file(root / "qa.jsonl"), root / "cache"))
+    runs: dict[tuple[str, ...], Run] = {}
+
+    def run(*extra: str) -> Run:
+        if extra not in runs:
+            out = root / f"run-{len(runs)}"
+            runs[extra] = Run(out, finish(kubetune(["train", *recipe, *ONE_PROCESS, *extra, f"output_dir={out}"])))
+        return runs[extra]
+
+    return run
+
+
+def test_two_processes_equal_one_with_grad_accum_two(tmp_path, dist_overrides, one_process):
+    one = one_process()
     two = finish(
         kubetune(
             ["train", "--nproc-per-node", "2", *dist_overrides, "train.grad_accum=1", f"output_dir={tmp_path / 'two'}"]
         )
     )
-    assert "2 process(es)" in two and "1 process(es)" in one
-    a, b = losses(tmp_path / "one"), losses(tmp_path / "two")
+    assert "2 process(es)" in two and "1 process(es)" in one.output
+    a, b = losses(one.dir), losses(tmp_path / "two")
     assert len(a) == len(b) == 4
     for x, y in zip(a, b):
         assert abs(x - y) < 1e-4 * max(1.0, abs(x)), (a, b)
-    sa = json.loads((tmp_path / "one" / "summary.json").read_text())
+    sa = json.loads((one.dir / "summary.json").read_text())
     sb = json.loads((tmp_path / "two" / "summary.json").read_text())
     assert sa["train_tokens"] == sb["train_tokens"]
     assert abs(sa["eval_loss_after"] - sb["eval_loss_after"]) < 1e-4 * abs(sa["eval_loss_after"])
@@ -209,12 +243,11 @@ def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
     assert json.loads((run / "summary.json").read_text())["steps"] == 12
 
 
-def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_overrides):
+def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_overrides, one_process):
     from safetensors.torch import load_file
 
-    one = tmp_path / "one"
+    one = one_process().dir
     fsdp = tmp_path / "fsdp"
-    finish(kubetune(["train", *dist_overrides, "train.grad_accum=2", f"output_dir={one}"]))
     out = finish(
         kubetune(
             [
@@ -279,14 +312,13 @@ def assert_same_run(a: Path, b: Path, rel: float = 1e-4) -> None:
     [("full", []), pytest.param("lora", ["train.compile=true"], marks=pytest.mark.slow)],
     ids=["full", "lora-compile"],
 )
-def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, method, extra):
+def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, one_process, method, extra):
     """DTensor TP over 2 ranks (q/k/v/gate/up by output, o/down by input; LoRA adapters
     follow their base layer) trains exactly like one process: full fine-tune, and LoRA with
     train.compile (which then compiles the norms only; `slow`, as is tp2xpp2,
     which covers LoRA under TP)."""
-    one, tp = tmp_path / f"one-{method}", tmp_path / f"tp-{method}"
-    common = [*dist_overrides, f"finetune.method={method}", "train.grad_accum=2", "eval.generate=1"]
-    finish(kubetune(["train", *common, f"output_dir={one}"]))
+    one, tp = one_process(f"finetune.method={method}").dir, tmp_path / f"tp-{method}"
+    common = [*dist_overrides, f"finetune.method={method}", *ONE_PROCESS]
     out = finish(kubetune(["train", "--nproc-per-node", "2", *common, *extra, "parallel.tp=2", f"output_dir={tp}"]))
     assert "tp 2" in out
     assert_same_run(one, tp)
@@ -296,15 +328,14 @@ def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, method, ex
         assert AutoModelForCausalLM.from_pretrained(tp / "model").config.num_hidden_layers == 2
 
 
-PP_COMMON = ["train.grad_accum=2", "train.save_every=2", "eval.generate=1"]
+PP_COMMON = [*ONE_PROCESS, "train.save_every=2"]
 
 
-def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overrides):
+def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overrides, one_process):
     """2 GPipe stages over the step's micro-batches equal one process; the pipeline's
     checkpoint then resumes in one process, step-exact."""
-    one, pp = tmp_path / "one", tmp_path / "pp"
+    one, pp = one_process().dir, tmp_path / "pp"
     common = [*dist_overrides, *PP_COMMON]
-    finish(kubetune(["train", *common, f"output_dir={one}"]))
     out = finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", f"output_dir={pp}"]))
     assert "pp 2" in out
     assert_same_run(one, pp)
@@ -312,12 +343,11 @@ def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overri
 
 
 @pytest.mark.slow  # the schedule and the reshard CI leaves to the GPipe test above
-def test_pipeline_1f1b_equals_one_process_and_reshards_to_tensor_parallel(tmp_path, dist_overrides):
+def test_pipeline_1f1b_equals_one_process_and_reshards_to_tensor_parallel(tmp_path, dist_overrides, one_process):
     """The 1F1B schedule (other order, same math) equals one process, and its checkpoint
     resumes under tensor parallelism step-exact."""
-    one, f1b = tmp_path / "one", tmp_path / "1f1b"
+    one, f1b = one_process().dir, tmp_path / "1f1b"
     common = [*dist_overrides, *PP_COMMON]
-    finish(kubetune(["train", *common, f"output_dir={one}"]))
     pipeline = ["--nproc-per-node", "2", *common, "parallel.pp=2", "parallel.pp_schedule=1f1b"]
     finish(kubetune(["train", *pipeline, f"output_dir={f1b}"]))
     assert_same_run(one, f1b)
