@@ -148,6 +148,8 @@ def auto_compile(recipe: Recipe, model: ModelParts, env: DistEnv, config: Any) -
         "lora": recipe.lora.model_dump(mode="json"),
         "rows": [recipe.train.micro_batch_size, recipe.data.max_seq_len],
         "mlp": mlp,
+        # a preference step (its reference forward, its per-sample head) compiles another share of its work
+        **({"objective": recipe.finetune.objective} if recipe.finetune.objective != "sft" else {}),
     }
     regions = compiled_regions(model.lm, mlp)
     return AutoCompile(regions, lambda: compile_regions(model.lm, mlp, backend), key, env)
