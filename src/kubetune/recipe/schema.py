@@ -66,7 +66,10 @@ class PreferenceSection(Section):
         "SimPO's reward scale; null = the method's default (dpo 0.1, orpo 0.1, simpo 2.0).",
     )
     label_smoothing: float = Field(
-        0.0, ge=0, lt=0.5, description="dpo: conservative DPO, the assumed share of flipped preference labels."
+        0.0,
+        ge=0,
+        lt=0.5,
+        description="dpo, simpo: the assumed share of flipped preference labels (conservative DPO; TRL's SimPO).",
     )
     simpo_gamma: float = Field(0.5, ge=0, description="simpo: target reward margin over beta (gamma / beta).")
     reference: Literal["auto", "adapter_off", "copy"] = Field(
