@@ -17,7 +17,7 @@ from kubetune.errors import UserError
 from kubetune.models.finetune import head_logps
 from kubetune.models.lm_loss import sample_logprobs
 from kubetune.recipe import load_recipe
-from kubetune.training.preference import PAIR_METRICS, dpo_loss, orpo_loss, precomputes, simpo_loss
+from kubetune.training.preference import PAIR_METRICS, PairIndex, dpo_loss, orpo_loss, precomputes, simpo_loss
 from kubetune.training.run import train_from_recipe
 
 from .test_train import _train_process
@@ -337,3 +337,32 @@ def test_tensor_and_pipeline_parallel_are_refused_in_one_line():
         check_recipe(layout_for(recipe.parallel, 2), recipe)
     sft = load_recipe(None, ["parallel.pp=2"]).recipe
     check_recipe(layout_for(sft.parallel, 2), sft)  # SFT keeps its pipelines
+
+
+def test_packed_sequence_logprobs_equal_each_sequence_scored_alone(tiny_model_dir, pairs_file, tokenizer, tmp_path):
+    """The whole chain: pairs packed several to a row, each target attributed to its sample,
+    through the chunked head, equal each answer scored alone by the plain model."""
+    from kubetune.data import Batcher, prepare_data
+    from kubetune.models.finetune import build_model
+    from kubetune.models.kernels import autocast_context
+    from kubetune.training.runner import LocalRunner
+
+    overrides = [f"model.name_or_path={tiny_model_dir}", f"data.train={pairs_file}", "finetune.objective=dpo"]
+    recipe = load_recipe(None, [*overrides, f"data.cache_dir={tmp_path}", "train.precision=fp32"]).recipe
+    recipe = recipe.with_kernels("fp32", "fp32")
+    data = prepare_data(recipe, tokenizer)
+    batcher = Batcher(data.train, max_seq_len=128, micro_batch_size=2, packing=True, seed=0, pad_id=0)
+    b, _ = batcher.micro_batch(0, 0)
+    assert len(b.chosen) > 2  # several pairs share the rows
+    model = build_model(recipe, str(tiny_model_dir), torch.device("cpu"))
+    runner = LocalRunner(model.loss, model.loss, torch.device("cpu"), autocast_context("fp32", torch.device("cpu")))
+    with torch.no_grad():
+        packed = runner.sample_logps(model.loss, b)
+        samples = data.train.unit_samples(PairIndex.of(b).pair_ids.tolist())
+        for s, i in enumerate(samples):
+            ids, trained = (
+                torch.from_numpy(x.astype("int64" if x.dtype != bool else bool)) for x in data.train.sample(i)
+            )
+            logits = model.lm(input_ids=ids[None]).logits[0, :-1].float()
+            picked = logits.log_softmax(-1).gather(1, ids[1:, None]).squeeze(1)
+            assert packed[s].item() == pytest.approx(picked[trained[1:]].sum().item(), rel=1e-4), s
