@@ -360,9 +360,8 @@ def test_packed_sequence_logprobs_equal_each_sequence_scored_alone(tiny_model_di
         packed = runner.sample_logps(model.loss, b)
         samples = data.train.unit_samples(PairIndex.of(b).pair_ids.tolist())
         for s, i in enumerate(samples):
-            ids, trained = (
-                torch.from_numpy(x.astype("int64" if x.dtype != bool else bool)) for x in data.train.sample(i)
-            )
+            ids_np, trained_np = data.train.sample(i)
+            ids, trained = torch.from_numpy(ids_np.astype("int64")), torch.from_numpy(trained_np)
             logits = model.lm(input_ids=ids[None]).logits[0, :-1].float()
             picked = logits.log_softmax(-1).gather(1, ids[1:, None]).squeeze(1)
             assert packed[s].item() == pytest.approx(picked[trained[1:]].sum().item(), rel=1e-4), s
