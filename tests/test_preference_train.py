@@ -92,6 +92,21 @@ def test_sample_logprobs_and_gradients_equal_the_plain_head(chunk, train_weight)
         assert w1.grad is None
 
 
+def test_sample_logprobs_under_bf16_autocast_match_the_plain_head_under_autocast():
+    g = torch.Generator().manual_seed(2)
+    hidden, weight = torch.randn(64, 32, generator=g), (torch.randn(257, 32, generator=g) * 0.3).to(torch.bfloat16)
+    targets, samples = torch.randint(0, 257, (64,), generator=g), torch.randint(0, 4, (64,), generator=g)
+    h1, h2 = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours = sample_logprobs(h1, weight, targets, samples, 4, chunk_rows=16)
+        ref = plain_logprobs(h2, weight, targets, samples, 4)
+    ours.sum().backward()
+    ref.sum().backward()
+    assert ours.dtype == torch.float32
+    torch.testing.assert_close(ours, ref, rtol=2e-3, atol=5e-2)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=2e-2, atol=2e-3)
+
+
 def test_static_shapes_and_a_wrapped_head_give_the_same_logprobs():
     g = torch.Generator().manual_seed(1)
     head = nn.Linear(16, 50, bias=False)
