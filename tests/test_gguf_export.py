@@ -19,7 +19,7 @@ import torch
 
 from kubetune.export.gguf import export_gguf, permute_qk, write_gguf
 
-from .conftest import run_cli
+from .conftest import run_cli, run_cli_in_process
 
 pytestmark = pytest.mark.process
 
@@ -265,7 +265,9 @@ def test_full_fine_tune_is_written_as_it_is(tmp_path, tiny_model_dir, small_mode
     assert (got - want).abs().max().item() / want.abs().max().item() < TOLERANCE["bf16"][0]
 
 
-def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_model_dir):
+def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_model_dir, capfd):
+    """Each case through `kubetune.cli.main` in this process; the architecture refusal (from
+    deep in the export, gguf and transformers loaded) through a real process too."""
     from transformers import GPT2Config
 
     gpt2_run = _fake_full_run(
@@ -279,8 +281,10 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_model_dir):
         (["export", str(gpt2_run), "--gguf"], ["llama", "gpt2", "GPT2LMHeadModel"]),
         (["export", str(gpt2_run), "--gguf-type", "bf16"], ["--gguf-type bf16 goes with --gguf"]),
     ]
-    for args, must_mention in cases:
-        res = run_cli(args)
+    answers = [(args, words, run_cli_in_process(args, capfd)) for args, words in cases]
+    args, words = cases[2]
+    answers.append((args, words, run_cli(args)))  # the real process
+    for args, must_mention, res in answers:
         assert res.returncode == 2, (args, res.stderr)
         assert "Traceback" not in res.stderr
         lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
