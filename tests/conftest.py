@@ -157,6 +157,19 @@ def run_cli(args: list[str], env: dict | None = None, timeout: int = 300):
     )
 
 
+def resumed_here(overrides: list[str], caplog: pytest.LogCaptureFixture) -> None:
+    """Rerun a stopped run in this process: `train_from_recipe`, what `kubetune train` runs
+    without a launcher (only the stop needs a process of its own); it must say where it
+    resumed from."""
+    import logging
+
+    from kubetune.training.run import train_from_recipe
+
+    with caplog.at_level(logging.INFO, logger="kubetune"):
+        train_from_recipe(None, overrides)
+    assert any(r.getMessage().startswith("resumed from") for r in caplog.records), caplog.text[-3000:]
+
+
 def run_cli_in_process(args: list[str], capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
     """`kubetune ARGS` through `kubetune.cli.main` in this process: the CLI path (its UserError
     -> one line, exit 2) without a process's seconds of imports; fd 1 and 2 as `run_cli` sees

@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from kubetune.errors import RunDirError
 from kubetune.training.run import train_from_recipe
 
-from .conftest import REPO
+from .conftest import REPO, resumed_here
 
 pytestmark = pytest.mark.process
 
@@ -89,7 +89,7 @@ def _train_process(overrides):
     )
 
 
-def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, tiny_overrides):
+def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, tiny_overrides, caplog):
     common = tiny_overrides + ["train.max_steps=10", "train.save_every=3", "eval.generate=0", "lora.dropout=0.1"]
     straight = train_from_recipe(None, common + [f"output_dir={tmp_path / 'straight'}"])
 
@@ -103,10 +103,7 @@ def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, tiny_overrid
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert not (out / "summary.json").exists()
-    resumed = _train_process(common + [f"output_dir={out}"])
-    log, _ = resumed.communicate(timeout=240)
-    assert resumed.returncode == 0, log
-    assert "resumed from" in log
+    resumed_here(common + [f"output_dir={out}"], caplog)
     final = json.loads((out / "summary.json").read_text())
     assert abs(final["eval_loss_after"] - straight.eval_loss_after) < 1e-3
     a = [json.loads(ln) for ln in (tmp_path / "straight" / "metrics.jsonl").read_text().splitlines()]
@@ -206,7 +203,7 @@ def run_cli_inproc(args, capsys) -> str:
     return capsys.readouterr().out
 
 
-def test_memory_budget_stops_with_a_checkpoint_and_resumes(tmp_path, tiny_overrides):
+def test_memory_budget_stops_with_a_checkpoint_and_resumes(tmp_path, tiny_overrides, caplog):
     """Over KUBETUNE_MEMORY_BUDGET (set by the cluster job), every rank saves and the run
     stops with one line naming the knobs; rerunning without the squeeze resumes."""
     out = tmp_path / "squeezed"
@@ -224,9 +221,7 @@ def test_memory_budget_stops_with_a_checkpoint_and_resumes(tmp_path, tiny_overri
     assert len(errors) == 1 and "KUBETUNE_MEMORY_BUDGET" in errors[0] and "train.micro_batch_size" in errors[0]
     assert "Traceback" not in proc.stderr
     assert (out / "checkpoints" / "step-1" / "meta.json").is_file()
-    resumed = _train_process(common)
-    log, _ = resumed.communicate(timeout=240)
-    assert resumed.returncode == 0 and "resumed from" in log, log
+    resumed_here(common, caplog)
     assert json.loads((out / "summary.json").read_text())["steps"] == 6
 
 
