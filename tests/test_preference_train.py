@@ -17,7 +17,15 @@ from kubetune.errors import UserError
 from kubetune.models.finetune import head_logps
 from kubetune.models.lm_loss import sample_logprobs
 from kubetune.recipe import load_recipe
-from kubetune.training.preference import PAIR_METRICS, PairIndex, dpo_loss, orpo_loss, precomputes, simpo_loss
+from kubetune.training.preference import (
+    PAIR_METRICS,
+    Objective,
+    PairIndex,
+    dpo_loss,
+    orpo_loss,
+    precomputes,
+    simpo_loss,
+)
 from kubetune.training.run import train_from_recipe
 
 from .test_train import _train_process
@@ -380,3 +388,8 @@ def test_packed_sequence_logprobs_equal_each_sequence_scored_alone(tiny_model_di
             logits = model.lm(input_ids=ids[None]).logits[0, :-1].float()
             picked = logits.log_softmax(-1).gather(1, ids[1:, None]).squeeze(1)
             assert packed[s].item() == pytest.approx(picked[trained[1:]].sum().item(), rel=1e-4), s
+        # a rank whose share of the eval pairs ran out forwards an empty micro-batch with the others
+        empty = batcher.empty()
+        logps, no_reference = runner.sample_logps(model.loss, empty), (torch.zeros(0), torch.zeros(0))
+        _, sums = Objective.of(recipe).micro_batch_loss(logps, empty, no_reference, 1.0, 1.0)
+        assert sums.tolist() == [0.0] * len(sums)

@@ -143,10 +143,6 @@ class PairIndex:
         return cls(b.target_sample, b.chosen, b.rejected, b.pair_ids)
 
 
-def pair_count(b: Batch) -> int:
-    return len(PairIndex.of(b).chosen)
-
-
 @dataclass(frozen=True)
 class Pairs:
     """A micro-batch's pairs: each one's target tokens, chosen then rejected."""
@@ -335,9 +331,7 @@ def reference_table(
     runner.train(False)
     row = 0
     while batcher.micro_batches_left(0, row) > 0:
-        b, row = batcher.micro_batch(0, row)
-        if pair_count(b) == 0:
-            continue
+        b, row = batcher.micro_batch(0, row)  # an empty one too: a sharded model's ranks forward together
         c, r = reference.logps(b)
         table[PairIndex.of(b).pair_ids, 0] = c.double().cpu()
         table[PairIndex.of(b).pair_ids, 1] = r.double().cpu()
@@ -458,9 +452,7 @@ class PreferenceTraining:
         row = 0
         with torch.no_grad():
             while batcher.micro_batches_left(0, row) > 0:
-                b, row = batcher.micro_batch(0, row)
-                if pair_count(b) == 0:
-                    continue
+                b, row = batcher.micro_batch(0, row)  # an empty one too: a sharded model's ranks forward together
                 logps = runner.sample_logps(runner.eval_module, b)
                 reference = self.eval_reference.logps(b) if self.eval_reference is not None else None
                 # per-pair and per-token weights of 1: sums, divided below
