@@ -9,7 +9,8 @@ is the end of the graph, the chunk's gradient with respect to the hidden states 
 head's weight when it trains) is computed right there and the logits are dropped. The
 backward pass only scales what the forward pass stored. The FLOPs are the same as the plain
 path's; the memory is one chunk's logits. (Liger-Kernel's fused linear cross-entropy does
-the same on GPUs.)
+the same on GPUs.) `sample_logprobs` is the same pass for the preference objectives: each
+sample's summed target log-probability instead of one summed loss.
 """
 
 from __future__ import annotations
