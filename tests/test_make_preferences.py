@@ -11,7 +11,7 @@ import torch
 
 from kubetune.errors import UserError
 
-from .conftest import run_cli
+from .conftest import run_cli, run_cli_in_process
 
 MAX_NEW = 8
 
@@ -132,13 +132,21 @@ def test_a_bad_output_or_limit_is_refused_before_the_model_loads(tmp_path, out_n
         make_preferences(None, ["model.name_or_path=/no/such/model"], tmp_path / out_name, limit)
 
 
-@pytest.mark.process
-def test_the_cli_prints_one_error_line_for_a_missing_data_file_or_recipe(tmp_path):
-    out = str(tmp_path / "p.jsonl")
-    missing = run_cli(["data", "make-preferences", f"data.train={tmp_path}/none.jsonl", "--out", out])
-    bad_recipe = run_cli(["data", "make-preferences", "no-such-recipe.yaml", "--out", out])
-    for result, names in ((missing, "data.train"), (bad_recipe, "no-such-recipe.yaml")):
-        lines = result.stderr.strip().splitlines()
-        assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("kubetune: error: "), result.stderr
-        assert names in lines[0]
-    assert not (tmp_path / "p.jsonl").exists()
+def _one_error_line(result, names: str) -> None:
+    lines = result.stderr.strip().splitlines()
+    assert result.returncode == 2 and len(lines) == 1 and lines[0].startswith("kubetune: error: "), result.stderr
+    assert names in lines[0]
+
+
+def test_the_cli_prints_one_error_line_for_a_missing_data_file(tmp_path, capfd):
+    out = tmp_path / "p.jsonl"
+    args = ["data", "make-preferences", f"data.train={tmp_path}/none.jsonl", "--out", str(out)]
+    _one_error_line(run_cli_in_process(args, capfd), "data.train")
+    assert not out.exists()
+
+
+@pytest.mark.process  # the real process once: exit code and stderr as a shell sees them
+def test_the_cli_prints_one_error_line_for_an_unknown_recipe(tmp_path):
+    out = tmp_path / "p.jsonl"
+    _one_error_line(run_cli(["data", "make-preferences", "no-such-recipe.yaml", "--out", str(out)]), "no-such-recipe")
+    assert not out.exists()
