@@ -304,17 +304,20 @@ def precomputes(recipe: Recipe, total_steps: int, steps_per_epoch: int) -> bool:
 
 
 def check_copy_fits(module: torch.nn.Module, env: DistEnv) -> None:
-    """Under KUBETUNE_MEMORY_BUDGET, refuse a frozen copy of the weights that would not fit."""
-    budget = memory.budget_bytes()
-    if budget is None:
+    """On CPU, refuse a frozen copy of the weights that would not fit in KUBETUNE_MEMORY_BUDGET
+    (a cluster job's), else in the pod's or the machine's memory. (An accelerator's copy is in
+    its own memory, which the allocator there reports on its own.)"""
+    if env.device.type != "cpu":
         return
+    budget = memory.budget_bytes()
+    limit, what = (budget, f"{memory.ENV}=") if budget is not None else (memory.limit_bytes(), "the memory limit ")
     cost = sum(p.numel() * p.element_size() for p in module.parameters())
     used = memory.used_bytes(env.local_world_size)
-    if used + cost * env.local_world_size > budget:
+    if used + cost * env.local_world_size > limit:
         gib = 1024**3
         raise UserError(
             f"finetune.preference.reference=copy: a frozen copy of the weights costs {cost / gib:.2f} GiB per "
-            f"process, over {memory.ENV}={budget / gib:.2f} GiB with {used / gib:.2f} GiB in use; set "
+            f"process, over {what}{limit / gib:.2f} GiB with {used / gib:.2f} GiB in use; set "
             f"finetune.preference.reference_logps=precompute (computed once before training, no copy held) or "
             f"finetune.method=lora (reference=adapter_off)"
         )
