@@ -15,7 +15,7 @@ import pytest
 
 from kubetune.netutil import free_port
 
-from .conftest import REPO, tiny_recipe, write_qa_file
+from .conftest import REPO, resumed_here, run_cli_in_process, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.multiproc
 
@@ -114,7 +114,7 @@ def test_two_processes_equal_one_with_grad_accum_two(tmp_path, dist_overrides, o
     assert abs(sa["eval_loss_after"] - sb["eval_loss_after"]) < 1e-4 * abs(sa["eval_loss_after"])
 
 
-def test_nproc_per_node_auto_is_one_process_per_core(tmp_path, dist_overrides):
+def test_nproc_per_node_auto_is_one_process_per_core(tmp_path, dist_overrides, capfd):
     from kubetune.training.launch import local_processes
 
     n = local_processes("auto")
@@ -132,8 +132,11 @@ def test_nproc_per_node_auto_is_one_process_per_core(tmp_path, dist_overrides):
         )
     )
     assert f"{n} process(es)" in out
-    bad = kubetune(["train", "--nproc-per-node", "two", *dist_overrides, f"output_dir={tmp_path / 'bad'}"])
-    text, _ = bad.communicate(timeout=60)
+    # in this process: test_impossible_layouts_are_one_line's real process shows the refusal's one line
+    bad = run_cli_in_process(
+        ["train", "--nproc-per-node", "two", *dist_overrides, f"output_dir={tmp_path / 'bad'}"], capfd
+    )
+    text = bad.stdout + bad.stderr
     assert bad.returncode == 2 and "--nproc-per-node two" in text and "Traceback" not in text, text
 
 
@@ -243,7 +246,7 @@ def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
     assert json.loads((run / "summary.json").read_text())["steps"] == 12
 
 
-def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_overrides, one_process):
+def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_overrides, one_process, caplog):
     from safetensors.torch import load_file
 
     one = one_process().dir
@@ -271,19 +274,9 @@ def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_
     for k in ad_one:  # full, unsharded tensors with the same values
         assert ad_one[k].shape == ad_fsdp[k].shape
         assert (ad_one[k] - ad_fsdp[k]).abs().max() < 1e-3
-    # a sharded checkpoint resumes in one process
-    more = finish(
-        kubetune(
-            [
-                "train",
-                *[o for o in dist_overrides if "max_steps" not in o],
-                "train.max_steps=6",
-                "train.grad_accum=2",
-                f"output_dir={fsdp}",
-            ]
-        )
-    )
-    assert "resumed from" in more
+    # a sharded checkpoint resumes in one process (this one)
+    more = [o for o in dist_overrides if "max_steps" not in o]
+    resumed_here([*more, "train.max_steps=6", "train.grad_accum=2", f"output_dir={fsdp}"], caplog)
 
 
 def assert_same_run(a: Path, b: Path, rel: float = 1e-4) -> None:
@@ -331,7 +324,7 @@ def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, one_proces
 PP_COMMON = [*ONE_PROCESS, "train.save_every=2"]
 
 
-def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overrides, one_process):
+def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overrides, one_process, caplog):
     """2 GPipe stages over the step's micro-batches equal one process; the pipeline's
     checkpoint then resumes in one process, step-exact."""
     one, pp = one_process().dir, tmp_path / "pp"
@@ -339,7 +332,7 @@ def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overri
     out = finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", f"output_dir={pp}"]))
     assert "pp 2" in out
     assert_same_run(one, pp)
-    assert_resumes_like(one, pp / "checkpoints" / "step-2", tmp_path / "from-pp-single", [], [], common)
+    assert_resumes_like(one, pp / "checkpoints" / "step-2", tmp_path / "from-pp-single", [], [], common, caplog)
 
 
 @pytest.mark.slow  # the schedule and the reshard CI leaves to the GPipe test above
@@ -352,14 +345,18 @@ def test_pipeline_1f1b_equals_one_process_and_reshards_to_tensor_parallel(tmp_pa
     finish(kubetune(["train", *pipeline, f"output_dir={f1b}"]))
     assert_same_run(one, f1b)
     tp = (["--nproc-per-node", "2"], ["parallel.tp=2"])
-    assert_resumes_like(one, f1b / "checkpoints" / "step-2", tmp_path / "from-pp-tp", *tp, common)
+    assert_resumes_like(one, f1b / "checkpoints" / "step-2", tmp_path / "from-pp-tp", *tp, common, None)
 
 
-def assert_resumes_like(one: Path, ckpt: Path, run: Path, launch: list, layout: list, common: list) -> None:
-    """Resuming `ckpt` (step 2) under `launch`/`layout` gives one process's steps 3 and 4."""
+def assert_resumes_like(one: Path, ckpt: Path, run: Path, launch: list, layout: list, common: list, caplog) -> None:
+    """Resuming `ckpt` (step 2) under `launch`/`layout` gives one process's steps 3 and 4
+    (no `launch`: in this process)."""
     assert (ckpt / "meta.json").is_file()
-    out = finish(kubetune(["train", *launch, *common, *layout, f"train.resume={ckpt}", f"output_dir={run}"]))
-    assert "resumed from" in out
+    resume = [*common, *layout, f"train.resume={ckpt}", f"output_dir={run}"]
+    if launch:
+        assert "resumed from" in finish(kubetune(["train", *launch, *resume]))
+    else:
+        resumed_here(resume, caplog)
     steps = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
     assert [r["step"] for r in steps] == [3, 4]
     assert [r["loss"] for r in steps] == pytest.approx(losses(one)[2:], rel=1e-4)
