@@ -203,9 +203,10 @@ def small_model_dir(tmp_path_factory, small_tokenizer) -> Path:
     return out
 
 
-def test_lora_run_gguf_equals_merged_model(tmp_path, tiny_overrides, small_model_dir):
-    """A short LoRA run, exported through the CLI with the default name and type (f16): its
-    logits are the merged model's, and differ from the base model's."""
+def test_lora_run_gguf_equals_merged_model(tmp_path, tiny_overrides, small_model_dir, capfd):
+    """A short LoRA run, exported through the CLI (kubetune.cli.main, in this process) with the
+    default name and type (f16): its logits are the merged model's, and differ from the base
+    model's."""
     from kubetune.export.weights import load_merged
     from kubetune.rundir import RunDir
     from kubetune.training.run import train_from_recipe
@@ -217,7 +218,7 @@ def test_lora_run_gguf_equals_merged_model(tmp_path, tiny_overrides, small_model
         + [f"model.name_or_path={small_model_dir}", f"output_dir={run}", "train.max_steps=3"]
         + ["train.lr=5e-2", "eval.generate=0"],
     )
-    res = run_cli(["export", str(run), "--gguf"])
+    res = run_cli_in_process(["export", str(run), "--gguf"], capfd)
     assert res.returncode == 0, res.stderr[-2000:]
     path = run / "run-f16.gguf"
     assert res.stdout.strip() == str(path) and path.is_file()
