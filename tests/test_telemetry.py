@@ -176,18 +176,20 @@ class StatusEndpoint:
         }
 
 
-def test_training_pushes_progress_to_the_trainer_with_its_token(tmp_path, tiny_overrides):
+def test_training_pushes_progress_to_the_trainer_with_its_token(tmp_path, tiny_overrides, monkeypatch):
+    """A run in this process (rank 0 of one) with the Trainer's variables set pushes its
+    progress; the run returns only after the final push."""
+    from kubetune.training.run import train_from_recipe
+
     endpoint = StatusEndpoint(tmp_path, token="projected-sa-token")
+    for name, value in endpoint.env().items():
+        monkeypatch.setenv(name, value)
     started = time.monotonic()
     try:
-        proc = start_training(
-            [*tiny_overrides, "train.max_steps=6", f"output_dir={tmp_path / 'run'}"], env_extra=endpoint.env()
-        )
-        out = proc.communicate(timeout=240)[0]
+        train_from_recipe(None, [*tiny_overrides, "train.max_steps=6", f"output_dir={tmp_path / 'run'}"])
     finally:
         endpoint.server.shutdown()
-    assert proc.returncode == 0, out[-3000:]
-    assert endpoint.rejected == 0 and endpoint.bodies, out[-2000:]
+    assert endpoint.rejected == 0 and endpoint.bodies
     final = endpoint.bodies[-1]["trainerStatus"]
     assert final["progressPercentage"] == 100 and final["estimatedRemainingSeconds"] == 0
     metrics = {m["name"]: m["value"] for m in final["metrics"]}
