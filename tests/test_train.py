@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from kubetune.errors import RunDirError
 from kubetune.training.run import train_from_recipe
 
-from .conftest import REPO, resumed_here
+from .conftest import REPO, resumed_here, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.process
 
@@ -117,12 +117,27 @@ def _loss_curve(out):
     return [json.loads(ln)["loss"] for ln in (out / "metrics.jsonl").read_text().splitlines()]
 
 
+SHORT = ["train.max_steps=3", "eval.generate=0", "train.save_every=0"]
+
+
+@pytest.fixture(scope="module")
+def plain_losses(tmp_path_factory, tiny_model_dir) -> list[float]:
+    """The loss curve of the SHORT tiny run without gradient checkpointing, trained once for
+    both modes to compare with."""
+    root = tmp_path_factory.mktemp("plain")
+    recipe = tiny_recipe(tiny_model_dir, write_qa_file(root / "qa.jsonl"), root / "cache")
+    train_from_recipe(None, [*recipe, *SHORT, f"output_dir={root / 'run'}"])
+    return _loss_curve(root / "run")
+
+
 @pytest.mark.parametrize("mode", ["on", "offload"])
-def test_gradient_checkpointing_changes_memory_not_math(tmp_path, tiny_overrides, mode):
-    common = tiny_overrides + ["train.max_steps=3", "eval.generate=0", "train.save_every=0"]
-    train_from_recipe(None, common + [f"output_dir={tmp_path / 'off'}"])
-    train_from_recipe(None, common + [f"output_dir={tmp_path / mode}", f"train.gradient_checkpointing={mode}"])
-    for a, b in zip(_loss_curve(tmp_path / "off"), _loss_curve(tmp_path / mode)):
+def test_gradient_checkpointing_changes_memory_not_math(tmp_path, tiny_overrides, plain_losses, mode):
+    train_from_recipe(
+        None, [*tiny_overrides, *SHORT, f"output_dir={tmp_path / mode}", f"train.gradient_checkpointing={mode}"]
+    )
+    checkpointed = _loss_curve(tmp_path / mode)
+    assert len(checkpointed) == len(plain_losses) == 3
+    for a, b in zip(plain_losses, checkpointed):
         assert abs(a - b) < 1e-5
 
 
