@@ -14,7 +14,7 @@ import pytest
 from kubetune.serve.api import ServerState, create_app
 from kubetune.serve.engine_client import Limits
 
-from ..conftest import run_cli
+from ..conftest import run_cli, run_cli_in_process
 from .conftest import ServerProcess, metric
 
 pytestmark = pytest.mark.process
@@ -224,14 +224,17 @@ def test_sigterm_drains_in_flight_requests_then_exits_0(tiny_runs):
     assert "draining" in server.stop()
 
 
-def test_bad_targets_and_options_are_one_line(tmp_path):
-    for args, words in (
-        (["serve", str(tmp_path)], "neither a kubetune run directory"),
-        (["serve", str(tmp_path), "--adapter", "oops"], "expected NAME=RUN_DIR"),
-        (["serve", str(tmp_path), "--engine", "tgi"], "--engine tgi"),
-        (["serve", str(tmp_path), "--dtype", "fp16", "--port", "0"], "--port 0"),
+def test_bad_targets_and_options_are_one_line(tmp_path, capfd):
+    """The first as a real process, the others through kubetune.cli.main in this process."""
+    for i, (args, words) in enumerate(
+        (
+            (["serve", str(tmp_path)], "neither a kubetune run directory"),
+            (["serve", str(tmp_path), "--adapter", "oops"], "expected NAME=RUN_DIR"),
+            (["serve", str(tmp_path), "--engine", "tgi"], "--engine tgi"),
+            (["serve", str(tmp_path), "--dtype", "fp16", "--port", "0"], "--port 0"),
+        )
     ):
-        r = run_cli(args, timeout=120)
+        r = run_cli(args, timeout=120) if i == 0 else run_cli_in_process(args, capfd)
         assert r.returncode == 2, r.stderr
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and words in lines[0], r.stderr
