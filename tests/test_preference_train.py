@@ -393,3 +393,13 @@ def test_packed_sequence_logprobs_equal_each_sequence_scored_alone(tiny_model_di
         logps, no_reference = runner.sample_logps(model.loss, empty), (torch.zeros(0), torch.zeros(0))
         _, sums = Objective.of(recipe).micro_batch_loss(logps, empty, no_reference, 1.0, 1.0)
         assert sums.tolist() == [0.0] * len(sums)
+
+
+def test_the_progress_line_carries_the_reward_accuracy_and_parses_back():
+    from kubetune.progress_line import ProgressLine, format_line, parse_line
+
+    line = format_line(ProgressLine(step=3, total=10, elapsed_s=30.0, loss=0.61, lr=1e-4, accuracy=0.75))
+    assert "rewards/accuracies=0.7500" in line
+    back = parse_line(f"2026-12-01T10:00:00Z {line}")
+    assert back is not None and (back.step, back.loss, back.accuracy) == (3, 0.61, 0.75)
+    assert parse_line(format_line(ProgressLine(step=3, total=10, elapsed_s=30.0, loss=0.61))).accuracy is None
