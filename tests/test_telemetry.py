@@ -22,7 +22,7 @@ from kubetune.monitor import contract
 from kubetune.netutil import free_port
 from kubetune.training.kubeflow_progress import KubeflowProgress, status_body
 
-from .conftest import REPO
+from .conftest import REPO, run_cli_in_process
 
 pytestmark = pytest.mark.process
 
@@ -116,14 +116,17 @@ def test_two_ranks_serve_every_contract_metric_from_one_port(tmp_path, tiny_over
     assert total == [400, 400]
 
 
-def test_one_process_serves_and_a_taken_port_is_one_line(tmp_path, tiny_overrides):
+def test_one_process_serves_and_a_taken_port_is_one_line(tmp_path, tiny_overrides, capfd):
+    """`kubetune train` through kubetune.cli.main in this process (tests/test_cli_errors.py's
+    real process shows a UserError from inside the run printed as its one line)."""
     with socket.socket() as taken:
         taken.bind(("0.0.0.0", 0))
         taken.listen()
         port = taken.getsockname()[1]
-        proc = start_training([*tiny_overrides, f"monitor.port={port}", f"output_dir={tmp_path / 'busy'}"])
-        out = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 2, out
+        args = ["train", *tiny_overrides, f"monitor.port={port}", f"output_dir={tmp_path / 'busy'}"]
+        res = run_cli_in_process(args, capfd)
+    out = res.stdout + res.stderr
+    assert res.returncode == 2, out
     assert f"monitor.port {port}: cannot serve metrics" in out and "Traceback" not in out
 
 
