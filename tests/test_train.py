@@ -14,7 +14,7 @@ from safetensors.torch import load_file
 from kubetune.errors import RunDirError
 from kubetune.training.run import train_from_recipe
 
-from .conftest import REPO, resumed_here, tiny_recipe, write_qa_file
+from .conftest import REPO, resumed_here, run_cli_in_process, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.process
 
@@ -192,30 +192,16 @@ def test_compile_runs_and_matches_eager(tmp_path, tiny_overrides):
         assert abs(a - b) < 1e-4
 
 
-def test_eval_and_recipe_show_commands(tmp_path, tiny_overrides, capsys):
+def test_eval_and_recipe_show_commands(tmp_path, tiny_overrides, capfd):
     from kubetune.training.evaluate import eval_target
 
     out = tmp_path / "run"
     s = train_from_recipe(None, tiny_overrides + ["train.max_steps=2", "eval.generate=0", f"output_dir={out}"])
     res = eval_target(str(out), [])
     assert abs(res.loss - s.eval_loss_after) < 1e-4
-    shown = run_cli_inproc(["recipe", "show", "train.lr=3e-4"], capsys)
-    assert "train.lr" in shown and "command line" in shown and "0.0003" in shown
-
-
-def run_cli_inproc(args, capsys) -> str:
-    import sys as _sys
-
-    from kubetune import cli
-
-    argv, _sys.argv = _sys.argv, ["kubetune", *args]
-    try:
-        cli.main()
-    except SystemExit as e:
-        assert not e.code
-    finally:
-        _sys.argv = argv
-    return capsys.readouterr().out
+    shown = run_cli_in_process(["recipe", "show", "train.lr=3e-4"], capfd)
+    assert shown.returncode == 0, shown.stderr
+    assert "train.lr" in shown.stdout and "command line" in shown.stdout and "0.0003" in shown.stdout
 
 
 def test_memory_budget_stops_with_a_checkpoint_and_resumes(tmp_path, tiny_overrides, caplog):
