@@ -145,6 +145,16 @@ def test_the_cli_prints_one_error_line_for_a_missing_data_file(tmp_path, capfd):
     assert not out.exists()
 
 
+def test_a_file_of_pairs_is_refused_naming_what_to_read_instead(tmp_path):
+    from kubetune.serve.preferences import make_preferences
+
+    pairs = tmp_path / "pairs.jsonl"
+    pairs.write_text(json.dumps({"instruction": "q", "input": "", "chosen": "a", "rejected": "b"}) + "\n")
+    with pytest.raises(UserError, match="holds preference pairs already") as e:
+        make_preferences(None, [f"data.train={pairs}"], tmp_path / "out.jsonl")
+    assert "data.train=builtin:medical_flashcards_sample" in str(e.value)
+
+
 @pytest.mark.process  # the real process once: exit code and stderr as a shell sees them
 def test_the_cli_prints_one_error_line_for_an_unknown_recipe(tmp_path):
     out = tmp_path / "p.jsonl"

@@ -137,7 +137,15 @@ def check_out(out: Path) -> None:
 def source_rows(recipe: Recipe, limit: int | None) -> list[Row]:
     """The recipe's training rows as training maps them (its column map); the first `limit`."""
     d = recipe.data
-    rows = map_columns(load_rows(d.train, d.split, "data.train"), d.columns, "data.train")
+    raw = load_rows(d.train, d.split, "data.train")
+    present = set(raw[0]) if raw else set()
+    if {d.columns.chosen, d.columns.rejected} <= present and d.columns.output not in present:
+        raise UserError(
+            f"data.train={d.train} holds preference pairs already ({d.columns.chosen}, {d.columns.rejected}); "
+            "make-preferences reads answered rows: give data.train=<them>, e.g. "
+            "data.train=builtin:medical_flashcards_sample"
+        )
+    rows = map_columns(raw, d.columns, "data.train")
     return rows[:limit] if limit else rows
 
 
