@@ -156,3 +156,11 @@ def test_quality_targets(accuracy, after, accuracy_ok, perplexity_ok):
     }
     v = quality.verdicts(summary)
     assert (v["accuracy_ok"], v["perplexity_ok"]) == (accuracy_ok, perplexity_ok)
+
+
+def test_quality_counts_the_pairs_the_run_holds_out(tmp_path):
+    pairs = tmp_path / "pairs.jsonl"
+    rows = [{"instruction": "Q", "input": f"q{i}", "chosen": f"right {i}", "rejected": f"wrong {i}"} for i in range(20)]
+    pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    plan = quality.plan_from_args(argparse.Namespace(quick=False, limit=None, pairs=pairs, out=tmp_path))
+    assert quality.held_out_pairs(plan, tmp_path / "cache") == 2  # the recipe's data.eval: 0.1, whole pairs

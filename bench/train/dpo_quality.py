@@ -75,6 +75,19 @@ def kubetune(args: list[str]) -> tuple[str, float]:
     return res.stdout, time.perf_counter() - t
 
 
+def held_out_pairs(plan: Plan, cache_dir: Path | None = None) -> int:
+    """How many pairs the run held out, as its own data code splits them (the tokenized pairs
+    cached where the run caches them, or in `cache_dir`)."""
+    from kubetune.data import prepare_data
+    from kubetune.models.load import load_tokenizer, resolve_model
+    from kubetune.recipe import load_recipe
+
+    train = train_command(plan)
+    recipe = load_recipe(train[1], train[2:] + ([f"data.cache_dir={cache_dir}"] if cache_dir else [])).recipe
+    data = prepare_data(recipe, load_tokenizer(resolve_model(recipe.model.name_or_path)))
+    return len(data.eval) if data.eval is not None else 0
+
+
 def verdicts(summary: dict) -> dict:
     """The two targets on the held-out pairs, from the run's summary.json."""
     accuracy = summary["reward_accuracy_after"]
@@ -107,10 +120,13 @@ def main() -> None:
     summary = json.loads((plan.out / "run" / "summary.json").read_text())
     v = verdicts(summary)
     pairs = sum(1 for line in plan.pairs_file.read_text().splitlines() if line.strip())
+    held_out = held_out_pairs(plan)
     print(
-        f"pairs: {pairs} in {plan.pairs_file} (made in {made_s:.0f} s); "
+        f"pairs: {pairs} in {plan.pairs_file} (made in {made_s:.0f} s), {held_out} of them held out; "
         f"training: {summary['steps']} steps, {train_s:.0f} s"
     )
+    if plan.max_steps:
+        print(f"(a smoke run: {summary['steps']} steps, figures on {held_out} pairs say nothing of the target)")
     print(
         f"held-out reward accuracy {v['reward_accuracy_before']:.3f} -> {v['reward_accuracy']:.3f} "
         f"(target >= {ACCURACY_TARGET}: {'PASS' if v['accuracy_ok'] else 'MISS'})"
@@ -119,7 +135,11 @@ def main() -> None:
         f"held-out perplexity of the reference answers {v['perplexity_before']:.3f} -> {v['perplexity_after']:.3f} "
         f"(x{v['perplexity_ratio']:.3f}; target <= x{PERPLEXITY_TARGET}: {'PASS' if v['perplexity_ok'] else 'MISS'})"
     )
-    print(json.dumps(v | {"pairs": pairs, "steps": summary["steps"], "make_s": made_s, "train_s": train_s}))
+    print(
+        json.dumps(
+            v | {"pairs": pairs, "held_out": held_out, "steps": summary["steps"], "make_s": made_s, "train_s": train_s}
+        )
+    )
 
 
 if __name__ == "__main__":
