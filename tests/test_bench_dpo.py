@@ -164,3 +164,28 @@ def test_quality_counts_the_pairs_the_run_holds_out(tmp_path):
     pairs.write_text("".join(json.dumps(r) + "\n" for r in rows))
     plan = quality.plan_from_args(argparse.Namespace(quick=False, limit=None, pairs=pairs, out=tmp_path))
     assert quality.held_out_pairs(plan, tmp_path / "cache") == 2  # the recipe's data.eval: 0.1, whole pairs
+
+
+def test_report_compares_kubetune_with_trls_faster_setting(capsys):
+    plan = vs_trl.Plan(steps=4, pairs_per_step=2, rounds=1, skip=1, threads=2, precision="auto", arms=())
+    curves = {"loss": [0.693, 0.68, 0.67, 0.66], "rewards/accuracies": [0.0, 0.5, 1.0, 1.0]}
+
+    def run(step_s, rss, reference_s=0.0, **extra):
+        return {"curves": curves, "step_s": step_s, "reference_s": reference_s, "peak_rss_mb": rss} | extra
+
+    trl = {"pairs_checked": 8, "precision": "fp32"}
+    results = {
+        "kubetune": [run([float("nan"), 1.0, 1.0, 1.0], 1000.0, precision="fp32", processes="processes: 2 x 1")],
+        "kubetune-1proc": [run([float("nan"), 2.0, 2.0, 2.0], 700.0, precision="fp32")],
+        "trl": [run([5.0, 4.0, 4.0, 4.0], 2000.0, **trl)],  # 0.5 pairs/s
+        "trl-precompute": [run([5.0, 3.0, 3.0, 3.0], 2100.0, reference_s=8.0, **trl)],  # 8 / 20 s = 0.4
+        "noise": [run([5.0, 4.0, 4.0, 4.0], 2000.0, **trl)],
+    }
+    vs_trl.report(plan, results, "test pairs")
+    out = capsys.readouterr().out
+    assert "TRL's faster CPU setting here: trl (precompute_ref_log_probs=False)" in out
+    # kubetune 2 pairs/s vs TRL's 0.5: x4; 1000 MB vs 2000: x0.5
+    assert "pairs/s x4.00 (target >= 2.0: PASS), peak RSS x0.50 (target <= 0.6: PASS)" in out
+    assert "curves within run-to-run noise: PASS" in out
+    assert "kubetune-1proc / TRL (trl): pairs/s x2.00, peak RSS x0.35" in out
+    assert json.loads(out.strip().splitlines()[-1])["trl_arm"] == "trl"

@@ -554,7 +554,7 @@ def report(plan: Plan, results: dict[str, list[dict]], source: str) -> None:
             seeds = (
                 "no seed-to-seed run"
                 if c["trl_seed_to_seed"] is None
-                else f"TRL seed-to-seed {c['trl_seed_to_seed']:.4f}"
+                else f"TRL seed-to-seed {c['trl_seed_to_seed']:.4f}, bound {c['bound']:.4f}"
             )
             print(f"{key}: max |diff| over the first {CURVE_STEPS} steps {c['max_abs_diff']:.4f} ({seeds})")
         agree = all(c["ok"] for c in curves.values())
