@@ -115,29 +115,40 @@ def test_two_processes_equal_one_with_grad_accum_two(tmp_path, dist_overrides, o
 
 
 def test_nproc_per_node_auto_is_one_process_per_core(tmp_path, dist_overrides, capfd):
+    """`--nproc-per-node auto` reaches the launcher as local_processes' count (a layout made
+    for one process more is refused naming that count), and a bad value is one line; both
+    through kubetune.cli.main in this process (test_impossible_layouts_are_one_line's real
+    process shows the refusal's one line)."""
     from kubetune.training.launch import local_processes
 
     n = local_processes("auto")
     assert 1 <= n <= os.cpu_count()
-    out = finish(
-        kubetune(
-            [
-                "train",
-                "--nproc-per-node",
-                "auto",
-                *dist_overrides,
-                "train.max_steps=2",
-                f"output_dir={tmp_path / 'auto'}",
-            ]
-        )
+    out = f"output_dir={tmp_path / 'auto'}"
+    refused = run_cli_in_process(
+        ["train", "--nproc-per-node", "auto", *dist_overrides, f"parallel.fsdp={n + 1}", out], capfd
     )
-    assert f"{n} process(es)" in out
-    # in this process: test_impossible_layouts_are_one_line's real process shows the refusal's one line
+    assert refused.returncode == 2 and f"but {n} process(es) run" in refused.stderr, refused.stderr
     bad = run_cli_in_process(
         ["train", "--nproc-per-node", "two", *dist_overrides, f"output_dir={tmp_path / 'bad'}"], capfd
     )
     text = bad.stdout + bad.stderr
     assert bad.returncode == 2 and "--nproc-per-node two" in text and "Traceback" not in text, text
+
+
+@pytest.mark.slow  # CI: auto's count is checked above; launching a count is --nproc-per-node N's (DDP test)
+def test_nproc_per_node_auto_launches_one_process_per_core(tmp_path, dist_overrides):
+    from kubetune.training.launch import local_processes
+
+    n = local_processes("auto")
+    args = [
+        "train",
+        "--nproc-per-node",
+        "auto",
+        *dist_overrides,
+        "train.max_steps=2",
+        f"output_dir={tmp_path / 'auto'}",
+    ]
+    assert f"{n} process(es)" in finish(kubetune(args))
 
 
 @pytest.mark.slow  # CI: the two-host network-namespace test runs the same PyTorchJob contract
