@@ -204,23 +204,20 @@ def test_eval_and_recipe_show_commands(tmp_path, tiny_overrides, capfd):
     assert "train.lr" in shown.stdout and "command line" in shown.stdout and "0.0003" in shown.stdout
 
 
-def test_memory_budget_stops_with_a_checkpoint_and_resumes(tmp_path, tiny_overrides, caplog):
+def test_memory_budget_stops_with_a_checkpoint_and_resumes(tmp_path, tiny_overrides, caplog, capfd, monkeypatch):
     """Over KUBETUNE_MEMORY_BUDGET (set by the cluster job), every rank saves and the run
-    stops with one line naming the knobs; rerunning without the squeeze resumes."""
+    stops with one line naming the knobs; rerunning without the squeeze resumes. Both runs
+    through kubetune.cli.main / train_from_recipe in this process (tests/test_cli_errors.py's
+    real process shows a UserError from inside the run printed as its one line)."""
     out = tmp_path / "squeezed"
     common = tiny_overrides + ["eval.generate=0", "train.save_every=0", f"output_dir={out}"]
-    proc = subprocess.run(
-        [sys.executable, "-m", "kubetune", "train", *common],
-        capture_output=True,
-        text=True,
-        env={**os.environ, "KUBETUNE_MEMORY_BUDGET": str(50 * 2**20)},
-        cwd=REPO,
-        timeout=240,
-    )
-    assert proc.returncode == 2, proc.stderr[-3000:]
-    errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("kubetune: error")]
+    monkeypatch.setenv("KUBETUNE_MEMORY_BUDGET", str(50 * 2**20))
+    res = run_cli_in_process(["train", *common], capfd)
+    monkeypatch.delenv("KUBETUNE_MEMORY_BUDGET")
+    assert res.returncode == 2, res.stderr[-3000:]
+    errors = [ln for ln in res.stderr.splitlines() if ln.startswith("kubetune: error")]
     assert len(errors) == 1 and "KUBETUNE_MEMORY_BUDGET" in errors[0] and "train.micro_batch_size" in errors[0]
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in res.stderr
     assert (out / "checkpoints" / "step-1" / "meta.json").is_file()
     resumed_here(common, caplog)
     assert json.loads((out / "summary.json").read_text())["steps"] == 6
