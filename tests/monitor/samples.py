@@ -165,6 +165,13 @@ class Training:
         }  # fmt: skip
         for name, value in gauges.items():
             m[name].labels(*who).set(value)
+        # a DPO job's TRL metrics (an SFT job exports none; the dashboard's Preference row reads them)
+        preference = {
+            "rewards/accuracies": 0.5 + n / 2000, "eval_rewards/accuracies": 0.45 + n / 2000,
+            "rewards/chosen": 0.01 * n / 20, "rewards/rejected": -0.01 * n / 20, "rewards/margins": 0.02 * n / 20,
+        }  # fmt: skip
+        for metric, value in preference.items():
+            m["kubetune_train_preference"].labels(*who, metric).set(value)
         m["kubetune_train_tokens_total"].labels(*who).inc(4900)
         m["kubetune_train_nonfinite_steps_total"].labels(*who).inc(0)
         m["kubetune_train_restarts_total"].labels(*who).inc(0)
