@@ -118,9 +118,10 @@ def flashcard_pairs(n: int, path: Path = SHARED / "train.jsonl") -> list[dict]:
     next card's answer (fluent, on the subject, wrong for this question). A speed and agreement
     benchmark needs real text of real lengths, not good pairs; dpo_quality.py trains on the pairs
     `kubetune data make-preferences` writes."""
-    cards = read_jsonl(path)[: n + 1]
+    # a card without an answer cannot be either side of a pair (kubetune refuses an empty answer)
+    cards = [c for c in read_jsonl(path) if c["output"].strip()][: n + 1]
     if len(cards) < n + 1:
-        raise SystemExit(f"{path} has {len(cards)} rows; {n + 1} are needed for {n} pairs")
+        raise SystemExit(f"{path} has {len(cards)} rows with an answer; {n + 1} are needed for {n} pairs")
     return [
         {"instruction": c["instruction"], "input": c["input"], "chosen": c["output"], "rejected": nxt["output"]}
         for c, nxt in pairwise(cards)
