@@ -55,12 +55,12 @@ def test_kubetune_side_loads_as_the_same_dpo_run(tmp_path):
 
 def test_flashcard_pairs_reject_the_next_cards_answer(tmp_path):
     cards = tmp_path / "train.jsonl"
-    cards.write_text(
-        "".join(json.dumps({"instruction": "Q", "input": f"q{i}", "output": f"a{i}"}) + "\n" for i in range(3))
-    )
+    rows = [{"instruction": "Q", "input": f"q{i}", "output": f"a{i}"} for i in range(3)]
+    rows.insert(1, {"instruction": "Q", "input": "no answer", "output": " "})  # train.jsonl has such cards
+    cards.write_text("".join(json.dumps(row) + "\n" for row in rows))
     pairs = vs_trl.flashcard_pairs(2, cards)
     assert [(p["input"], p["chosen"], p["rejected"]) for p in pairs] == [("q0", "a0", "a1"), ("q1", "a1", "a2")]
-    with pytest.raises(SystemExit, match="3 rows; 4 are needed"):
+    with pytest.raises(SystemExit, match="3 rows with an answer; 4 are needed"):
         vs_trl.flashcard_pairs(3, cards)
 
 
