@@ -27,9 +27,12 @@ def test_stdout_is_multidoc_yaml_without_the_token(cli, monkeypatch):
     result = cli("k8s", "render", SEED, "--profile", "gaudi", "--api", "pytorchjob")
     assert result.code == 0, result.err
     docs = [d for d in yaml.safe_load_all(result.out) if d]
-    kinds = ["PersistentVolumeClaim", "ConfigMap", "PodMonitor", "Pod", "PyTorchJob"]
-    assert [d["kind"] for d in docs] == kinds  # no Namespace unless asked for
+    kinds = ["PersistentVolumeClaim", "ConfigMap", "Pod", "PyTorchJob"]
+    assert [d["kind"] for d in docs] == kinds  # no Namespace unless asked for, no PodMonitor unless asked for
     assert "# Secret llama2-7b-medical-flashcards-hf-token: not printed" in result.out
+    assert "# PodMonitor llama2-7b-medical-flashcards-metrics: not printed" in result.out
+    monitored = cli("k8s", "render", SEED, "--monitoring", "prometheus-operator")
+    assert "PodMonitor" in [d["kind"] for d in yaml.safe_load_all(monitored.out) if d]
     assert TOKEN not in result.out + result.err
     asked = cli("k8s", "render", SEED, "--create-namespace", "k8s.namespace=team-ml")
     assert asked.code == 0, asked.err
@@ -75,7 +78,6 @@ def test_output_dir_applies_with_kustomize(cli, tmp_path):
             "Secret",
             "ConfigMap",
             "ClusterTrainingRuntime",
-            "PodMonitor",
             "Pod",
             "TrainJob",
         ]
@@ -126,6 +128,52 @@ def test_check_validates_and_says_so(cli):
     result = cli("k8s", "render", SEED, "--profile", "nvidia", "--check", "k8s.gang=volcano", "k8s.queue=q")
     assert result.code == 0, result.err
     assert "checked 7 objects: all valid" in result.err
+    assert "PodMonitor llama2-7b-medical-flashcards-metrics: valid, but left out" in result.err
+    assert "add --monitoring prometheus-operator where the cluster has them" in result.err
+    bad = cli("k8s", "render", SEED, "--monitoring", "prometheus")
+    assert bad.code == 2 and "--monitoring prometheus: use prometheus-operator" in bad.err
+
+
+def _kubectl(kube, *args: str) -> subprocess.CompletedProcess:
+    """The real kubectl against the in-memory API server. kmock's core discovery names the group
+    version "/v1" (kubectl then maps no core kind) and it serves no OpenAPI document (hence
+    --validate=false): answer /api/v1 as a cluster does."""
+    from .conftest import RESOURCES
+
+    core = [
+        {"name": plural.split("/")[1], "singularName": "", "namespaced": namespaced, "kind": kind, "verbs": []}
+        for plural, (kind, namespaced) in RESOURCES.items()
+        if plural.startswith("v1/")
+    ]
+    kube.emulator["get /api/v1"] << {"kind": "APIResourceList", "groupVersion": "v1", "resources": core}
+    argv = ["kubectl", "--kubeconfig", str(kube.kubeconfig), *args, "--validate=false"]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=60)
+
+
+def test_kubectl_apply_k_works_on_a_cluster_without_the_prometheus_operator(cli, kube, tmp_path):
+    # seed 002 installs kube-prometheus-stack last: before it, kubectl refuses a kustomization that
+    # holds a PodMonitor as a whole ("no matches for kind", exit 1)
+    import kmock
+
+    if shutil.which("kubectl") is None:
+        pytest.skip("kubectl is not installed")
+    out = tmp_path / "manifests"
+    result = cli("k8s", "render", SEED, "-o", str(out))
+    assert result.code == 0, result.err
+    assert "podmonitor-llama2-7b-medical-flashcards-metrics.yaml is not in kustomization.yaml" in result.err
+    applied = _kubectl(kube, "apply", "-k", str(out))
+    assert applied.returncode == 0, applied.stderr
+    assert "pytorchjob.kubeflow.org/llama2-7b-medical-flashcards created" in applied.stdout
+    monitor_file = out / "podmonitor-llama2-7b-medical-flashcards-metrics.yaml"
+    assert "--monitoring prometheus-operator" in monitor_file.read_text().splitlines()[2]
+    assert yaml.safe_load(monitor_file.read_text())["kind"] == "PodMonitor"  # the comment leaves it valid YAML
+
+    kube.emulator.resources["monitoring.coreos.com/v1/podmonitors"] = kmock.ResourceInfo(kind="PodMonitor")
+    with_operator = tmp_path / "with-operator"
+    assert cli("k8s", "render", SEED, "-o", str(with_operator), "--monitoring", "prometheus-operator").code == 0
+    applied = _kubectl(kube, "apply", "-k", str(with_operator))
+    assert applied.returncode == 0, applied.stderr
+    assert "podmonitor.monitoring.coreos.com/llama2-7b-medical-flashcards-metrics created" in applied.stdout
 
 
 @pytest.mark.parametrize(

@@ -89,7 +89,8 @@ def test_snapshot(recipe, profile, api, name):
     # checked by test_container_runs_kubetune_train_on_the_mounted_recipe, not snapshotted.
     for cm in by_kind(objects, "ConfigMap"):
         cm["data"]["recipe.yaml"] = "<the resolved recipe>"
-    text = r.to_yaml(objects, create_namespace=True)  # all that render makes (the output's default omits the Namespace)
+    # all that render makes (the output's default omits the Namespace and the PodMonitor)
+    text = r.to_yaml(objects, create_namespace=True, prometheus_operator=True)
     path = SNAPSHOTS / name
     if os.environ.get("KUBETUNE_UPDATE_SNAPSHOTS"):
         path.parent.mkdir(exist_ok=True)
@@ -405,7 +406,7 @@ def test_job_name_is_a_dns_label():
 
 def test_write_dir_files_kustomization_and_secret_mode(tmp_path):
     objects = rendered("cpu", "pytorchjob").objects
-    written = r.write_dir(objects, tmp_path)
+    written = r.write_dir(objects, tmp_path, prometheus_operator=True)
     kustomization = yaml.safe_load((tmp_path / "kustomization.yaml").read_text())
     assert kustomization["resources"] == [p.name for p in written[:-1]]
     secret_file = tmp_path / "secret-llama2-7b-medical-flashcards-hf-token.yaml"
@@ -413,6 +414,18 @@ def test_write_dir_files_kustomization_and_secret_mode(tmp_path):
     assert objects[0]["kind"] == "Namespace"  # rendered for submit, never written unless asked for
     assert [yaml.safe_load(p.read_text()) for p in written[:-1]] == objects[1:]
     assert not list(tmp_path.glob("namespace-*.yaml"))
+
+
+def test_write_dir_keeps_the_pod_monitor_out_of_the_kustomization_unless_the_operator_is_there(tmp_path):
+    objects = rendered("cpu", "pytorchjob").objects
+    written = r.write_dir(objects, tmp_path)
+    listed = yaml.safe_load((tmp_path / "kustomization.yaml").read_text())["resources"]
+    (monitor,) = [p for p in written if p.name.startswith("podmonitor-")]
+    assert monitor.name not in listed and len(listed) == len(written) - 2  # beside it: the monitor
+    assert monitor.read_text().startswith("# Not in kustomization.yaml: a PodMonitor needs the Prometheus Operator")
+    note = r.written_note(written, tmp_path, "kubetune")
+    assert f"`kubectl apply -f {monitor}` once kube-prometheus-stack is installed" in note
+    assert "after `kubectl create -f" not in note  # it is not shared: nothing to create once
 
 
 # ------------------------------------------------------------------- the validators can fail

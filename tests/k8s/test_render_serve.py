@@ -321,7 +321,8 @@ def test_snapshot(name, recipe, profile, engine):
     # the vLLM one with an API key and cert-manager's TLS, the native one open (the defaults)
     access = {"api_key_secret": "llm-keys", "cert_manager_issuer": "letsencrypt"} if engine == "vllm" else {}
     objects = rendered(recipe, profile=profile, engine=engine, ingress_host="llm.example.com", **access).objects
-    text = r.to_yaml(objects, create_namespace=True)  # all that render-serve makes (the output omits the Namespace)
+    # all that render-serve makes (the output omits the Namespace and the ServiceMonitor)
+    text = r.to_yaml(objects, create_namespace=True, prometheus_operator=True)
     path = SNAPSHOTS / name
     if os.environ.get("KUBETUNE_UPDATE_SNAPSHOTS"):
         path.write_text(text)

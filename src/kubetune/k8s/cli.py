@@ -192,6 +192,15 @@ _kubernetes_version_opt = typer.Option(
     "(default: the recipe's k8s.kubernetes_version).",
 )
 _token_opt = typer.Option(None, "--hf-token-file", help="File holding the Hugging Face token (default: $HF_TOKEN).")
+MONITORING_CHOICES = ("none", "prometheus-operator")
+_monitoring_opt = typer.Option(
+    "none",
+    "--monitoring",
+    help="prometheus-operator: the cluster has the Prometheus Operator's CRDs (kube-prometheus-stack), so the "
+    "output holds the PodMonitor / ServiceMonitor (with -o in kustomization.yaml); none (default): left out of "
+    "stdout, and with -o written beside kustomization.yaml (kubectl refuses the whole `apply -k` without the CRDs). "
+    "The pods serve /metrics either way; submit asks the cluster.",
+)
 _runtime_opt = typer.Option(
     False, "--with-runtime", help="trainjob: also render a ClusterTrainingRuntime for this job."
 )
@@ -201,6 +210,16 @@ _create_namespace_opt = typer.Option(
     help="Also render the Namespace (left out by default: `kubectl delete` of the output would delete it and all in "
     "it); with -o as a file outside kustomization.yaml.",
 )
+
+
+def _prometheus_operator(monitoring: str) -> bool:
+    """--monitoring: whether the cluster has the Prometheus Operator's CRDs."""
+    if monitoring not in MONITORING_CHOICES:
+        raise UserError(
+            f"--monitoring {monitoring}: use prometheus-operator (the cluster runs kube-prometheus-stack or the "
+            "Prometheus Operator) or none"
+        )
+    return monitoring == "prometheus-operator"
 
 
 def _with_devices(args: list[str], devices: str | None, kubernetes_version: str | None) -> list[str]:
@@ -233,15 +252,17 @@ def render_cmd(
         help="Also render Kueue's LocalQueue k8s.queue, its ClusterQueue (this job's requests as quota), "
         "ResourceFlavor and Topology; with -o as files outside kustomization.yaml (other jobs share them).",
     ),
+    monitoring: str = _monitoring_opt,
 ):
     """Render the recipe as Kubernetes manifests (stdout, or files with -o for `kubectl apply -k`).
 
     On stdout the HF-token Secret is replaced by a comment: the token is only ever written
     to DIR/secret-*.yaml (mode 0600) with -o, or sent to the cluster by `submit`.
     """
+    prometheus_operator = _prometheus_operator(monitoring)
     args = _with_devices(args or [], devices, kubernetes_version)
     rendered = _render(args, profile, api, _read_token(hf_token_file), with_runtime, kueue)
-    _emit(rendered, output, check, create_namespace)
+    _emit(rendered, output, check, create_namespace, prometheus_operator)
 
 
 def render_serve_cmd(
@@ -255,6 +276,7 @@ def render_serve_cmd(
     hf_token_file: Path | None = _token_opt,
     check: bool = typer.Option(False, "--check", help="Validate every object offline (kubernetes-validate, strict)."),
     create_namespace: bool = _create_namespace_opt,
+    monitoring: str = _monitoring_opt,
     serving: dict[str, Any] | None = None,
 ):
     """Render the serving objects of a trained run: Deployment, Service, Ingress, NetworkPolicy,
@@ -263,23 +285,33 @@ def render_serve_cmd(
     `kubetune k8s submit --serve RUN ...` applies the same objects; `status` and `delete` take
     their name (`<job>-serve`).
     """
+    prometheus_operator = _prometheus_operator(monitoring)
     settings = ServeSettings.from_flags(serving or {})
     args = _with_devices(args or [], devices, kubernetes_version)
     rendered = _render_serve(args, profile, settings, _read_token(hf_token_file))
-    _emit(rendered, output, check, create_namespace)
+    _emit(rendered, output, check, create_namespace, prometheus_operator)
 
 
-def _emit(rendered: Any, output: Path | None, check: bool, create_namespace: bool) -> None:
+def _emit(rendered: Any, output: Path | None, check: bool, create_namespace: bool, prometheus_operator: bool) -> None:
     """`render` and `render-serve`'s output: validated with --check, then stdout (the token's
-    Secret redacted) or one file per object in `output`."""
-    from kubetune.k8s.render import to_yaml, write_dir, written_note
+    Secret redacted, the Prometheus Operator's objects only with `prometheus_operator`) or one
+    file per object in `output`."""
+    from kubetune.k8s.render import MONITORING_FLAG, needs_prometheus_operator, to_yaml, write_dir, written_note
 
     if check:
         _check(rendered.objects)
+        monitors = [f"{o['kind']} {o['metadata']['name']}" for o in rendered.objects if needs_prometheus_operator(o)]
+        if monitors and not prometheus_operator:
+            _note(
+                f"{', '.join(monitors)}: valid, but left out of what `kubectl apply` takes (it needs the Prometheus "
+                f"Operator's CRDs); add {MONITORING_FLAG} where the cluster has them"
+            )
     if output is None:
-        sys.stdout.write(to_yaml(rendered.objects, redact_secrets=True, create_namespace=create_namespace))
+        text = to_yaml(rendered.objects, create_namespace=create_namespace, prometheus_operator=prometheus_operator)
+        sys.stdout.write(text)
         return
-    _note(written_note(write_dir(rendered.objects, output, create_namespace), output, rendered.names.namespace))
+    written = write_dir(rendered.objects, output, create_namespace, prometheus_operator)
+    _note(written_note(written, output, rendered.names.namespace))
 
 
 def submit_cmd(

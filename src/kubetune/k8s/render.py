@@ -14,8 +14,10 @@ resumes from its last checkpoint (train.resume=auto). Nothing here talks to a cl
 
 The Namespace is for `submit` (which creates it only when missing); the printed and written
 output (`to_yaml`, `write_dir`) leaves it out unless asked for, since a namespace may hold far
-more than this job and `kubectl delete` of the output would delete it with all of that. A job
-that could never fit in a ResourceQuota rendered with it is refused (`quota_problems`).
+more than this job and `kubectl delete` of the output would delete it with all of that. The
+PodMonitor is in the output (and its kustomization.yaml) only where the cluster has the
+Prometheus Operator's CRDs (`prometheus_operator`): kubectl refuses the whole `apply -k` without
+them. A job that could never fit in a ResourceQuota rendered with it is refused (`quota_problems`).
 """
 
 from __future__ import annotations
@@ -39,6 +41,21 @@ from kubetune.recipe.schema import Recipe
 
 TOKEN_REDACTED_NOTE = (
     "# Secret {name}: not printed (it holds the Hugging Face token); use -o DIR or `kubetune k8s submit`"
+)
+# The Prometheus Operator's kinds (PodMonitor, ServiceMonitor, PrometheusRule): kubectl refuses a
+# whole `apply -k` ("no matches for kind") on a cluster without their CRDs, and seed 002 installs
+# kube-prometheus-stack last. So the output holds them only where the user says the cluster has
+# them (`--monitoring prometheus-operator`); `submit` asks the cluster instead.
+MONITORING_API = "monitoring.coreos.com/v1"
+MONITORING_FLAG = "--monitoring prometheus-operator"
+MONITOR_LEFT_OUT_NOTE = (
+    "# {kind} {name}: not printed (it needs the Prometheus Operator's CRDs, without which kubectl refuses it); "
+    f"add {MONITORING_FLAG} where the cluster has them"
+)
+MONITOR_FILE_HEADER = (
+    "# Not in kustomization.yaml: a {kind} needs the Prometheus Operator's CRDs (kube-prometheus-stack),\n"
+    "# without which `kubectl apply -k` fails as a whole. Apply this file with `kubectl apply -f` once they\n"
+    f"# are installed, or render with {MONITORING_FLAG} to have it in the kustomization.\n"
 )
 
 
@@ -296,13 +313,26 @@ def _owned(objects: list[KubeObject], create_namespace: bool) -> list[KubeObject
     return [obj for obj in objects if create_namespace or obj["kind"] != "Namespace"]
 
 
-def to_yaml(objects: list[KubeObject], redact_secrets: bool = True, create_namespace: bool = False) -> str:
+def needs_prometheus_operator(obj: KubeObject) -> bool:
+    return bool(obj["apiVersion"] == MONITORING_API)
+
+
+def to_yaml(
+    objects: list[KubeObject],
+    redact_secrets: bool = True,
+    create_namespace: bool = False,
+    prometheus_operator: bool = False,
+) -> str:
     """Multi-document YAML. Secrets are replaced by a comment unless `redact_secrets=False`; the
-    Namespace is left out unless `create_namespace`."""
+    Namespace is left out unless `create_namespace`; the Prometheus Operator's objects are
+    replaced by a comment unless `prometheus_operator` (the cluster has its CRDs)."""
     docs = []
     for obj in _owned(objects, create_namespace):
+        meta = obj["metadata"]
         if obj["kind"] == "Secret" and redact_secrets:
-            docs.append(TOKEN_REDACTED_NOTE.format(name=obj["metadata"]["name"]) + "\n")
+            docs.append(TOKEN_REDACTED_NOTE.format(name=meta["name"]) + "\n")
+        elif needs_prometheus_operator(obj) and not prometheus_operator:
+            docs.append(MONITOR_LEFT_OUT_NOTE.format(kind=obj["kind"], name=meta["name"]) + "\n")
         else:
             docs.append(_dump(obj))
     return "---\n" + "---\n".join(docs)
@@ -312,11 +342,11 @@ def file_name(obj: KubeObject) -> str:
     return f"{obj['kind'].lower()}-{obj['metadata']['name']}.yaml"
 
 
-def _write(obj: KubeObject, path: Path) -> None:
+def _write(obj: KubeObject, path: Path, header: str = "") -> None:
     import os
 
     if obj["kind"] != "Secret":
-        path.write_text(_dump(obj), encoding="utf-8")
+        path.write_text(header + _dump(obj), encoding="utf-8")
         return
     # Created with 0600 from the start: the token is never world-readable, even briefly.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -333,17 +363,21 @@ def shared(obj: KubeObject) -> bool:
     return budget or obj["kind"] in ("Namespace", "PriorityClass") or kueue.is_team_object(obj)
 
 
-def write_dir(objects: list[KubeObject], out_dir: Path, create_namespace: bool = False) -> list[Path]:
+def write_dir(
+    objects: list[KubeObject], out_dir: Path, create_namespace: bool = False, prometheus_operator: bool = False
+) -> list[Path]:
     """One file per object plus kustomization.yaml (`kubectl apply -k DIR`). Secrets are 0600.
     The `shared` objects are written beside the kustomization, not in it; the Namespace itself only
-    with `create_namespace`."""
+    with `create_namespace`. The Prometheus Operator's objects are in it only with
+    `prometheus_operator`; otherwise beside it, each with a comment saying why."""
     out_dir.mkdir(parents=True, exist_ok=True)
     written, resources = [], []
     for obj in _owned(objects, create_namespace):
         path = out_dir / file_name(obj)
-        _write(obj, path)
+        monitor_beside = needs_prometheus_operator(obj) and not prometheus_operator
+        _write(obj, path, MONITOR_FILE_HEADER.format(kind=obj["kind"]) if monitor_beside else "")
         written.append(path)
-        if not shared(obj):
+        if not (shared(obj) or monitor_beside):
             resources.append(path.name)
     kustomization = {
         "apiVersion": "kustomize.config.k8s.io/v1beta1",
@@ -358,7 +392,9 @@ def written_note(written: list[Path], out_dir: Path, namespace: str) -> str:
     """What `render -o DIR` tells: how to apply it, and how the shared objects come to exist."""
     kustomization = out_dir / "kustomization.yaml"
     listed = set(yaml.safe_load(kustomization.read_text(encoding="utf-8"))["resources"]) | {kustomization.name}
-    beside = [p for p in written if p.name not in listed]
+    unlisted = [p for p in written if p.name not in listed]
+    monitors = [p for p in unlisted if needs_prometheus_operator(yaml.safe_load(p.read_text(encoding="utf-8")))]
+    beside = [p for p in unlisted if p not in monitors]
     note = f"wrote {len(written)} files to {out_dir}/; apply with `kubectl apply -k {out_dir}`"
     if beside:
         note += (
@@ -368,4 +404,10 @@ def written_note(written: list[Path], out_dir: Path, namespace: str) -> str:
         )
     if not any(p.name == f"namespace-{namespace}.yaml" for p in beside):
         note += f"; namespace {namespace} must exist (`kubectl create namespace {namespace}`, or --create-namespace)"
+    if monitors:
+        note += (
+            f"; {', '.join(p.name for p in monitors)} is not in kustomization.yaml: it needs the Prometheus "
+            f"Operator's CRDs (`kubectl apply -f {' -f '.join(str(p) for p in monitors)}` once kube-prometheus-stack "
+            f"is installed; where it is, render with {MONITORING_FLAG})"
+        )
     return note

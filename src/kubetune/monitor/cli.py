@@ -78,7 +78,7 @@ def render_cmd(
     problems = validate_objects(objects)
     if problems:  # a bug in kubetune, not the user's input: keep the traceback
         raise AssertionError("\n".join(problems))
-    written = write_dir(objects, output)
+    written = write_dir(objects, output, prometheus_operator=True)  # rules and monitors: all the Operator's
     _note(f"wrote {len(written)} files to {output}/ (release={label}); apply with `kubectl apply -k {output}`")
     _note(
         "the prometheus-adapter rule is for the adapter's configuration (`helm upgrade ... -f` its helm-values.yaml); "
