@@ -188,7 +188,7 @@ def test_empty_values_are_left_to_the_operator():
     spec = finetune({})["spec"]
     assert "hfTokenSecretRef" not in spec and "ttlSecondsAfterFinished" not in spec
     assert "profile" not in spec and "api" not in spec  # the recipe's k8s.profile / k8s.api decide
-    assert set(spec["serve"]) == {"enabled", "engine", "replicas", "autoscale"}  # no null, no ""
+    assert set(spec["serve"]) == {"enabled", "replicas", "autoscale"}  # no null, no "" (engine: by the profile)
 
 
 def test_a_recipe_from_a_configmap():
@@ -222,8 +222,9 @@ def test_the_values_schema_allows_what_the_crd_allows():
     for key in ("profile", "api"):  # "" leaves it to the recipe
         assert values[key]["enum"] == ["", *fields[key]["enum"]], key
     assert values["volumeClaimRetention"]["enum"] == fields["volumeClaimRetention"]["enum"]
-    for key in ("engine", "autoscale"):
-        assert values["serve"]["properties"][key]["enum"] == fields["serve"]["properties"][key]["enum"], key
+    serve_values, serve_fields = values["serve"]["properties"], fields["serve"]["properties"]
+    assert serve_values["engine"]["enum"] == ["", *serve_fields["engine"]["enum"]]  # "": the profile's engine
+    assert serve_values["autoscale"]["enum"] == serve_fields["autoscale"]["enum"]
     for key in ("replicas", "minReplicas", "maxReplicas"):
         assert values["serve"]["properties"][key]["minimum"] == fields["serve"]["properties"][key]["minimum"], key
 

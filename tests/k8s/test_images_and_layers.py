@@ -143,7 +143,8 @@ for recipe in sorted(builtin_recipes()):
                     extra = [e for e in extra if e != "--with-runtime"] + ["k8s.elastic.enabled=true"]
                 if extra and profile != "cpu":
                     extra = extra + ["k8s.devices=dra"]  # the cards claimed through DRA
-                code, out, err = run_cli("k8s", "render", recipe, "--profile", profile, "--api", api, *extra)
+                args = ["k8s", "render", recipe, "--profile", profile, "--api", api, *extra]
+                code, out, err = run_cli(*args, "--monitoring", "prometheus-operator")  # with the PodMonitor
                 kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
                 results.append({"args": [recipe, profile, api, *extra], "code": code, "kinds": kinds, "err": err})
 for args in ([], ["--stateless", "--resource", "nvidia.com/gpu", "--discovery", "nvml"], ["--scheduler-config-only"]):
@@ -210,6 +211,7 @@ for recipe in sorted(builtin_recipes()):
             extra = [] if profile == "cpu" else ["k8s.resources.accelerators=1"]
             for more in ([], ["--model-image", "registry.example.com/run:1", "--autoscale", "cpu"]):
                 args = ["k8s", "render-serve", recipe, "--profile", profile, "--engine", engine, "--check"]
+                args += ["--monitoring", "prometheus-operator"]  # with the ServiceMonitor
                 args += extra + more
                 code, out, err = run_cli(*args)
                 kinds = [d["kind"] for d in yaml.safe_load_all(out) if d]
@@ -347,7 +349,10 @@ def _rendered_containers(tags: dict[str, str]) -> list[tuple[str, str, list[str]
         for api in (["--api", "pytorchjob"], ["--api", "trainjob", "--with-runtime"])
     ]
     # the serving Deployment of the native engine runs `kubetune serve` from kubetune's image
-    renders += [["k8s", "render-serve", "smollm2-135m-lora-cpu", "--profile", p] for p in ("cpu", "gaudi", "nvidia")]
+    renders += [
+        ["k8s", "render-serve", "smollm2-135m-lora-cpu", "--profile", p, "--engine", "native"]
+        for p in ("cpu", "gaudi", "nvidia")
+    ]
     renders += [["k8s", "render-components"]] + [
         ["k8s", "render-components", "--image", f"registry.example.com/kubetune:{tag}"] for tag in tags
     ]

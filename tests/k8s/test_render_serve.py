@@ -242,6 +242,25 @@ def test_vllm_serves_a_full_fine_tune_from_its_model_directory():
     assert command[command.index("--model") + 1].endswith("/model") and "--enable-lora" not in command
 
 
+def test_a_pod_with_accelerators_serves_with_vllm_unless_told_otherwise(cli):
+    # the native engine runs on CPUs: by default it would leave a Gaudi pod's cards idle
+    for profile in ("gaudi", "nvidia"):
+        out = rendered(SEED, profile=profile)
+        container = server(out.objects)
+        command = container["command"]
+        assert container["image"] == VLLM_IMAGES[profile] and "vllm.entrypoints.openai.api_server" in command
+        assert not [w for w in out.warnings if "idle" in w]
+        asked = rendered(SEED, profile=profile, engine="native")
+        assert server(asked.objects)["command"][:2] == ["kubetune", "serve"]
+        assert any(w.startswith("--engine native runs on CPUs and leaves this") for w in asked.warnings)
+    assert server(rendered(SEED).objects)["command"][:2] == ["kubetune", "serve"]  # cpu: the native engine
+    result = cli("k8s", "render-serve", SEED, "--profile", "gaudi")
+    assert result.code == 0 and f"image: {VLLM_IMAGES['gaudi']}" in result.out and "idle" not in result.err
+    # the smollm2 recipes' 9 heads do not split over 8 cards: one line naming the fix, exit 2
+    small = cli("k8s", "render-serve", SMOL, "--profile", "gaudi")
+    assert small.code == 2 and small.err.count("\n") == 1 and "k8s.resources.accelerators" in small.err
+
+
 def test_vllm_tensor_parallel_must_divide_the_heads():
     with pytest.raises(UserError, match=r"9 attention heads: set k8s\.resources\.accelerators"):
         rendered(SMOL, "model.name_or_path=HuggingFaceTB/SmolLM2-135M-Instruct", profile="gaudi", engine="vllm")

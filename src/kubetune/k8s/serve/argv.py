@@ -52,7 +52,7 @@ def _tensor_parallel(plan: Plan) -> int:
     shape = model_shape(plan.recipe.model.name_or_path)
     if tp > 1 and shape is not None and shape.num_attention_heads % tp:
         raise UserError(
-            f"--engine vllm shards the model over the pod's {tp} accelerators (tensor parallel), but "
+            f"vLLM shards the model over the pod's {tp} accelerators (tensor parallel), but "
             f"{plan.recipe.model.name_or_path} has {shape.num_attention_heads} attention heads: set "
             f"k8s.resources.accelerators to a divisor of {shape.num_attention_heads}"
         )

@@ -12,7 +12,7 @@ from typing import Any
 from kubetune.errors import UserError
 from kubetune.k8s.names import DATA_DIR, SERVE_SUFFIX, SERVER_COMPONENT, Names, server_selector, standard_labels
 from kubetune.k8s.render import cluster_recipe, job_name
-from kubetune.k8s.serve.settings import DNS_1035, ServeSettings
+from kubetune.k8s.serve.settings import DNS_1035, ServeSettings, default_engine
 from kubetune.kube import KubeObject
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.loader import load_recipe
@@ -93,7 +93,7 @@ class Plan:
 
     @property
     def engine(self) -> str:
-        return self.settings.engine
+        return self.settings.engine or default_engine(self.k8s.profile)
 
     @property
     def labels(self) -> dict[str, str]:

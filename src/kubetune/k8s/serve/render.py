@@ -21,10 +21,10 @@ from kubetune.recipe.schema import Recipe
 def _warnings(plan: Plan) -> list[str]:
     k8s, settings = plan.k8s, plan.settings
     out = []
-    if plan.engine == "native" and k8s.profile != "cpu":
+    if plan.engine == "native" and k8s.profile != "cpu":  # asked for: the default there is vLLM
         out.append(
-            f"the native engine runs on CPUs and would leave this {k8s.profile} pod's accelerators idle; "
-            "--engine vllm serves with them (tensor parallel over all of them)"
+            f"--engine native runs on CPUs and leaves this {k8s.profile} pod's accelerators idle; leave --engine out "
+            "(vLLM serves with them, tensor parallel over all of them), or serve on CPUs with --profile cpu"
         )
     base = plan.recipe.model.name_or_path
     lora_base = plan.recipe.finetune.method == "lora" and not (plan.engine == "vllm" and is_gguf(base))

@@ -13,6 +13,14 @@ from typing import Any, get_args, get_origin, get_type_hints
 from kubetune.serve.contract import Adapter, parse_adapter
 
 ENGINES = ("native", "vllm")  # `auto` picks by what is installed, which a manifest cannot know
+
+
+def default_engine(profile: str) -> str:
+    """The engine that uses what the profile's pods hold: vLLM on accelerators (the native
+    engine runs on CPUs and would leave the cards idle), the native engine on CPUs."""
+    return "native" if profile == "cpu" else "vllm"
+
+
 AUTOSCALE = ("queue", "cpu", "off")
 
 DNS_1035 = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
@@ -44,12 +52,13 @@ class ServeSettings:
     (`kubetune.k8s.cli`) and, where it has a spec_key, the FineTune's `spec.serve` key
     (`kubetune.operator.crd`, `kubetune.operator.plan`). A new setting is one field here."""
 
-    engine: str = _setting(
-        "native",
+    engine: str | None = _setting(  # None = the profile's (`default_engine`)
+        None,
         "--engine",
-        "native (kubetune serve; default) | vllm (vLLM's image).",
+        "native (kubetune serve, on CPUs) | vllm (vLLM's image); default: vllm where the pods hold accelerators "
+        "(gaudi, nvidia), native on cpu.",
         spec_key="engine",
-        spec_help="native (kubetune serve) | vllm (default native).",
+        spec_help="native (kubetune serve, on CPUs) | vllm (default: vllm on gaudi and nvidia, native on cpu).",
         choices=ENGINES,
     )
     replicas: int = _setting(
@@ -174,7 +183,7 @@ class ServeSettings:
 
     def problems(self) -> list[str]:
         out = []
-        if self.engine not in ENGINES:
+        if self.engine is not None and self.engine not in ENGINES:
             out.append(
                 f"--engine {self.engine}: use native or vllm (auto picks by what is installed, "
                 "which a manifest cannot know)"
