@@ -59,11 +59,13 @@ def train(
         launch_torchrun,
         needs_agent,
         precheck,
+        refuse_foreign_run_dir,
         refuse_missing_chat_template,
     )
 
     die_with_agent()  # a torchrun worker: gone with its agent, never training on alone
     refuse_missing_chat_template(recipe, overrides)
+    refuse_foreign_run_dir(recipe, overrides, nnodes)  # before the process count is measured
     nproc, overrides = _local_processes(nproc_per_node, nnodes, recipe, overrides)
     if nproc or nnodes:
         world = (nproc or 1) * int(nnodes or 1) if nnodes is None or str(nnodes).isdigit() else None
@@ -398,8 +400,11 @@ def main() -> None:
     try:
         app()
     except UserError as e:
-        for line in e.problems:
-            print(f"kubetune: error: {line}", file=sys.stderr)
+        from kubetune.training.launch import report_to_launcher
+
+        if not report_to_launcher(e):  # a worker of `kubetune train`'s agent: its launcher prints it once
+            for line in e.problems:
+                print(f"kubetune: error: {line}", file=sys.stderr)
         sys.exit(e.exit_code)
     except KeyboardInterrupt:
         print("kubetune: interrupted", file=sys.stderr)

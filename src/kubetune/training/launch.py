@@ -5,14 +5,49 @@ several processes per node (Kubeflow PyTorchJob `nprocPerNode` > 1, Trainer v2 T
 elastic PyTorchJobs) both end up here: we run torchrun's agent (torch.distributed.run)
 with `-m kubetune train ...` as its worker command. torchrun reads the operator's `PET_*`
 variables as its own flags, so a pod needs no arguments beyond the recipe.
+
+Bad input found inside the workers is one line and exit code 2 here too, as in one
+process. torch's agent reports a failed worker in several lines (`Sending process ...
+closing signal SIGTERM` for the others, `failed (exitcode: 2)`, then ChildFailedError's
+report), and every worker that meets the same input prints the same error. So:
+
+- a worker of this launcher that stops on a UserError does not print it: it records it in
+  the error file its agent gives it (TORCHELASTIC_ERROR_FILE, in the format of torch's
+  `errors.record`, the problems under USER_ERROR_KEY) and exits 2;
+- from then on the agent's lines about stopping the workers are held back: they only say
+  that a worker stopped;
+- the agent raises ChildFailedError with each failed worker's file; when every failed
+  worker recorded a UserError or was stopped by the agent after one did, the launcher
+  raises that UserError (each distinct problem once), which the CLI prints as one line
+  with exit code 2. Anything else (a crash, a worker killed, another exception) keeps
+  torch's lines, the worker's traceback and torch's full report, and exit code 1.
+
+Under a torchrun of your own (`torchrun -m kubetune train`), torch's agent is the process
+you started: kubetune cannot quiet it or choose its exit code, and each worker prints its
+own error line; `kubetune train --nproc-per-node N` runs the same agent with one line.
 """
 
 from __future__ import annotations
 
+import contextlib
+import json
+import logging
 import os
+import signal
 import sys
+import tempfile
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
 
-from kubetune.errors import RecipeError
+from kubetune.errors import RecipeError, UserError
+
+USER_ERROR_KEY = "kubetune_user_error"  # in a worker's error file: its problems, one line each
+LAUNCHER_PRINTS = "KUBETUNE_LAUNCHER_PRINTS_USER_ERRORS"  # set for the workers of launch_torchrun
+# how the agent ends the other workers once one failed (SIGKILL after its shutdown timeout)
+STOPPED_BY_AGENT = frozenset({-signal.SIGTERM, -signal.SIGKILL})
+AGENT_PROCESS_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # "Sending process", "failed (exitcode"
 
 
 def needs_agent(env: dict[str, str] | None = None) -> bool:
@@ -64,8 +99,6 @@ def local_processes(value: str) -> int:
         cores = psutil.cpu_count(logical=False) or os.cpu_count() or 1
         return max(1, min(cores, len(os.sched_getaffinity(0))))  # a container may allow fewer
     if not value.isdigit() or int(value) < 1:
-        from kubetune.errors import UserError
-
         raise UserError(f"--nproc-per-node {value}: give a number of processes (1 or more) or auto")
     return int(value)
 
@@ -122,6 +155,23 @@ def refuse_missing_chat_template(recipe: str | None, overrides: list[str], env: 
         raise RecipeError(problem)
 
 
+def refuse_foreign_run_dir(
+    recipe: str | None, overrides: list[str], nnodes: str | None, env: Mapping[str, str] | None = None
+) -> None:
+    """The run directory of another recipe (or a directory that is no run), refused by a
+    start that is alone on it, before it measures or starts anything. The processes of a
+    multi-node or operator-started job are not alone: one of them could see rank 0's first
+    files before its run.json; rank 0 judges for them in training (run.claim_run_dir)."""
+    from kubetune.recipe import load_recipe
+    from kubetune.rundir import RunDir
+    from kubetune.training.processes import started_by_launcher
+
+    if started_by_launcher(env) or nnodes not in (None, "1"):  # a torchrun, an operator's pod, several nodes
+        return
+    r = load_recipe(recipe, overrides).recipe
+    RunDir(Path(r.output_dir)).claim(r)
+
+
 def _accelerator_kind() -> str:
     import torch
 
@@ -146,6 +196,7 @@ def launch_torchrun(
 ) -> int:
     """Run torchrun's elastic agent in this process; returns the agent's exit code. The
     workers inherit this process's environment (the CLI prepares it)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
     argv: list[str] = []
@@ -160,11 +211,106 @@ def launch_torchrun(
     elif not any(k in os.environ for k in ("PET_RDZV_ENDPOINT", "PET_MASTER_ADDR")) and (nnodes in (None, "1")):
         argv += ["--standalone"]  # one node: a private rendezvous on a free local port
     argv += ["--max-restarts", str(max_restarts)]
-    argv += ["-m", "kubetune", "train"] + ([recipe] if recipe else []) + list(overrides)
-    args = get_args_parser().parse_args(argv)
-    try:
-        run(args)
-    except Exception as e:  # ChildFailedError carries the failing rank's summary
-        print(f"kubetune: error: training processes failed: {str(e).strip().splitlines()[0]}", file=sys.stderr)
-        return 1
+    with contextlib.ExitStack() as stack:
+        log_dir = _agent_log_dir(stack)
+        argv += ["--log-dir", log_dir]  # where the agent puts each worker's error file
+        argv += ["-m", "kubetune", "train"] + ([recipe] if recipe else []) + list(overrides)
+        args = get_args_parser().parse_args(argv)
+        stack.enter_context(_workers_report_user_errors(Path(log_dir)))
+        try:
+            run(args)
+        except ChildFailedError as e:
+            if problems := user_problems(e.failures):
+                raise UserError(*problems) from None
+            print(f"kubetune: error: training processes failed:{e}", file=sys.stderr)  # torch's whole report
+            return 1
+        except Exception as e:  # the agent itself: rendezvous, a signal
+            print(f"kubetune: error: training processes failed: {_first_line(e)}", file=sys.stderr)
+            return 1
     return 0
+
+
+def report_to_launcher(error: UserError, env: Mapping[str, str] | None = None) -> bool:
+    """In a worker of `launch_torchrun`: record `error` in the error file the agent gave this
+    worker, for the launcher to print once. False when this process must print it itself:
+    no such launcher above it (a torchrun of the user's own), or no file could be written."""
+    env = os.environ if env is None else env
+    path = env.get("TORCHELASTIC_ERROR_FILE")
+    if not path or env.get(LAUNCHER_PRINTS) != "1":
+        return False
+    from kubetune.fsutil import atomic_write_json
+
+    text = "\n".join(error.problems)
+    info = {"py_callstack": text, "timestamp": str(int(time.time()))}  # torch's report shows the line, no traceback
+    try:
+        atomic_write_json(Path(path), {"message": {"message": text, "extraInfo": info}, USER_ERROR_KEY: error.problems})
+    except OSError:
+        return False
+    return True
+
+
+def user_problems(failures: Mapping[int, Any]) -> list[str]:
+    """The problems the workers recorded, when bad input is why the group failed: each failed
+    worker (torch's ProcessFailure) recorded a UserError, or the agent stopped it after one
+    did. Each distinct line once, the first failure's first. Empty for anything else."""
+    ordered = sorted(failures.items(), key=lambda item: (item[1].timestamp, item[0]))
+    recorded = [failure.error_file_data.get(USER_ERROR_KEY) for _, failure in ordered]
+    if not any(recorded):
+        return []
+    if any(not lines and failure.exitcode not in STOPPED_BY_AGENT for lines, (_, failure) in zip(recorded, ordered)):
+        return []  # a worker that crashed on its own: torch's report says which
+    return list(dict.fromkeys(line for lines in recorded if lines for line in lines))
+
+
+def _agent_log_dir(stack: contextlib.ExitStack) -> str:
+    """A fresh directory for this launch's worker files (error.json): inside PET_LOG_DIR when
+    the operator or the user sets one (kept there), else a temporary one."""
+    parent = os.environ.get("PET_LOG_DIR")
+    if parent:
+        os.makedirs(parent, exist_ok=True)
+        return tempfile.mkdtemp(prefix="kubetune-", dir=parent)
+    return stack.enter_context(tempfile.TemporaryDirectory(prefix="kubetune-agent-"))
+
+
+@contextlib.contextmanager
+def _workers_report_user_errors(log_dir: Path) -> Iterator[None]:
+    """While the agent runs: its workers record their UserErrors for this launcher, and the
+    agent's lines about stopping them are held back once one has."""
+    quiet = _QuietAfterUserError(log_dir)
+    agent_log = logging.getLogger(AGENT_PROCESS_LOGGER)
+    before = os.environ.get(LAUNCHER_PRINTS)
+    os.environ[LAUNCHER_PRINTS] = "1"  # the workers inherit this process's environment
+    agent_log.addFilter(quiet)
+    try:
+        yield
+    finally:
+        agent_log.removeFilter(quiet)
+        if before is None:
+            os.environ.pop(LAUNCHER_PRINTS, None)
+        else:
+            os.environ[LAUNCHER_PRINTS] = before
+
+
+class _QuietAfterUserError(logging.Filter):
+    """Drops the agent's records once a worker under `log_dir` has recorded a UserError. A
+    worker writes its file before it exits, so the file is there before the agent notices
+    the exit and logs about it."""
+
+    def __init__(self, log_dir: Path) -> None:
+        super().__init__()
+        self.log_dir = log_dir
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not any(_records_user_error(path) for path in self.log_dir.rglob("error.json"))
+
+
+def _records_user_error(path: Path) -> bool:
+    try:
+        return bool(json.loads(path.read_text()).get(USER_ERROR_KEY))
+    except (OSError, ValueError, AttributeError):  # a crash's file, or one being written
+        return False
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__
