@@ -18,7 +18,7 @@ from typing import Any
 
 from kubetune.errors import RunDirError
 from kubetune.fsutil import atomic_write_json, atomic_write_text
-from kubetune.recipe.loader import load_recipe, recipe_to_yaml
+from kubetune.recipe.loader import _flatten, load_recipe, recipe_to_yaml
 from kubetune.recipe.schema import Recipe
 
 # Fields that don't change what is learned: changing them keeps the run resumable.
@@ -56,6 +56,26 @@ def fingerprint(recipe: Recipe) -> str:
             for k in keys:
                 d.get(section, {}).pop(k, None)
     return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def changed_keys(old: Recipe, new: Recipe) -> tuple[list[str], list[str]]:
+    """(keys that keep the run resumable, keys that change what is learned) that differ between
+    two recipes of one run. A change is resumable when the fingerprint that `RunDir.claim` checks
+    stays the same: the operator (an edited FineTune) and `k8s submit` (a job submitted again)
+    refuse the others, which the pods would refuse at their next start."""
+    before, after = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
+    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
+    if fingerprint(old) == fingerprint(new):
+        return changed, []
+    return [k for k in changed if _neutral(k)], [k for k in changed if not _neutral(k)]
+
+
+def _neutral(key: str) -> bool:
+    section, _, rest = key.partition(".")
+    if section not in NEUTRAL:
+        return False
+    fields = NEUTRAL[section]
+    return fields is None or rest.split(".")[0] in fields
 
 
 @dataclass(frozen=True)

@@ -81,6 +81,27 @@ def test_submit_updates_what_changed_and_keeps_immutable_pods(cli, kube, token_f
     assert job["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] == 2
 
 
+def test_submit_refuses_a_recipe_that_changes_what_a_submitted_job_learns(cli, kube, token_file):
+    # seen: submitting again with another learning rate printed `configured ConfigMap`, and the pods
+    # stopped at their next start on "a finished run of a different recipe" (RunDir.claim)
+    assert _submit(cli, token_file, "train.lr=1e-4").code == 0
+    recipe_key = (NS, f"{JOB}-recipe")
+    before = kube.objects("v1/configmaps")[recipe_key]["data"]["recipe.yaml"]
+
+    refused = _submit(cli, token_file, "train.lr=2e-4")
+
+    assert refused.code == 2 and refused.out == "", refused.out
+    (line,) = [line for line in refused.err.splitlines() if line.startswith("kubetune: error:")]
+    assert "changing train.lr (0.0001 -> 0.0002) changes what is learned" in line
+    assert "give the new recipe a job of its own (another output_dir=... or k8s.name=...)" in line
+    assert f"or `kubetune k8s delete {JOB} -n {NS} --purge` first" in line
+    assert kube.objects("v1/configmaps")[recipe_key]["data"]["recipe.yaml"] == before  # nothing was sent
+    # what keeps the run resumable goes through (the operator's rule: rundir.changed_keys)
+    longer = _submit(cli, token_file, "train.lr=1e-4", "train.max_steps=500")
+    assert longer.code == 0 and f"configured ConfigMap {NS}/{JOB}-recipe" in longer.out, longer.err
+    assert _submit(cli, token_file, "train.lr=2e-4", "k8s.name=smollm2-lr-2e-4").code == 0  # a job of its own
+
+
 def test_submit_trainjob_with_runtime(cli, kube, token_file):
     result = _submit(cli, token_file, "--api", "trainjob", "--with-runtime")
     assert result.code == 0, result.err

@@ -11,12 +11,14 @@ import pytest
 from kubetune.errors import RecipeError
 from kubetune.export.job import export_job
 from kubetune.k8s.names import Names
+from kubetune.k8s.objects import recipe_text_data
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.k8s.serve import ServeSettings
 from kubetune.monitor.contract import TRAIN_METRICS
 from kubetune.operator import metrics_page, plan
 from kubetune.operator.crd import serve_schema
+from kubetune.rundir import changed_keys
 
 OWNER = {"metadata": {"name": "ft", "namespace": "team", "uid": "u-1"}}
 BASE = plan.Observed(
@@ -120,18 +122,18 @@ def test_spec_serve_holds_the_settings_that_name_a_spec_key_and_the_crd_declares
 
 def test_recipe_text_errors_are_one_line():
     with pytest.raises(RecipeError, match=r"^ConfigMap x: not valid YAML"):
-        plan.recipe_text_data("a: [", "ConfigMap x")
+        recipe_text_data("a: [", "ConfigMap x")
     with pytest.raises(RecipeError, match="a recipe is a YAML mapping"):
-        plan.recipe_text_data("- a", "ConfigMap x")
+        recipe_text_data("- a", "ConfigMap x")
 
 
 def test_changed_keys_split_resumable_from_learned():
     running = recipe({"train": {"max_steps": 10}})
     longer = recipe({"train": {"max_steps": 20, "save_every": 5}, "k8s": {"replicas": 4}})
-    assert plan.changed_keys(running, longer) == (["k8s.replicas", "train.max_steps", "train.save_every"], [])
+    assert changed_keys(running, longer) == (["k8s.replicas", "train.max_steps", "train.save_every"], [])
     other = recipe({"train": {"max_steps": 10, "lr": 1e-3}, "lora": {"r": 4}})
-    assert plan.changed_keys(running, other) == ([], ["lora.r", "train.lr"])
-    assert plan.changed_keys(running, running) == ([], [])
+    assert changed_keys(running, other) == ([], ["lora.r", "train.lr"])
+    assert changed_keys(running, running) == ([], [])
 
 
 # ------------------------------------------------------------------ ownership

@@ -21,7 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
-from kubetune.errors import UserError
+from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import kueue, progress, quota
 from kubetune.k8s.client import KubeClient, NotFound
 from kubetune.k8s.names import (
@@ -34,9 +34,13 @@ from kubetune.k8s.names import (
     server_selector,
     trainer_selector,
 )
+from kubetune.k8s.objects import config_map_recipe
 from kubetune.k8s.render import Rendered
 from kubetune.k8s.scrape import pod_monitor_name
 from kubetune.kube import COMPONENT, INSTANCE, KUBETUNE, MANAGED_BY
+from kubetune.recipe.loader import _flatten
+from kubetune.recipe.schema import Recipe
+from kubetune.rundir import changed_keys
 
 MONITORING_API = "monitoring.coreos.com/v1"
 JOB_KINDS = (("kubeflow.org/v1", "PyTorchJob", "pytorchjob"), ("trainer.kubeflow.org/v1alpha1", "TrainJob", "trainjob"))
@@ -67,8 +71,10 @@ NO_MONITORING_CRDS = (
 
 def submit(client: KubeClient, rendered: Rendered) -> list[str]:
     """Create or update every rendered object, in order; one line per object. Refuses, before
-    creating anything, a job that does not fit in what the namespace's quotas leave."""
+    creating anything, a job that does not fit in what the namespace's quotas leave, and a
+    recipe that changes what a job submitted before learns."""
     lines = check_quotas(client, rendered)
+    check_recipe_change(client, rendered)
     for obj in rendered.objects:
         where = _ref(obj)
         if obj["kind"] == "Namespace":
@@ -108,6 +114,43 @@ def submit(client: KubeClient, rendered: Rendered) -> list[str]:
             "(the PVC and its checkpoints stay)"
         )
     return lines
+
+
+def check_recipe_change(client: KubeClient, rendered: Rendered) -> None:
+    """Raise a UserError when the job was submitted before with a recipe that learns something
+    else: its pods would take the new one at their next start and stop there ("a different
+    recipe", `RunDir.claim`). The operator refuses such an edit of a FineTune by the same rule
+    (`rundir.changed_keys`); a change that keeps the run resumable goes through."""
+    names = rendered.names
+    ours = [o for o in rendered.objects if o["kind"] == "ConfigMap" and o["metadata"]["name"] == names.recipe]
+    submitted = ours[0] if ours else None  # serving objects have no recipe
+    live = client.get("v1", "ConfigMap", names.recipe, names.namespace) if submitted else None
+    if submitted is None or live is None or RECIPE_KEY not in (live.get("data") or {}):
+        return
+    try:
+        running = config_map_recipe(live)
+    except RecipeError:  # not a recipe this release reads (hand-edited, or an older schema's): replaced
+        return
+    new = config_map_recipe(submitted)
+    learned = changed_keys(running, new)[1]
+    if learned:
+        raise UserError(_not_resumable(names, running, new, learned))
+
+
+def _not_resumable(names: Names, running: Recipe, new: Recipe, learned: list[str]) -> str:
+    before, after = _flatten(running.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
+    shown = ", ".join(f"{k} ({before.get(k)} -> {after.get(k)})" for k in learned[:3])
+    shown += f" and {len(learned) - 3} more" if len(learned) > 3 else ""
+    job, ns, out = names.job, names.namespace, running.output_dir
+    if names.owns_pvc:
+        delete = f"`kubetune k8s delete {job} -n {ns} --purge` first (its checkpoints go too)"
+    else:
+        delete = f"`kubetune k8s delete {job} -n {ns}` and remove {out} from claim {names.pvc} first"
+    return (
+        f"job {job} in namespace {ns} was submitted with another recipe, and changing {shown} changes what is "
+        f"learned: its pods could not resume from their checkpoints in {out}; nothing was submitted: give the new "
+        f"recipe a job of its own (another output_dir=... or k8s.name=...), or {delete}"
+    )
 
 
 def _is_namespace_quota(obj: dict) -> bool:

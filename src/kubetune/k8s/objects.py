@@ -8,7 +8,9 @@ ResourceQuota, PodGroup. Models are turned into dicts with `sanitize_for_seriali
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+import yaml
 
 from kubetune.errors import RecipeError
 from kubetune.k8s import claims, profiles
@@ -195,6 +197,25 @@ def config_map(recipe: Recipe, names: Names) -> KubeObject:
             data={RECIPE_KEY: recipe_to_yaml(recipe)},
         )
     )
+
+
+def recipe_text_data(text: str, where: str) -> dict[str, Any]:
+    """A recipe YAML (a ConfigMap's) as data; one line for what is wrong with it."""
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as e:
+        raise RecipeError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
+    if not isinstance(data, dict):
+        raise RecipeError(f"{where}: a recipe is a YAML mapping of sections (model:, data:, train:, ...)")
+    return data
+
+
+def config_map_recipe(recipe_config_map: KubeObject) -> Recipe:
+    """The recipe a job's pods run, from its ConfigMap (`config_map`: already resolved by the renderer)."""
+    from kubetune.recipe.loader import recipe_from_data
+
+    where = f"ConfigMap {recipe_config_map['metadata']['name']}"
+    return recipe_from_data(recipe_text_data(recipe_config_map["data"][RECIPE_KEY], where)).recipe
 
 
 def secret(names: Names, token: str) -> KubeObject:

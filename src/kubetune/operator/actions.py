@@ -16,6 +16,7 @@ from kubetune.export.job import export_job
 from kubetune.k8s import doctor, follow
 from kubetune.k8s.client import ClusterError, Conflict, KubeClient
 from kubetune.k8s.names import Names, trainer_selector
+from kubetune.k8s.objects import config_map_recipe, recipe_text_data
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
@@ -41,7 +42,7 @@ def spec_recipe(client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpe
         cm = client.get("v1", "ConfigMap", cm_name, namespace)
         if cm is None or key not in (cm.get("data") or {}):
             raise RecipeError(f"spec.recipeRef: ConfigMap {namespace}/{cm_name} has no key {key!r}")
-        data = plan.recipe_text_data(cm["data"][key], f"ConfigMap {cm_name} key {key}")
+        data = recipe_text_data(cm["data"][key], f"ConfigMap {cm_name} key {key}")
     if data is None:
         raise RecipeError("spec: set spec.recipe (the recipe inline) or spec.recipeRef (a ConfigMap key)")
     return plan.resolved(plan.load_recipe_for(name, namespace, data, spec))  # as its ConfigMap will hold it
@@ -51,7 +52,7 @@ def applied_recipe(client: KubeClient, body: dict[str, Any]) -> Recipe | None:
     """The recipe the job runs (its ConfigMap), None before the first create."""
     name, namespace = meta(body)
     cm = client.get("v1", "ConfigMap", Names.for_job(name, namespace).recipe, namespace)
-    return None if cm is None else plan.applied_recipe(cm)
+    return None if cm is None else config_map_recipe(cm)
 
 
 def hf_token(client: KubeClient, namespace: str, spec: plan.FineTuneSpec) -> str | None:

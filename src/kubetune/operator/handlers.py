@@ -31,6 +31,7 @@ from kubetune.k8s.names import Names
 from kubetune.k8s.objects import config_map
 from kubetune.operator import actions, plan
 from kubetune.operator.crd import GROUP, PLURAL, VERSION
+from kubetune.rundir import changed_keys
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 RETRY_DELAY_S = 30
@@ -184,7 +185,7 @@ def _recipe_edit(client: KubeClient, ft: dict[str, Any]) -> dict[str, Any] | Non
         return plan.condition("RecipeChange", False, "InvalidRecipe", msg, generation)
     except ClusterError as e:
         raise _temporary(e) from None
-    resumable, learned = plan.changed_keys(running, edited) if running else ([], [])
+    resumable, learned = changed_keys(running, edited) if running else ([], [])
     if not resumable and not learned:
         return None  # what the job runs already (e.g. this edit was handled before)
     if learned:

@@ -16,8 +16,6 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from kubetune.errors import RecipeError
 from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
 from kubetune.k8s.progress import Progress, format_eta
@@ -25,9 +23,9 @@ from kubetune.k8s.render import cluster_recipe, recipe_problems
 from kubetune.k8s.serve import ServeSettings
 from kubetune.kube import KubeObject
 from kubetune.operator.crd import API_VERSION, KIND
-from kubetune.recipe.loader import _flatten, recipe_from_data
+from kubetune.recipe.loader import recipe_from_data
 from kubetune.recipe.schema import Recipe
-from kubetune.rundir import NEUTRAL, RunDir
+from kubetune.rundir import RunDir
 
 JOB_KINDS = {"PyTorchJob", "TrainJob"}
 CLUSTER_SCOPED = {"Namespace", "PriorityClass", "ClusterTrainingRuntime"}
@@ -92,17 +90,6 @@ def _key_ref(ref: dict[str, Any] | None, default_key: str) -> tuple[str, str] | 
     return (ref["name"], ref.get("key") or default_key) if ref else None
 
 
-def recipe_text_data(text: str, where: str) -> dict[str, Any]:
-    """A recipe YAML (a ConfigMap's) as data; one line for what is wrong with it."""
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as e:
-        raise RecipeError(f"{where}: not valid YAML ({getattr(e, 'problem', e)})") from None
-    if not isinstance(data, dict):
-        raise RecipeError(f"{where}: a recipe is a YAML mapping of sections (model:, data:, train:, ...)")
-    return data
-
-
 def load_recipe_for(name: str, namespace: str, data: dict[str, Any], spec: FineTuneSpec) -> Recipe:
     """The FineTune's recipe, validated by the CLI's loader and checked as `k8s render` checks it.
     The job is named after the FineTune and lives in its namespace (owner references cannot
@@ -130,28 +117,6 @@ def load_recipe_for(name: str, namespace: str, data: dict[str, Any], spec: FineT
     if problems:
         raise RecipeError(*problems)
     return recipe
-
-
-def applied_recipe(config_map: dict[str, Any]) -> Recipe:
-    """The recipe the pods run, from the job's ConfigMap (already resolved by the renderer)."""
-    where = f"ConfigMap {config_map['metadata']['name']}"
-    return recipe_from_data(recipe_text_data(config_map["data"][RECIPE_KEY], where)).recipe
-
-
-def changed_keys(old: Recipe, new: Recipe) -> tuple[list[str], list[str]]:
-    """(keys that keep the run resumable, keys that change what is learned) that differ."""
-    before, after = _flatten(old.model_dump(mode="json")), _flatten(new.model_dump(mode="json"))
-    changed = sorted(k for k in before.keys() | after.keys() if before.get(k) != after.get(k))
-    neutral = [k for k in changed if _neutral(k)]
-    return neutral, [k for k in changed if not _neutral(k)]
-
-
-def _neutral(key: str) -> bool:
-    section, _, rest = key.partition(".")
-    if section not in NEUTRAL:
-        return False
-    fields = NEUTRAL[section]
-    return fields is None or rest.split(".")[0] in fields
 
 
 def resolved(recipe: Recipe) -> Recipe:
