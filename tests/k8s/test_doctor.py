@@ -204,6 +204,26 @@ def test_oomkilled_suggests_batch_checkpointing_and_memory():
     assert "train.gradient_checkpointing=on (now off)" in f.fix and "k8s.resources.memory" in f.fix
 
 
+def _oom_fix(train: dict, profile: str = "cpu") -> str:
+    recipe = {**RECIPE, "train": train, "data": {"max_seq_len": 2048}, "k8s": {**RECIPE["k8s"], "profile": profile}}
+    killed = pod(lastState={"terminated": {"reason": "OOMKilled", "exitCode": 137}}, state={"running": {}})
+    return only(findings(pods=[killed], recipe=recipe)).fix
+
+
+def test_oomkilled_never_suggests_a_lever_the_recipe_has_pulled():
+    # seen: "set train.gradient_checkpointing=on (now on)"
+    fix = _oom_fix({"micro_batch_size": 1, "gradient_checkpointing": "on"})
+    assert "gradient_checkpointing=on" not in fix and "lower train.micro_batch_size" not in fix, fix
+    assert fix.startswith("lower data.max_seq_len (now 2048; longer rows are truncated), or raise k8s.resources.memory")
+    assert fix.endswith("(train.micro_batch_size is 1 and train.gradient_checkpointing is on already)")
+    fix = _oom_fix({"micro_batch_size": 8, "gradient_checkpointing": "on_offload"})
+    assert "lower train.micro_batch_size (now 8)" in fix and "gradient_checkpointing=on" not in fix, fix
+    assert "data.max_seq_len" not in fix  # the batch-keeping lever comes first
+    # on an accelerator the offloaded activations sit in the pod's memory, the one the limit caps
+    on_gaudi = _oom_fix({"micro_batch_size": 1, "gradient_checkpointing": "on_offload"}, profile="gaudi")
+    assert "set train.gradient_checkpointing=on (now on_offload: its offload fills the pod's memory)" in on_gaudi
+
+
 def test_crash_loop_quotes_the_last_log_lines():
     f = only(
         findings(

@@ -32,6 +32,7 @@ from typing import Any
 from kubetune.k8s import kueue, quota
 from kubetune.k8s.names import KUEUE_LABEL, Names
 from kubetune.recipe.comm import ACCELERATOR_KINDS, oneccl_advice, oneccl_variables
+from kubetune.recipe.schema import OFFLOADS, RECOMPUTES
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 
@@ -251,9 +252,7 @@ def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str, nam
                     f"pod {name}",
                     "OOMKilled: the training process reached the memory limit "
                     f"(k8s.resources.memory={_get(recipe, 'k8s.resources.memory')})",
-                    f"lower train.micro_batch_size (now {_get(recipe, 'train.micro_batch_size')}) and raise "
-                    "train.grad_accum to keep the batch, set train.gradient_checkpointing=on (now "
-                    f"{_get(recipe, 'train.gradient_checkpointing')}), or raise k8s.resources.memory",
+                    _oom_fix(recipe),
                 )
             )
         if waiting == "CrashLoopBackOff" and not oom:  # OOM already explains the crash loop
@@ -268,6 +267,28 @@ def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str, nam
                 )
             )
     return out
+
+
+def _oom_fix(recipe: dict) -> str:
+    """The levers against an OOMKill that the recipe has not pulled yet (never one it has), the
+    batch-keeping ones first, then a shorter context; raising the limit always."""
+    micro, checkpointing = _get(recipe, "train.micro_batch_size"), _get(recipe, "train.gradient_checkpointing")
+    levers, pulled = [], []
+    if isinstance(micro, int) and micro <= 1:
+        pulled.append(f"train.micro_batch_size is {micro}")
+    else:
+        levers.append(f"lower train.micro_batch_size (now {micro}) and raise train.grad_accum to keep the batch")
+    if checkpointing not in RECOMPUTES:
+        levers.append(f"set train.gradient_checkpointing=on (now {checkpointing})")
+    elif checkpointing in OFFLOADS and _get(recipe, "k8s.profile") != "cpu":
+        # offloaded activations leave the accelerator for the pod's memory, which is what ran out
+        levers.append(f"set train.gradient_checkpointing=on (now {checkpointing}: its offload fills the pod's memory)")
+    else:
+        pulled.append(f"train.gradient_checkpointing is {checkpointing}")
+    if not levers:
+        levers.append(f"lower data.max_seq_len (now {_get(recipe, 'data.max_seq_len')}; longer rows are truncated)")
+    fix = ", ".join(levers) + f", or raise k8s.resources.memory (now {_get(recipe, 'k8s.resources.memory')})"
+    return fix + (f" ({' and '.join(pulled)} already)" if pulled else "")
 
 
 def _log_findings(pod: str, lines: list[str], recipe: dict) -> list[Finding]:
