@@ -428,6 +428,23 @@ def test_write_dir_keeps_the_pod_monitor_out_of_the_kustomization_unless_the_ope
     assert "after `kubectl create -f" not in note  # it is not shared: nothing to create once
 
 
+def test_a_cjk_template_is_stored_as_its_characters_and_still_validates(tmp_path):
+    # seen: the ConfigMap held "\u95EE\u9898..." escapes, which nobody reviewing the manifests can read
+    from kubetune.k8s.objects import config_map_recipe
+
+    template, system = "问题：{instruction} 回答：", "你是一名医生。"
+    objects = rendered("cpu", "pytorchjob", f"data.template='{template}'", f"data.system_prompt='{system}'").objects
+    (cm,) = by_kind(objects, "ConfigMap")
+    stored = cm["data"]["recipe.yaml"]
+    assert template in stored and system in stored and "\\u" not in stored
+    assert validate_objects(objects) == []
+    printed = r.to_yaml(objects)
+    assert template in printed and "\\u" not in printed
+    written = [p for p in r.write_dir(objects, tmp_path) if p.name.startswith("configmap-")]
+    (again,) = [yaml.safe_load(p.read_text(encoding="utf-8")) for p in written]
+    assert again == cm and config_map_recipe(again).data.template == template  # as the pods read it back
+
+
 # ------------------------------------------------------------------- the validators can fail
 
 

@@ -304,7 +304,8 @@ _Dumper.add_representer(str, _str_representer)
 
 
 def _dump(obj: KubeObject) -> str:
-    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120)
+    # allow_unicode: a recipe's CJK template is written as its characters (the files are UTF-8)
+    return yaml.dump(obj, Dumper=_Dumper, sort_keys=False, default_flow_style=False, width=120, allow_unicode=True)
 
 
 def _owned(objects: list[KubeObject], create_namespace: bool) -> list[KubeObject]:

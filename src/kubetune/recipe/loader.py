@@ -216,7 +216,9 @@ def recipe_from_data(
 
 
 def recipe_to_yaml(recipe: Recipe) -> str:
-    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False)
+    """The recipe as YAML text, its characters as they are (a CJK template stays readable in a
+    ConfigMap or a run's recipe.yaml; every reader decodes UTF-8), not as \\u escapes."""
+    return yaml.safe_dump(recipe.model_dump(mode="json"), sort_keys=False, allow_unicode=True)
 
 
 def reference_markdown() -> str:
