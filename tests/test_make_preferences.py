@@ -4,6 +4,7 @@ greedy answer is the reference left out and counted, one error line for a bad pa
 
 from __future__ import annotations
 
+import io
 import json
 
 import pytest
@@ -88,6 +89,36 @@ def test_rejected_is_the_models_greedy_answer_and_identical_pairs_are_left_out(t
     assert [w["instruction"] for w in written] == [rows[i]["instruction"] for i in kept]
     assert [w["chosen"] for w in written] == [rows[i]["output"] for i in kept]
     assert [w["rejected"] for w in written] == [greedy[i] for i in kept]
+
+
+def test_off_a_terminal_each_phase_is_a_line_before_the_first_answer(tiny_model_dir, qa_file, tmp_path):
+    # seen: nothing printed for the first ~70 s (loading the model)
+    from kubetune.serve.preferences import make_preferences
+
+    lines: list[str] = []
+    overrides = _recipe(tiny_model_dir, qa_file)
+    make_preferences(None, overrides, tmp_path / "p.jsonl", limit=2, max_new_tokens=MAX_NEW, echo=lines.append)
+
+    assert lines[0].startswith(f"make-preferences: loading {tiny_model_dir} (2 rows to answer) (")
+    assert lines[1].startswith("make-preferences: answering 2 rows (")
+    assert lines[-1].startswith("make-preferences: 2/2 answered (")
+
+
+def test_on_a_terminal_one_bar_shows_every_phase(tiny_model_dir, qa_file, tmp_path):
+    from rich.console import Console
+
+    from kubetune.serve.preferences import make_preferences
+
+    screen = io.StringIO()
+    terminal = Console(file=screen, force_terminal=True, width=400)
+    lines: list[str] = []
+    overrides = _recipe(tiny_model_dir, qa_file)
+    make_preferences(None, overrides, tmp_path / "p.jsonl", 2, MAX_NEW, echo=lines.append, console=terminal)
+
+    drawn = screen.getvalue()
+    assert lines == []  # the bar instead of the lines
+    loading, answering = drawn.index(f"loading {tiny_model_dir}"), drawn.index("answering 2 rows")
+    assert loading < answering and "2/2" in drawn[answering:]
 
 
 def test_limit_takes_the_first_rows_and_chat_rows_keep_their_history(tiny_model_dir, tmp_path):

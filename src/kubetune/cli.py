@@ -282,10 +282,13 @@ def data_make_preferences(
 ):
     """Preference pairs from the recipe's training data: chosen = the reference answer, rejected = the
     base model's own greedy answer to the same prompt (docs/preference.md)."""
+    from rich.console import Console
+
     from kubetune.serve.preferences import make_preferences
 
     recipe, overrides = _split_recipe_args(args or [])
-    made = make_preferences(recipe, overrides, out, limit, max_new_tokens, lambda line: typer.echo(line, err=True))
+    bar = Console(stderr=True) if sys.stderr.isatty() else None  # off a terminal: progress lines
+    made = make_preferences(recipe, overrides, out, limit, max_new_tokens, lambda line: typer.echo(line, err=True), bar)
     typer.echo(made.summary())
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import httpx
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 # any Unicode, lone surrogates and NUL included
@@ -108,3 +108,72 @@ def test_no_request_gets_a_5xx_or_kills_the_engine(tiny_server, endpoint, comple
     if r.status_code >= 400:
         assert r.json()["error"]["message"]
     assert httpx.get(f"{tiny_server.url}/health", timeout=10).status_code == 200
+
+
+# --- JSON schemas for structured output -------------------------------------------------------
+# What the grammar library may refuse, at compile time or at the answer's first step: recursions
+# with and without a way out, keywords it does not implement, huge enums, wrong types, deep nesting.
+NAME = st.sampled_from(["a", "b", "c"])
+TYPE = st.one_of(
+    st.sampled_from(["string", "integer", "number", "boolean", "null", "object", "array"]),
+    st.sampled_from(["objectx", "int", ""]),
+    JUNK,
+)
+LEAF = st.one_of(
+    st.fixed_dictionaries({"type": TYPE}),
+    st.sampled_from([{"$ref": "#"}, {"$ref": "#/$defs/a"}, {"$ref": "#/$defs/missing"}, {"$ref": "http://x/s.json"}]),
+    st.sampled_from(
+        [{"not": {}}, {"if": {"type": "string"}}, {"uniqueItems": True}, {"patternProperties": {"^a": {}}}]
+    ),
+    st.fixed_dictionaries({"type": st.just("string")}, optional={"format": TEXT, "pattern": TEXT, "minLength": COUNT}),
+    st.fixed_dictionaries({"type": st.just("integer")}, optional={"minimum": NUMBER, "maximum": NUMBER}),
+    st.integers(0, 3000).map(lambda n: {"enum": [f"v{i}" for i in range(n)]}),
+    st.one_of(TEXT, st.integers(), st.lists(st.integers(), max_size=3)).map(lambda v: {"const": v}),
+    st.integers(1, 400).map(lambda depth: json.loads('{"type": "array", "items": ' * depth + "{}" + "}" * depth)),
+    st.booleans(),
+)
+
+
+def _compound(child: st.SearchStrategy) -> st.SearchStrategy:
+    return st.one_of(
+        st.fixed_dictionaries(
+            {"type": st.just("object"), "properties": st.dictionaries(NAME, child, max_size=3)},
+            optional={"required": st.lists(NAME, max_size=3), "additionalProperties": st.one_of(st.booleans(), child)},
+        ),
+        st.fixed_dictionaries(
+            {"type": st.just("array"), "items": child}, optional={"minItems": COUNT, "maxItems": COUNT}
+        ),
+        st.tuples(st.sampled_from(["anyOf", "allOf", "oneOf"]), st.lists(child, max_size=3)).map(lambda kv: dict([kv])),
+        st.fixed_dictionaries({"$defs": st.fixed_dictionaries({"a": child}), "$ref": st.just("#/$defs/a")}),
+    )
+
+
+JSON_SCHEMA = st.recursive(LEAF, _compound, max_leaves=8)
+PLAIN = {"model": "run-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 1}
+
+
+@settings(  # each example compiles a new grammar: a few tenths of a second
+    max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
+)
+@given(schema=JSON_SCHEMA, as_tool=st.booleans())
+@example(schema={"$ref": "#"}, as_tool=False)  # llguidance validates it; its first mask fails (once a 500)
+@example(schema={"type": "array", "items": {"$ref": "#"}, "minItems": 1}, as_tool=True)  # endless forced "[["
+def test_no_json_schema_gets_a_5xx_or_kills_the_engine(tiny_server, schema, as_tool):
+    """Every schema, as a response_format or as the parameters of a forced tool call, is
+    answered 200 or 4xx, and the server answers a plain request after it."""
+    body: dict = {**PLAIN, "max_tokens": 4}
+    if as_tool:
+        body["tools"] = [{"type": "function", "function": {"name": "f", "parameters": schema}}]
+        body["tool_choice"] = "required"
+    else:
+        body["response_format"] = {"type": "json_schema", "json_schema": {"name": "s", "schema": schema}}
+    r = httpx.post(
+        f"{tiny_server.url}/v1/chat/completions",
+        content=json.dumps(body).encode(),
+        headers={"content-type": "application/json"},
+        timeout=60,
+    )
+    assert r.status_code < 500, (schema, r.status_code, r.text[:500])
+    if r.status_code >= 400:
+        assert r.json()["error"]["message"]
+    assert httpx.post(f"{tiny_server.url}/v1/chat/completions", json=PLAIN, timeout=60).status_code == 200

@@ -3,9 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import signal
 import threading
 import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
 
 import httpx
 import openai
@@ -80,6 +84,16 @@ def test_completions_stream_and_stop_string(client):
     assert streamed == text
 
 
+CONTINUE = "continue_final_message"
+SCHEMA = "response_format.json_schema.schema"
+ENDLESS_ARRAY = {"type": "array", "items": {"$ref": "#"}, "minItems": 1}  # [[[[...: its forced tokens never end
+VLLM_EXTRAS = {"chat_template", "continue_final_message", "add_generation_prompt"}  # openai sends them in extra_body
+
+
+def _json_schema(schema: object) -> dict:
+    return {"type": "json_schema", "json_schema": {"name": "answer", "schema": schema}}
+
+
 @pytest.mark.parametrize(
     ("kwargs", "error", "param"),
     [
@@ -91,15 +105,54 @@ def test_completions_stream_and_stop_string(client):
         ({"max_tokens": 100_000}, openai.BadRequestError, "max_tokens"),
         ({"temperature": 5}, openai.BadRequestError, "temperature"),
         ({"messages": []}, openai.BadRequestError, "messages"),
+        # vLLM's own extras: the conversation must end in the assistant message to continue
+        ({"continue_final_message": True, "add_generation_prompt": False}, openai.BadRequestError, CONTINUE),
+        ({"continue_final_message": True}, openai.BadRequestError, CONTINUE),  # add_generation_prompt: true
+        # a schema llguidance validates but cannot start (a recursion with no way out): once a 500
+        ({"response_format": _json_schema({"$ref": "#"})}, openai.BadRequestError, SCHEMA),
+        ({"response_format": _json_schema(ENDLESS_ARRAY)}, openai.BadRequestError, SCHEMA),
     ],
 )
 def test_bad_requests_get_openai_errors(client, kwargs, error, param):
-    ask = {"model": "run-a", "messages": [{"role": "user", "content": "hi"}], **kwargs}
+    ask = {"model": "run-a", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **kwargs}
     with pytest.raises(error) as e:
-        known = {k: v for k, v in ask.items() if k != "chat_template"}
+        known = {k: v for k, v in ask.items() if k not in VLLM_EXTRAS}
         client.chat.completions.create(**known, extra_body={k: v for k, v in ask.items() if k not in known})
     body = e.value.body
     assert isinstance(body, dict) and body.get("param") == param and body.get("message")
+    assert client.chat.completions.create(
+        model="run-a", messages=[{"role": "user", "content": "hi"}], max_tokens=2
+    ).choices
+
+
+def test_continue_final_message_refusals_say_what_vllm_says(client):
+    """vLLM refuses both flags with "Cannot set both `continue_final_message` and
+    `add_generation_prompt` to True." (its protocol.py); kubetune says the same, and that
+    add_generation_prompt is true unless sent as false. Continuing needs an assistant turn."""
+    user = [{"role": "user", "content": "hi"}]
+    with pytest.raises(openai.BadRequestError) as both:
+        client.chat.completions.create(model="run-a", messages=user, extra_body={"continue_final_message": True})
+    assert "cannot set both `continue_final_message` and `add_generation_prompt`" in both.value.body["message"]
+    with pytest.raises(openai.BadRequestError) as after_user:
+        extra = {"continue_final_message": True, "add_generation_prompt": False}
+        client.chat.completions.create(model="run-a", messages=user, extra_body=extra)
+    assert "the last message is a 'user' message" in after_user.value.body["message"]
+    prefill = [*user, {"role": "assistant", "content": "The answer is"}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    answer = client.chat.completions.create(model="run-a", messages=prefill, max_tokens=3, extra_body=extra)
+    assert answer.choices[0].message.role == "assistant"
+
+
+def test_a_json_schema_llguidance_cannot_start_is_a_400_with_its_reason(client):
+    with pytest.raises(openai.BadRequestError) as e:
+        client.chat.completions.create(
+            model="run-a",
+            messages=[{"role": "user", "content": "hi"}],
+            response_format=_json_schema({"$ref": "#"}),  # type: ignore[arg-type]
+        )
+    message = e.value.body["message"]
+    assert message.startswith(f"{SCHEMA}: this JSON schema cannot be used for constrained decoding (")
+    assert "NoExtensionBias" in message  # llguidance's own reason
 
 
 def test_malformed_json_is_400_not_500(tiny_server):
@@ -295,6 +348,37 @@ def test_oversized_bodies_and_prompts_are_refused_before_the_work(tiny_server):
     r = httpx.post(f"{tiny_server.url}/v1/completions", json=long, timeout=30)
     assert r.status_code == 400 and r.json()["error"]["param"] == "prompt"
     assert time.monotonic() - t0 < 5  # refused by its length, not after tokenizing it
+
+
+FAR_OVER = 64 * 2**20  # 32 times the 2 MiB default of --max-body-bytes
+
+
+def _far_over_chunks() -> Iterator[bytes]:
+    yield b'{"model": "run-a", "prompt": "'
+    for _ in range(FAR_OVER // 2**16):
+        yield b"w" * 2**16
+    yield b'"}'
+
+
+def test_a_body_far_over_the_limit_gets_its_413_not_a_reset(tiny_server):
+    """Python's own client (urllib.request: `Connection: close`, the whole body written before
+    the answer is read) used to get a broken pipe: the server closed the connection on the
+    unread body. It, the openai client and a chunked upload (no Content-Length) all read the
+    413 now, and the server serves on."""
+    body = b"".join(_far_over_chunks())
+    headers = {"content-type": "application/json"}
+    request = urllib.request.Request(f"{tiny_server.url}/v1/completions", data=body, headers=headers)
+    with pytest.raises(urllib.error.HTTPError) as refused:
+        urllib.request.urlopen(request, timeout=60)
+    assert refused.value.code == 413, refused.value
+    assert "--max-body-bytes" in json.loads(refused.value.read())["error"]["message"]
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.APIStatusError) as e:
+        client.completions.create(model="run-a", prompt="w" * FAR_OVER)
+    assert e.value.status_code == 413
+    chunked = httpx.post(f"{tiny_server.url}/v1/completions", content=_far_over_chunks(), headers=headers, timeout=60)
+    assert chunked.status_code == 413 and "--max-body-bytes" in chunked.json()["error"]["message"], chunked.text
+    assert client.completions.create(model="run-a", prompt="1 2", max_tokens=2).choices[0].finish_reason
 
 
 def test_a_dead_engine_fails_health_and_ready_and_answers_503_at_once(tiny_runs, monkeypatch):

@@ -114,6 +114,43 @@ def test_a_schema_llguidance_cannot_compile_names_the_field(grammars, schema, wh
         grammars.compile(json_schema_format(schema))
 
 
+# Schemas that llguidance's validation passes but whose grammar fails at its first step: a
+# recursion with no way out has no finite document (the first mask finds no extension, or the
+# forced tokens after "{" / "[" never end). The engine used to hit this and answer 500.
+UNSATISFIABLE_RECURSION = [
+    ({"$ref": "#"}, "NoExtensionBias"),
+    ({"$defs": {"a": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}, "NoExtensionBias"),
+    ({"type": "object", "properties": {"a": {"$ref": "#"}}, "required": ["a"]}, "Too many items"),
+    ({"type": "array", "items": {"$ref": "#"}, "minItems": 1}, "Too many items"),
+]
+
+
+@pytest.mark.parametrize(("schema", "why"), UNSATISFIABLE_RECURSION)
+def test_a_schema_that_fails_at_its_first_step_is_refused_when_compiled(grammars, schema, why):
+    with pytest.raises(ValueError, match=rf"^response_format\.json_schema\.schema: .*{why}"):
+        grammars.compile(json_schema_format(schema))
+
+
+def test_a_recursion_with_a_way_out_is_served(grammars, tokenizer, closing_bias):
+    tree = {"type": "object", "properties": {"kids": {"type": "array", "items": {"$ref": "#"}, "maxItems": 2}}}
+    factory = grammars.compile(json_schema_format(tree))
+    assert factory is not None
+    jsonschema.validate(json.loads(tokenizer.decode(generate(factory(), closing_bias, 0))), tree)
+
+
+def test_each_schema_is_compiled_once_refused_or_not(tokenizer, monkeypatch):
+    grammars = Grammars(tokenizer)
+    compiled: list[dict] = []
+    to_grammar = Grammars._grammar
+    monkeypatch.setattr(Grammars, "_grammar", staticmethod(lambda s: compiled.append(s) or to_grammar(s)))
+    for _ in range(3):
+        assert grammars.compile(json_schema_format({"type": "array", "maxItems": 2})) is not None
+    for _ in range(3):
+        with pytest.raises(ValueError, match="NoExtensionBias"):
+            grammars.compile(json_schema_format({"$ref": "#"}))
+    assert compiled == [{"type": "array", "maxItems": 2}, {"$ref": "#"}]
+
+
 def test_a_bad_tool_schema_names_its_tool(grammars):
     tools = [
         Tool.model_validate({"type": "function", "function": {"name": "ok", "parameters": {"type": "object"}}}),

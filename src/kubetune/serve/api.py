@@ -9,6 +9,7 @@ OpenAI's error shape. A client that goes away aborts its sequence at the next de
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import re
 import threading
 import time
@@ -48,6 +49,8 @@ from kubetune.serve.tools import ToolUse, chat_messages, plan_tools
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer the stream
 MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused untokenized
+# a refused body up to this size is read and dropped, so that its client reads the 413 (BodyLimit)
+MAX_DRAIN_BYTES = 256 << 20
 
 
 class Mailbox:
@@ -242,7 +245,13 @@ _TYPE_NAMES = {"str", "int", "float", "bool", "list", "dict"}
 
 class BodyLimit:
     """413 for a request body over `limit` bytes, by its Content-Length or, when chunked, as
-    it arrives (pure ASGI: the body is never buffered whole before the check)."""
+    it arrives (pure ASGI: the body is never buffered whole before the check).
+
+    The refused body is read and dropped first (up to MAX_DRAIN_BYTES), then the 413 closes
+    the connection: closing on unread bytes makes the kernel reset the connection, and a
+    client that writes the whole body before reading the answer (Python's urllib, any client
+    that sends `Connection: close`) got a broken pipe instead of the 413. A client waiting for
+    `100 Continue` has sent nothing: it gets the 413 at once."""
 
     def __init__(self, app: Any, limit: int) -> None:
         self.app, self.limit = app, limit
@@ -250,30 +259,51 @@ class BodyLimit:
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
-        length = dict(scope.get("headers") or []).get(b"content-length")
+        headers = dict(scope.get("headers") or [])
+        length = headers.get(b"content-length")
         if length is not None and length.isdigit() and int(length) > self.limit:
+            if int(length) <= MAX_DRAIN_BYTES and headers.get(b"expect", b"").lower() != b"100-continue":
+                await _drain(receive)
             return await self._refuse(send)
-        seen = 0
+        seen, over = 0, False
 
         async def counted() -> Any:
-            nonlocal seen
+            nonlocal seen, over
             message = await receive()
             seen += len(message.get("body", b""))
             if seen > self.limit:
+                over = True
+                if message.get("more_body"):
+                    await _drain(receive)
                 raise _TooLarge
             return message
 
-        try:
-            await self.app(scope, counted, send)
-        except _TooLarge:
+        async def unless_over(message: Any) -> None:
+            if not over:  # FastAPI answers a body it could not read with its own 400: the 413 is sent instead
+                await send(message)
+
+        with contextlib.suppress(_TooLarge):  # FastAPI may let it through too
+            await self.app(scope, counted, unless_over)
+        if over:
             await self._refuse(send)
 
     async def _refuse(self, send: Any) -> None:
         import json
 
         body = json.dumps(error_body(413, f"the request body is over {self.limit} bytes (--max-body-bytes)")).encode()
-        await send({"type": "http.response.start", "status": 413, "headers": [(b"content-type", b"application/json")]})
+        headers = [(b"content-type", b"application/json"), (b"connection", b"close")]
+        await send({"type": "http.response.start", "status": 413, "headers": headers})
         await send({"type": "http.response.body", "body": body})
+
+
+async def _drain(receive: Any) -> None:
+    """Read and drop the rest of a request body, up to MAX_DRAIN_BYTES."""
+    dropped = 0
+    while dropped <= MAX_DRAIN_BYTES:
+        message = await receive()
+        dropped += len(message.get("body", b""))
+        if message["type"] != "http.request" or not message.get("more_body"):
+            return
 
 
 class _TooLarge(Exception):

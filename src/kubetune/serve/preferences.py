@@ -47,7 +47,7 @@ from kubetune.serve.metrics import ServeMetrics
 # a larger batch is nearly free per answer until the KV cache no longer fits (the engine then
 # admits fewer); the serving default, as `kubetune serve --max-num-seqs`.
 BATCH = Limits().max_num_seqs
-PROGRESS_STEPS = 20  # progress lines over a whole run
+PROGRESS_STEPS = 20  # progress lines over a whole run (off a terminal)
 
 
 @dataclass(frozen=True)
@@ -104,8 +104,11 @@ def make_preferences(
     limit: int | None = None,
     max_new_tokens: int = 128,
     echo: Callable[[str], None] = print,
+    console: Any = None,
 ) -> Made:
-    """Read the recipe's training rows, answer each greedily with its base model, write the pairs."""
+    """Read the recipe's training rows, answer each greedily with its base model, write the pairs.
+    Progress: through `echo` one line per phase and per twentieth of the rows, or with `console` (a
+    rich Console on a terminal) one bar through every phase (`Progress`)."""
     started = time.monotonic()
     check_out(out)
     if limit is not None and limit < 1:
@@ -113,8 +116,9 @@ def make_preferences(
     if max_new_tokens < 1:
         raise UserError(f"--max-new-tokens {max_new_tokens}: must be at least 1")
     r = load_recipe(recipe, overrides).recipe
-    rows = source_rows(r, limit)
-    greedy = answer(r, rows, max_new_tokens, echo)
+    rows = source_rows(r, limit)  # a bad data.train: its one error line, before any progress
+    with Progress(echo, console) as progress:
+        greedy = answer(r, rows, max_new_tokens, progress)
     pairs = [Pair(prompt_fields(row), reference(row), text) for row, text in zip(rows, greedy)]
     kept = [p for p in pairs if p.left_out is None]
     atomic_write_text(out, "".join(json.dumps(p.row(), ensure_ascii=False) + "\n" for p in kept))
@@ -165,17 +169,18 @@ def reference(row: Row) -> str:
     return str(row["output"]).strip()
 
 
-def answer(recipe: Recipe, rows: list[Row], max_new_tokens: int, echo: Callable[[str], None]) -> list[str]:
+def answer(recipe: Recipe, rows: list[Row], max_new_tokens: int, progress: Progress) -> list[str]:
     """The base model's greedy answer to each row's prompt, rendered as training renders it, on
     `train.num_threads` threads (else the container's CPU quota, as serving runs)."""
     threads = torch.get_num_threads()
     torch.set_num_threads(recipe.train.num_threads or host.threads())
     try:
+        progress.phase(f"loading {recipe.model.name_or_path} ({len(rows)} rows to answer)")
         lm, tokenizer, dtype = load_base(recipe)
         renderer = PromptRenderer(recipe.data.template, tokenizer, recipe.data.system_prompt)
         special = not renderer.uses_chat_template  # a chat template holds its special tokens already
         prompts = [tokenizer(renderer.prompt(row), add_special_tokens=special)["input_ids"] for row in rows]
-        answers = greedy_answers(lm, tokenizer.eos_token_id, dtype, prompts, max_new_tokens, echo)
+        answers = greedy_answers(lm, tokenizer.eos_token_id, dtype, prompts, max_new_tokens, progress)
     finally:
         torch.set_num_threads(threads)
     return [tokenizer.decode(a, skip_special_tokens=True).strip() for a in answers]
@@ -198,7 +203,7 @@ def greedy_answers(
     dtype: torch.dtype,
     prompts: list[list[int]],
     max_new_tokens: int,
-    echo: Callable[[str], None],
+    progress: Progress,
 ) -> list[list[int]]:
     """The greedy answer tokens of every prompt, decoded by the serving engine on this thread."""
     # plain weights: serving's oneDNN packing is chosen by a race at start-up that pays off over a
@@ -206,7 +211,7 @@ def greedy_answers(
     limits = fitting_limits(lm.config, prompts, max_new_tokens)
     cache = SlotCache.for_config(lm.config, dtype, kv_budget(None))
     engine = Engine(lm, eos, cache, install(lm, []), limits, ServeMetrics("make-preferences", 0, []))
-    tracker = Tracker(len(prompts), engine, echo)
+    tracker = Tracker(len(prompts), engine, progress)
     for i, prompt in enumerate(prompts):
         engine.submit(Request(f"row-{i}", prompt, Sampling(max_tokens=max_new_tokens), tracker.sink(i)))
     engine.run()  # returns once the last answer is in (Tracker stops the engine)
@@ -234,17 +239,68 @@ def fitting_limits(config: Any, prompts: list[list[int]], max_new_tokens: int) -
     )
 
 
+class Progress:
+    """What make-preferences shows while it works. Loading the model comes before the first answer
+    and can take a minute, so every phase shows: on a terminal one rich bar on stderr (pulsing
+    while the model loads, then the rows answered, with the time left); elsewhere (a log, CI, a
+    pod) a line per phase and per twentieth of the rows, through `echo`, as training prints its
+    progress line off a terminal."""
+
+    def __init__(self, echo: Callable[[str], None], console: Any = None) -> None:
+        self.echo, self.console = echo, console
+        self.total, self.every = 0, 1
+        self.started = time.monotonic()
+        self._bar: Any = None
+
+    def __enter__(self) -> Progress:
+        if self.console is not None:
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+            from rich.progress import Progress as Bar
+
+            columns = (TextColumn("make-preferences: {task.description}"), BarColumn(), MofNCompleteColumn())
+            self._bar = Bar(*columns, TimeElapsedColumn(), TimeRemainingColumn(), console=self.console)
+            self._task = self._bar.add_task("starting", total=None)
+            self._bar.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+
+    def phase(self, what: str) -> None:
+        """A phase without a count yet (loading the model)."""
+        if self._bar is None:
+            self.echo(f"make-preferences: {what} ({time.monotonic() - self.started:.0f} s)")
+            return
+        self._bar.update(self._task, description=what)
+        self._bar.refresh()  # now, not at the next tick: a phase may end before it
+
+    def answering(self, total: int) -> None:
+        self.total, self.every = total, max(1, total // PROGRESS_STEPS)
+        if self._bar is None:
+            self.phase(f"answering {total} rows")
+            return
+        self._bar.reset(self._task, description=f"answering {total} rows", total=total)
+        self._bar.refresh()
+
+    def answered(self, done: int) -> None:
+        if self._bar is not None:
+            self._bar.update(self._task, completed=done)
+        elif done % self.every == 0 or done == self.total:
+            elapsed = time.monotonic() - self.started
+            self.echo(f"make-preferences: {done}/{self.total} answered ({elapsed:.0f} s)")
+
+
 class Tracker:
-    """Collects each request's tokens, prints progress, and stops the engine when the last
+    """Collects each request's tokens, reports progress, and stops the engine when the last
     answer is complete. Its sinks run on the engine's thread, which is the caller's."""
 
-    def __init__(self, total: int, engine: Engine, echo: Callable[[str], None]) -> None:
-        self.total, self.engine, self.echo = total, engine, echo
+    def __init__(self, total: int, engine: Engine, progress: Progress) -> None:
+        self.total, self.engine, self.progress = total, engine, progress
         self.answers: list[list[int]] = [[] for _ in range(total)]
         self.errors: list[str] = []
         self.done = 0
-        self.every = max(1, total // PROGRESS_STEPS)
-        self.started = time.monotonic()
+        progress.answering(total)
 
     def sink(self, index: int) -> Callable[[Event], None]:
         def receive(event: Event) -> None:
@@ -260,8 +316,6 @@ class Tracker:
         done = self.done
         if event.finish_reason == "error":
             self.errors.append(event.error or "unknown error")
-        if done % self.every == 0 or done == self.total:
-            elapsed = time.monotonic() - self.started
-            self.echo(f"make-preferences: {done}/{self.total} answered ({elapsed:.0f} s)")
+        self.progress.answered(done)
         if done == self.total:
             self.engine.stop()

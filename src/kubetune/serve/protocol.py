@@ -159,8 +159,7 @@ class ChatCompletionRequest(_Sampling):
     def _logprobs(self) -> ChatCompletionRequest:
         if self.top_logprobs and not self.logprobs:
             raise ValueError("top_logprobs: set logprobs to true as well")
-        if self.continue_final_message and self.add_generation_prompt:
-            raise ValueError("continue_final_message: set add_generation_prompt to false with it")
+        self._continuable()
         reserved = sorted(RESERVED_TEMPLATE_KWARGS & set(self.chat_template_kwargs or {}))
         if reserved:
             raise ValueError(
@@ -168,6 +167,26 @@ class ChatCompletionRequest(_Sampling):
                 "add_generation_prompt, ...), not by template variables; drop it"
             )
         return self
+
+    def _continuable(self) -> None:
+        """Continuing the last message: never with add_generation_prompt, as vLLM refuses it
+        (its protocol.py; the flag is true unless sent as false, so vLLM refuses
+        continue_final_message alone too, through transformers). And only an assistant message
+        is continued: stricter than vLLM, which renders a user's text open-ended and lets the
+        model write on as the user, never what a client meant."""
+        if not self.continue_final_message:
+            return
+        if self.add_generation_prompt:
+            raise ValueError(
+                "continue_final_message: cannot set both `continue_final_message` and `add_generation_prompt` "
+                "to true (add_generation_prompt is true unless sent); send add_generation_prompt: false"
+            )
+        last = self.messages[-1].role
+        if last != "assistant":
+            raise ValueError(
+                f"continue_final_message: the last message is a {last!r} message; only an assistant message "
+                "is continued (end messages with the assistant's start, or drop continue_final_message)"
+            )
 
 
 class CompletionRequest(_Sampling):

@@ -4,7 +4,11 @@ llguidance (the grammar engine behind vLLM's `guided_decoding_backend=guidance`)
 JSON schema into a grammar over the tokenizer's vocabulary and, at each step, gives the set
 of tokens that keep the output a prefix of some valid document. Building its tokenizer costs
 about half a second, so one `Grammars` per server holds it, and compiled grammars are cached
-by spec (clients send the same schema on every request).
+by spec (clients send the same schema on every request), as are refusals.
+
+A schema is refused at admission (the API's 400) when llguidance cannot compile it, and also
+when its grammar cannot take the first step: llguidance's validation passes a recursion with
+no way out, which used to fail inside the engine, as a 500.
 
 Per sequence, the engine asks its `Constraint` to `mask` the logits row before sampling and
 `advance` it with the chosen token; `advance` says when the document is complete, so the
@@ -87,14 +91,15 @@ class Grammars:
     def __init__(self, tokenizer: Any, eos_token_id: int | None = None, cache_size: int = 64) -> None:
         self._tokenizer = llguidance.hf.from_tokenizer(tokenizer, eos_token=eos_token_id)
         self._vocab = int(self._tokenizer.vocab_size)
-        self._cache: OrderedDict[str, llguidance.LLMatcher] = OrderedDict()
+        self._cache: OrderedDict[str, llguidance.LLMatcher | str] = OrderedDict()  # a str: why it was refused
         self._cache_size = cache_size
         self._lock = threading.Lock()  # requests compile on the API's worker threads
 
     def compile(self, spec: Spec | None) -> ConstraintFactory | None:
         """A factory of fresh Constraints for a response_format (a model or its JSON) or a
         ToolGrammar; None where nothing is constrained ({"type": "text"}). ValueError naming
-        the field where the schema cannot be compiled."""
+        the field where llguidance cannot follow the schema: it fails to compile it, or to take
+        the grammar's first step (both are found here, at admission, not by the engine)."""
         schema, param, parts = _schema_of(spec)
         if schema is None:
             return None
@@ -105,43 +110,74 @@ class Grammars:
     def _template(
         self, schema: dict[str, Any], param: str, parts: tuple[tuple[str, dict[str, Any]], ...]
     ) -> llguidance.LLMatcher:
-        key = json.dumps(schema, sort_keys=True)
+        """The schema's matcher, or ValueError; both cached, so a schema is compiled once."""
+        key = json.dumps([schema, param], sort_keys=True)
         with self._lock:
-            if key in self._cache:
+            known = self._cache.get(key)
+            if known is not None:
                 self._cache.move_to_end(key)
-                return self._cache[key]
-        error = self._error(schema)
-        if error:
-            raise ValueError(self._blame(param, parts, error))
-        matcher = llguidance.LLMatcher(self._tokenizer, self._grammar(schema), log_level=0, limits=LIMITS)
-        with self._lock:
-            self._cache[key] = matcher
-            while len(self._cache) > self._cache_size:
-                self._cache.popitem(last=False)
-        return matcher
+        if known is None:
+            built = self._build(schema)
+            known = built if isinstance(built, llguidance.LLMatcher) else self._blame(param, parts, built)
+            with self._lock:
+                self._cache[key] = known
+                while len(self._cache) > self._cache_size:
+                    self._cache.popitem(last=False)
+        if isinstance(known, str):
+            raise ValueError(known)
+        return known
 
     @staticmethod
     def _grammar(schema: dict[str, Any]) -> str:
         return str(llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=JSON_OPTIONS))  # type: ignore[arg-type]
 
-    def _error(self, schema: dict[str, Any]) -> str | None:
-        """What llguidance finds wrong with a schema (unknown type, unsupported keyword, ...)."""
+    def _build(self, schema: dict[str, Any]) -> llguidance.LLMatcher | str:
+        """The schema's matcher, or what llguidance finds wrong with it (unknown type,
+        unsupported keyword, a grammar that cannot take its first step, ...)."""
         try:
             grammar = self._grammar(schema)
         except ValueError as e:
-            return str(e)
+            return _one_line(str(e))
         failed, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._tokenizer, limits=LIMITS)
-        return _one_line(messages[0]) if failed else None
+        if failed:
+            return _one_line(messages[0])
+        matcher = llguidance.LLMatcher(self._tokenizer, grammar, log_level=0, limits=LIMITS)
+        return _first_step_error(matcher) or matcher
 
     def _blame(self, param: str, parts: tuple[tuple[str, dict[str, Any]], ...], error: str) -> str:
         """The message of the 400: the field of the first schema that fails alone, and why."""
         field, why = param, error
         for name, schema in parts:
-            own = self._error(schema)
-            if own:
+            own = self._build(schema)
+            if isinstance(own, str):
                 field, why = name, own
                 break
         return f"{field}: this JSON schema cannot be used for constrained decoding ({why}); fix or simplify it"
+
+
+def _first_step_error(matcher: llguidance.LLMatcher) -> str | None:
+    """Why the grammar cannot take its first step, on a copy: llguidance's validation passes a
+    recursion with no way out ({"$ref": "#"}, arrays that must hold arrays), whose first mask
+    finds nothing to extend, or whose forced tokens after the first never end."""
+    probe = matcher.deep_copy()
+    mask = probe.compute_bitmask()
+    if not probe.is_error():
+        token = _first_allowed(mask)
+        if token is None:
+            return "no token can start a document of this schema"
+        probe.consume_token(token)
+    if not probe.is_error():
+        return None
+    return f"{probe.get_error().splitlines()[0]}, at the first token: a recursion with no way out does this"
+
+
+def _first_allowed(mask: bytes) -> int | None:
+    """The lowest token id a bitmask allows (bit i of byte k is token 8k + i)."""
+    at = next((k for k, byte in enumerate(mask) if byte), None)
+    if at is None:
+        return None
+    byte = mask[at]
+    return 8 * at + (byte & -byte).bit_length() - 1
 
 
 def _one_line(message: str, limit: int = 300) -> str:
