@@ -121,6 +121,39 @@ def test_on_a_terminal_one_bar_shows_every_phase(tiny_model_dir, qa_file, tmp_pa
     assert loading < answering and "2/2" in drawn[answering:]
 
 
+@pytest.mark.process  # the real command on a terminal: stderr is a pseudo-terminal's end
+def test_the_cli_draws_the_bar_on_a_terminal(tiny_model_dir, qa_file, tmp_path):
+    import os
+    import pty
+    import subprocess
+    import sys
+
+    from .conftest import REPO
+
+    out = tmp_path / "p.jsonl"
+    args = ["data", "make-preferences", *_recipe(tiny_model_dir, qa_file), "--limit", "1", "--max-new-tokens", "2"]
+    terminal, its_end = pty.openpty()
+    command = [sys.executable, "-m", "kubetune", *args, "--out", str(out)]
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=its_end, text=True, cwd=REPO)
+    os.close(its_end)
+    drawn = b""
+    while chunk := _read_or_empty(terminal):
+        drawn += chunk
+    assert proc.wait(timeout=300) == 0 and "wrote" in proc.stdout.read()
+    screen = drawn.decode(errors="replace")
+    assert "\x1b[" in screen  # drawn (ANSI), not printed as lines
+    assert f"loading {tiny_model_dir}" in screen and "1/1" in screen[screen.index("answering 1 rows") :]
+
+
+def _read_or_empty(fd: int) -> bytes:
+    import os
+
+    try:
+        return os.read(fd, 4096)
+    except OSError:  # EIO: the other end closed (Linux)
+        return b""
+
+
 def test_limit_takes_the_first_rows_and_chat_rows_keep_their_history(tiny_model_dir, tmp_path):
     from kubetune.serve.preferences import make_preferences
 

@@ -259,8 +259,7 @@ class Progress:
 
             columns = (TextColumn("make-preferences: {task.description}"), BarColumn(), MofNCompleteColumn())
             self._bar = Bar(*columns, TimeElapsedColumn(), TimeRemainingColumn(), console=self.console)
-            self._task = self._bar.add_task("starting", total=None)
-            self._bar.start()
+            self._task = self._bar.add_task("", total=None, start=False)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -273,7 +272,7 @@ class Progress:
             self.echo(f"make-preferences: {what} ({time.monotonic() - self.started:.0f} s)")
             return
         self._bar.update(self._task, description=what)
-        self._bar.refresh()  # now, not at the next tick: a phase may end before it
+        self._show()
 
     def answering(self, total: int) -> None:
         self.total, self.every = total, max(1, total // PROGRESS_STEPS)
@@ -281,6 +280,13 @@ class Progress:
             self.phase(f"answering {total} rows")
             return
         self._bar.reset(self._task, description=f"answering {total} rows", total=total)
+        self._show()
+
+    def _show(self) -> None:
+        """Draw the phase now, not at the bar's next tick (a phase may end before it)."""
+        if not self._bar.live.is_started:  # started on the first phase: never drawn without one
+            self._bar.start()
+            self._bar.start_task(self._task)
         self._bar.refresh()
 
     def answered(self, done: int) -> None:
