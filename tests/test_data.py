@@ -231,3 +231,22 @@ def test_input_only_data_needs_no_instruction_column(tokenizer):
     assert rows == [{"instruction": "", "input": "胰岛素?", "output": "降血糖。"}]
     for template, expect in [("alpaca", "### Instruction:\n胰岛素?\n\n### Response:"), ("chat", "user\n胰岛素?<")]:
         assert expect in PromptRenderer(template, tokenizer).prompt(rows[0])
+
+
+def test_a_step_beyond_an_epoch_is_warned_about(tokenizer, qa_file, tmp_path):
+    """A global batch larger than the packed rows of an epoch makes every epoch one optimizer step."""
+    from kubetune.data import prepare_data
+    from kubetune.recipe import load_recipe
+    from kubetune.training.parallel import single_process
+    from kubetune.training.setup import batch_warnings, train_batcher
+
+    common = [f"data.train={qa_file}", "data.max_seq_len=128", f"data.cache_dir={tmp_path}", "train.micro_batch_size=2"]
+    common.append("train.grad_accum=1")  # derived from the global batch
+    recipe = load_recipe(None, [*common, "train.global_batch_size=4096"]).recipe
+    batcher = train_batcher(recipe, prepare_data(recipe, tokenizer), tokenizer.pad_token_id, single_process())
+    rows = len(batcher.epoch_rows(0))
+    (line,) = batch_warnings(recipe, batcher, single_process())
+    assert line.startswith(f"a step of 4096 rows (train.global_batch_size) is more than the {rows} rows of an epoch")
+    assert line.endswith(f"every epoch is one optimizer step; lower train.global_batch_size to at most {rows}")
+    fits = load_recipe(None, [*common, "train.global_batch_size=4"]).recipe
+    assert batch_warnings(fits, batcher, single_process()) == []

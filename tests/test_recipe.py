@@ -90,3 +90,32 @@ def test_readme_recipe_reference_is_the_generated_table():
 
     page = (Path(__file__).resolve().parents[1] / "docs" / "recipe.md").read_text()
     assert reference_markdown().strip() in page, "regenerate docs/recipe.md's table with `kubetune recipe reference`"
+
+
+def test_runs_recorded_before_global_batch_size_and_template_auto_stay_resumable():
+    """run.json's fingerprint, as kubetune wrote it before train.global_batch_size existed and while
+    data.template defaulted to chat: the same recipe file, read now (global_batch_size null, template
+    auto), still has that fingerprint, so rerunning it resumes instead of stopping at "a different recipe"."""
+    import hashlib
+    import json
+
+    from kubetune.rundir import NEUTRAL, fingerprint
+
+    def recorded_before(recipe) -> str:
+        d = recipe.model_dump(mode="json")
+        del d["train"]["global_batch_size"]  # the key did not exist
+        d["data"]["template"] = "chat"  # the default was chat
+        for section, keys in NEUTRAL.items():  # as fingerprint() leaves out what does not change the math
+            if keys is None:
+                d.pop(section, None)
+            for key in keys or ():
+                d.get(section, {}).pop(key, None)
+        return hashlib.sha256(json.dumps(d, sort_keys=True).encode()).hexdigest()[:16]
+
+    recipe = load_recipe(None, ["data.template=auto"]).recipe
+    assert fingerprint(recipe) == recorded_before(recipe)
+    # a global batch, or another template, is another recipe
+    assert fingerprint(load_recipe(None, ["data.template=alpaca"]).recipe) != fingerprint(recipe)
+    assert fingerprint(load_recipe(None, ["train.global_batch_size=8", "train.grad_accum=1"]).recipe) != fingerprint(
+        recipe
+    )

@@ -238,3 +238,32 @@ def test_memory_is_read_from_the_cgroup(tmp_path, monkeypatch):
     assert memory.over_budget(1) is None
     monkeypatch.setenv(memory.ENV, "1")
     assert "over KUBETUNE_MEMORY_BUDGET" in memory.over_budget(1)
+
+
+def _losses(run_dir):
+    return [json.loads(line)["loss"] for line in (run_dir / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_a_global_batch_derives_grad_accum_and_trains_as_it(tmp_path, tiny_overrides, caplog):
+    """train.global_batch_size=8 with micro-batches of 2 in one process is grad_accum 4, step for step; a
+    grad_accum that disagrees is refused before anything loads. The run's first lines say the batch and
+    the prompt template."""
+    import logging
+
+    from kubetune.errors import RecipeError
+
+    common = [o for o in tiny_overrides if not o.startswith("train.grad_accum")]
+    common += ["train.max_steps=2", "eval.generate=0", "train.compile=false"]
+    refused = tmp_path / "refused"
+    with pytest.raises(RecipeError, match=r"train.grad_accum=2 disagrees with train.global_batch_size=8, which gives"):
+        train_from_recipe(None, [*common, "train.grad_accum=2", "train.global_batch_size=8", f"output_dir={refused}"])
+    assert not refused.exists()
+    train_from_recipe(None, [*common, "train.grad_accum=4", f"output_dir={tmp_path / 'accum'}"])
+    with caplog.at_level(logging.INFO, logger="kubetune"):
+        # the default recipe's grad_accum 2 is replaced by 1: derived from the global batch
+        train_from_recipe(
+            None, [*common, "train.grad_accum=1", "train.global_batch_size=8", f"output_dir={tmp_path / 'global'}"]
+        )
+    assert _losses(tmp_path / "global") == _losses(tmp_path / "accum")
+    assert "x 8 rows of <= 128 tokens (global batch: 8 rows" in caplog.text
+    assert "prompt template: chat (data.template)" in caplog.text

@@ -312,12 +312,20 @@ def recipe_show(args: list[str] = typer.Argument(None, help="[RECIPE] [key=value
 
 
 @recipe_app.command("from-helm-values")
-def recipe_from_helm_values(path: Path = typer.Argument(..., help="A values file in seed 002's Helm layout.")):
+def recipe_from_helm_values(
+    path: Path = typer.Argument(..., help="A values file in seed 002's Helm layout."),
+    release: str | None = typer.Option(
+        None,
+        "--release",
+        help="The release name `helm install NAME` would be given: it names the job (output_dir) unless the values "
+        "set `name` (default: the file's name).",
+    ),
+):
     """Print the recipe a values file of Intel's huggingface-llm chart (seed 002's layout) means, as the
     kubetune-finetune chart reads it; each key's place is a comment."""
     from kubetune.recipe.helm_values import read_values, recipe_yaml
 
-    typer.echo(recipe_yaml(read_values(path), str(path)), nl=False)
+    typer.echo(recipe_yaml(read_values(path), str(path), release), nl=False)
 
 
 @recipe_app.command("list")

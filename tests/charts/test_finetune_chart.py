@@ -116,9 +116,10 @@ def test_the_recipe_inside_loads_and_renders_a_valid_job(case):
     assert {o["metadata"].get("namespace") for o in rendered.objects} - {None} == {"fine-tuning"}
 
 
-def test_the_example_renders_with_kubetune_k8s_render(tmp_path):
+def test_the_example_renders_with_kubetune_k8s_render(tmp_path, monkeypatch):
     path = tmp_path / "recipe.yaml"
     path.write_text(recipe_to_yaml(recipe_of(finetune(example_values()))))
+    monkeypatch.setenv("HF_TOKEN", "hf_a_made_up_token_for_the_check")  # Llama 2 is gated: --check wants a token
     result = run_cli("k8s", "render", str(path), "--check")
     assert result.code == 0, result.err
     assert "all valid" in result.err
@@ -260,7 +261,12 @@ EVERY_ALIAS = {
         "eval": {"perDeviceBatchSize": 4},
     },
     "envVars": {"httpProxy": "http://proxy:3128", "noProxy": ".svc,10.0.0.0/8"},
-    "resources": {"cpuLimit": "7500m", "memoryLimit": "30Gi", "nodeSelectorLabel": "pool", "nodeSelectorValue": "xeon"},
+    "resources": {
+        "cpuLimit": "7500m",
+        "memoryLimit": "128Gi",  # a full fine-tune of 7B parameters in fp32: render refuses a pod below its estimate
+        "nodeSelectorLabel": "pool",
+        "nodeSelectorValue": "xeon",
+    },
     "securityContext": {"runAsUser": 2000},
     "storage": {"storageClassName": "nfs-client", "resources": "10Gi"},
 }
@@ -282,7 +288,10 @@ def test_the_chart_and_from_helm_values_map_the_layout_alike(tmp_path, case):
     result = run_cli("recipe", "from-helm-values", str(path))
     assert result.code == 0, result.err
     values = helm_python.values_from_yaml(path.read_text())
-    assert finetune(values)["spec"]["recipe"] == yaml.safe_load(result.out)
+    printed = yaml.safe_load(result.out)
+    if "output_dir" not in values.get("recipe", {}):  # the FineTune's name places its run; the file's, here
+        assert printed.pop("output_dir") == f"/data/runs/{path.stem.replace('_', '-')}"
+    assert finetune(values)["spec"]["recipe"] == printed
     recipe_of(finetune(values))  # a recipe the operator trains, checked as `kubetune k8s render` checks it
 
 
@@ -330,6 +339,66 @@ def test_notes_list_what_each_key_became_as_from_helm_values_does():
     listed = re.findall(r"^  (\S+) -> recipe\.(\S+)$", notes, re.M)
     assert listed == mapping.mapped and ("distributed.workers", "k8s.replicas") in listed
     assert re.findall(r"^  (\S+): (.+)$", notes.split("Not used")[1].split("WARNING")[0], re.M) == mapping.unused
+
+
+# Seed 002's section 4.2: the values snippet names a base model and a dataset, nothing else; Intel's chart fills
+# in the rest (4 workers, Alpaca's prompts, ...).
+SNIPPET = {
+    "distributed": {
+        "modelNameOrPath": "meta-llama/Llama-2-7b-hf",
+        "train": {"datasetName": "medalpaca/medical_meadow_medical_flashcards"},
+    }
+}
+
+
+def test_seed_002s_snippet_on_a_base_model_trains_as_written():
+    # a base model has no chat template: data.template=auto prompts it as Intel's chart does (Alpaca's prompt)
+    recipe = recipe_of(finetune(SNIPPET))  # the operator's own derivation and checks
+    assert (recipe.model.name_or_path, recipe.data.template) == ("meta-llama/Llama-2-7b-hf", "auto")
+    rendered = render_job(recipe)
+    assert validate_objects(rendered.objects) == []
+    assert "data.template=auto: alpaca for meta-llama/Llama-2-7b-hf" in " ".join(rendered.notes)
+
+
+def notes_of(values: dict) -> str:
+    return chart(FINETUNE_CHART).render(values, name="medical", namespace="ft")["kubetune-finetune/templates/NOTES.txt"]
+
+
+def test_notes_and_from_helm_values_list_the_seed_keys_left_unset(tmp_path):
+    notes = notes_of(SNIPPET)
+    listed = re.findall(r"^  (\S+) -> recipe\.(\S+) = (.+) \(Intel's chart: (.+)\)$", notes, re.M)
+    assert ("distributed.workers", "k8s.replicas", "2", "4") in listed  # the job gets 2 workers, not the seed's 4
+    assert ("distributed.train.promptWithInput", "data.template", "auto", "alpaca") in listed
+    assert not any(key in ("distributed.modelNameOrPath", "distributed.train.datasetName") for key, *_ in listed)
+    code, out, err = from_helm_values(tmp_path, SNIPPET)
+    assert code == 0, err
+    assert re.findall(r"^#   (\S+) -> (\S+) = (.+) \(Intel's chart: (.+)\)$", out, re.M) == listed
+    # a key the values set, or a recipe key `recipe:` sets, is not listed; nor anything without the layout
+    with_workers = {**SNIPPET, "recipe": {"k8s": {"replicas": 4}}}
+    notes = notes_of(with_workers)
+    assert "distributed.workers ->" not in notes and "Intel's chart" in notes
+    assert "Intel's chart" not in notes_of({})
+
+
+@pytest.mark.parametrize(
+    "values,release,name",
+    [
+        (SNIPPET, None, "values"),  # the file's name: values.yaml
+        (SNIPPET, "medical", "medical"),  # `helm install medical`
+        ({**SNIPPET, "name": "flashcards"}, "medical", "flashcards"),  # the chart's `name` wins, as in the chart
+    ],
+)
+def test_from_helm_values_names_the_job_as_the_chart_does(tmp_path, values, release, name):
+    path = tmp_path / "values.yaml"
+    path.write_text(yaml.safe_dump(values))
+    result = run_cli("recipe", "from-helm-values", str(path), *(["--release", release] if release else []))
+    assert result.code == 0, result.err
+    recipe = yaml.safe_load(result.out)
+    assert recipe["output_dir"] == f"/data/runs/{name}"
+    job = render_job(Recipe.model_validate(recipe)).job
+    assert job["metadata"]["name"] == name  # not `default`
+    if release:  # the FineTune's name is the same
+        assert finetune(values, name=release)["metadata"]["name"] == name
 
 
 REFUSALS = {

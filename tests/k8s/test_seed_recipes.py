@@ -2,8 +2,9 @@
 
 Seed 002: 4 Xeon workers of 200 CPUs / 226Gi, 3 epochs, lr 2e-5, LoRA r 8 / alpha 16, bf16.
 Seed 000: a Llama-2-13B-class model on 8 nodes x 4 Gaudi2, tp 4 in a node, pp across nodes,
-grad_accum 4. Render must refuse what the pods would refuse (tp against the model's heads,
-KV heads and MLP width; 1f1b against grad_accum), without torch or the network.
+a global batch of 2048 rows. Render must refuse what the pods would refuse (tp against the
+model's heads, KV heads and MLP width, and against the processes of a pod; 1f1b against the
+micro-batches of a step; a global batch that does not split), without torch or the network.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def pod_recipe(docs: list[dict]) -> dict:
     return yaml.safe_load(cm["data"]["recipe.yaml"])
 
 
-def test_seed_002_renders_four_workers_of_200_cpus_and_its_hyperparameters(cli):
+def test_seed_002_renders_four_workers_of_200_cpus_and_its_hyperparameters(cli, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_a_made_up_token_for_the_check")  # Llama 2 is gated: --check wants a token
     result = cli("k8s", "render", SEED_002, "--profile", "cpu", "--check")
     assert result.code == 0, result.err
     docs = docs_of(result.out)
@@ -68,7 +70,8 @@ def test_seed_002_cpu_sizes_stay_on_the_cpu_profile():
     assert (cpu["cpu"], cpu["memory"]) == (100, "226Gi")
 
 
-def test_seed_000_renders_eight_pods_of_four_gaudi_cards_with_tp_4(cli):
+def test_seed_000_renders_eight_pods_of_four_gaudi_cards_with_tp_4(cli, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_a_made_up_token_for_the_check")  # Llama 2 is gated: --check wants a token
     result = cli("k8s", "render", SEED_000, "--check")
     assert result.code == 0, result.err
     docs = docs_of(result.out)
@@ -81,7 +84,11 @@ def test_seed_000_renders_eight_pods_of_four_gaudi_cards_with_tp_4(cli):
         assert limits["habana.ai/gaudi"] == "4" and limits == container["resources"]["requests"]
     parallel = pod_recipe(docs)["parallel"]
     assert (parallel["tp"], parallel["pp"], parallel["dp"]) == (4, 8, 1)
-    assert pod_recipe(docs)["train"]["grad_accum"] == 4
+    assert pod_recipe(docs)["train"]["global_batch_size"] == 2048  # the seed's global batch
+    # render says what a step is: 2048 rows = 4 per micro-batch x 512 micro-batches x 1 replica, ~1M tokens
+    assert "global batch: 2,048 rows per optimizer step" in result.err
+    assert "4 x 512 micro-batches x 1 data-parallel replica(s)" in result.err
+    assert "up to 1,048,576 tokens per step" in result.err
 
 
 @pytest.mark.parametrize("profile", ["cpu", "nvidia"])
@@ -102,29 +109,96 @@ def render_error(recipe: str, *overrides: str) -> str:
 
 
 def test_1f1b_with_fewer_micro_batches_than_stages_fails_at_render():
-    line = render_error(SEED_000, "parallel.pp_schedule=1f1b")
+    line = render_error(SEED_000, "train.global_batch_size=null", "train.grad_accum=4")
     assert "set train.grad_accum>=8 (it is 4)" in line
-    r.render(load_recipe(SEED_000, ["parallel.pp_schedule=1f1b", "train.grad_accum=8"]).recipe)
+    r.render(load_recipe(SEED_000, ["train.global_batch_size=null", "train.grad_accum=8"]).recipe)
+    # the seed's accumulation of 4 from its global batch: 512-row micro-batches, refused with the fix
+    line = render_error(SEED_000, "train.micro_batch_size=512")
+    assert "train.global_batch_size=2048 gives 4: lower train.micro_batch_size to at most 256 or use gpipe" in line
+    r.render(load_recipe(SEED_000, ["train.micro_batch_size=512", "parallel.pp_schedule=gpipe"]).recipe)
+
+
+def test_a_tensor_parallel_group_across_pods_fails_at_render():
+    # the README: a tensor-parallel group stays inside a node; tp 8 on pods of 4 cards would not
+    line = render_error(SEED_000, "parallel.tp=8", "parallel.pp=4")
+    assert line.startswith("parallel.tp=8 splits tensor-parallel groups across pods (hosts) of 4 process(es)")
+    assert "set parallel.tp to a divisor of 4 (1, 2, 4)" in line and "k8s.nproc_per_node" in line
+    # 8 cards a pod: the group fits again
+    gaudi8 = ["parallel.tp=8", "parallel.pp=4", "k8s.replicas=4", "k8s.nproc_per_node=8"]
+    r.render(load_recipe(SEED_000, [*gaudi8, "k8s.profile_resources.gaudi.accelerators=8"]).recipe)
+
+
+@pytest.mark.parametrize(
+    "overrides,message",
+    [
+        (
+            ["train.micro_batch_size=3"],
+            (
+                "train.global_batch_size=2048 is not a whole number of passes of train.micro_batch_size=3 x 1 "
+                "data-parallel replica(s) = 3 rows; set train.global_batch_size to a multiple of 3 (2046, 2049), or "
+                "train.micro_batch_size to a divisor of 2048 (1, 2, 4, ..., 1024, 2048)"
+            ),
+        ),
+        (
+            ["train.micro_batch_size=4096"],
+            (
+                "train.global_batch_size=2048 is fewer rows than one pass of train.micro_batch_size=4096 x 1 "
+                "data-parallel replica(s) = 4096 rows; set train.global_batch_size to a multiple of 4096 (4096), or "
+                "train.micro_batch_size to a divisor of 2048 (1, 2, 4, ..., 1024, 2048)"
+            ),
+        ),
+        (
+            ["train.grad_accum=4"],
+            (
+                "train.grad_accum=4 disagrees with train.global_batch_size=2048, which gives 2048 / (4 x 1 replica(s)) "
+                "= 512; remove train.grad_accum or set it to 1 (it is derived), or set train.global_batch_size=null"
+            ),
+        ),
+        # pp 4 x dp 2 x tp 4 on the 32 processes: a pass is 8 rows x 2 replicas, and 1000 is not a multiple of 16
+        (
+            ["parallel.pp=4", "parallel.dp=2", "train.global_batch_size=1000", "train.micro_batch_size=8"],
+            (
+                "train.global_batch_size=1000 is not a whole number of passes of train.micro_batch_size=8 x 2 "
+                "data-parallel replica(s) = 16 rows; set train.global_batch_size to a multiple of 16 (992, 1008), or "
+                "train.micro_batch_size to a divisor of 500 (1, 2, 4, ..., 250, 500)"
+            ),
+        ),
+    ],
+)
+def test_a_global_batch_that_does_not_split_fails_at_render_with_the_choices(overrides, message):
+    assert render_error(SEED_000, *overrides) == message
+
+
+def test_the_global_batch_sets_grad_accum_for_each_data_parallel_size():
+    from kubetune.recipe.layout import grad_accum_for
+
+    train = load_recipe(SEED_000).recipe.train
+    assert [grad_accum_for(train, dp) for dp in (1, 2, 8)] == [512, 256, 64]
+    unset = load_recipe(SEED_000, ["train.global_batch_size=null", "train.grad_accum=4"]).recipe.train
+    assert [grad_accum_for(unset, dp) for dp in (1, 2)] == [4, 4]  # as before: rows per step grow with replicas
 
 
 @pytest.mark.parametrize(
     "overrides,message",
     [
         # Llama-2-7b: 32 heads; tp 3 does not divide them
-        (["k8s.replicas=3", "parallel.tp=3"], "parallel.tp=3 does not divide the model's 32 attention heads"),
+        (
+            ["k8s.replicas=1", "k8s.nproc_per_node=3", "parallel.tp=3"],
+            "parallel.tp=3 does not divide the model's 32 attention heads",
+        ),
         # Llama-2-70b: 64 heads but 8 KV heads; tp 16 splits the heads, not the KV heads
         (
             [
                 "model.name_or_path=meta-llama/Llama-2-70b-hf",
-                "k8s.replicas=2",
-                "k8s.nproc_per_node=8",
+                "k8s.replicas=1",
+                "k8s.nproc_per_node=16",
                 "parallel.tp=16",
             ],
             "parallel.tp=16 does not divide the model's 8 key/value heads",
         ),
         # the embedded default: 9 heads
         (
-            ["model.name_or_path=smollm2-135m-instruct", "k8s.replicas=2", "parallel.tp=2"],
+            ["model.name_or_path=smollm2-135m-instruct", "k8s.replicas=1", "k8s.nproc_per_node=2", "parallel.tp=2"],
             "parallel.tp=2 does not divide the model's 9 attention heads",
         ),
     ],
@@ -173,3 +247,51 @@ def test_known_shapes(name, heads, kv, width, layers):
     assert (shape.num_attention_heads, shape.num_key_value_heads) == (heads, kv)
     assert (shape.intermediate_size, shape.num_hidden_layers) == (width, layers)
     assert all(k == k.lower() for k in KNOWN_SHAPES)  # looked up lower-case
+
+
+# ------------------------------------------------------------------ render checks the pods' memory
+
+
+def test_a_pod_without_the_memory_of_its_model_fails_at_render(cli, monkeypatch):
+    # seed 002's 7B job in bf16: 6.7B parameters x 2 bytes, 1.5 times over, plus 1.5Gi = ~20.3Gi a process
+    monkeypatch.setenv("HF_TOKEN", "hf_a_made_up_token_for_the_check")
+    result = cli("k8s", "render", SEED_002, "--check", "k8s.resources.memory=8Gi", "k8s.resources.shm_size=1Gi")
+    assert result.code == 2, result.out
+    (line,) = result.err.strip().splitlines()
+    assert line == (
+        "kubetune: error: k8s.resources.memory=8Gi is less than the ~20.3Gi one worker pod needs for "
+        "meta-llama/Llama-2-7b-chat-hf: 1 training process(es), each 6.7B parameters in bf16 1.5 times over plus "
+        "1.5Gi; set k8s.resources.memory to at least 21Gi"
+    )
+    r.render(load_recipe(SEED_002, ["k8s.resources.memory=21Gi", "k8s.resources.shm_size=1Gi"]).recipe)
+
+
+def test_the_memory_check_counts_the_processes_and_stages_of_a_pod():
+    # seed 000 on gaudi: the 13B weights pass through the host once, plus 1.5Gi for each of 4 processes
+    line = render_error(SEED_000, "k8s.profile_resources.gaudi.memory=8Gi", "k8s.profile_resources.gaudi.shm_size=1Gi")
+    assert line.startswith("k8s.profile_resources.gaudi.memory=8Gi is less than the ~30.2Gi one worker pod needs")
+    assert "13.0B parameters in bf16 once (loaded through the host" in line and "each of 4 training process" in line
+    assert line.endswith("or fewer processes per pod (k8s.nproc_per_node)")
+    # on cpu, each of the 4 processes holds its stage: 1.6B of the 13B parameters, 1.5 times over
+    line = render_error(SEED_000, "k8s.profile=cpu", "k8s.resources.memory=8Gi", "k8s.resources.shm_size=1Gi")
+    assert "~24.2Gi" in line and "4 training process(es), each 1.6B parameters in bf16 1.5 times over" in line
+    # a model whose size is unknown offline is not checked
+    r.render(load_recipe(SEED_002, ["model.name_or_path=some-org/some-model", "k8s.resources.memory=8Gi"]).recipe)
+
+
+def test_render_notes_say_what_the_recipe_left_implicit(cli, tmp_path):
+    minimal = tmp_path / "minimal.yaml"
+    minimal.write_text("model:\n  name_or_path: meta-llama/Llama-2-7b-hf\ndata:\n  train: medalpaca/flashcards\n")
+    result = cli("k8s", "render", str(minimal))
+    assert result.code == 0, result.err
+    notes = [line.removeprefix("kubetune: ") for line in result.err.splitlines() if "warning" not in line]
+    assert notes == [
+        (
+            "global batch: 8 rows per optimizer step (train.micro_batch_size=4 x 1 micro-batches x 2 data-parallel "
+            "replica(s)), up to 4,096 tokens per step (rows of up to 512 tokens)"
+        ),
+        "data.template=auto: alpaca for meta-llama/Llama-2-7b-hf (its tokenizer has no chat template: a base model)",
+        "k8s.replicas is not set: 2 worker pods (kubetune's default; seed 002's job has 4)",
+    ]
+    given = cli("k8s", "render", str(minimal), "k8s.replicas=4")
+    assert "k8s.replicas is not set" not in given.err and "x 4 data-parallel replica(s)" in given.err

@@ -36,7 +36,9 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 
 {{/*
 Seed 002's values layout (Intel's huggingface-llm chart) as recipe keys, as JSON:
-{"recipe": the recipe (`recipe:` with the mapped keys), "mapped": [[key, recipe key]], "unused": [[key, why]]}.
+{"recipe": the recipe (`recipe:` with the mapped keys), "mapped": [[key, recipe key]], "unused": [[key, why]],
+"unset": [[key, recipe key, kubetune's default, Intel's chart's default]]: with the layout in use, the keys with a
+`seed` default that the values leave unset, their recipe key too, so that kubetune's default applies}.
 files/helm-values-aliases.json is the table of kubetune.recipe.helm_values, which `kubetune recipe
 from-helm-values` walks the same way (its docstring explains the entries); a test holds the two equal.
 */}}
@@ -47,7 +49,8 @@ from-helm-values` walks the same way (its docstring explains the entries); a tes
 {{- $setBy := dict }}
 {{- $mapped := list }}
 {{- $unused := list }}
-{{- range $entry := .Files.Get "files/helm-values-aliases.json" | fromJsonArray }}
+{{- $table := .Files.Get "files/helm-values-aliases.json" | fromJsonArray }}
+{{- range $entry := $table }}
 {{- $value := (include "kubetune-finetune.valueAt" (list $values $entry.from) | fromJson).v }}
 {{- if not (or (kindIs "invalid" $value) (eq (toString $value) "") (and (kindIs "map" $value) (eq (len $value) 0))) }}
 {{- $choices := $entry.values | default dict }}
@@ -113,7 +116,19 @@ from-helm-values` walks the same way (its docstring explains the entries); a tes
 {{- fail (printf "%s and profile both set the profile; keep profile" .from) }}
 {{- end }}
 {{- end }}
-{{- toJson (dict "recipe" (mergeOverwrite (deepCopy $own) $recipe) "mapped" $mapped "unused" $unused) -}}
+{{- $merged := mergeOverwrite (deepCopy $own) $recipe }}
+{{- $unset := list }}
+{{- if or $mapped $unused }}
+{{- range $entry := $table }}
+{{- if hasKey $entry "seed" }}
+{{- $at := (include "kubetune-finetune.valueAt" (list $merged (join "." $entry.to)) | fromJson).v }}
+{{- if and (kindIs "string" $at) (eq $at "") }}
+{{- $unset = append $unset (list $entry.from (join "." $entry.to) $entry.default $entry.seed) }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- end }}
+{{- toJson (dict "recipe" $merged "mapped" $mapped "unused" $unused "unset" $unset) -}}
 {{- end }}
 
 {{/* An image reference from {repository, tag, digest}: repository[:tag][@digest]; "" without a repository. */}}

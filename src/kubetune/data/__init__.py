@@ -68,7 +68,8 @@ def prepare_data(recipe: Recipe, tokenizer: PreTrainedTokenizerBase) -> Prepared
     tokenize = tokenize_pairs if pairs else tokenize_rows
 
     def tokenized(part: list[Row], key: str) -> TokenizedData:
-        k = cache_key(part, tokenizer, d.template, d.system_prompt, d.max_seq_len, d.truncate, pairs)
+        # the template as rendered: `auto` keys as what it chose, so an explicit chat or alpaca keeps its key
+        k = cache_key(part, tokenizer, renderer.template, d.system_prompt, d.max_seq_len, d.truncate, pairs)
         return load_or_build(
             cache_dir, k, lambda: tokenize(part, renderer, tokenizer, d.max_seq_len, d.truncate, key), pairs
         )

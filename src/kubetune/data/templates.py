@@ -3,6 +3,8 @@
 `chat` uses the tokenizer's own chat template (so SmolLM2 gets ChatML, Llama-3 its header
 tokens, ...); `alpaca` and `llama2` are the classic formats; any other string is a custom
 template naming `{instruction}`, `{input}` or both (`custom_fields` says what each receives).
+`auto` (the default) is `chat` for a tokenizer with a chat template and `alpaca` for one
+without (a base model's): `PromptRenderer` decides it once, from the tokenizer it is given.
 The response never carries an EOS: tokenization appends the tokenizer's EOS exactly once.
 
 A preference row is rendered as the two SFT rows it stands for (`pair_sequences`): the same
@@ -11,9 +13,10 @@ prompt, answered once with the chosen and once with the rejected answer.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, cast
 
+from kubetune.recipe.chat_template import auto_template
 from kubetune.recipe.schema import template_fields
 
 if TYPE_CHECKING:
@@ -69,15 +72,34 @@ def custom_fields(template: str, row: Row) -> dict[str, str]:
     return {"instruction": instruction, "input": inp}
 
 
+def resolve_template(template: str, tokenizer: PreTrainedTokenizerBase) -> str:
+    """data.template as it renders with this tokenizer: `auto` decided, any other as it is."""
+    if template != "auto":
+        return template
+    return auto_template(bool(getattr(tokenizer, "chat_template", None)))
+
+
 @dataclass
 class PromptRenderer:
-    template: str
+    template: str  # data.template as given; `auto` is replaced by what it is for this tokenizer
     tokenizer: PreTrainedTokenizerBase
     system_prompt: str | None = None
+    asked: str = field(init=False)  # data.template as given
+
+    def __post_init__(self) -> None:
+        self.asked, self.template = self.template, resolve_template(self.template, self.tokenizer)
 
     @property
     def uses_chat_template(self) -> bool:
         return self.template == "chat"
+
+    def describe(self) -> str:
+        """The prompt template in one line (the run's log), with why where `auto` chose it."""
+        if self.asked != "auto":
+            shown = self.template if self.template in ("chat", "alpaca", "llama2") else "custom"
+            return f"prompt template: {shown} (data.template)"
+        why = "the tokenizer's chat template" if self.uses_chat_template else "the tokenizer has no chat template"
+        return f"prompt template: {self.template} (data.template=auto: {why})"
 
     def render(self, row: Row) -> tuple[str, str]:
         """Return (prompt, response) for a training row."""

@@ -71,22 +71,24 @@ def export_gguf(run_dir: Path, gguf_type: str = DEFAULT_GGUF_TYPE, output: Path 
     recipe = run.recipe()
     weights = run.finished_weights(recipe)
 
+    from kubetune.data.templates import resolve_template
     from kubetune.export.weights import load_merged
     from kubetune.models.load import load_config, resolve_model
 
     # the architecture is checked on the config, before minutes of loading and merging
     source = str(weights) if recipe.finetune.method == "full" else resolve_model(recipe.model.name_or_path)
     check_config(load_config(source, recipe.model.revision, recipe.model.trust_remote_code))
-    if recipe.data.template != "chat":
-        _warn(
-            f"the run was trained with data.template={recipe.data.template!r}, not with the chat template "
-            f"the GGUF carries: prompt it with text in that template (a plain completion), not through chat"
-        )
     if output is None:
         output = default_output(run, gguf_type)
     elif Path(output).is_dir():  # -o DIR: the default file name in that directory
         output = Path(output) / default_output(run, gguf_type).name
     model, tokenizer = load_merged(run, recipe)
+    template = resolve_template(recipe.data.template, tokenizer)  # `auto`: what the run trained with
+    if template != "chat":
+        _warn(
+            f"the run was trained with data.template={template!r}, not with the chat template "
+            f"the GGUF carries: prompt it with text in that template (a plain completion), not through chat"
+        )
     write_gguf(model, tokenizer, Path(output), gguf_type, name=run.path.resolve().name)
     return Path(output)
 

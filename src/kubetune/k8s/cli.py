@@ -86,6 +86,8 @@ def _first_and_overrides(args: list[str], missing: str, what: str) -> tuple[str,
     if "=" in args[0]:
         raise UserError(f"the first argument must be {what}, not the override `{args[0]}`")
     return args[0], list(args[1:])
+    for note in rendered.notes:
+        _note(note)
 
 
 def _load(args: list[str], profile: str | None, api: str | None):

@@ -33,10 +33,11 @@ from kubetune.k8s import claims, jobs, kueue, objects, profiles, quota
 from kubetune.k8s.names import DATA_DIR, NAMESPACE_QUOTA, Names
 from kubetune.k8s.scrape import metrics_port, training_pod_monitor
 from kubetune.kube import KubeObject
-from kubetune.recipe.chat_template import chat_template_problem
+from kubetune.recipe.chat_template import chat_template_problem, template_note
 from kubetune.recipe.comm import comm_warnings
+from kubetune.recipe.footprint import memory_problem
 from kubetune.recipe.k8s import K8sSection, resource_problems
-from kubetune.recipe.layout import check_model, check_recipe, layout_for, model_shape
+from kubetune.recipe.layout import check_hosts, check_model, check_recipe, global_batch, layout_for, model_shape
 from kubetune.recipe.schema import Recipe
 
 TOKEN_REDACTED_NOTE = (
@@ -65,6 +66,7 @@ class Rendered:
     names: Names
     warnings: list[str] = field(default_factory=list)
 
+    notes: list[str] = field(default_factory=list)  # what the job will do, where the recipe leaves it implicit
     @property
     def job(self) -> KubeObject:
         return self.objects[-1]
@@ -152,6 +154,7 @@ def layout_problems(recipe: Recipe) -> list[str]:
         try:
             layout = layout_for(recipe.parallel, world)
         except UserError as e:
+            check_hosts(layout, k8s.processes_per_pod())
             return [f"{e} (k8s.replicas={replicas} x k8s.nproc_per_node={k8s.processes_per_pod()} = {world} processes)"]
         try:
             if shape is not None:
@@ -164,6 +167,32 @@ def layout_problems(recipe: Recipe) -> list[str]:
 
 
 def layout_warnings(recipe: Recipe) -> list[str]:
+def batch_notes(recipe: Recipe) -> list[str]:
+    """The rows and tokens of one optimizer step, at every size the job may take (layout_problems
+    has checked that each is valid)."""
+    k8s, train, notes = recipe.k8s, recipe.train, []
+    row_tokens = recipe.data.max_seq_len * (1 if recipe.finetune.objective == "sft" else 2)  # a pair's two sequences
+    lo, hi = k8s.elastic_range()
+    for replicas in sorted({lo, hi}):
+        dp = layout_for(recipe.parallel, replicas * k8s.processes_per_pod()).data_parallel_size
+        rows = global_batch(train, dp)
+        at = f" at k8s.replicas={replicas}" if lo != hi else ""
+        notes.append(
+            f"global batch{at}: {rows:,} rows per optimizer step (train.micro_batch_size={train.micro_batch_size} x "
+            f"{rows // (train.micro_batch_size * dp)} micro-batches x {dp} data-parallel replica(s)"
+            + (f", train.global_batch_size={train.global_batch_size}" if train.global_batch_size else "")
+            + f"), up to {rows * row_tokens:,} tokens per step (rows of up to {row_tokens} tokens)"
+        )
+    return notes
+
+
+def default_notes(recipe: Recipe) -> list[str]:
+    """What the job takes from kubetune's defaults where a seed's job says otherwise: the workers."""
+    if "replicas" in recipe.k8s.model_fields_set:
+        return []
+    return [f"k8s.replicas is not set: {recipe.k8s.replicas} worker pods (kubetune's default; seed 002's job has 4)"]
+
+
     """A split model whose shape render cannot know: its degrees are checked only in the pods."""
     parallel, name = recipe.parallel, recipe.model.name_or_path
     if (parallel.tp > 1 or parallel.pp > 1) and model_shape(name) is None:
@@ -218,6 +247,8 @@ def recipe_problems(recipe: Recipe) -> list[str]:
     if template_problem := chat_template_problem(recipe):
         problems.append(template_problem)
     return problems
+    if not problems and (too_little := memory_problem(recipe)):  # the memory of processes the layout allows
+        problems.append(too_little)
 
 
 def render(
@@ -270,7 +301,8 @@ def render(
     warnings += recipe.train.loss_scale_warnings() + profiles.scale_out_warnings(recipe)
     warnings += kueue.team_warnings(k8s) if with_kueue else []
     warnings += claims.device_warnings(k8s)
-    return Rendered(objects=out, names=names, warnings=warnings)
+    notes = batch_notes(recipe) + [note for note in [template_note(recipe)] if note] + default_notes(recipe)
+    return Rendered(objects=out, names=names, warnings=warnings, notes=notes)
 
 
 def _refuse_token_leak(objects: list[KubeObject], token: str) -> None:

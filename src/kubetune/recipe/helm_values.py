@@ -11,7 +11,10 @@ files and a test fails when they drift. Each entry is one key of the layout:
   percentage over 1), const (the entry's `value` whenever the key is given);
 - `values`: values with their own meaning (`"-"`: set nothing); with `only`, any other value is refused with
   `refuse`, the key named;
-- `key_from`: the key whose value is the last segment of `to` (nodeSelectorLabel: nodeSelectorValue).
+- `key_from`: the key whose value is the last segment of `to` (nodeSelectorLabel: nodeSelectorValue);
+- `seed`: Intel's chart's default for the key, where kubetune's default for its recipe key differs: a values file
+  in the layout that leaves the key unset gets kubetune's, so both readers list it (`left_unset`, NOTES.txt), with
+  kubetune's default (`default`, filled in from the recipe schema when the chart's copy is written).
 
 Two keys that set one recipe key must agree (cpuRequest and cpuLimit: requests always equal limits here), and a
 key may not set what `recipe:` sets too. Keys outside the table are refused by the schema. Torch-free.
@@ -71,8 +74,13 @@ ALIASES: list[Entry] = [
     {"from": "image.pullPolicy", "to": _to("k8s.image_pull_policy"), "type": "string"},
     _unused("distributed.script", "the pods run `kubetune train`, not a script", "string"),
     _unused("distributed.logLevel", "kubetune's trainer prints its progress lines at every level", "string"),
-    {"from": "distributed.workers", "to": _to("k8s.replicas"), "type": "integer"},
-    {"from": "distributed.modelNameOrPath", "to": _to("model.name_or_path"), "type": "string"},
+    {"from": "distributed.workers", "to": _to("k8s.replicas"), "type": "integer", "seed": "4"},
+    {
+        "from": "distributed.modelNameOrPath",
+        "to": _to("model.name_or_path"),
+        "type": "string",
+        "seed": "meta-llama/Llama-2-7b-chat-hf",
+    },
     _unused(
         "distributed.doTrain",
         "a FineTune always trains",
@@ -107,7 +115,7 @@ ALIASES: list[Entry] = [
     _unused("distributed.benchmark", "read by Intel's chart only with doBenchmark, which kubetune refuses", "object"),
     _unused("distributed.quantize", "read by Intel's chart only with doQuantize, which kubetune refuses", "object"),
     _train("modelName", "model.name_or_path", "string"),
-    _train("datasetName", "data.train", "string"),
+    _train("datasetName", "data.train", "string", seed="medalpaca/medical_meadow_medical_flashcards"),
     _train("dataFile", "data.train", "string"),
     _train("datasetConcatenation", "data.packing", "boolean"),
     _train(
@@ -117,6 +125,7 @@ ALIASES: list[Entry] = [
         values={ALPACA_WITH_INPUT: "alpaca"},
         only=True,
         refuse=_PROMPT_REFUSAL,
+        seed="alpaca",
     ),
     _train(
         "promptWithoutInput",
@@ -127,7 +136,7 @@ ALIASES: list[Entry] = [
         refuse=_PROMPT_REFUSAL,
     ),
     _train("promptTemplate", "data.template", "string"),
-    _train("perDeviceBatchSize", "train.micro_batch_size", "integer"),
+    _train("perDeviceBatchSize", "train.micro_batch_size", "integer", seed="8"),
     _train("epochs", "train.epochs", "number"),
     _train("numEpochs", "train.epochs", "number"),
     _train(
@@ -138,7 +147,7 @@ ALIASES: list[Entry] = [
         why="-1: the epochs decide (recipe.train.max_steps)",
     ),
     _train("gradientAccumulationSteps", "train.grad_accum", "integer"),
-    _train("learningRate", "train.lr", "number"),
+    _train("learningRate", "train.lr", "number", seed="2e-5"),
     _unused("distributed.train.ddpFindUnusedParameters", "kubetune wraps the model for DDP itself", "boolean"),
     _unused(
         "distributed.train.ddpBackend",
@@ -166,7 +175,7 @@ ALIASES: list[Entry] = [
     _train("useLora", "finetune.method", "boolean", values={"true": "lora", "false": "full"}, only=True),
     _train("loraRank", "lora.r", "integer"),
     _train("loraAlpha", "lora.alpha", "number"),
-    _train("loraDropout", "lora.dropout", "number"),
+    _train("loraDropout", "lora.dropout", "number", seed="0.1"),
     _train("loraTargetModules", "lora.target_modules", "string", kind="words"),
     _train("lora.r", "lora.r", "integer"),
     _train("lora.alpha", "lora.alpha", "number"),
@@ -183,14 +192,27 @@ ALIASES: list[Entry] = [
         "kubetune resumes from the newest checkpoint (train.resume auto)",
         "boolean",
     ),
-    _train("bf16", "train.precision", "boolean", values={"true": "bf16", "false": "fp32"}, only=True),
+    _train("bf16", "train.precision", "boolean", values={"true": "bf16", "false": "fp32"}, only=True, seed="bf16"),
     _unused("distributed.train.useIpex", "kubetune's own CPU kernels (bf16 autocast on AMX) replace IPEX", "boolean"),
     _train("instructionColumnName", "data.columns.instruction", "string"),
     _train("inputColumnName", "data.columns.input", "string"),
     _train("outputColumnName", "data.columns.output", "string"),
     {"from": "distributed.eval.perDeviceBatchSize", "to": _to("eval.batch_size"), "type": "integer"},
-    {"from": "distributed.eval.validationSplitPercentage", "to": _to("data.eval"), "type": "number", "kind": "percent"},
-    {"from": "elasticPolicy", "to": _to("k8s.elastic.enabled"), "type": "object", "kind": "const", "value": True},
+    {
+        "from": "distributed.eval.validationSplitPercentage",
+        "to": _to("data.eval"),
+        "type": "number",
+        "kind": "percent",
+        "seed": "0.2",
+    },
+    {
+        "from": "elasticPolicy",
+        "to": _to("k8s.elastic.enabled"),
+        "type": "object",
+        "kind": "const",
+        "value": True,
+        "seed": "true",
+    },
     {"from": "elasticPolicy.minReplicas", "to": _to("k8s.elastic.min_replicas"), "type": "integer"},
     {"from": "elasticPolicy.maxReplicas", "to": _to("k8s.elastic.max_replicas"), "type": "integer"},
     {"from": "elasticPolicy.maxRestarts", "to": _to("k8s.elastic.max_restarts"), "type": "integer"},
@@ -248,8 +270,13 @@ ALIASES: list[Entry] = [
         only=True,
         refuse="kubetune's non-root pods never allow privilege escalation; remove the key",
     ),
-    {"from": "storage.storageClassName", "to": _to("k8s.storage.storage_class"), "type": "string"},
-    {"from": "storage.resources", "to": _to("k8s.storage.size"), "type": "string"},
+    {
+        "from": "storage.storageClassName",
+        "to": _to("k8s.storage.storage_class"),
+        "type": "string",
+        "seed": "nfs-client",
+    },
+    {"from": "storage.resources", "to": _to("k8s.storage.size"), "type": "string", "seed": "50Gi"},
     _unused("storage.pvcMountPath", "kubetune mounts the volume at /data", "string"),
     # keys with no place in a FineTune: refused when they are not empty, with what to do instead
     _unused(
@@ -363,6 +390,19 @@ class Mapping:
         self.unused: list[tuple[str, str]] = []  # (layout key, why)
         self._set_by: dict[str, tuple[str, Any]] = {}
 
+    def left_unset(self) -> list[tuple[str, str, str, str]]:
+        """(layout key, recipe key, kubetune's default, Intel's chart's default) of each key with a `seed`
+        default that a values file in the layout leaves unset, its recipe key too: the job takes kubetune's
+        default there, not the one seed 002's chart would have given it. Nothing without the layout."""
+        if not (self.mapped or self.unused):
+            return []
+        merged = self.merged()
+        return [
+            (e["from"], ".".join(e["to"]), e["default"], e["seed"])
+            for e in chart_aliases()
+            if "seed" in e and not _has_path(merged, e["to"])
+        ]
+
     def set(self, source: str, to: list[str], value: Any) -> None:
         dotted = ".".join(to)
         if dotted in self._set_by and self._set_by[dotted][1] != value:
@@ -389,6 +429,20 @@ class Mapping:
 
 def _show(value: Any) -> str:
     return json.dumps(value)
+
+
+def _shown(value: Any) -> str:
+    """A default as both readers print it: a string bare, any other value as JSON (null, 2, 0.0002, false)."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def chart_aliases() -> list[Entry]:
+    """ALIASES as the chart's copy holds them: each entry with a `seed` default also holds kubetune's
+    default for its recipe key (`default`, from the recipe schema)."""
+    from kubetune.recipe.schema import Recipe
+
+    defaults = Recipe().model_dump(mode="json")
+    return [{**e, "default": _shown(_get(defaults, ".".join(e["to"])))} if "seed" in e else e for e in ALIASES]
 
 
 def _key(value: Any) -> str:
@@ -519,15 +573,36 @@ def map_values(values: dict[str, Any]) -> Mapping:
     return out
 
 
-def recipe_yaml(values: dict[str, Any], source: str) -> str:
-    """The recipe as YAML, with a comment that says where each key came from (`kubetune recipe from-helm-values`)."""
+def job_name(values: dict[str, Any], release: str | None, source: str) -> tuple[str, str]:
+    """(the name, where it came from) of the job a values file makes, as the chart names its FineTune: the
+    values' `name`, else the release's (`helm install NAME`); without either, the file's (its stem)."""
+    if values.get("name"):
+        name, why = str(values["name"]), "the values' name"
+    elif release:
+        name, why = release, "the release, --release"
+    else:  # a file name need not be a DNS label, as a release name is
+        name = re.sub(r"[^a-z0-9-]+", "-", Path(source).stem.lower()).strip("-") or "kubetune"
+        why = "the file's name; --release NAME names it as `helm install NAME` would"
+    return name[:40].rstrip("-"), why  # the chart's fullname: trunc 40 | trimSuffix "-"
+
+
+def recipe_yaml(values: dict[str, Any], source: str, release: str | None = None) -> str:
+    """The recipe as YAML, with a comment that says where each key came from (`kubetune recipe from-helm-values`).
+    Unless the recipe names its run, output_dir is the job's name on the volume, as the FineTune's would be."""
     from kubetune.recipe.loader import recipe_from_data
 
     mapping = map_values(values)
     recipe = mapping.merged()
-    recipe_from_data(copy.deepcopy(recipe))  # the same errors `kubetune k8s render` would give
     lines = [f"# The recipe of {source} as the kubetune-finetune chart reads it (`kubetune recipe from-helm-values`):"]
+    if "output_dir" not in recipe and not _get(recipe, "k8s.name"):
+        name, why = job_name(values, release, source)
+        recipe["output_dir"] = f"/data/runs/{name}"
+        lines.append(f"# The job is named {name} ({why}): output_dir /data/runs/{name}")
+    recipe_from_data(copy.deepcopy(recipe))  # the same errors `kubetune k8s render` would give
     lines += [f"#   {src} -> {to}" for src, to in mapping.mapped]
+    if unset := mapping.left_unset():
+        lines.append("# Left unset, so kubetune's default, not Intel's chart's (set the key for the seed's value):")
+        lines += [f"#   {src} -> {to} = {default} (Intel's chart: {seed})" for src, to, default, seed in unset]
     if mapping.unused:
         lines.append("# Not used (kubetune does it its own way):")
         lines += [f"#   {src}: {why}" for src, why in mapping.unused]
@@ -547,7 +622,7 @@ def chart_files(chart: Path) -> dict[Path, str]:
     schema = json.loads(schema_path.read_text())
     schema["properties"] |= alias_schema()
     return {
-        chart / "files" / "helm-values-aliases.json": json.dumps(ALIASES, indent=1) + "\n",
+        chart / "files" / "helm-values-aliases.json": json.dumps(chart_aliases(), indent=1) + "\n",
         schema_path: json.dumps(schema, indent=2) + "\n",
     }
 

@@ -18,7 +18,7 @@ from typing import Protocol
 
 from kubetune.errors import ModelError, RecipeError
 from kubetune.recipe.dist import ParallelSection
-from kubetune.recipe.schema import DEFAULT_MODEL, Recipe
+from kubetune.recipe.schema import DEFAULT_MODEL, Recipe, TrainSection
 
 MESH_DIMS = ("pp", "dp", "fsdp", "tp")
 
@@ -96,6 +96,70 @@ def layout_for(parallel: ParallelSection, world: int) -> Layout:
     return Layout(dp=dp, fsdp=parallel.fsdp, tp=parallel.tp, pp=parallel.pp)
 
 
+def check_hosts(layout: Layout, per_host: int) -> None:
+    """Refuse tensor-parallel groups that would span hosts (pods). A group is `tp` consecutive
+    ranks (tp is the mesh's innermost dimension) and a host runs `per_host` consecutive ranks,
+    so a group stays on one host exactly when tp divides per_host; its all-reduces run in every
+    layer, over the cards' own links inside a host, over the network between hosts."""
+    if layout.tp > 1 and per_host % layout.tp:
+        raise RecipeError(
+            f"parallel.tp={layout.tp} splits tensor-parallel groups across pods (hosts) of {per_host} process(es) "
+            f"(each layer's all-reduce would cross the network); set parallel.tp to a divisor of {per_host} "
+            f"({_listed(_divisors(per_host))}) and raise parallel.pp or parallel.dp to keep the process count, "
+            f"or run a multiple of {layout.tp} processes per pod (k8s.nproc_per_node; --nproc-per-node on a host)"
+        )
+
+
+def grad_accum_for(train: TrainSection, data_parallel: int) -> int:
+    """Micro-batches per optimizer step and replica: train.grad_accum, or where
+    train.global_batch_size is set, global / (micro-batch x data-parallel replicas), which must
+    come out whole (RecipeError naming the valid choices otherwise)."""
+    glob = train.global_batch_size
+    if glob is None:
+        return train.grad_accum
+    per_pass = train.micro_batch_size * data_parallel
+    accum, rest = divmod(glob, per_pass)
+    if rest or not accum:
+        lower = [glob - rest] if accum else []
+        fix = f"set train.global_batch_size to a multiple of {per_pass} ({_listed([*lower, (accum + 1) * per_pass])})"
+        if glob % data_parallel == 0:
+            fix += f", or train.micro_batch_size to a divisor of {glob // data_parallel} "
+            fix += f"({_listed(_divisors(glob // data_parallel))})"
+        what = "is fewer rows than one pass of" if not accum else "is not a whole number of passes of"
+        raise RecipeError(
+            f"train.global_batch_size={glob} {what} train.micro_batch_size={train.micro_batch_size} x "
+            f"{data_parallel} data-parallel replica(s) = {per_pass} rows; {fix}"
+        )
+    if train.grad_accum not in (1, accum):
+        raise RecipeError(
+            f"train.grad_accum={train.grad_accum} disagrees with train.global_batch_size={glob}, which gives "
+            f"{glob} / ({train.micro_batch_size} x {data_parallel} replica(s)) = {accum}; remove train.grad_accum or "
+            f"set it to 1 (it is derived), or set train.global_batch_size=null"
+        )
+    return accum
+
+
+def with_grad_accum(recipe: Recipe, data_parallel: int) -> Recipe:
+    """The recipe with train.grad_accum as this many replicas train it (`grad_accum_for`)."""
+    train = recipe.train.model_copy(update={"grad_accum": grad_accum_for(recipe.train, data_parallel)})
+    return recipe.model_copy(update={"train": train})
+
+
+def global_batch(train: TrainSection, data_parallel: int) -> int:
+    """Rows per optimizer step over all replicas (train.global_batch_size where set)."""
+    return train.micro_batch_size * grad_accum_for(train, data_parallel) * data_parallel
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _listed(values: list[int]) -> str:
+    """A few values in a line: all of up to 6, else the first 3, ... and the last 2."""
+    shown = [str(v) for v in values]
+    return ", ".join(shown if len(shown) <= 6 else [*shown[:3], "...", *shown[-2:]])
+
+
 class ModelShape(Protocol):
     """What a layout needs to know of a model: the fields of a transformers config (read-only,
     so a frozen `KnownShape` fits too)."""
@@ -145,10 +209,18 @@ def check_recipe(layout: Layout, recipe: Recipe) -> None:
             f"finetune.objective={recipe.finetune.objective} runs data parallel (processes, parallel.fsdp), not "
             f"under parallel.tp or parallel.pp; set parallel.tp=1 and parallel.pp=1"
         )
-    if layout.pp > 1 and recipe.parallel.pp_schedule == "1f1b" and recipe.train.grad_accum < layout.pp:
+    accum = grad_accum_for(recipe.train, layout.data_parallel_size)
+    if layout.pp > 1 and recipe.parallel.pp_schedule == "1f1b" and accum < layout.pp:
+        glob = recipe.train.global_batch_size
+        fix = (
+            f"set train.grad_accum>={layout.pp} (it is {accum})"
+            if glob is None
+            else f"train.global_batch_size={glob} gives {accum}: lower train.micro_batch_size to at most "
+            f"{max(1, glob // (layout.data_parallel_size * layout.pp))}"
+        )
         raise RecipeError(
             f"parallel.pp_schedule=1f1b needs at least parallel.pp={layout.pp} micro-batches per step; "
-            f"set train.grad_accum>={layout.pp} (it is {recipe.train.grad_accum}) or use gpipe"
+            f"{fix} or use gpipe"
         )
     if (layout.tp > 1 or layout.pp > 1) and recipe.train.precision == "fp16":
         raise RecipeError(
@@ -167,25 +239,43 @@ def check_recipe(layout: Layout, recipe: Recipe) -> None:
 
 @dataclass(frozen=True)
 class KnownShape:
-    """A model's shape as far as a layout cares (a `ModelShape` without transformers)."""
+    """A model's shape as far as a layout cares (a `ModelShape` without transformers), and its
+    width and vocabulary where known, which give its parameter count (`parameters`)."""
 
     num_attention_heads: int
     num_key_value_heads: int
     intermediate_size: int
     num_hidden_layers: int
     tie_word_embeddings: bool = False
+    hidden_size: int | None = None
+    vocab_size: int | None = None
+
+    @property
+    def parameters(self) -> int | None:
+        """A Llama-architecture decoder's parameter count (embeddings, attention with grouped
+        key/value heads, gated MLP, RMSNorms, an untied head), or None without width and vocabulary."""
+        hidden, vocab = self.hidden_size, self.vocab_size
+        if hidden is None or vocab is None:
+            return None
+        kv_width = hidden // self.num_attention_heads * self.num_key_value_heads
+        attention = 2 * hidden * hidden + 2 * hidden * kv_width  # q, o; k, v
+        layer = attention + 3 * hidden * self.intermediate_size + 2 * hidden
+        head = 0 if self.tie_word_embeddings else vocab * hidden
+        return vocab * hidden + self.num_hidden_layers * layer + hidden + head
 
 
 # From each repository's config.json on huggingface.co (num_attention_heads,
 # num_key_value_heads, intermediate_size, num_hidden_layers, tie_word_embeddings); the chat /
 # instruct variants share their base model's architecture. Keys are compared lower-case.
-_LLAMA2_7B = KnownShape(32, 32, 11008, 32)
-_LLAMA2_13B = KnownShape(40, 40, 13824, 40)
-_LLAMA2_70B = KnownShape(64, 8, 28672, 80)  # grouped-query attention: 8 KV heads
-_LLAMA3_8B = KnownShape(32, 8, 14336, 32)
-_LLAMA3_70B = KnownShape(64, 8, 28672, 80)
-_MISTRAL_7B = KnownShape(32, 8, 14336, 32)
-_SMOLLM2_135M = KnownShape(9, 3, 1536, 30, tie_word_embeddings=True)
+# hidden_size and vocab_size too, for the parameter count.
+_LLAMA2_7B = KnownShape(32, 32, 11008, 32, hidden_size=4096, vocab_size=32000)
+_LLAMA2_13B = KnownShape(40, 40, 13824, 40, hidden_size=5120, vocab_size=32000)
+_LLAMA2_70B = KnownShape(64, 8, 28672, 80, hidden_size=8192, vocab_size=32000)  # grouped-query attention: 8 KV heads
+_LLAMA3_8B = KnownShape(32, 8, 14336, 32, hidden_size=4096, vocab_size=128256)
+_LLAMA3_70B = KnownShape(64, 8, 28672, 80, hidden_size=8192, vocab_size=128256)
+_MISTRAL_7B = KnownShape(32, 8, 14336, 32, hidden_size=4096, vocab_size=32000)
+_MISTRAL_7B_V03 = KnownShape(32, 8, 14336, 32, hidden_size=4096, vocab_size=32768)  # v0.3 extended the vocabulary
+_SMOLLM2_135M = KnownShape(9, 3, 1536, 30, tie_word_embeddings=True, hidden_size=576, vocab_size=49152)
 KNOWN_SHAPES: dict[str, KnownShape] = {
     **dict.fromkeys(("meta-llama/llama-2-7b-hf", "meta-llama/llama-2-7b-chat-hf"), _LLAMA2_7B),
     **dict.fromkeys(("meta-llama/llama-2-13b-hf", "meta-llama/llama-2-13b-chat-hf"), _LLAMA2_13B),
@@ -209,15 +299,10 @@ KNOWN_SHAPES: dict[str, KnownShape] = {
         _LLAMA3_70B,
     ),
     **dict.fromkeys(
-        (
-            "mistralai/mistral-7b-v0.1",
-            "mistralai/mistral-7b-instruct-v0.1",
-            "mistralai/mistral-7b-instruct-v0.2",
-            "mistralai/mistral-7b-v0.3",
-            "mistralai/mistral-7b-instruct-v0.3",
-        ),
+        ("mistralai/mistral-7b-v0.1", "mistralai/mistral-7b-instruct-v0.1", "mistralai/mistral-7b-instruct-v0.2"),
         _MISTRAL_7B,
     ),
+    **dict.fromkeys(("mistralai/mistral-7b-v0.3", "mistralai/mistral-7b-instruct-v0.3"), _MISTRAL_7B_V03),
     **dict.fromkeys(
         ("huggingfacetb/smollm2-135m", "huggingfacetb/smollm2-135m-instruct", DEFAULT_MODEL), _SMOLLM2_135M
     ),
@@ -242,9 +327,16 @@ def shape_from_config(path: Path) -> KnownShape | None:
         return None
     if not isinstance(layers, int):
         return None
+    hidden, vocab = config.get("hidden_size"), config.get("vocab_size")
     # Llama-family configs that omit it do not tie (LlamaConfig's default).
     return KnownShape(
-        heads, kv_heads, width, layers, tie_word_embeddings=bool(config.get("tie_word_embeddings", False))
+        heads,
+        kv_heads,
+        width,
+        layers,
+        tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+        hidden_size=hidden if isinstance(hidden, int) else None,
+        vocab_size=vocab if isinstance(vocab, int) else None,
     )
 
 

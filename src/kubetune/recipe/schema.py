@@ -20,6 +20,7 @@ from kubetune.recipe.k8s import K8sSection
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TEMPLATE_FIELDS = ("instruction", "input")
+NAMED_TEMPLATES = ("auto", "chat", "alpaca", "llama2")
 
 
 def template_fields(template: str) -> set[str]:
@@ -156,9 +157,9 @@ class DataSection(Section):
     split: str = Field("train", description="Split to read from a hub dataset.")
     columns: ColumnsSection = Field(default_factory=ColumnsSection, description="Column mapping.")
     template: str = Field(
-        "chat",
-        description="chat (the tokenizer's own chat template; refused for a base model, which has none) "
-        "| alpaca | llama2 | a custom string with "
+        "auto",
+        description="auto (the tokenizer's chat template where it has one, else alpaca: a base model has none) "
+        "| chat (the tokenizer's own chat template; refused for a base model) | alpaca | llama2 | a custom string with "
         "{instruction}, {input} or both (write literal braces as {{ }}). Both: each is its column. "
         "Only {input}: the row's input, or its instruction where the row has no input. "
         "Only {instruction}: the instruction, then the row's input (if any) after a blank line. "
@@ -189,7 +190,7 @@ class DataSection(Section):
     @field_validator("template")
     @classmethod
     def _template(cls, v: str) -> str:
-        if v in ("chat", "alpaca", "llama2"):
+        if v in NAMED_TEMPLATES:
             return v
         try:
             fields = template_fields(v)
@@ -206,7 +207,8 @@ class DataSection(Section):
             )
         if not fields:
             raise ValueError(
-                "a custom template must contain {input} or {instruction} (or both); or use chat | alpaca | llama2"
+                "a custom template must contain {input} or {instruction} (or both); "
+                "or use auto | chat | alpaca | llama2"
             )
         return v
 
@@ -251,7 +253,19 @@ class TrainSection(Section):
     epochs: float = Field(1, gt=0, description="Passes over the training data (fractions allowed).")
     max_steps: int | None = Field(None, ge=1, description="Stop after this many optimizer steps (overrides epochs).")
     micro_batch_size: int = Field(4, ge=1, description="Rows per forward/backward.")
-    grad_accum: int = Field(1, ge=1, description="Micro-batches per optimizer step.")
+    grad_accum: int = Field(
+        1,
+        ge=1,
+        description="Micro-batches per optimizer step (each data-parallel replica); with train.global_batch_size "
+        "set it is derived, and a value other than 1 must agree.",
+    )
+    global_batch_size: int | None = Field(
+        None,
+        ge=1,
+        description="Rows per optimizer step over all data-parallel replicas (seed 000: 2048); train.grad_accum "
+        "is derived as global / (micro_batch_size x data-parallel replicas), which must divide it. "
+        "null = micro_batch_size x grad_accum x replicas.",
+    )
     lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
     lr_schedule: Literal["cosine", "linear", "constant"] = Field("cosine", description="Decay after warm-up.")
     warmup_steps: int = Field(10, ge=0, description="Linear warm-up steps.")

@@ -75,7 +75,7 @@ class ModelSource:
 
     def renderer(self, tokenizer: Any) -> PromptRenderer:
         if self.recipe is None:  # an HF model directory: its chat template, else alpaca
-            return PromptRenderer("chat" if getattr(tokenizer, "chat_template", None) else "alpaca", tokenizer)
+            return PromptRenderer("auto", tokenizer)
         return PromptRenderer(self.recipe.data.template, tokenizer, self.recipe.data.system_prompt)
 
     def load(self, dtype: torch.dtype, attn: str, with_adapter: bool = True) -> tuple[Any, Any]:

@@ -115,7 +115,9 @@ def auto_picks_vllm(target: str) -> tuple[bool, str]:
         return False, "vLLM is not installed"
     run = RunDir(Path(target))
     if run.is_run():
-        data = run.recipe().data
-        if data.template != "chat" or data.system_prompt:
+        from kubetune.recipe.chat_template import offline_template
+
+        recipe = run.recipe()  # data.template=auto: chat for a tokenizer with a chat template
+        if offline_template(recipe) != "chat" or recipe.data.system_prompt:
             return False, "the run's prompt template is not the bare chat template vLLM renders"
     return True, "vLLM is installed"

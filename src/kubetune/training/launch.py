@@ -108,10 +108,11 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
     communication environment (the recipe's `comm` section) for the local workers."""
     from kubetune.recipe import load_recipe
     from kubetune.recipe.comm import comm_env, comm_warnings
-    from kubetune.recipe.layout import check_model, check_recipe, layout_for
+    from kubetune.recipe.layout import check_hosts, check_model, check_recipe, layout_for
 
     r = load_recipe(recipe, overrides).recipe
     layout = layout_for(r.parallel, world_size)
+    check_hosts(layout, nproc_per_node)  # a tensor-parallel group on one host (its all-reduces run every layer)
     if layout.tp > 1 or layout.pp > 1:  # can the model be split this way? (its config is enough)
         from transformers import AutoConfig
 

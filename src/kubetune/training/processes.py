@@ -13,7 +13,8 @@ seconds, so it is not re-checked at every start).
 
 N processes keep the recipe's global batch: `train.grad_accum` (or else
 `train.micro_batch_size`) is divided by N, so the rows of every optimizer step are the
-same as in one process (kubetune.training.step normalises by the step's target tokens).
+same as in one process (kubetune.training.step normalises by the step's target tokens);
+with `train.global_batch_size` set, grad_accum is derived from it for N processes alike.
 A run resumes with the process count it started with.
 """
 
@@ -70,6 +71,7 @@ def started_by_launcher(env: Mapping[str, str] | None = None) -> bool:
 def plan_processes(recipe_arg: str | None, overrides: list[str], remeasure: bool = False) -> ProcessPlan:
     """One process, or one per core where that measures faster and the batch splits evenly."""
     from kubetune.recipe import load_recipe
+    from kubetune.recipe.layout import grad_accum_for
 
     recipe = load_recipe(recipe_arg, overrides).recipe
     fixed = _fixed_reason(recipe)
@@ -77,12 +79,13 @@ def plan_processes(recipe_arg: str | None, overrides: list[str], remeasure: bool
         return ProcessPlan(1, why=fixed)
     started = _started_with(Path(recipe.output_dir))
     n = started or _cores()
-    split = batch_split(recipe.train.micro_batch_size, recipe.train.grad_accum, n)
+    t = recipe.train
+    accum = grad_accum_for(t, 1)  # one process's (train.global_batch_size, where set, is kept by any split)
+    split = batch_split(t.micro_batch_size, accum, n)
     if split is None:
-        t = recipe.train
         return ProcessPlan(
             1,
-            why=f"train.micro_batch_size={t.micro_batch_size} and train.grad_accum={t.grad_accum}: "
+            why=f"train.micro_batch_size={t.micro_batch_size} and train.grad_accum={accum}: "
             f"neither divides by {n}, so {n} processes would change the batch",
         )
     if started is not None:
@@ -174,20 +177,19 @@ def _memory_for(recipe: Any, n: int) -> str | None:
 
 
 def _process_bytes(recipe: Any) -> float:
-    """A rough peak for one training process: the weights one and a half times over (the
-    frozen base, its casts, the adapters' optimizer state) plus the interpreter, torch and
-    one micro-batch's activations."""
+    """A rough peak for one training process (`recipe.footprint.process_bytes`, which render's
+    memory check uses too), from the parameters of the model itself."""
     import torch
     from transformers import AutoModelForCausalLM
 
     from kubetune.models.load import load_config, resolve_model
+    from kubetune.recipe.footprint import process_bytes, weight_width
 
     m = recipe.model
     config = load_config(resolve_model(m.name_or_path), m.revision, m.trust_remote_code)
     with torch.device("meta"):
         params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
-    width = 2 if recipe.base_dtype_name() == "bf16" or recipe.train.precision == "auto" else 4
-    return 1.5 * params * width + 1.5 * 2**30
+    return process_bytes(params, weight_width(recipe))
 
 
 # --- the measurement --------------------------------------------------------------------

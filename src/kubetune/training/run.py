@@ -86,6 +86,7 @@ def resume_or_start(parts: TrainParts) -> TrainState:
     if parts.env.is_main:
         parts.run_dir.write_record(parts.recipe_as_given, "running")
     log.info("%s", describe_run(parts))
+    log.info("%s", parts.data.renderer.describe())  # data.template=auto: which one, and why
     log.info("%s", parts.kernels.describe())
     if parts.env.device.type == "cpu":
         log.info("memory allocator: %s", allocator.describe())

@@ -36,7 +36,7 @@ from kubetune.models.kernels import choose as choose_kernels
 from kubetune.models.load import DTYPES, load_config, load_tokenizer, resolve_model
 from kubetune.models.stages import Stage
 from kubetune.recipe import Recipe
-from kubetune.recipe.layout import Layout, check_model
+from kubetune.recipe.layout import Layout, check_model, check_recipe, global_batch, with_grad_accum
 from kubetune.recipe.schema import OFFLOADS
 from kubetune.rundir import RunDir
 from kubetune.training import checkpoint as ckpt
@@ -78,6 +78,7 @@ class TrainParts:
 
 
 def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, started_at: float) -> TrainParts:
+    check_recipe(layout, given)  # the batch and the layout's demands, before the data and the model load
     configure_threads(given.train.num_threads, env)
     metrics = open_metrics(given, env)  # first: a taken port fails before the model loads
     torch.manual_seed(given.train.seed)
@@ -88,8 +89,9 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     config = load_config(source, given.model.revision, given.model.trust_remote_code)
     check_model(layout, config, given)
     kernels = resolve_kernels(given, config, batcher, env)
-    recipe = given.with_kernels(kernels.precision, kernels.attention)
-    for line in recipe.train.loss_scale_warnings() if env.is_main else []:
+    recipe = with_grad_accum(given.with_kernels(kernels.precision, kernels.attention), layout.data_parallel_size)
+    warnings = recipe.train.loss_scale_warnings() + batch_warnings(recipe, batcher, layout)
+    for line in warnings if env.is_main else []:
         logging.getLogger("kubetune").warning("warning: %s", line)
     model = build_model(recipe, source, env.device, Stage(layout.pp_rank, layout.pp) if layout.pp > 1 else None)
     autocast = autocast_context(recipe.train.precision, env.device)
@@ -134,6 +136,24 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         auto_compile=auto_compile(recipe, model, env, config) if recipe.train.compile == "auto" else None,
     )
     return dataclasses.replace(parts, preference=preference_training(parts, start, precompute))
+
+
+def batch_warnings(recipe: Recipe, batcher: Batcher, layout: MeshLayout) -> list[str]:
+    """A global batch beyond the data: each epoch would be a single optimizer step (or less)."""
+    rows = len(batcher.epoch_rows(0))
+    step = global_batch(recipe.train, layout.data_parallel_size)
+    if step <= rows:
+        return []
+    if recipe.train.global_batch_size:
+        what, fix = "train.global_batch_size", f"lower train.global_batch_size to at most {rows}"
+    else:
+        what = f"train.micro_batch_size x train.grad_accum x {layout.data_parallel_size} data-parallel replica(s)"
+        fix = f"lower train.micro_batch_size or train.grad_accum until a step is at most {rows} rows"
+    line = (
+        f"a step of {step} rows ({what}) is more than the {rows} rows of an epoch (samples packed into "
+        f"data.max_seq_len={recipe.data.max_seq_len} tokens): every epoch is one optimizer step; {fix}"
+    )
+    return [line]
 
 
 def auto_compile(recipe: Recipe, model: ModelParts, env: DistEnv, config: Any) -> AutoCompile:
