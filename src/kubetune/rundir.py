@@ -47,7 +47,6 @@ NEUTRAL: dict[str, set[str] | None] = {
 }
 
 
-def fingerprint(recipe: Recipe) -> str:
 # Keys added after runs were recorded, at the value that means what recipes meant before them:
 # left out of the fingerprint at that value, so that a run recorded before them stays resumable.
 ADDED_LATER: dict[tuple[str, str], object] = {("train", "global_batch_size"): None}
@@ -56,14 +55,15 @@ ADDED_LATER: dict[tuple[str, str], object] = {("train", "global_batch_size"): No
 FORMERLY = {("data", "template"): ("auto", "chat")}
 
 
+def fingerprint(recipe: Recipe) -> str:
     d = recipe.model_dump(mode="json")
-    for section, keys in NEUTRAL.items():
     for (section, key), unset in ADDED_LATER.items():
         if d.get(section, {}).get(key) == unset:
             d[section].pop(key, None)
     for (section, key), (now, before) in FORMERLY.items():
         if d.get(section, {}).get(key) == now:
             d[section][key] = before
+    for section, keys in NEUTRAL.items():
         if keys is None:
             d.pop(section, None)
         else:

@@ -76,6 +76,8 @@ def _render(
     rendered = render(_load(args, profile, api), hf_token=token, with_runtime=with_runtime, with_kueue=kueue)
     for warning in rendered.warnings:
         _note(f"warning: {warning}")
+    for note in rendered.notes:
+        _note(note)
     return rendered
 
 
@@ -86,8 +88,6 @@ def _first_and_overrides(args: list[str], missing: str, what: str) -> tuple[str,
     if "=" in args[0]:
         raise UserError(f"the first argument must be {what}, not the override `{args[0]}`")
     return args[0], list(args[1:])
-    for note in rendered.notes:
-        _note(note)
 
 
 def _load(args: list[str], profile: str | None, api: str | None):

@@ -65,8 +65,8 @@ class Rendered:
     objects: list[KubeObject]
     names: Names
     warnings: list[str] = field(default_factory=list)
-
     notes: list[str] = field(default_factory=list)  # what the job will do, where the recipe leaves it implicit
+
     @property
     def job(self) -> KubeObject:
         return self.objects[-1]
@@ -153,8 +153,8 @@ def layout_problems(recipe: Recipe) -> list[str]:
         world = replicas * k8s.processes_per_pod()
         try:
             layout = layout_for(recipe.parallel, world)
-        except UserError as e:
             check_hosts(layout, k8s.processes_per_pod())
+        except UserError as e:
             return [f"{e} (k8s.replicas={replicas} x k8s.nproc_per_node={k8s.processes_per_pod()} = {world} processes)"]
         try:
             if shape is not None:
@@ -166,7 +166,6 @@ def layout_problems(recipe: Recipe) -> list[str]:
     return []
 
 
-def layout_warnings(recipe: Recipe) -> list[str]:
 def batch_notes(recipe: Recipe) -> list[str]:
     """The rows and tokens of one optimizer step, at every size the job may take (layout_problems
     has checked that each is valid)."""
@@ -193,6 +192,7 @@ def default_notes(recipe: Recipe) -> list[str]:
     return [f"k8s.replicas is not set: {recipe.k8s.replicas} worker pods (kubetune's default; seed 002's job has 4)"]
 
 
+def layout_warnings(recipe: Recipe) -> list[str]:
     """A split model whose shape render cannot know: its degrees are checked only in the pods."""
     parallel, name = recipe.parallel, recipe.model.name_or_path
     if (parallel.tp > 1 or parallel.pp > 1) and model_shape(name) is None:
@@ -246,9 +246,9 @@ def recipe_problems(recipe: Recipe) -> list[str]:
     problems = resource_problems(recipe.k8s) + layout_problems(recipe) + kueue.problems(recipe.k8s)
     if template_problem := chat_template_problem(recipe):
         problems.append(template_problem)
-    return problems
     if not problems and (too_little := memory_problem(recipe)):  # the memory of processes the layout allows
         problems.append(too_little)
+    return problems
 
 
 def render(
