@@ -44,6 +44,7 @@ NEUTRAL: dict[str, set[str] | None] = {
         "grad_accum",
     },
     "data": {"cache_dir"},
+    "model": {"gated"},  # whether the pods need a token, not what they learn
 }
 
 

@@ -124,10 +124,11 @@ def test_create_namespace_writes_it_outside_the_kustomization(cli, tmp_path):
     assert namespace_file.name not in yaml.safe_load((out / "kustomization.yaml").read_text())["resources"]
 
 
-def test_check_validates_and_says_so(cli):
+def test_check_validates_and_says_so(cli, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", TOKEN)  # Llama 2 is gated: --check wants a token
     result = cli("k8s", "render", SEED, "--profile", "nvidia", "--check", "k8s.gang=volcano", "k8s.queue=q")
     assert result.code == 0, result.err
-    assert "checked 7 objects: all valid" in result.err
+    assert "checked 8 objects: all valid" in result.err  # the token's Secret among them
     assert "PodMonitor llama2-7b-medical-flashcards-metrics: valid, but left out" in result.err
     assert "add --monitoring prometheus-operator where the cluster has them" in result.err
     bad = cli("k8s", "render", SEED, "--monitoring", "prometheus")

@@ -242,7 +242,8 @@ def test_a_topology_flavor_needs_node_labels():
         rendered("nvidia", "pytorchjob", QUEUE, LEVELS, with_kueue=True)
 
 
-def test_cli_render_kueue_check(cli):
+def test_cli_render_kueue_check(cli, monkeypatch):
+    monkeypatch.setenv("HF_TOKEN", "hf_a_made_up_token_for_the_check")  # Llama 2 is gated: --check wants a token
     result = cli("k8s", "render", SEED, QUEUE, "--kueue", "--check")
     assert result.code == 0, result.err
     kinds = [doc["kind"] for doc in yaml.safe_load_all(result.out) if doc]

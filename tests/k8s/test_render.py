@@ -175,15 +175,15 @@ def test_the_hf_token_is_only_in_the_secret(profile, api):
     assert TOKEN not in r.to_yaml(objects)  # stdout: the Secret is replaced by a comment
     assert "# Secret llama2-7b-medical-flashcards-hf-token: not printed" in r.to_yaml(objects)
     token_env = env_of(worker_container(objects))["HF_TOKEN"]
-    assert token_env == {
-        "secretKeyRef": {"key": "HF_TOKEN", "name": "llama2-7b-medical-flashcards-hf-token", "optional": True}
+    assert token_env == {  # Llama 2 is gated: the pods wait for the Secret (tests/k8s/test_gated_token.py)
+        "secretKeyRef": {"key": "HF_TOKEN", "name": "llama2-7b-medical-flashcards-hf-token", "optional": False}
     }
 
 
 def test_no_token_no_secret():
     objects = rendered(token=None).objects
     assert by_kind(objects, "Secret") == []
-    assert "HF_TOKEN" in env_of(worker_container(objects))  # optional ref: the pod still starts
+    assert "HF_TOKEN" in env_of(worker_container(objects))  # the Secret the user creates (a warning says so)
 
 
 def test_a_token_in_the_recipe_is_refused():

@@ -95,10 +95,14 @@ def test_objects_in_apply_order_all_in_the_jobs_namespace():
         "Ingress",
     ]
     assert {o["metadata"].get("namespace") for o in out.objects[1:]} == {NS}
-    assert out.names.job == SERVE and one(out.objects, "Secret")["metadata"]["name"] == f"{SERVE}-hf-token"
+    # the token goes into the training job's Secret, the one the serving pods read: the job's instance
+    secret = one(out.objects, "Secret")
+    assert out.names.job == SERVE and secret["metadata"]["name"] == f"{JOB}-hf-token"
+    assert secret["metadata"]["labels"]["app.kubernetes.io/instance"] == JOB
     for obj in out.objects[1:]:
         labels = obj["metadata"]["labels"]
-        assert labels["app.kubernetes.io/instance"] == SERVE and labels["app.kubernetes.io/managed-by"] == "kubetune"
+        instance = JOB if obj is secret else SERVE
+        assert labels["app.kubernetes.io/instance"] == instance and labels["app.kubernetes.io/managed-by"] == "kubetune"
 
 
 def test_native_engine_serves_the_run_directory_from_the_jobs_claim():
@@ -492,7 +496,7 @@ def test_cli_writes_one_file_per_object_for_kustomize(cli, tmp_path):
     names = sorted(p.name for p in out.iterdir())
     assert names == sorted(
         [  # no Namespace: `kubectl delete -k` of this directory must not delete it
-            f"secret-{SERVE}-hf-token.yaml",
+            f"secret-{JOB}-hf-token.yaml",  # the training job's Secret, which the pods read
             f"networkpolicy-{SERVE}.yaml",
             f"configmap-{SERVE}-prometheus-adapter-rule.yaml",
             f"deployment-{SERVE}.yaml",
@@ -504,7 +508,7 @@ def test_cli_writes_one_file_per_object_for_kustomize(cli, tmp_path):
             "kustomization.yaml",
         ]
     )
-    assert (out / f"secret-{SERVE}-hf-token.yaml").stat().st_mode & 0o077 == 0
+    assert (out / f"secret-{JOB}-hf-token.yaml").stat().st_mode & 0o077 == 0
     if shutil.which("kubectl") is None:
         pytest.skip("kubectl is not installed: cannot run `kubectl kustomize`")
     built = subprocess.run(["kubectl", "kustomize", str(out)], capture_output=True, text=True, timeout=60)
@@ -515,7 +519,7 @@ def test_cli_stdout_redacts_the_token_and_warns_on_stderr(cli, monkeypatch):
     monkeypatch.setenv("HF_TOKEN", TOKEN)
     result = cli("k8s", "render-serve", SMOL, "--adapter", "x=y")
     assert result.code == 0, result.err
-    assert TOKEN not in result.out + result.err and f"# Secret {SERVE}-hf-token: not printed" in result.out
+    assert TOKEN not in result.out + result.err and f"# Secret {JOB}-hf-token: not printed" in result.out
     docs = [d for d in yaml.safe_load_all(result.out) if d]
     deployment = next(d for d in docs if d["kind"] == "Deployment")
     assert deployment["spec"]["template"]["spec"]["containers"][0]["command"][-2:] == ["--adapter", "x=/data/y"]
@@ -627,9 +631,9 @@ def test_delete_removes_the_serving_objects_by_label_and_leaves_the_jobs():
         "NetworkPolicy",
         "Service",
         "ConfigMap",
-        "Secret",
         "ServiceMonitor",
     }, lines
+    assert fake.get("v1", "Secret", f"{JOB}-hf-token", NS) is not None  # the job's token: the job's to delete
     assert not any("kept the PVC" in line for line in lines)  # serving has no PVC of its own
     assert fake.get("kubeflow.org/v1", "PyTorchJob", JOB, NS) is not None  # the job stays
     assert fake.get("v1", "ConfigMap", f"{JOB}-recipe", NS) is not None

@@ -69,16 +69,34 @@ def _read_token(hf_token_file: Path | None) -> str | None:
 
 
 def _render(
-    args: list[str], profile: str | None, api: str | None, token: str | None, with_runtime: bool, kueue: bool = False
+    args: list[str],
+    profile: str | None,
+    api: str | None,
+    token: str | None,
+    with_runtime: bool,
+    kueue: bool = False,
+    need_token: bool = False,
 ):
+    """`need_token`: a gated model without a token is refused (submit, --check), else a warning."""
     from kubetune.k8s.render import render
 
-    rendered = render(_load(args, profile, api), hf_token=token, with_runtime=with_runtime, with_kueue=kueue)
+    recipe = _load(args, profile, api)
+    if need_token and token is None:
+        _refuse_without_token(recipe)
+    rendered = render(recipe, hf_token=token, with_runtime=with_runtime, with_kueue=kueue)
     for warning in rendered.warnings:
         _note(f"warning: {warning}")
     for note in rendered.notes:
         _note(note)
     return rendered
+
+
+def _refuse_without_token(recipe) -> None:
+    """A gated model's pods would only fail with the Hub's 401: say so before anything is sent."""
+    from kubetune.recipe.gated import missing_token_problem
+
+    if problem := missing_token_problem(recipe):
+        raise UserError(problem)
 
 
 def _first_and_overrides(args: list[str], missing: str, what: str) -> tuple[str, list[str]]:
@@ -263,7 +281,7 @@ def render_cmd(
     """
     prometheus_operator = _prometheus_operator(monitoring)
     args = _with_devices(args or [], devices, kubernetes_version)
-    rendered = _render(args, profile, api, _read_token(hf_token_file), with_runtime, kueue)
+    rendered = _render(args, profile, api, _read_token(hf_token_file), with_runtime, kueue, need_token=check)
     _emit(rendered, output, check, create_namespace, prometheus_operator)
 
 
@@ -353,7 +371,7 @@ def submit_cmd(
         given = flags_given(serving)
         if given:
             raise UserError(f"{', '.join(given)}: serving options, for `kubetune k8s submit --serve RUN`")
-        rendered = _render(args or [], profile, api, token, with_runtime)
+        rendered = _render(args or [], profile, api, token, with_runtime, need_token=True)
     _check(rendered.objects)
     if token is None:
         _note("no Hugging Face token (--hf-token-file or HF_TOKEN): fine for public models, gated ones will fail")
@@ -376,6 +394,8 @@ def _submit_finetune(args, profile, api, token, with_runtime, serve: bool, servi
             + ", ".join(FINETUNE_FLAGS)
         )
     recipe = _load(args, profile, api)
+    if token is None:
+        _refuse_without_token(recipe)
     _check(render(recipe, hf_token=token).objects)  # what the operator will create, validated now
     spec_serve = spec_given(serving) if serve else None
     ft = finetune.finetune_object(recipe, job_name(recipe), with_token=token is not None, serve=spec_serve)

@@ -13,6 +13,7 @@ so every rule is tested with plain dicts. The rules, in the order they are repor
 | container waiting CreateContainerConfigError | a ConfigMap / Secret the pod needs is missing |
 | container terminated OOMKilled (now or last) | memory limit reached |
 | container waiting CrashLoopBackOff | the process keeps failing: its last log lines |
+| log lines: the Hub's 401 / 403 / GatedRepoError | the Hugging Face token is missing or has no access to the model |
 | log lines: rendezvous / TCPStore / connect timeouts | workers cannot reach the master |
 | log lines: collective (NCCL/gloo/HCCL) timeouts | a collective timed out |
 | CCL_* / I_MPI_* in the pods' env or comm.extra_env | oneCCL / Intel MPI settings nothing reads |
@@ -30,7 +31,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetune.k8s import kueue, quota
-from kubetune.k8s.names import KUEUE_LABEL, Names
+from kubetune.k8s.names import KUEUE_LABEL, TOKEN_KEY, Names
 from kubetune.recipe.comm import ACCELERATOR_KINDS, oneccl_advice, oneccl_variables
 from kubetune.recipe.schema import OFFLOADS, RECOMPUTES
 
@@ -209,6 +210,14 @@ _RENDEZVOUS = re.compile(
     r"connect\(\) to .{0,80}(timed out|failed)|Name or service not known",
     re.IGNORECASE,
 )
+# What the Hub's client and transformers say when the Hub refuses the token (401: none or invalid,
+# 403: not granted access; `X-Error-Code: GatedRepo`); kubetune's own error line keeps transformers'
+# first line, "You are trying to access a gated repo."
+_HUB_ACCESS = re.compile(
+    r"GatedRepoError|gated repo|is a gated repository|\b40[13] Client Error|"
+    r"Invalid credentials in Authorization header|Invalid user token",
+    re.IGNORECASE,
+)
 _COLLECTIVE = re.compile(
     r"Watchdog caught collective operation timeout|collective operation timeout|"
     r"(NCCL|HCCL|Gloo|gloo).{0,120}(timed out|timeout|Timeout)|ProcessGroup\w*.{0,80}timed out",
@@ -219,6 +228,7 @@ _COLLECTIVE = re.compile(
 def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str, namespace: str) -> list[Finding]:
     name = pod["metadata"]["name"]
     out = []
+    hub_refused = any(_HUB_ACCESS.search(line) for line in lines)
     for cs in _get(pod, "status.containerStatuses", []) or []:
         state, last = cs.get("state") or {}, cs.get("lastState") or {}
         waiting = (state.get("waiting") or {}).get("reason")
@@ -255,7 +265,8 @@ def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str, nam
                     _oom_fix(recipe),
                 )
             )
-        if waiting == "CrashLoopBackOff" and not oom:  # OOM already explains the crash loop
+        # OOM, or the Hub refusing the token (_hub_access_finding), already explains the crash loop
+        if waiting == "CrashLoopBackOff" and not (oom or hub_refused):
             tail = " | ".join(line.strip() for line in lines[-3:] if line.strip()) or "no log lines"
             out.append(
                 Finding(
@@ -267,6 +278,27 @@ def _container_findings(pod: dict, recipe: dict, lines: list[str], job: str, nam
                 )
             )
     return out
+
+
+def _hub_access_finding(pod: str, lines: list[str], recipe: dict, job: str, namespace: str) -> list[Finding]:
+    """The Hub refused the pod's token: say whose token, where it lives, and how to replace it."""
+    refused = next((line for line in lines if _HUB_ACCESS.search(line)), None)
+    if refused is None:
+        return []
+    model = _get(recipe, "model.name_or_path", None)
+    page = f"https://huggingface.co/{model}" if model else "the model's page on huggingface.co"
+    secret = Names.for_job(job, namespace).secret
+    return [
+        Finding(
+            "error",
+            f"pod {pod}",
+            f"the Hugging Face token is missing or has no access to {model or 'the model'} ({refused.strip()[:200]})",
+            f"use a token whose account was granted access (request it at {page}) and put "
+            f"it in Secret {secret}, which the pods read when they restart: `kubetune k8s submit RECIPE -n "
+            f"{namespace} --hf-token-file FILE`, or for a FineTune `kubectl create secret generic {secret} -n "
+            f"{namespace} --from-file={TOKEN_KEY}=FILE --dry-run=client -o yaml | kubectl apply -f -`",
+        )
+    ]
 
 
 def _oom_fix(recipe: dict) -> str:
@@ -572,6 +604,7 @@ def diagnose(snap: Snapshot) -> list[Finding]:
                 findings += _scheduling_findings(name, event.get("message", ""), snap.recipe)
         findings += _container_findings(pod, snap.recipe, snap.logs.get(name, []), snap.name, snap.namespace)
         findings += _log_findings(name, snap.logs.get(name, []), snap.recipe)
+        findings += _hub_access_finding(name, snap.logs.get(name, []), snap.recipe, snap.name, snap.namespace)
     findings += _storage_findings(snap, snap.events)
     findings += _oneccl_findings(snap)
     findings += _quota_findings(snap) or _exceeded_quota_events(snap)

@@ -31,6 +31,7 @@ from kubetune.k8s.names import (
 )
 from kubetune.kube import KUBETUNE, NAME, KubeObject, common_labels, parse_quantity
 from kubetune.monitor.contract import METRICS_PORT_NAME
+from kubetune.recipe.gated import needs_token
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
 
@@ -67,11 +68,12 @@ def worker_env(recipe: Recipe, names: Names) -> list[V1EnvVar]:
     env = [
         V1EnvVar(name="KUBETUNE_CACHE", value=f"{DATA_DIR}/cache"),
         V1EnvVar(name="HF_HOME", value=f"{DATA_DIR}/hf"),
-        # optional: public models need no token, and the pod must still start without the Secret.
+        # optional for a public model (the pod starts without the Secret); a gated one's pods wait
+        # for the Secret (CreateContainerConfigError names it) instead of failing with the Hub's 401.
         V1EnvVar(
             name=TOKEN_KEY,
             value_from=V1EnvVarSource(
-                secret_key_ref=V1SecretKeySelector(name=names.secret, key=TOKEN_KEY, optional=True)
+                secret_key_ref=V1SecretKeySelector(name=names.secret, key=TOKEN_KEY, optional=not needs_token(recipe))
             ),
         ),
         V1EnvVar(name="KUBETUNE_MEMORY_BUDGET", value=str(profiles.memory_budget_bytes(k8s))),

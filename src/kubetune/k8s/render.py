@@ -30,12 +30,13 @@ import yaml
 
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import claims, jobs, kueue, objects, profiles, quota
-from kubetune.k8s.names import DATA_DIR, NAMESPACE_QUOTA, Names
+from kubetune.k8s.names import DATA_DIR, NAMESPACE_QUOTA, TOKEN_KEY, Names
 from kubetune.k8s.scrape import metrics_port, training_pod_monitor
 from kubetune.kube import KubeObject
 from kubetune.recipe.chat_template import chat_template_problem, template_note
 from kubetune.recipe.comm import comm_warnings
 from kubetune.recipe.footprint import memory_problem
+from kubetune.recipe.gated import needs_token
 from kubetune.recipe.k8s import K8sSection, resource_problems
 from kubetune.recipe.layout import check_hosts, check_model, check_recipe, global_batch, layout_for, model_shape
 from kubetune.recipe.schema import Recipe
@@ -301,8 +302,22 @@ def render(
     warnings += recipe.train.loss_scale_warnings() + profiles.scale_out_warnings(recipe)
     warnings += kueue.team_warnings(k8s) if with_kueue else []
     warnings += claims.device_warnings(k8s)
+    warnings += [] if hf_token else token_warnings(recipe, names)
     notes = batch_notes(recipe) + [note for note in [template_note(recipe)] if note] + default_notes(recipe)
     return Rendered(objects=out, names=names, warnings=warnings, notes=notes)
+
+
+def token_warnings(recipe: Recipe, names: Names) -> list[str]:
+    """A gated model rendered without a token: its pods wait for a Secret that is not in the output."""
+    if not needs_token(recipe):
+        return []
+    secret, ns = names.secret, names.namespace
+    warning = (
+        f"model.name_or_path={recipe.model.name_or_path} is gated: its pods wait for Secret {secret} (not rendered "
+        f"without a token); render with --hf-token-file FILE -o DIR, or `kubectl create secret generic {secret} "
+        f"-n {ns} --from-file={TOKEN_KEY}=FILE`"
+    )
+    return [warning]
 
 
 def _refuse_token_leak(objects: list[KubeObject], token: str) -> None:

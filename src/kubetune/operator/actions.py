@@ -21,6 +21,7 @@ from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
 from kubetune.operator import metrics_page, plan
+from kubetune.recipe.gated import missing_token_problem
 from kubetune.recipe.schema import Recipe
 
 JOB_KINDS = {"pytorchjob": ("kubeflow.org/v1", "PyTorchJob"), "trainjob": ("trainer.kubeflow.org/v1alpha1", "TrainJob")}
@@ -34,7 +35,8 @@ def meta(body: dict[str, Any]) -> tuple[str, str]:
 
 
 def spec_recipe(client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpec) -> Recipe:
-    """spec.recipe, or the recipeRef ConfigMap's key, validated (RecipeError: every problem) and resolved."""
+    """spec.recipe, or the recipeRef ConfigMap's key, validated (RecipeError: every problem) and resolved.
+    A gated model needs spec.hfTokenSecretRef: without it its pods could only fail with the Hub's 401."""
     name, namespace = meta(body)
     data = spec.recipe
     if spec.recipe_ref is not None:
@@ -45,7 +47,10 @@ def spec_recipe(client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpe
         data = recipe_text_data(cm["data"][key], f"ConfigMap {cm_name} key {key}")
     if data is None:
         raise RecipeError("spec: set spec.recipe (the recipe inline) or spec.recipeRef (a ConfigMap key)")
-    return plan.resolved(plan.load_recipe_for(name, namespace, data, spec))  # as its ConfigMap will hold it
+    recipe = plan.resolved(plan.load_recipe_for(name, namespace, data, spec))  # as its ConfigMap will hold it
+    if spec.hf_token_ref is None and (problem := missing_token_problem(recipe)):
+        raise RecipeError(problem)
+    return recipe
 
 
 def applied_recipe(client: KubeClient, body: dict[str, Any]) -> Recipe | None:
@@ -55,6 +60,11 @@ def applied_recipe(client: KubeClient, body: dict[str, Any]) -> Recipe | None:
     return None if cm is None else config_map_recipe(cm)
 
 
+class TokenSecretMissing(ClusterError):
+    """spec.hfTokenSecretRef names a Secret (or key) that is not there (yet): temporary, since the
+    Secret is often created after the FineTune that names it (`submit --via-operator` does so)."""
+
+
 def hf_token(client: KubeClient, namespace: str, spec: plan.FineTuneSpec) -> str | None:
     if spec.hf_token_ref is None:
         return None
@@ -62,8 +72,11 @@ def hf_token(client: KubeClient, namespace: str, spec: plan.FineTuneSpec) -> str
     secret = client.get("v1", "Secret", secret_name, namespace)
     value = ((secret or {}).get("data") or {}).get(key)
     if value is None:
-        # temporary: the Secret is often created after the FineTune that names it
-        raise ClusterError(f"spec.hfTokenSecretRef: Secret {namespace}/{secret_name} has no key {key!r} (yet)")
+        what = f"has no key {key}" if secret is not None else "does not exist"
+        raise TokenSecretMissing(
+            f"spec.hfTokenSecretRef: Secret {namespace}/{secret_name} {what} (yet); create it with `kubectl create "
+            f"secret generic {secret_name} -n {namespace} --from-file={key}=FILE` (the operator retries until then)"
+        )
     return base64.b64decode(value).decode()
 
 
@@ -109,12 +122,10 @@ def create_export(client: KubeClient, body: dict[str, Any], recipe: Recipe) -> l
     return create_all(client, plan.owned([job], body, delete_claim=False))
 
 
-def serving_objects(
-    client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpec, recipe: Recipe
-) -> list[dict[str, Any]]:
-    """What `kubetune k8s render-serve` makes for the run, owned by the FineTune."""
-    token = hf_token(client, meta(body)[1], spec)
-    return plan.owned(render_serve(recipe, spec.serve.settings, hf_token=token).objects, body, False)
+def serving_objects(body: dict[str, Any], spec: plan.FineTuneSpec, recipe: Recipe) -> list[dict[str, Any]]:
+    """What `kubetune k8s render-serve` makes for the run, owned by the FineTune. No token: the
+    serving pods read the training job's Secret, which `training_objects` made."""
+    return plan.owned(render_serve(recipe, spec.serve.settings).objects, body, False)
 
 
 # ------------------------------------------------------------------ observing

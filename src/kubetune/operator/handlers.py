@@ -35,6 +35,11 @@ from kubetune.rundir import changed_keys
 
 RESOURCE = (GROUP, VERSION, PLURAL)
 RETRY_DELAY_S = 30
+# Waiting for spec.hfTokenSecretRef's Secret: `submit --via-operator` creates it just after the
+# FineTune, so the first looks come soon; then less often, each one a line in the log, up to a
+# minute apart (how long a user waits after creating the Secret).
+TOKEN_RETRY_DELAY_S = 10
+TOKEN_RETRY_MAX_S = 60
 log = logging.getLogger("kubetune.operator")
 
 
@@ -107,7 +112,7 @@ def _say_created(ft: dict[str, Any], created: list[str]) -> None:
 # ------------------------------------------------------------------ create / resume
 
 
-def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> None:
+def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int = 0, **_: Any) -> None:
     client: KubeClient = memo["client"]
     ft = _plain(body)
     spec = plan.FineTuneSpec.from_dict(ft.get("spec") or {})
@@ -117,6 +122,8 @@ def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, **_: Any) -> N
         created = actions.create_training(client, ft, spec, recipe)
     except RecipeError as e:
         raise _refuse(patch, ft, "InvalidRecipe", "invalid recipe", e.problems) from None
+    except actions.TokenSecretMissing as e:
+        raise _wait_for_token(patch, ft, e, retry) from None
     except ClusterError as e:
         raise _temporary(e) from None
     except UserError as e:  # the renderer's refusals (a token in the recipe, ...): the spec must change
@@ -144,6 +151,15 @@ def _refuse(patch: kopf.Patch, ft: dict[str, Any], reason: str, what: str, probl
     patch.status["phase"] = "Failed"
     lines = [line for problem in problems for line in problem.splitlines()]
     return kopf.PermanentError(f"refused, {what}: {'; '.join(lines)} (edit the spec to retry)")
+
+
+def _wait_for_token(patch: kopf.Patch, ft: dict[str, Any], e: ClusterError, retry: int) -> kopf.TemporaryError:
+    """The token's Secret is not there yet: Valid=False saying which and how to create it, phase
+    Pending, nothing created; kopf retries (one log line per try, no traceback) until it appears."""
+    generation = ft["metadata"].get("generation")
+    _set_condition(patch, ft, plan.condition("Valid", False, "TokenSecretMissing", e.problems[0], generation))
+    patch.status["phase"] = "Pending"
+    return kopf.TemporaryError(e.problems[0], delay=min(TOKEN_RETRY_DELAY_S * (retry + 1), TOKEN_RETRY_MAX_S))
 
 
 # ------------------------------------------------------------------ spec edits
@@ -292,7 +308,7 @@ def _act(
             _say_created(ft, actions.create_export(client, ft, recipe))
             patch.status["exportJobRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": name + plan.EXPORT_SUFFIX}
         elif action == "create-serving":
-            objects = actions.serving_objects(client, ft, spec, recipe)
+            objects = actions.serving_objects(ft, spec, recipe)
             created = actions.create_all(client, objects)
             patch.status["endpoint"] = plan.endpoint(objects)
             _say_created(ft, created)

@@ -49,6 +49,13 @@ class ModelSection(Section):
         "sdpa", description="Attention kernel passed to transformers."
     )
     trust_remote_code: bool = Field(False, description="Allow custom modelling code from the hub.")
+    gated: bool | None = Field(
+        None,
+        description="The hub model needs a Hugging Face token (a gated repository): `k8s submit` and "
+        "`k8s render --check` refuse it without --hf-token-file / $HF_TOKEN (a FineTune: spec.hfTokenSecretRef), "
+        "and the pods require the token's Secret. null = known gated ids (meta-llama/*, google/gemma*, "
+        "mistralai's 7B and Mixtral models); false = public or already in the pods' cache.",
+    )
 
 
 Objective = Literal["sft", "dpo", "orpo", "simpo"]

@@ -3,7 +3,8 @@
 Objects, in apply order, all in the recipe's `k8s.namespace` (the training job's, so that its
 volume claim can be mounted), named `<job>-serve` unless `--name` says otherwise:
 
-- Namespace, [Secret] (the Hugging Face token, for gated base models),
+- Namespace, [Secret] (with a token: the training job's `<job>-hf-token`, which the pods read
+  as the job's pods do; not a second copy),
 - [NetworkPolicy] (default on): the server's port open to the namespace's own pods, the ingress
   controller's namespace and the monitoring namespace only,
 - [ConfigMap `<name>-prometheus-adapter-rule`] (with `--autoscale queue`): the prometheus-adapter

@@ -109,9 +109,12 @@ def _memory_bytes(plan: Plan) -> int:
 def server_env(plan: Plan) -> list[KubeObject]:
     env: list[KubeObject] = [
         {"name": "HF_HOME", "value": f"{plan.root}/hf"},
+        # The training job's token Secret, one per job. Optional even for a gated model: the job
+        # left the base model in HF_HOME on the claim, where the Hub's client falls back to it,
+        # and a pod must still start after `kubetune k8s delete JOB` has removed that Secret.
         {
             "name": TOKEN_KEY,
-            "valueFrom": {"secretKeyRef": {"name": plan.names.secret, "key": TOKEN_KEY, "optional": True}},
+            "valueFrom": {"secretKeyRef": {"name": plan.job.secret, "key": TOKEN_KEY, "optional": True}},
         },
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]

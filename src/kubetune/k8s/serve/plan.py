@@ -80,8 +80,8 @@ class Plan:
 
     recipe: Recipe
     settings: ServeSettings
-    names: Names  # the serving instance (its name, its token Secret)
-    job: Names  # the training job (its claim)
+    names: Names  # the serving instance (its name)
+    job: Names  # the training job (its claim, its token Secret)
     run_dir: str  # the run directory as the server sees it
     root: str  # where relative --adapter paths and caches live: /data (claim) or /models (image)
     params: int | None

@@ -66,8 +66,8 @@ def render_serve(
         raise RecipeError(*problems)
     plan = plan_for(recipe, settings, local_run)
     out = [objects.namespace(plan.names)]
-    if hf_token:
-        out.append(objects.secret(plan.names, hf_token))
+    if hf_token:  # the training job's Secret (the pods read that one): not a second copy of the token
+        out.append(objects.secret(plan.job, hf_token))
     if settings.network_policy:  # before the Deployment: no pod ever runs unguarded
         out.append(network_policy(plan))
     if settings.autoscale == "queue":
