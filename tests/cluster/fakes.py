@@ -134,9 +134,11 @@ class KubeEmulator:
 
     `resources` ("group/version/plural") are declared up front, so that listing one answers an
     empty list before its first object exists (kmock otherwise answers 404, as for an unknown kind).
+    `objects` ({("v1/nodes", namespace or None, name): object}) are there from the start: kmock's
+    create takes longer the more objects it holds, too long for thousands of them one by one.
     """
 
-    def __init__(self, resources: tuple[str, ...] = ()):
+    def __init__(self, resources: tuple[str, ...] = (), objects: dict[tuple[str, str | None, str], dict] | None = None):
         import asyncio
         import threading
 
@@ -149,6 +151,8 @@ class KubeEmulator:
             emulator = kmock.KubernetesEmulator()
             for resource in resources:
                 emulator.resources[resource] = {}
+            for key, obj in (objects or {}).items():
+                emulator.objects[key] = obj
             async with emulator, kmock.Server(emulator, host="127.0.0.1") as server:
                 self._box.update(url=str(server.url).rstrip("/"), stop=asyncio.Event(), loop=asyncio.get_running_loop())
                 ready.set()

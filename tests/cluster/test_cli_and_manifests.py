@@ -232,7 +232,7 @@ def test_scheduler_config_extender_entry():
         "weight": 7,
         "enableHTTPS": False,
         "httpTimeout": "5s",
-        "nodeCacheCapable": False,
+        "nodeCacheCapable": True,  # the extender watches the nodes (`--watch-pods`, the default)
         "managedResources": [
             {"name": "habana.ai/gaudi", "ignoredByScheduler": False},
             {"name": "nvidia.com/gpu", "ignoredByScheduler": False},

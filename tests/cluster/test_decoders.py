@@ -7,7 +7,7 @@ import json
 import pytest
 from pydantic import ValidationError
 
-from kubetune.cluster.extender.app import ExtenderConfig, _fast_decoder, decode_call
+from kubetune.cluster.extender.app import ExtenderConfig, _fast_decoder, decode_call, node_json
 from kubetune.cluster.extender.facts import facts_from, request_of
 
 from .samples import extender_args, gaudi_node, training_pod
@@ -63,6 +63,16 @@ def test_fast_and_pydantic_paths_agree(body):
     fast = decode_call(raw, CONFIG, _fast_decoder(CONFIG))
     slow = decode_call(raw, CONFIG, None)
     assert _facts(fast) == _facts(slow)
+
+
+@pytest.mark.parametrize("body", BODIES)
+def test_both_paths_hand_back_the_nodes_as_sent(body):
+    """/filter answers with the nodes it keeps as they came: both paths give each node's JSON."""
+    raw = json.dumps(body).encode()
+    sent = (body.get("Nodes") or {}).get("items") or []
+    for fast in (_fast_decoder(CONFIG), None):
+        texts = node_json(decode_call(raw, CONFIG, fast), fast)
+        assert [json.loads(bytes(t)) for t in texts] == sent
 
 
 @pytest.mark.parametrize(

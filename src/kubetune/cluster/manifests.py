@@ -496,7 +496,10 @@ def scheduler_config(s: ComponentSettings) -> dict:
                 "weight": s.extender_weight,
                 "enableHTTPS": False,
                 "httpTimeout": "5s",
-                "nodeCacheCapable": False,
+                # Names only when the extender watches the nodes itself: 5,000 full nodes are ~21 MB
+                # a call, and with full nodes the scheduler takes the filter's returned objects as
+                # its nodes (extender.go). --stateless can only judge the nodes it is sent.
+                "nodeCacheCapable": s.watch_pods,
                 **_managed_resources_entry(s),
                 "ignorable": True,
             }

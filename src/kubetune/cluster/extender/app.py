@@ -5,6 +5,15 @@ nodes a request is ~20 MB of JSON and its parse is most of the latency budget, s
 msgspec is installed the body is decoded by `fastwire` (only the keys the policy reads);
 otherwise, and for every body the fast path refuses, by the pydantic models in `protocol`.
 
+Both of kube-scheduler's modes (pkg/scheduler/extender.go, HTTPExtender.Filter):
+- `nodeCacheCapable: false`: the scheduler sends whole v1.Node objects and takes the
+  `Nodes.items` of the filter's answer THEMSELVES as the feasible nodes: it sends those to
+  every extender's /prioritize and uses them for the rest of the cycle. So /filter answers
+  with each kept node exactly as it received it, never a copy trimmed to its name.
+- `nodeCacheCapable: true` (what `render-components` configures with `--watch-pods`): the
+  scheduler sends node names only and reads back `NodeNames`. The node facts then come from
+  the watch-backed cache; a name the cache does not know yet is kept and scored neutral.
+
 Errors: a body that is not ExtenderArgs gets one 400 `{"Error": "..."}` naming the first
 bad field; anything unexpected gets a 500 with the same shape. Either way the scheduler
 sees a failed call (and, with `ignorable: true`, carries on without the extender).
@@ -12,10 +21,12 @@ sees a failed call (and, with `ignorable: true`, carries on without the extender
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.responses import Response
@@ -48,6 +59,7 @@ class Call:
     pod: Pod
     nodes: list[RawNode] | None  # None: nodeCacheCapable mode (NodeNames only)
     node_names: list[str] | None
+    body: bytes = b""  # as received: /filter answers with the nodes it keeps, unchanged
 
 
 def _fast_decoder(config: ExtenderConfig):
@@ -62,7 +74,8 @@ def decode_call(body: bytes, config: ExtenderConfig, fast=None) -> Call:
     """Bytes -> Call, through the fast decoder when given; raises pydantic's ValidationError."""
     if fast is not None:
         try:
-            return Call(*fast.decode(body))
+            pod, nodes, names = fast.decode(body)
+            return Call(pod, nodes, names, body)
         except Exception:
             pass  # let pydantic accept it or explain what is wrong, in its words
     args = ExtenderArgs.model_validate_json(body)
@@ -71,11 +84,34 @@ def decode_call(body: bytes, config: ExtenderConfig, fast=None) -> Call:
         if args.Nodes is not None
         else None
     )
-    return Call(args.Pod, nodes, args.NodeNames)
+    return Call(args.Pod, nodes, args.NodeNames, body)
+
+
+def node_json(call: Call, fast=None) -> list[bytes] | list[Any]:
+    """The JSON text of each node of the call (bytes-like), in the order of `call.nodes`."""
+    if fast is not None:
+        try:
+            return fast.node_json(call.body)  # msgspec.Raw: a view of the body, not a copy
+        except Exception:
+            pass  # a body only pydantic accepted: re-encode its nodes
+    items = (json.loads(call.body).get("Nodes") or {}).get("items") or []
+    return [json.dumps(item, separators=(",", ":")).encode() for item in items]
 
 
 def _json(body, status: int = 200) -> Response:
     return Response(content=json.dumps(body, separators=(",", ":")), status_code=status, media_type="application/json")
+
+
+def _filter_result(nodes: list | None, names: list[str] | None, failed: dict, unresolvable: dict) -> Response:
+    """ExtenderFilterResult, with `Nodes.items` spliced in from the nodes' JSON texts (bytes-like)."""
+    rest = json.dumps(
+        {"NodeNames": names, "FailedNodes": failed, "FailedAndUnresolvableNodes": unresolvable, "Error": ""},
+        separators=(",", ":"),
+    ).encode()
+    if nodes is None:
+        return Response(content=b'{"Nodes":null,' + rest[1:], media_type="application/json")
+    body = b"".join((b'{"Nodes":{"items":[', b",".join(nodes), b"]},", rest[1:]))
+    return Response(content=body, media_type="application/json")
 
 
 def _bad_request(e: Exception) -> Response:
@@ -88,6 +124,15 @@ def _bad_request(e: Exception) -> Response:
     else:
         message = f"malformed ExtenderArgs: {e}"
     return _json({"Error": message}, 400)
+
+
+@functools.cache  # once per process: the misconfiguration holds for every call after
+def _warn_no_node_cache() -> None:
+    log.warning(
+        "kube-scheduler sends node names only (nodeCacheCapable: true), but this extender keeps no node "
+        "cache (--stateless): every node is kept and scored neutral; run it with --watch-pods, or set "
+        "nodeCacheCapable: false in the scheduler's configuration"
+    )
 
 
 def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None = None) -> FastAPI:
@@ -106,12 +151,22 @@ def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None =
     async def parse(request: Request) -> Call:
         return decode_call(await request.body(), config, fast)
 
-    def inputs(call: Call):
-        req = request_of(call.pod, config.resources)
+    def candidates(call: Call) -> tuple[list[RawNode], list[str]]:
+        """The nodes to judge, and the names (nodeCacheCapable) that no cached node answers to."""
+        if call.nodes is not None:
+            return call.nodes, []
+        names = call.node_names or []
+        if pods is None:
+            _warn_no_node_cache()
+            return [], names
+        raws = pods.raw_nodes(names)
+        return [r for r in raws if r is not None], [name for name, r in zip(names, raws) if r is None]
+
+    def inputs(pod: Pod, nodes: list[RawNode]):
+        req = request_of(pod, config.resources)
         resource = req.resource or config.resources[0]
         index = config.resources.index(resource)
-        facts = [facts_from(raw, resource, index, pods) for raw in call.nodes or []]
-        return req, facts
+        return req, [facts_from(raw, resource, index, pods) for raw in nodes]
 
     def timed(verb: str, handler):
         async def route(request: Request) -> Response:
@@ -131,37 +186,25 @@ def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None =
 
         return route
 
-    def do_filter(args: Call) -> Response:
-        if args.nodes is None:  # nodeCacheCapable mode: no node data to judge, keep every name
-            return _json(
-                {
-                    "Nodes": None,
-                    "NodeNames": args.node_names or [],
-                    "FailedNodes": {},
-                    "FailedAndUnresolvableNodes": {},
-                    "Error": "",
-                }
-            )
-        req, facts = inputs(args)
+    def do_filter(call: Call) -> Response:
+        nodes, unknown = candidates(call)
+        req, facts = inputs(call.pod, nodes)
         kept, failed, unresolvable = policy.filter_nodes(req, facts)
-        # The scheduler reads back only the names of the nodes it gets (extender.go), so
-        # answering with metadata.name alone keeps a 5,000-node reply small.
-        return _json(
-            {
-                "Nodes": {"items": [{"metadata": {"name": name}} for name in kept]},
-                "NodeNames": None,
-                "FailedNodes": failed,
-                "FailedAndUnresolvableNodes": unresolvable,
-                "Error": "",
-            }
-        )
+        keep = set(kept).union(unknown)  # a node the cache does not know yet: nothing to hold against it
+        if call.nodes is None:
+            return _filter_result(None, [name for name in call.node_names or [] if name in keep], failed, unresolvable)
+        texts = node_json(call, fast)
+        if len(texts) != len(nodes):
+            raise ValueError(f"{len(texts)} node texts for {len(nodes)} decoded nodes")
+        return _filter_result([text for text, raw in zip(texts, nodes) if raw.name in keep], None, failed, unresolvable)
 
-    def do_prioritize(args: Call) -> Response:
-        if args.nodes is None:
-            return _json([{"Host": name, "Score": int(policy.NEUTRAL)} for name in args.node_names or []])
-        req, facts = inputs(args)
+    def do_prioritize(call: Call) -> Response:
+        nodes, unknown = candidates(call)
+        req, facts = inputs(call.pod, nodes)
         scores = policy.prioritize(req, facts, peers_of(req, facts, pods), config.weights)
-        return _json([{"Host": name, "Score": score} for name, score in scores.items()])
+        scores.update(dict.fromkeys(unknown, int(policy.NEUTRAL)))
+        hosts = (call.node_names or []) if call.nodes is None else list(scores)
+        return _json([{"Host": name, "Score": scores[name]} for name in hosts])
 
     app.add_api_route("/filter", timed("filter", do_filter), methods=["POST"])
     app.add_api_route("/prioritize", timed("prioritize", do_prioritize), methods=["POST"])

@@ -31,6 +31,10 @@ class PodView(Protocol):
         """Network leaf of any node (peers often sit on nodes that are full, so not candidates)."""
         ...
 
+    def raw_nodes(self, names: list[str]) -> list[RawNode | None]:
+        """The cached node of each name (None: not known), for a scheduler that sends names only."""
+        ...
+
 
 def _container_cards(c: Container, resource: str) -> int:
     if c.resources is None:

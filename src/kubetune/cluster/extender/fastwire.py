@@ -83,6 +83,15 @@ class FastDecoder:
         )
         # Any: the structs are made at runtime, so their fields are unknown to a type checker.
         self._decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(args)
+        # /filter hands back the nodes it keeps as they came: each item's JSON text, unparsed
+        raw_list = msgspec.defstruct("RawNodeList", [("items", list[msgspec.Raw], msgspec.field(default_factory=list))])
+        raw_args = msgspec.defstruct("RawExtenderArgs", [("Nodes", raw_list | None, None)])
+        self._raw_decoder: msgspec.json.Decoder[Any] = msgspec.json.Decoder(raw_args)
+
+    def node_json(self, body: bytes) -> list[msgspec.Raw]:
+        """The JSON text of each `Nodes.items` entry, in order (a bytes-like Raw each)."""
+        nodes = self._raw_decoder.decode(body).Nodes
+        return nodes.items if nodes is not None else []
 
     def decode(self, body: bytes) -> tuple[Pod, list[RawNode] | None, list[str] | None]:
         """-> (Pod, [RawNode] or None, NodeNames). Any error (a Pod pydantic refuses too)
