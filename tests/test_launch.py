@@ -15,3 +15,21 @@ def test_precheck_warns_about_oneccl_variables_and_still_returns_the_env(capsys,
 def test_precheck_is_quiet_for_a_clean_recipe(capsys, tiny_overrides):
     precheck(None, tiny_overrides, world_size=2, nproc_per_node=2)
     assert "warning" not in capsys.readouterr().err
+
+
+def test_the_pods_max_restarts_reach_torchrun_unless_the_cli_names_one(monkeypatch):
+    """The Kubeflow operator passes `k8s.elastic.max_restarts` as PET_MAX_RESTARTS; torchrun's
+    own parser reads it only when no --max-restarts is on the command line."""
+    from torch.distributed.run import get_args_parser
+
+    from kubetune.training.launch import agent_argv
+
+    def parsed(max_restarts):
+        argv = agent_argv(None, None, None, None, max_restarts)
+        return get_args_parser().parse_args([*argv, "-m", "kubetune", "train"]).max_restarts
+
+    monkeypatch.setenv("PET_MAX_RESTARTS", "3")
+    assert parsed(None) == 3  # the pod's elastic setting
+    assert parsed(1) == 1  # an explicit flag wins
+    monkeypatch.delenv("PET_MAX_RESTARTS")
+    assert parsed(None) == 0  # torchrun's own default, as before

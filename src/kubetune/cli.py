@@ -47,7 +47,12 @@ def train(
     nnodes: str | None = typer.Option(None, "--nnodes", help="torchrun --nnodes (N or MIN:MAX)."),
     node_rank: int | None = typer.Option(None, "--node-rank", help="torchrun --node-rank."),
     rdzv_endpoint: str | None = typer.Option(None, "--rdzv-endpoint", help="torchrun --rdzv-endpoint HOST:PORT."),
-    max_restarts: int = typer.Option(0, "--max-restarts", help="torchrun --max-restarts (elastic agent)."),
+    max_restarts: int | None = typer.Option(
+        None,
+        "--max-restarts",
+        help="torchrun --max-restarts (elastic agent). Default: $PET_MAX_RESTARTS (set in the pods from "
+        "k8s.elastic.max_restarts), else 0.",
+    ),
 ):
     """Fine-tune (LoRA or full) as the recipe says; resumes from the newest checkpoint."""
     from kubetune.allocator import reexec_with_jemalloc

@@ -193,25 +193,14 @@ def launch_torchrun(
     nnodes: str | None,
     node_rank: int | None,
     rdzv_endpoint: str | None,
-    max_restarts: int,
+    max_restarts: int | None,
 ) -> int:
     """Run torchrun's elastic agent in this process; returns the agent's exit code. The
     workers inherit this process's environment (the CLI prepares it)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import get_args_parser, run
 
-    argv: list[str] = []
-    if nproc_per_node is not None:
-        argv += ["--nproc-per-node", str(nproc_per_node)]
-    if nnodes is not None:
-        argv += ["--nnodes", str(nnodes)]
-    if node_rank is not None:
-        argv += ["--node-rank", str(node_rank)]
-    if rdzv_endpoint is not None:
-        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint]
-    elif not any(k in os.environ for k in ("PET_RDZV_ENDPOINT", "PET_MASTER_ADDR")) and (nnodes in (None, "1")):
-        argv += ["--standalone"]  # one node: a private rendezvous on a free local port
-    argv += ["--max-restarts", str(max_restarts)]
+    argv = agent_argv(nproc_per_node, nnodes, node_rank, rdzv_endpoint, max_restarts)
     with contextlib.ExitStack() as stack:
         log_dir = _agent_log_dir(stack)
         argv += ["--log-dir", log_dir]  # where the agent puts each worker's error file
@@ -229,6 +218,32 @@ def launch_torchrun(
             print(f"kubetune: error: training processes failed: {_first_line(e)}", file=sys.stderr)
             return 1
     return 0
+
+
+def agent_argv(
+    nproc_per_node: int | str | None,
+    nnodes: str | None,
+    node_rank: int | None,
+    rdzv_endpoint: str | None,
+    max_restarts: int | None,
+) -> list[str]:
+    """torchrun's options for what the CLI was given. An option not given is left out, so that
+    torchrun's parser takes it from the pod's `PET_*` variable (the Kubeflow operator sets
+    `PET_MAX_RESTARTS` from the recipe's `k8s.elastic.max_restarts`), else its own default."""
+    argv: list[str] = []
+    if nproc_per_node is not None:
+        argv += ["--nproc-per-node", str(nproc_per_node)]
+    if nnodes is not None:
+        argv += ["--nnodes", str(nnodes)]
+    if node_rank is not None:
+        argv += ["--node-rank", str(node_rank)]
+    if rdzv_endpoint is not None:
+        argv += ["--rdzv-backend", "c10d", "--rdzv-endpoint", rdzv_endpoint]
+    elif not any(k in os.environ for k in ("PET_RDZV_ENDPOINT", "PET_MASTER_ADDR")) and (nnodes in (None, "1")):
+        argv += ["--standalone"]  # one node: a private rendezvous on a free local port
+    if max_restarts is not None:
+        argv += ["--max-restarts", str(max_restarts)]
+    return argv
 
 
 def report_to_launcher(error: UserError, env: Mapping[str, str] | None = None) -> bool:
