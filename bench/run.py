@@ -6,7 +6,12 @@ benchmark, kubetune, baseline, kubetune/baseline, CPU.
     .venv/bin/python bench/run.py --headline                         # short settings: minutes
     .venv/bin/python bench/run.py --headline --full                  # the settings BENCHMARKS.md records
     .venv/bin/python bench/run.py --headline --only placement,extender
+    .venv/bin/python bench/run.py --headline --only train --record   # keep its training ratio as this CPU class's
     .venv/bin/python bench/run.py                                    # lists the benchmarks and their commands
+
+The training ratio (kubetune / HF Trainer fp32) is compared with the last one recorded for the
+same CPU class (AMX, AVX-512-BF16, AVX-512, AVX2) and settings in
+bench/results/training-ratio-record.json: a drop of more than 15% is flagged (a DROP line, exit 1).
 
 The short settings answer "did anything move by a lot?" on a laptop; the figures of record
 come from --full on an otherwise idle machine (the benchmarks share its cores with nothing
@@ -124,6 +129,55 @@ def read_monitor(stdout: str, _: Path) -> list[Row]:
     return [Row("training tokens/s with metrics on", f"{on:.1f}", f"{off:.1f} (metrics off)", on / off)]
 
 
+RECORD = REPO / "bench" / "results" / "training-ratio-record.json"
+DROP_FLAGGED = 0.15  # a training ratio this much below the record for the CPU class is flagged
+
+
+def cpu_class(flags: dict[str, bool]) -> str:
+    """The class of CPU a training figure belongs to: what its fastest matmul unit is."""
+    if flags.get("amx_bf16"):
+        return "amx"
+    if flags.get("avx512_bf16"):
+        return "avx512-bf16"
+    if flags.get("avx512f"):
+        return "avx512"
+    return "avx2" if flags.get("avx2") else "other"
+
+
+def training_guard(rows: list[Row], cpu: str, settings: str, record: dict) -> str | None:
+    """The training ratio against the last one recorded for this CPU class and settings; the
+    line starts with DROP when it fell by more than DROP_FLAGGED."""
+    row = next((r for r in rows if r.benchmark.startswith("training tokens/s") and r.ratio), None)
+    if row is None or row.ratio is None:
+        return None
+    last = record.get(cpu, {}).get(settings)
+    if last is None:
+        return f"training ratio {row.ratio:.2f} on {cpu} ({settings}): none recorded for this CPU class yet"
+    change = row.ratio / last["ratio"] - 1
+    verdict = "DROP" if change < -DROP_FLAGGED else "ok"
+    return (
+        f"{verdict}: training ratio {row.ratio:.2f} on {cpu} ({settings}) vs {last['ratio']:.2f} recorded "
+        f"{last['date']} at {last['commit']}: {change:+.0%} (flagged below -{DROP_FLAGGED:.0%})"
+    )
+
+
+def record_training(rows: list[Row], cpu: str, settings: str, path: Path = RECORD) -> None:
+    """--record: keep this run's training ratio as the one later runs on this CPU class compare with."""
+    row = next((r for r in rows if r.benchmark.startswith("training tokens/s") and r.ratio), None)
+    if row is None or row.ratio is None:
+        return
+    record = json.loads(path.read_text()) if path.exists() else {}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=REPO)
+    record.setdefault(cpu, {})[settings] = {
+        "ratio": round(row.ratio, 3),
+        "kubetune": row.kubetune,
+        "baseline": row.baseline,
+        "commit": commit.stdout.strip(),
+        "date": time.strftime("%Y-%m-%d"),
+    }
+    path.write_text(json.dumps(record, indent=2, sort_keys=True) + "\n")
+
+
 def vllm_ready() -> bool:
     return (REPO / ".venv-vllm" / "bin" / "python").is_file()
 
@@ -186,10 +240,12 @@ def headlines() -> list[Headline]:
     ]
 
 
-def command(h: Headline, full: bool, scratch: Path) -> list[str]:
+def command(h: Headline, full: bool, scratch: Path, train_extra: str = "") -> list[str]:
     argv = [sys.executable, str(REPO / "bench" / h.script), *(h.full if full else h.quick)]
     if h.name == "serve":
         argv += ["--json", str(scratch / "serve-load.json")]
+    if h.name == "train" and train_extra:
+        argv += ["--kt-extra", train_extra]
     return argv
 
 
@@ -198,9 +254,10 @@ def shown(argv: list[str]) -> str:
     return " ".join([".venv/bin/python", *argv[1:]]).replace(f"{REPO}/", "")
 
 
-def run_one(h: Headline, full: bool, log_dir: Path, timeout: float) -> list[Row]:
+def run_one(h: Headline, args: argparse.Namespace, log_dir: Path) -> list[Row]:
     scratch = Path(tempfile.mkdtemp(prefix=f"{h.name}-", dir=log_dir))
-    argv = command(h, full, scratch)
+    argv = command(h, args.full, scratch, args.train_extra)
+    timeout = args.timeout
     print(f"== {h.name}: {shown(argv)}", flush=True)
     start = time.monotonic()
     try:
@@ -235,6 +292,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     ap.add_argument("--timeout", type=float, default=7200.0, help="seconds per benchmark (default: %(default)s)")
     ap.add_argument("--log-dir", help="where each command's output goes (default: a new temporary directory)")
     ap.add_argument("--json", help="also write the rows here")
+    ap.add_argument("--record", action="store_true", help=f"keep the training ratio in {RECORD.name} (this CPU class)")
+    # key=value overrides for kubetune's training arm: how the guard is shown to catch a slowdown
+    ap.add_argument("--train-extra", default="", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     args.only = args.only.split(",") if args.only else names
     unknown = sorted(set(args.only) - set(names))
@@ -252,13 +312,20 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     log_dir = Path(args.log_dir or tempfile.mkdtemp(prefix="bench-headline-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    cpu = machine()["cpu_model"]
-    rows = [row for h in chosen for row in run_one(h, args.full, log_dir, args.timeout)]
+    info = machine()
+    cpu, kind = info["cpu_model"], cpu_class(info["flags"])
+    rows = [row for h in chosen for row in run_one(h, args, log_dir)]
     print()
     print(table(rows, cpu))
+    settings = "full" if args.full else "quick"
+    guard = training_guard(rows, kind, settings, json.loads(RECORD.read_text()) if RECORD.exists() else {})
+    if guard:
+        print(f"\n{guard}")
+    if args.record:
+        record_training(rows, kind, settings)
     if args.json:
         Path(args.json).write_text(json.dumps({"cpu": cpu, "rows": [asdict(r) for r in rows]}, indent=2) + "\n")
-    return 0 if all(r.ratio is not None for r in rows) else 1
+    return 0 if all(r.ratio is not None for r in rows) and not (guard or "").startswith("DROP") else 1
 
 
 if __name__ == "__main__":

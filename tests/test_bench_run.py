@@ -5,6 +5,7 @@ hour of benchmarks."""
 
 from __future__ import annotations
 
+import json
 import shutil
 
 import pytest
@@ -62,3 +63,28 @@ def test_table_has_one_row_per_figure_and_the_cpu():
 def test_only_refuses_an_unknown_benchmark():
     with pytest.raises(SystemExit):
         run.parse_args(["--headline", "--only", "train,nope"])
+
+
+def test_the_training_guard_flags_a_drop_of_more_than_15_percent_for_the_same_cpu_class(tmp_path):
+    record = {"avx2": {"quick": {"ratio": 2.0, "date": "2026-12-02", "commit": "abc1234"}}}
+
+    def guard(ratio, cpu="avx2", settings="quick"):
+        rows = [run.Row("training tokens/s (LoRA, SmolLM2-135M)", "1", "1", ratio), run.Row("x", "1", "1", 9.0)]
+        return run.training_guard(rows, cpu, settings, record)
+
+    assert guard(1.69).startswith("DROP") and "-16%" in guard(1.69)
+    assert guard(1.71).startswith("ok")  # -14.5%: within the guard
+    assert guard(2.4).startswith("ok")
+    assert "none recorded" in guard(1.0, cpu="amx") and "none recorded" in guard(1.0, settings="full")
+    path = tmp_path / "record.json"
+    run.record_training([run.Row("training tokens/s (LoRA)", "200 (fp32)", "80 (HF fp32)", 2.5)], "avx2", "full", path)
+    kept = json.loads(path.read_text())["avx2"]["full"]
+    assert kept["ratio"] == 2.5 and kept["kubetune"] == "200 (fp32)" and kept["commit"]
+
+
+def test_cpu_classes_follow_the_fastest_matmul_unit():
+    flags = dict.fromkeys(("amx_bf16", "amx_tile", "avx512_bf16", "avx512f", "avx2"), False)
+    assert run.cpu_class({**flags, "avx2": True}) == "avx2"
+    assert run.cpu_class({**flags, "avx2": True, "avx512f": True}) == "avx512"
+    assert run.cpu_class({**flags, "avx512f": True, "avx512_bf16": True}) == "avx512-bf16"
+    assert run.cpu_class({**flags, "amx_bf16": True, "avx512_bf16": True}) == "amx"

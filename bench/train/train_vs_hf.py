@@ -232,6 +232,7 @@ def kubetune_overrides(args, precision: str, tmp: str, threads: int, micro: int)
         f"data.cache_dir={tmp}/cache",
         f"output_dir={tmp}/run",
         "train.log_every=1000",
+        *getattr(args, "kt_extra", "").split(),  # last, so that they win (ab_step_time passes none)
     ]
 
 
@@ -329,6 +330,8 @@ def run_arm(name: str, args) -> dict:
         str(args.batch),
         "--kt-micro",
         str(args.kt_micro),
+        "--kt-extra",
+        args.kt_extra,
     ]
     env = {**os.environ, "TRANSFORMERS_VERBOSITY": "error", "HF_DATASETS_DISABLE_PROGRESS_BARS": "1"}
     env.pop("LD_PRELOAD", None)
@@ -350,6 +353,9 @@ def main() -> None:
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--batch", type=int, default=8, help="HF per-device batch (rows)")
     p.add_argument("--kt-micro", type=int, default=2, help="kubetune micro batch (packed rows of 512 tokens)")
+    p.add_argument(
+        "--kt-extra", default="", help="key=value overrides for kubetune's arms, space-separated (e.g. a slowdown)"
+    )
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms to run")
     p.add_argument("--arm", choices=sorted(ARMS), help=argparse.SUPPRESS)
     args = p.parse_args()
