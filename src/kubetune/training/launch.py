@@ -39,9 +39,13 @@ import tempfile
 import time
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from kubetune.errors import RecipeError, UserError
+
+if TYPE_CHECKING:
+    from kubetune.recipe.layout import ModelShape
+    from kubetune.recipe.schema import Recipe
 
 USER_ERROR_KEY = "kubetune_user_error"  # in a worker's error file: its problems, one line each
 LAUNCHER_PRINTS = "KUBETUNE_LAUNCHER_PRINTS_USER_ERRORS"  # set for the workers of launch_torchrun
@@ -113,15 +117,8 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
     r = load_recipe(recipe, overrides).recipe
     layout = layout_for(r.parallel, world_size)
     check_hosts(layout, nproc_per_node)  # a tensor-parallel group on one host (its all-reduces run every layer)
-    if layout.tp > 1 or layout.pp > 1:  # can the model be split this way? (its config is enough)
-        from transformers import AutoConfig
-
-        from kubetune.models.load import resolve_model
-
-        config = AutoConfig.from_pretrained(
-            resolve_model(r.model.name_or_path), revision=r.model.revision, trust_remote_code=r.model.trust_remote_code
-        )
-        check_model(layout, config, r)
+    if layout.tp > 1 or layout.pp > 1:  # can the model be split this way? (its shape is enough)
+        check_model(layout, _model_shape(r), r)
     check_recipe(layout, r)
     kind = _accelerator_kind()
     for line in comm_warnings(r.comm, kind):  # what `k8s render` warns about, said locally too
@@ -132,6 +129,19 @@ def precheck(recipe: str | None, overrides: list[str], world_size: int, nproc_pe
         cpus_per_process=max(1, (os.cpu_count() or 1) // nproc_per_node),
         processes_per_host=nproc_per_node,
     )
+
+
+def _model_shape(r: Recipe) -> ModelShape:
+    """The model's shape as `k8s render` knows it (a local config.json, a well-known hub id: no network, so
+    a host without the Hub's access, or without the gated model's token yet, is still told about its
+    layout), else its config from the Hub, whose failure is one line (ModelError), not a traceback."""
+    from kubetune.models.load import load_config, resolve_model
+    from kubetune.recipe.layout import model_shape
+
+    if (shape := model_shape(r.model.name_or_path)) is not None:
+        return shape
+    model = r.model
+    return load_config(resolve_model(model.name_or_path), model.revision, model.trust_remote_code)
 
 
 def refuse_missing_chat_template(recipe: str | None, overrides: list[str], env: dict[str, str] | None = None) -> None:
