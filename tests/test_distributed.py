@@ -26,6 +26,21 @@ def base_env(**extra) -> dict:
     return env
 
 
+def pod_env(port: str, nproc_per_node: int = 2) -> dict:
+    """One PyTorchJob pod with nprocPerNode processes: the PET_* variables the Kubeflow operator sets."""
+    return base_env(
+        MASTER_ADDR="127.0.0.1",
+        MASTER_PORT=port,
+        WORLD_SIZE=str(nproc_per_node),
+        RANK="0",
+        PET_MASTER_ADDR="127.0.0.1",
+        PET_MASTER_PORT=port,
+        PET_NNODES="1",
+        PET_NODE_RANK="0",
+        PET_NPROC_PER_NODE=str(nproc_per_node),
+    )
+
+
 def kubetune(args, env=None, **kw) -> subprocess.Popen:
     return subprocess.Popen(
         [sys.executable, "-m", "kubetune", *args],
@@ -473,20 +488,7 @@ def test_pytorchjob_with_torchrun_per_pod(tmp_path, dist_overrides):
     """nprocPerNode=2 on one pod: the operator sets PET_* and kubetune starts torchrun itself."""
     port = str(free_port())
     run = tmp_path / "pet"
-    proc = kubetune(
-        ["train", *dist_overrides, f"output_dir={run}"],
-        env=base_env(
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=port,
-            WORLD_SIZE="2",
-            RANK="0",
-            PET_MASTER_ADDR="127.0.0.1",
-            PET_MASTER_PORT=port,
-            PET_NNODES="1",
-            PET_NODE_RANK="0",
-            PET_NPROC_PER_NODE="2",
-        ),
-    )
+    proc = kubetune(["train", *dist_overrides, f"output_dir={run}"], env=pod_env(port))
     out = finish(proc)
     assert "2 process(es)" in out
     assert json.loads((run / "summary.json").read_text())["steps"] == 4

@@ -19,7 +19,7 @@ import pytest
 from kubetune.netutil import free_port
 
 from .conftest import REPO
-from .test_distributed import base_env, for_processes
+from .test_distributed import base_env, for_processes, pod_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -94,18 +94,7 @@ def test_pod_with_two_processes_says_bad_input_once(tmp_path, dist_overrides):
     run = tmp_path / "run"
     another_recipes_run(run, dist_overrides)
     port = str(free_port())
-    pod = base_env(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=port,
-        WORLD_SIZE="2",
-        RANK="0",
-        PET_MASTER_ADDR="127.0.0.1",
-        PET_MASTER_PORT=port,
-        PET_NNODES="1",
-        PET_NODE_RANK="0",
-        PET_NPROC_PER_NODE="2",
-    )
-    rc, lines = ended(start([*dist_overrides, f"output_dir={run}"], env=pod))
+    rc, lines = ended(start([*dist_overrides, f"output_dir={run}"], env=pod_env(port)))
     assert_one_line(rc, lines, "holds a finished run of a different recipe")
 
 
