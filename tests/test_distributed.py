@@ -53,15 +53,21 @@ def kubetune(args, env=None, **kw) -> subprocess.Popen:
     )
 
 
-def finish(proc, timeout=300) -> str:
+def communicate_or_fail(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
+    """The process's stdout and stderr; past `timeout` its whole tree is killed and the test fails."""
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
         for child in psutil.Process(proc.pid).children(recursive=True):
             child.kill()
         proc.kill()
-        out, _ = proc.communicate()
-        pytest.fail(f"timed out after {timeout} s; output:\n{out[-6000:]}")
+        out, err = proc.communicate()
+        pytest.fail(f"timed out after {timeout} s; output:\n{(out or '')[-6000:]}\n{(err or '')[-3000:]}")
+    return out or "", err or ""
+
+
+def finish(proc, timeout=300) -> str:
+    out, _ = communicate_or_fail(proc, timeout)
     assert proc.returncode == 0, out[-4000:]
     return out
 

@@ -19,7 +19,7 @@ import pytest
 from kubetune.netutil import free_port
 
 from .conftest import REPO
-from .test_distributed import base_env, for_processes, pod_env
+from .test_distributed import base_env, communicate_or_fail, for_processes, pod_env
 
 pytestmark = pytest.mark.multiproc
 
@@ -44,14 +44,7 @@ def start(args: list[str], env: dict | None = None) -> subprocess.Popen:
 
 def ended(proc: subprocess.Popen) -> tuple[int, list[str]]:
     """Exit code and stderr's non-empty lines; stdout must be empty for an error."""
-    try:
-        out, err = proc.communicate(timeout=TIMEOUT_S)
-    except subprocess.TimeoutExpired:
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            child.kill()
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"no end after {TIMEOUT_S} s:\n{out[-3000:]}\n{err[-3000:]}")
+    out, err = communicate_or_fail(proc, TIMEOUT_S)
     return proc.returncode, [line for line in (out + err).splitlines() if line.strip()]
 
 
