@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
 
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data" / "medical_flashcards"
@@ -23,6 +24,13 @@ SHARED_DATA = REPO.parent / "shared" / "data" / "medical_flashcards"
 os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
 os.environ.setdefault("HF_DATASETS_DISABLE_PROGRESS_BARS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+# The suite draws the same property-test examples on every run, so that CI is reproducible and
+# a failure seen once is seen again; `pytest --hypothesis-profile=explore` draws new ones (and
+# prints the seed of a failure) to look for bugs the fixed draw misses.
+settings.register_profile("suite", derandomize=True, database=None)
+settings.register_profile("explore", derandomize=False, print_blob=True)
+settings.load_profile("suite")
 
 
 # Fixtures that start a server (a `kubetune serve` process, two network namespaces, the

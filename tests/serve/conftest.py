@@ -6,6 +6,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import httpx
@@ -70,10 +71,14 @@ class ServerProcess:
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
         cmd = [sys.executable, "-m", "kubetune", "serve", *args, "--port", str(self.port), "--threads", "1"]
         cmd += [] if "--engine" in args else ["--engine", "native"]
-        self.proc = subprocess.Popen(
-            cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        wait_ready(f"{self.url}/ready", timeout, process=self.proc)
+        # A file, not a pipe: nobody reads a pipe while the server runs, and a server that
+        # writes more than the pipe holds (tracebacks of failed requests) would block on its
+        # next write and hang every test that shares it.
+        fd, log = tempfile.mkstemp(prefix="kubetune-serve-", suffix=".log")
+        self.log = Path(log)
+        with os.fdopen(fd, "w") as sink:
+            self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
+        wait_ready(f"{self.url}/ready", timeout, process=self.proc, log=self.log)
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         from prometheus_client.parser import text_string_to_metric_families
@@ -92,7 +97,11 @@ class ServerProcess:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:
                 self.proc.kill()
-        return self.proc.stdout.read() if self.proc.stdout else ""
+                self.proc.wait()
+        if self.log.exists():  # a second stop() returns what the first read
+            self.output = self.log.read_text(errors="replace")
+            self.log.unlink()
+        return self.output
 
 
 def metric(values: dict, name: str, **labels: str) -> float:

@@ -154,11 +154,11 @@ def test_the_probes_and_metrics_need_no_key(keyed_server):
 
 
 def test_the_openai_client_with_its_api_key(keyed_server):
-    good = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=FILE_KEYS[1], max_retries=0)
+    good = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key=FILE_KEYS[1], max_retries=0, timeout=60)
     model = good.models.list().data[0].id
     answer = good.completions.create(model=model, prompt="1 2 3", max_tokens=4, temperature=0)
     assert answer.usage.completion_tokens >= 1
-    bad = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key="unused", max_retries=0)
+    bad = openai.OpenAI(base_url=f"{keyed_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
     with pytest.raises(openai.AuthenticationError):
         bad.models.list()
 

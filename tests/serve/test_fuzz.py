@@ -156,6 +156,8 @@ PLAIN = {"model": "run-a", "messages": [{"role": "user", "content": "hi"}], "max
     max_examples=20, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow]
 )
 @given(schema=JSON_SCHEMA, as_tool=st.booleans())
+@example(schema={"const": "\U00040000"}, as_tool=False)  # a character the vocabulary cannot write (once a 500)
+@example(schema={"properties": {"a": {"const": "\ud800"}}}, as_tool=True)  # into the prompt (once a 500, and a hang)
 @example(schema={"$ref": "#"}, as_tool=False)  # llguidance validates it; its first mask fails (once a 500)
 @example(schema={"type": "array", "items": {"$ref": "#"}, "minItems": 1}, as_tool=True)  # endless forced "[["
 def test_no_json_schema_gets_a_5xx_or_kills_the_engine(tiny_server, schema, as_tool):

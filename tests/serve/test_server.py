@@ -26,7 +26,7 @@ pytestmark = pytest.mark.process
 
 @pytest.fixture(scope="module")
 def client(tiny_server):
-    return openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
+    return openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_models_list_the_base_and_every_adapter_with_its_parent(client, tiny_model_dir):
@@ -317,6 +317,31 @@ RAW_BAD = [  # (endpoint, JSON text, status, the field the error names): each on
         400,
         "temperature",
     ),
+    (  # a lone surrogate inside a tool's schema reached the tokenizer through the chat template
+        "chat/completions",
+        (
+            '{"model": "run-a", "messages": [{"role": "user", "content": "x"}], "tool_choice": "required", '
+            '"tools": [{"type": "function", "function": {"name": "f", '
+            '"parameters": {"type": "object", "properties": {"a": {"const": "\\ud800"}}}}}]}'
+        ),
+        400,
+        "tools.0.function.parameters.properties.a.const",
+    ),
+    (
+        "chat/completions",
+        '{"model": "run-a", "messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"k": "a\\u0000"}}',
+        400,
+        "chat_template_kwargs.k",
+    ),
+    (  # U+40000: SmolLM2's vocabulary has no token for its first byte; the grammar stops mid-answer
+        "chat/completions",
+        (
+            '{"model": "run-a", "messages": [{"role": "user", "content": "x"}], "max_tokens": 4, "response_format": '
+            '{"type": "json_schema", "json_schema": {"name": "s", "schema": {"const": "\\ud8c0\\udc00"}}}}'
+        ),
+        400,
+        "response_format.json_schema.schema",
+    ),
 ]
 
 
@@ -372,7 +397,7 @@ def test_a_body_far_over_the_limit_gets_its_413_not_a_reset(tiny_server):
         urllib.request.urlopen(request, timeout=60)
     assert refused.value.code == 413, refused.value
     assert "--max-body-bytes" in json.loads(refused.value.read())["error"]["message"]
-    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0)
+    client = openai.OpenAI(base_url=f"{tiny_server.url}/v1", api_key="unused", max_retries=0, timeout=60)
     with pytest.raises(openai.APIStatusError) as e:
         client.completions.create(model="run-a", prompt="w" * FAR_OVER)
     assert e.value.status_code == 413

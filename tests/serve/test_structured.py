@@ -192,7 +192,7 @@ def test_padding_ids_are_forbidden(grammars, tokenizer, closing_bias):
     constraint.mask(logits)
     assert torch.isinf(logits[len(tokenizer) :]).all()
     assert torch.isfinite(logits[: len(tokenizer)]).any()
-    with pytest.raises(ConstraintError, match="logits have 100 ids"):
+    with pytest.raises(RuntimeError, match="logits have 100 ids"):  # our bug, not the request's
         constraint.mask(torch.zeros(100))
 
 
@@ -201,8 +201,26 @@ def test_a_forbidden_token_raises_and_never_hangs(grammars, tokenizer):
     assert factory is not None
     constraint = factory()
     word = tokenizer.encode("hello", add_special_tokens=False)[0]
-    with pytest.raises(ConstraintError, match=f"token {word} is not allowed"):
+    with pytest.raises(ConstraintError, match=f"response_format: .*token {word} is not allowed") as refused:
         constraint.advance(word)
+    assert refused.value.param == "response_format"
+
+
+def test_a_character_the_vocabulary_cannot_write_ends_the_answer_as_the_requests_fault(grammars, tokenizer):
+    """SmolLM2's byte-level vocabulary has no token for the byte 0xF1, which starts U+40000:
+    llguidance's mask then allows a token that its next step refuses. The answer must end
+    with an error naming the schema's field (a 400), never a token outside the schema."""
+    factory = grammars.compile(json_schema_format({"const": "\U00040000"}))
+    assert factory is not None
+    constraint = factory()
+    with pytest.raises(ConstraintError) as refused:
+        for _ in range(8):
+            logits = torch.zeros(len(tokenizer))
+            constraint.mask(logits)
+            if constraint.advance(int(logits.argmax())):
+                break
+    assert refused.value.param == "response_format.json_schema.schema"
+    assert "vocabulary" in str(refused.value)
 
 
 def test_constraints_of_one_grammar_are_independent(grammars, tokenizer):

@@ -511,7 +511,7 @@ async def _whole(engine: Any, request: Request, answer: Answer, events: Any, tok
             return work.result()
         except EngineFailure as e:  # one choice failed: the others are not waited for
             _abort_open(engine, answer)
-            raise ApiError(500, str(e)) from None
+            raise ApiError(e.status, str(e), e.param) from None
     finally:
         gone.cancel()
 

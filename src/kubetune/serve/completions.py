@@ -25,7 +25,12 @@ LOGPROB_FLOOR = -9999.0  # JSON has no -inf (vLLM sends the same floor)
 
 
 class EngineFailure(Exception):
-    """The engine ended a request with an error (its sampling, its forward, or the loop)."""
+    """The engine ended a request with an error: the request's (status 400, naming `param`) or
+    the engine's own (500: its sampling, its forward, or the loop)."""
+
+    def __init__(self, message: str, status: int = 500, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.param = status, param
 
 
 class Refused(Exception):
@@ -135,7 +140,7 @@ def take(engine: EngineClient, choice: Choice, event: Event) -> str:
         return ""
     if event.token is None:
         if event.finish_reason == "error":
-            raise EngineFailure(event.error or "the engine failed")
+            raise EngineFailure(event.error or "the engine failed", event.status, event.param)
         choice.finish = event.finish_reason
         return choice.text.flush()
     choice.tokens += 1
@@ -260,7 +265,7 @@ async def stream(
             try:
                 delta = take(engine, choice, event)
             except EngineFailure as e:  # as vLLM streams it: an error object, then the end
-                yield _line(error_body(500, str(e)))  # (the other choices are aborted below)
+                yield _line(error_body(e.status, str(e), e.param))  # (the other choices are aborted below)
                 yield "data: [DONE]\n\n"
                 return
             for chunk in _chunks(answer, choice, delta, tokens):

@@ -25,7 +25,7 @@ from typing import Any
 
 import torch
 
-from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request, Sampling
+from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request, RequestError, Sampling
 from kubetune.serve.kvcache import BATCH_KWARG, Batch, PrefixCache, SlotCache
 from kubetune.serve.lora import BASE, LoraBatch
 from kubetune.serve.metrics import ServeMetrics
@@ -355,7 +355,7 @@ class Engine:
                 self._adjust(chosen[i], seqs[i])
             except Exception as e:  # this request alone ends
                 failed.add(i)
-                self._finish(seqs[i], "error", f"adjusting the logits failed: {e!r}")
+                self._fail(seqs[i], e, "adjusting the logits failed")
         best = chosen.argmax(dim=-1).tolist()
         events: list[Event | None] = [None] * len(seqs)
         for i, seq in enumerate(seqs):
@@ -396,8 +396,8 @@ class Engine:
             assert token is not None
             try:
                 complete = request.constraint is not None and request.constraint.advance(token)
-            except Exception as e:  # a token the grammar refuses: a bug of the grammar, this answer ends
-                self._finish(seq, "error", f"the grammar failed: {e!r}")
+            except Exception as e:  # a token the grammar refuses: this answer ends
+                self._fail(seq, e, "the grammar failed")
                 continue
             seq.tokens.append(token)
             seq.generated += 1
@@ -414,10 +414,20 @@ class Engine:
                 self._finish(seq, "length")
 
     def _finish(self, seq: Sequence, reason: str, error: str | None = None) -> None:
+        self._end(seq, Event(None, reason, error))
+
+    def _fail(self, seq: Sequence, e: Exception, what: str) -> None:
+        """End one sequence with an error: the request's (a 400 naming its field) or ours (500)."""
+        if isinstance(e, RequestError):
+            self._end(seq, Event(None, "error", str(e), status=400, param=e.param))
+        else:
+            self._end(seq, Event(None, "error", f"{what}: {e!r}"))
+
+    def _end(self, seq: Sequence, event: Event) -> None:
         if seq in self._slots:
             self._slots.remove(seq)  # its slot is reused after _order_slots
-        self.metrics.finished(seq, reason)
-        seq.request.sink(Event(None, reason, error))
+        self.metrics.finished(seq, event.finish_reason or "error")
+        seq.request.sink(event)
 
     def _order_slots(self) -> None:
         """Put decoding sequences in slots 0..d-1 and prefilling ones in d..n-1, moving as few

@@ -72,6 +72,8 @@ class Event:
     token: int | None
     finish_reason: str | None = None  # "stop" (EOS, a stop token or string, grammar done), "length", "abort", "error"
     error: str | None = None  # with "error": what failed
+    status: int = 500  # with "error": 400 where the request asked for what cannot be done (RequestError)
+    param: str | None = None  # with a 400: the request field to blame
     logprob: float | None = None  # of `token`, when the request asked for log-probabilities
     top_logprobs: tuple[tuple[int, float], ...] = ()  # the most likely tokens at this step
 
@@ -99,6 +101,16 @@ class Request:
     adapter_name: str | None = None
     constraint: Constraint | None = None
     arrival: float = field(default_factory=time.monotonic)
+
+
+class RequestError(Exception):
+    """A request that turns out, while it runs, to ask for what cannot be done (a grammar whose
+    text this model's vocabulary cannot write): its answer ends as a 400 naming `param`, not a
+    500, and the engine goes on."""
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
 
 
 class AdmissionError(Exception):

@@ -12,7 +12,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from kubetune.serve.fields import STRICT, Finite, Text
+from kubetune.serve.fields import STRICT, Finite, JsonObject, Text
 from kubetune.serve.tools import ResponseFormat, Tool, ToolCall, ToolChoice
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
@@ -143,7 +143,7 @@ class ChatCompletionRequest(_Sampling):
     tool_choice: ToolChoice | None = None
     parallel_tool_calls: bool = True
     chat_template: Text | None = None
-    chat_template_kwargs: dict[str, Any] | None = None
+    chat_template_kwargs: JsonObject | None = None
     add_generation_prompt: bool = True
     continue_final_message: bool = False
 

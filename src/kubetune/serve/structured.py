@@ -32,6 +32,7 @@ import llguidance.hf
 import torch
 from pydantic import TypeAdapter
 
+from kubetune.serve.engine_client import RequestError
 from kubetune.serve.tools import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, ToolGrammar
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
@@ -41,16 +42,20 @@ LIMITS = llguidance.LLParserLimits(verbose_errors=False)
 _BITS = torch.arange(32, dtype=torch.int32)
 
 
-class ConstraintError(RuntimeError):
-    """The sequence left its grammar (a token the mask forbade, or the grammar engine failed)."""
+class ConstraintError(RequestError):
+    """The answer cannot go on inside its grammar: the grammar engine stopped, or refused the
+    token its own mask allowed. Both happen where the schema asks for text that this model's
+    vocabulary cannot write (a character none of its tokens holds the first byte of), which
+    admission cannot see: the request's fault, a 400 naming the schema's field."""
 
 
 class Constraint:
     """One sequence's grammar state. Used on the engine's thread only."""
 
-    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int) -> None:
+    def __init__(self, matcher: llguidance.LLMatcher, vocab_size: int, param: str = "response_format") -> None:
         self._matcher = matcher
         self._vocab = vocab_size  # the tokenizer's; ids at or above it are the model's padding rows
+        self._param = param  # the request field the schema came from, for the error
         self._bitmask = torch.zeros((vocab_size + 31) // 32, dtype=torch.int32)
 
     def mask(self, logits: torch.Tensor) -> None:
@@ -58,8 +63,8 @@ class Constraint:
 
         EOS stays allowed only where the document may end; padding ids beyond the tokenizer's
         vocabulary are always forbidden."""
-        if logits.shape[-1] < self._vocab:
-            raise ConstraintError(f"logits have {logits.shape[-1]} ids, the tokenizer {self._vocab}")
+        if logits.shape[-1] < self._vocab:  # a bug of ours, not the request's
+            raise RuntimeError(f"logits have {logits.shape[-1]} ids, the tokenizer {self._vocab}")
         self._matcher.unsafe_compute_mask_ptr(self._bitmask.data_ptr(), self._bitmask.numel() * 4)
         self._check()
         allowed = ((self._bitmask.unsqueeze(1) >> _BITS) & 1).view(-1)[: self._vocab]
@@ -69,12 +74,19 @@ class Constraint:
     def advance(self, token: int) -> bool:
         """Consume the sampled token; True when the document is complete and the sequence must stop."""
         if not self._matcher.consume_token(token):
-            raise ConstraintError(f"structured output: token {token} is not allowed here ({self._why()})")
+            raise self._error(f"token {token} is not allowed here ({self._why()})")
         return bool(self._matcher.is_stopped())
 
     def _check(self) -> None:
         if self._matcher.is_error():
-            raise ConstraintError(f"structured output: {self._why()}")
+            raise self._error(self._why())
+
+    def _error(self, why: str) -> ConstraintError:
+        return ConstraintError(
+            f"{self._param}: the answer cannot go on inside this JSON schema with this model's vocabulary "
+            f"(llguidance: {why}); characters the vocabulary cannot write are the usual cause",
+            self._param,
+        )
 
     def _why(self) -> str:
         return (self._matcher.get_error() or "the grammar engine gave no reason").splitlines()[0]
@@ -105,7 +117,7 @@ class Grammars:
             return None
         template = self._template(schema, param, parts)
         vocab = self._vocab
-        return lambda: Constraint(template.deep_copy(), vocab)
+        return lambda: Constraint(template.deep_copy(), vocab, param)
 
     def _template(
         self, schema: dict[str, Any], param: str, parts: tuple[tuple[str, dict[str, Any]], ...]

@@ -33,7 +33,7 @@ import jinja2
 import jinja2.meta
 from pydantic import BaseModel, Field
 
-from kubetune.serve.fields import STRICT, Text
+from kubetune.serve.fields import STRICT, JsonObject, Text
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function and schema names
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
@@ -60,7 +60,7 @@ class JsonSchemaFormat(BaseModel):
     name: str = Field(pattern=FUNCTION_NAME)
     description: Text | None = None
     # `schema` would shadow a BaseModel attribute; the JSON field is still "schema"
-    schema_: dict[str, Any] = Field(alias="schema")
+    schema_: JsonObject = Field(alias="schema")
     strict: bool | None = None
 
 
@@ -81,7 +81,7 @@ class FunctionDef(BaseModel):
 
     name: str = Field(pattern=FUNCTION_NAME)
     description: Text | None = None
-    parameters: dict[str, Any] | None = None  # None: a function without arguments
+    parameters: JsonObject | None = None  # None: a function without arguments
     strict: bool | None = None
 
     def parameters_schema(self) -> dict[str, Any]:
