@@ -11,7 +11,7 @@ ENV PYTHONDONTWRITEBYTECODE=1 \
     HF_HOME=/data/hf
 
 # jemalloc: `kubetune train` preloads it (a CPU step's peak memory is half of glibc malloc's;
-# src/kubetune/allocator.py). DL3008: the base image's Debian release pins the version.
+# src/kubetune/training/allocator.py). DL3008: the base image's Debian release pins the version.
 # hadolint ignore=DL3008
 RUN apt-get update \
  && apt-get install -y --no-install-recommends libjemalloc2 \

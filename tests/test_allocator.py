@@ -8,11 +8,11 @@ import sys
 
 import pytest
 
-from kubetune import allocator
+from kubetune.training import allocator
 
 pytestmark = pytest.mark.process
 
-PROBE = "from kubetune.allocator import *; reexec_with_jemalloc(); print(jemalloc_loaded(), describe())\n"
+PROBE = "from kubetune.training.allocator import *; reexec_with_jemalloc(); print(jemalloc_loaded(), describe())\n"
 
 
 def test_only_the_kubetune_command_is_reexecuted():

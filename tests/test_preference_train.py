@@ -396,7 +396,7 @@ def test_packed_sequence_logprobs_equal_each_sequence_scored_alone(tiny_model_di
 
 
 def test_the_progress_line_carries_the_reward_accuracy_and_parses_back():
-    from kubetune.progress_line import ProgressLine, format_line, parse_line
+    from kubetune.contracts.progress_line import ProgressLine, format_line, parse_line
 
     line = format_line(ProgressLine(step=3, total=10, elapsed_s=30.0, loss=0.61, lr=1e-4, accuracy=0.75))
     assert "rewards/accuracies=0.7500" in line

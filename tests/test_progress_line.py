@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from kubetune import progress_line
+from kubetune.contracts import progress_line
 from kubetune.k8s import progress
 from kubetune.training.checkpoint import TrainState
 from kubetune.training.runlog import RunLog

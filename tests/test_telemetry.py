@@ -18,7 +18,7 @@ import psutil
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetune.monitor import contract
+from kubetune.contracts.metrics import STEP_PHASES, TRAIN_METRICS, exposed_names
 from kubetune.netutil import free_port
 from kubetune.training.kubeflow_progress import KubeflowProgress, status_body
 
@@ -93,19 +93,19 @@ def test_two_ranks_serve_every_contract_metric_from_one_port(tmp_path, tiny_over
         proc.kill()
         out = proc.communicate(timeout=60)[0]
     assert f":{port}/metrics" in out and out.count("metrics: http://") == 1, out[-2000:]  # rank 0 says where
-    for metric in contract.TRAIN_METRICS:
+    for metric in TRAIN_METRICS:
         if metric.name == "kubetune_train_eval_loss":
             continue  # set by evaluations: the eval before training has run by then (below)
         if metric.name == "kubetune_train_preference":
             continue  # preference objectives only (tests/test_preference_train.py)
-        name = contract.exposed_names(metric)[0]
+        name = exposed_names(metric)[0]
         ranks = {s.labels["rank"] for s in samples.get(name, [])}
         assert ranks == {"0", "1"}, f"{name}: ranks {ranks}"
     assert {s.labels["rank"] for s in samples["kubetune_train_eval_loss"]} == {"0", "1"}
     job = {s.labels["job"] for s in samples["kubetune_train_loss"]}
     assert job == {"run"}
     phases = {s.labels["phase"] for s in samples["kubetune_train_step_seconds_count"]}
-    assert phases == set(contract.STEP_PHASES)
+    assert phases == set(STEP_PHASES)
     reduced = [s for s in samples["kubetune_collective_seconds_count"] if s.labels["op"] == "all_reduce"]
     assert sum(s.value for s in reduced) > 0
     assert {s.labels["size_bucket"] for s in reduced} >= {"1KiB"}  # the step's scalar reductions

@@ -5,7 +5,7 @@
 #   bash bench/experiments/allocator_ab.sh          (from the repository root; ~12 min on 2 cores)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
-jemalloc=$(.venv/bin/python -c 'from kubetune.allocator import find_jemalloc; print(find_jemalloc() or "")')
+jemalloc=$(.venv/bin/python -c 'from kubetune.training.allocator import find_jemalloc; print(find_jemalloc() or "")')
 [[ -n $jemalloc ]] || { echo "jemalloc is not installed (libjemalloc2)" >&2; exit 1; }
 for round in 1 2; do
   for cfg in glibc jemalloc mmap1m; do

@@ -25,8 +25,8 @@ from bench.common.inproc import PROMPTS, chat_prompts, start_engine
 
 
 def main() -> None:
+    from kubetune.contracts.serving import Adapter
     from kubetune.models.load import resolve_model
-    from kubetune.serve.contract import Adapter
     from kubetune.serve.engine import Request, Sampling
     from kubetune.serve.server import ServeOptions
 

@@ -20,8 +20,8 @@ import torch
 
 
 def main() -> None:
+    from kubetune.contracts.serving import Adapter
     from kubetune.models.load import resolve_model
-    from kubetune.serve.contract import Adapter
     from kubetune.serve.engine import Engine, Limits, Request, Sampling
     from kubetune.serve.kvcache import SlotCache, register
     from kubetune.serve.metrics import ServeMetrics

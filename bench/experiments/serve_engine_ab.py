@@ -54,7 +54,7 @@ def build(arm: str, seqs: int, adapters: list, rows: int):
 
 
 def main() -> None:
-    from kubetune.serve.contract import Adapter
+    from kubetune.contracts.serving import Adapter
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--arms", default="serve,apart")

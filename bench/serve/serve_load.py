@@ -7,7 +7,7 @@ fresh and stopped after its arm:
   server with 4 adapter names, `--adapter a1=RUN ... a4=RUN`, from the LoRA run `--run`);
 - **naive**: bench/serve/naive_server.py, FastAPI + HF `model.generate`, one request at a time;
 - **vllm**: vLLM's OpenAI server from the virtualenv of scripts/vllm_venv.sh
-  (`python -m vllm.entrypoints.openai.api_server`, the command kubetune.serve.contract.vllm_argv
+  (`python -m vllm.entrypoints.openai.api_server`, the command kubetune.contracts.serving.vllm_argv
   builds). If it cannot start, the arm is recorded as `not run: <the reason line of its log>`
   and the run goes on.
 
@@ -140,7 +140,7 @@ def naive_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str) -
 
 
 def vllm_arm(args: argparse.Namespace, model_dir: str, port: int, dtype: str, lora: bool = False) -> ArmSpec:
-    from kubetune.serve.contract import Adapter, VllmOptions, vllm_argv, vllm_lora_rank
+    from kubetune.contracts.serving import Adapter, VllmOptions, vllm_argv, vllm_lora_rank
 
     python = Path(args.vllm_venv) / "bin" / "python"
     adapters: tuple[Adapter, ...] = ()

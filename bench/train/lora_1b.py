@@ -25,7 +25,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kubetune.allocator import find_jemalloc, preload_env
+from kubetune.training.allocator import find_jemalloc, preload_env
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO.parent / "shared" / "data" / "medical_flashcards" / "train.jsonl"
@@ -182,7 +182,7 @@ def main() -> None:
             cmd = [sys.executable, __file__, "--arm", arm, "--model", str(model), *sys.argv[1:]]
             cmd += ["--hf-precision", hf_dtype]
             env = {k: v for k, v in os.environ.items() if k != "LD_PRELOAD"}
-            if arm == "kubetune" and library:  # what `kubetune train` runs on (kubetune.allocator)
+            if arm == "kubetune" and library:  # what `kubetune train` runs on (kubetune.training.allocator)
                 env = preload_env(env, library)
             res = subprocess.run(cmd, capture_output=True, text=True, env=env)
             results[arm] = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None

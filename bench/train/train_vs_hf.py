@@ -22,7 +22,7 @@ the run twice: on 2048^3 and on the step's own shape ([tokens x hidden] @ [hidde
 The header names the CPU model and its ISA flags (AMX, AVX-512-BF16, ...).
 
 kubetune's arms run on jemalloc where it is installed, as `kubetune train` does (see
-kubetune.allocator); HF's arm runs on glibc malloc as a plain script does, and once more on
+kubetune.training.allocator); HF's arm runs on glibc malloc as a plain script does, and once more on
 jemalloc (`hf-fp32-jemalloc`), so that the allocator's share of the memory gap is visible.
 
 An arm whose compute dtype runs at under a tenth of the fp32 peak on this CPU (HF's bf16=True
@@ -48,7 +48,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from kubetune.allocator import find_jemalloc, jemalloc_loaded, preload_env
+from kubetune.training.allocator import find_jemalloc, jemalloc_loaded, preload_env
 
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data" / "medical_flashcards"
@@ -337,7 +337,7 @@ def run_arm(name: str, args) -> dict:
     env.pop("LD_PRELOAD", None)
     library = find_jemalloc()
     # kubetune's arms run on what `kubetune train` runs on (jemalloc where installed, see
-    # kubetune.allocator); HF's on glibc malloc, as `python train.py` does, and once on jemalloc
+    # kubetune.training.allocator); HF's on glibc malloc, as `python train.py` does, and once on jemalloc
     if library and (name.startswith("kubetune") or name.endswith("jemalloc")):
         env = preload_env(env, library)
     res = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -55,9 +55,9 @@ def train(
     ),
 ):
     """Fine-tune (LoRA or full) as the recipe says; resumes from the newest checkpoint."""
-    from kubetune.allocator import reexec_with_jemalloc
+    from kubetune.training.allocator import reexec_with_jemalloc
 
-    reexec_with_jemalloc()  # before torch allocates anything (kubetune.allocator says why)
+    reexec_with_jemalloc()  # before torch allocates anything (kubetune.training.allocator says why)
     recipe, overrides = _split_recipe_args(args or [])
     from kubetune.training.launch import (
         die_with_agent,
@@ -109,7 +109,7 @@ def kernels(
     remeasure: bool = typer.Option(False, "--remeasure", help="Measure again and rewrite the cached decisions."),
 ):
     """What `kubetune train` chooses on this machine (precision, attention, processes), and why."""
-    from kubetune.allocator import reexec_with_jemalloc
+    from kubetune.training.allocator import reexec_with_jemalloc
 
     reexec_with_jemalloc()  # measured under the allocator training runs on
     from kubetune.training.choices import describe_choices
@@ -225,8 +225,8 @@ def serve(
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
     import os
 
+    from kubetune.contracts.serving import ENGINES, parse_adapter, read_chat_template
     from kubetune.serve.auth import load_api_keys
-    from kubetune.serve.contract import ENGINES, parse_adapter, read_chat_template
 
     adapters = tuple(parse_adapter(a) for a in adapter or [])
     if engine not in ENGINES:

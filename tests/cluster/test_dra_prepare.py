@@ -12,10 +12,10 @@ import yaml
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from kubetune import dra
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, InventoryDiscovery
 from kubetune.cluster.dra.cdi import Checkpoint
 from kubetune.cluster.dra.prepare import ClaimError, ClaimRef, Preparer
+from kubetune.contracts import dra
 
 GAUDI = dra.VENDORS["gaudi"]
 CDI_SCHEMA = Path(__file__).parent / "cdi"

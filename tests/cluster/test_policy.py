@@ -137,7 +137,7 @@ def test_weights_are_validated_with_the_flag_name():
 
 
 def test_quantities_and_requests():
-    from kubetune.kube import quantity_or_none
+    from kubetune.contracts.kube import quantity_or_none
 
     assert quantity_or_none("96Gi") == 96 * 2**30 and quantity_or_none("500m") == 0.5 and quantity_or_none("x") is None
     pod = Pod.model_validate(training_pod("j", 2, cards=4, workers=3))

@@ -134,7 +134,7 @@ def test_publisher_without_an_api_finds_the_cluster_through_kubeconfig(cards, tm
         )
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        publisher = NodePublisher("hls-0", "habana.ai/gaudi", None, None)  # core_api from kubetune.kube.load_config
+        publisher = NodePublisher("hls-0", "habana.ai/gaudi", None, None)  # core_api from kube.load_config
         assert publisher.publish(cards, {c.id: HEALTHY for c in cards}) is True
         assert api_server.core_api().read_node("hls-0").metadata.annotations[keys.CARDS_HEALTHY] == "8"
     finally:

@@ -11,16 +11,16 @@ import kubernetes_validate
 import pytest
 from celpy import celtypes
 
-from kubetune import dra
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, Card
 from kubetune.cluster.dra.slices import build_slices
 from kubetune.cluster.manifests import device_class
+from kubetune.contracts import dra
+from kubetune.contracts.kube import parse_quantity
 from kubetune.errors import UserError
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
 from kubetune.k8s.serve.settings import ServeSettings
 from kubetune.k8s.validate import validate_objects
-from kubetune.kube import parse_quantity
 from kubetune.recipe.loader import load_recipe
 
 RECIPE = "smollm2-135m-lora-cpu"
@@ -53,7 +53,7 @@ def _request(template: dict) -> dict:
 # ---------------------------------------------------------------------------- CEL, as the scheduler runs it
 
 # Kubernetes' CEL has a Quantity type (quantity("80Gi"), q.compareTo(other)) that celpy does not:
-# it is provided here as two custom functions over kubetune.kube.parse_quantity, the parser
+# it is provided here as two custom functions over kubetune.contracts.kube.parse_quantity, the parser
 # kubetune reads every quantity with. A capacity value stays a Quantity, not a string, so that
 # a selector comparing it as a string (or a number) fails here as it would in the scheduler.
 

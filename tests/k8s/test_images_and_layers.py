@@ -304,7 +304,7 @@ def test_cluster_components_import_and_run_without_torch_or_the_job_side(tmp_pat
     make_gaudi_tree(tmp_path, hls_box())
     nodes = [gaudi_node("hls-0", free=8), gaudi_node("hls-1", free=2)]
     (tmp_path / "extender-args.json").write_text(json.dumps(extender_args(training_pod(cards=8), nodes)))
-    # the components share only kubetune.kube with the job side: kubetune.k8s and kubetune.recipe are refused too
+    # the components share only the contracts with the job side: kubetune.k8s and kubetune.recipe are refused too
     results = _run_blocked(_CLUSTER_COMPONENTS, (*TRAINING_SIDE, "kubetune.k8s", "kubetune.recipe"), tmp_path)[
         "results"
     ]

@@ -1,4 +1,5 @@
-"""kubetune.kube: the quantity grammar, the common labels and the kubeconfig loader that k8s and cluster share."""
+"""kubetune.contracts.kube: the quantity grammar, the common labels and the kubeconfig loader
+that k8s and cluster share."""
 
 from __future__ import annotations
 
@@ -9,8 +10,8 @@ import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
-from kubetune import kube
-from kubetune.kube import ClusterError, common_labels, load_config, parse_quantity, quantity_or_none
+from kubetune.contracts import kube
+from kubetune.contracts.kube import ClusterError, common_labels, load_config, parse_quantity, quantity_or_none
 
 SUFFIXES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"]
 

@@ -8,12 +8,12 @@ import copy
 import pytest
 import yaml
 
+from kubetune.contracts.kube import parse_quantity
 from kubetune.errors import RecipeError
 from kubetune.k8s import kueue
 from kubetune.k8s import render as r
 from kubetune.k8s.doctor import Snapshot, diagnose
 from kubetune.k8s.validate import validate_objects
-from kubetune.kube import parse_quantity
 from kubetune.recipe.loader import load_recipe
 
 SEED = "llama2-7b-medical-flashcards"

@@ -48,7 +48,7 @@ def test_the_context_namespace_unless_the_recipe_or_n_says_otherwise(team_contex
 
 
 def test_a_kubeconfig_list_gives_the_namespace_of_the_context_the_client_connects_to(tmp_path, monkeypatch):
-    from kubetune.kube import load_config
+    from kubetune.contracts.kube import load_config
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     first = _kubeconfig(tmp_path / "first", "team-b", context="b", server="http://127.0.0.1:2")

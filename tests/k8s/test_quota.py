@@ -12,12 +12,12 @@ from decimal import Decimal
 
 import pytest
 
+from kubetune.contracts.kube import INSTANCE, MANAGED_BY
 from kubetune.errors import RecipeError
 from kubetune.k8s import quota
 from kubetune.k8s import render as r
 from kubetune.k8s.names import NAMESPACE_QUOTA
 from kubetune.k8s.validate import validate_objects
-from kubetune.kube import INSTANCE, MANAGED_BY
 from kubetune.recipe.loader import load_recipe
 
 RECIPE = "smollm2-135m-lora-cpu"  # 2 workers of 8 CPUs / 32Gi, plus a data pod of 250m / 256Mi

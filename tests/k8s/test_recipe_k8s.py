@@ -7,8 +7,8 @@ from decimal import Decimal
 import pytest
 from pydantic import BaseModel
 
+from kubetune.contracts.kube import parse_quantity
 from kubetune.errors import RecipeError
-from kubetune.kube import parse_quantity
 from kubetune.recipe import k8s as section
 from kubetune.recipe.loader import load_recipe
 

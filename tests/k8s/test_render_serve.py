@@ -17,20 +17,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetune.errors import RecipeError, UserError
-from kubetune.k8s import follow
-from kubetune.k8s import render as r
-from kubetune.k8s.serve import ENGINES, ServeSettings
-from kubetune.k8s.serve.argv import API_KEY_SECRET_KEY
-from kubetune.k8s.serve.network import nginx_size
-from kubetune.k8s.serve.plan import GAUDI_VLLM_WARMUP_S, UNKNOWN_LOAD_S, load_source, model_params
-from kubetune.k8s.serve.render import render_serve
-from kubetune.k8s.serve.settings import flags_given, setting_options, spec_given
-from kubetune.k8s.validate import validate_objects
-from kubetune.recipe.k8s import PROFILE_IMAGES, VLLM_IMAGES
-from kubetune.recipe.loader import load_recipe
-from kubetune.rundir import RunDir
-from kubetune.serve.contract import (
+from kubetune.contracts.serving import (
     DEFAULT_MAX_BODY_BYTES,
     DEFAULT_PORT,
     DRAIN_TIMEOUT_S,
@@ -44,6 +31,19 @@ from kubetune.serve.contract import (
     vllm_cpu_kvcache_gib,
     vllm_lora_rank,
 )
+from kubetune.errors import RecipeError, UserError
+from kubetune.k8s import follow
+from kubetune.k8s import render as r
+from kubetune.k8s.serve import ENGINES, ServeSettings
+from kubetune.k8s.serve.argv import API_KEY_SECRET_KEY
+from kubetune.k8s.serve.network import nginx_size
+from kubetune.k8s.serve.plan import GAUDI_VLLM_WARMUP_S, UNKNOWN_LOAD_S, load_source, model_params
+from kubetune.k8s.serve.render import render_serve
+from kubetune.k8s.serve.settings import flags_given, setting_options, spec_given
+from kubetune.k8s.validate import validate_objects
+from kubetune.recipe.k8s import PROFILE_IMAGES, VLLM_IMAGES
+from kubetune.recipe.loader import load_recipe
+from kubetune.rundir import RunDir
 
 from .conftest import TOKEN
 from .fakes import FakeClient

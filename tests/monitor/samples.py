@@ -21,7 +21,7 @@ no accelerator was available to record them (NOTE for readers of the PNGs: not m
 
 kubetune's own series come from the code that serves them where it is importable without
 torch (`kubetune.serve.metrics.ServeMetrics`, the device plugin's `PluginMetrics`) and from the
-contract (`kubetune.monitor.contract`) for training and the extender.
+contract (`kubetune.contracts.metrics`) for training and the extender.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ import time
 from prometheus_client import CollectorRegistry, generate_latest
 
 from kubetune.cluster.deviceplugin.metrics import PluginMetrics
-from kubetune.monitor import contract
+from kubetune.contracts.metrics import STEP_PHASES, TRAIN_METRICS, component_metric, instrument, size_bucket
 from kubetune.serve.metrics import ServeMetrics
 
 MIB = 1 << 20
@@ -145,7 +145,7 @@ class Training:
     def __init__(self, job: str = "demo", ranks: int = 2) -> None:
         self.registry = CollectorRegistry()
         self.ranks = [(job, str(r), "node-a") for r in range(ranks)]
-        self.metrics = {m.name: contract.instrument(m, self.registry) for m in contract.TRAIN_METRICS}
+        self.metrics = {m.name: instrument(m, self.registry) for m in TRAIN_METRICS}
 
     def __call__(self, n: int) -> str:
         for job, rank, node in self.ranks:
@@ -176,10 +176,10 @@ class Training:
         m["kubetune_train_nonfinite_steps_total"].labels(*who).inc(0)
         m["kubetune_train_restarts_total"].labels(*who).inc(0)
         m["kubetune_checkpoint_seconds"].labels(*who).observe(4.2)
-        for phase, seconds in zip(contract.STEP_PHASES, (0.02, 0.9, 0.2, 0.05)):
+        for phase, seconds in zip(STEP_PHASES, (0.02, 0.9, 0.2, 0.05)):
             m["kubetune_train_step_seconds"].labels(*who, phase).observe(seconds)
         for op, size, seconds in (("all_reduce", 1 << 24, 0.012), ("all_gather", 1 << 20, 0.002)):
-            m["kubetune_collective_seconds"].labels(*who, op, contract.size_bucket(size)).observe(seconds)
+            m["kubetune_collective_seconds"].labels(*who, op, size_bucket(size)).observe(seconds)
             m["kubetune_collective_bytes_total"].labels(*who, op).inc(size)
 
 
@@ -237,8 +237,8 @@ class Extender:
 
     def __init__(self) -> None:
         self.registry = CollectorRegistry()
-        latency = contract.component_metric("kubetune_extender_request_seconds")
-        self.latency = contract.instrument(latency, self.registry)
+        latency = component_metric("kubetune_extender_request_seconds")
+        self.latency = instrument(latency, self.registry)
 
     def __call__(self, n: int) -> str:
         for verb in ("filter", "prioritize"):

@@ -3,9 +3,9 @@
 
 from __future__ import annotations
 
+from kubetune.contracts.monitors import endpoint, monitor_meta, pod_monitor
 from kubetune.monitor.check import Collected, PanelResult, diagnose, report, scrape_jobs
 from kubetune.monitor.expressions import Expression
-from kubetune.monitor.monitors import endpoint, monitor_meta, pod_monitor
 
 
 def _monitor(name: str, release: str | None) -> dict:

@@ -1,5 +1,5 @@
 """The contract's serving and component metrics are what those processes really export:
-contract.py names them for the dashboards and alerts, while serve/metrics.py, the device
+contracts/metrics.py names them for the dashboards and alerts, while serve/metrics.py, the device
 plugin and the extender define them, so a rename on either side must fail here."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ from __future__ import annotations
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetune.monitor.contract import COMPONENT_METRICS, SERVE_METRICS, TRAIN_METRICS, Metric, bucket_bounds
+from kubetune.contracts.metrics import COMPONENT_METRICS, SERVE_METRICS, TRAIN_METRICS, Metric, bucket_bounds
 
 
 def families(text: str) -> set[tuple[str, str]]:

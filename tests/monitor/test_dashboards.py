@@ -7,8 +7,8 @@ import json
 
 import pytest
 
+from kubetune.contracts.metrics import COMPONENT_METRICS, SERVE_METRICS, TRAIN_METRICS, exposed_names
 from kubetune.monitor import dashboards as d
-from kubetune.monitor.contract import COMPONENT_METRICS, SERVE_METRICS, TRAIN_METRICS, exposed_names
 from kubetune.monitor.exporters import THIRD_PARTY, known_metrics
 from kubetune.monitor.expressions import Expression, all_expressions, expand, metric_names
 from kubetune.monitor.grafana import GRID_COLUMNS, Dashboard, Panel, Row, Target

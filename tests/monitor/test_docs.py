@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kubetune.monitor.contract import DEFAULT_RELEASE, DEFAULT_TRAIN_PORT
+from kubetune.contracts.metrics import DEFAULT_RELEASE, DEFAULT_TRAIN_PORT
 from kubetune.monitor.reference import alerts_markdown, dashboards_markdown, training_metrics_markdown
 
 SECTION = (Path(__file__).resolve().parents[2] / "docs" / "monitoring.md").read_text()

@@ -8,13 +8,13 @@ from __future__ import annotations
 
 import yaml
 
+from kubetune.contracts.metrics import DEFAULT_TRAIN_PORT
 from kubetune.k8s import follow
 from kubetune.k8s.client import NotFound
 from kubetune.k8s.render import render
 from kubetune.k8s.serve import ServeSettings
 from kubetune.k8s.serve.render import render_serve
 from kubetune.k8s.validate import validate_objects
-from kubetune.monitor.contract import DEFAULT_TRAIN_PORT
 from kubetune.recipe.loader import load_recipe
 
 from ..k8s.fakes import FakeClient

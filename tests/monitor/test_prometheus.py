@@ -17,9 +17,9 @@ import pytest
 import yaml
 
 from kubetune.cluster.manifests import ComponentSettings, component_monitors
+from kubetune.contracts.monitors import operator_job_prefix
 from kubetune.monitor.dashboards import dashboards
 from kubetune.monitor.expressions import all_expressions
-from kubetune.monitor.monitors import operator_job_prefix
 from kubetune.monitor.rules import alerts, rule_file
 from kubetune.monitor.snapshot import render_panels_png
 from kubetune.netutil import free_port

@@ -16,7 +16,7 @@ these tests stand in for it:
 - the Kubeflow training operator and the kubelet: nothing runs the PyTorchJob here. The
   tests write the job's status conditions over HTTP as the training operator would, create
   its rank-0 pod, and script that pod's log (kmock does not emulate logs) with the progress
-  line the engine prints (`kubetune.progress_line.format_line`).
+  line the engine prints (`kubetune.contracts.progress_line.format_line`).
 - CRD schema validation and pruning: kmock stores any object; tests/operator/test_crd.py
   checks the schema the API server would apply.
 """

@@ -13,7 +13,7 @@ CODE = """
 import sys
 sys.modules["torch"] = None  # any import of torch now fails
 from kubetune.operator import handlers, main, crd, plan, actions
-from kubetune.export.job import export_job
+from kubetune.k8s.export_job import export_job
 from kubetune.k8s.names import Names
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve

@@ -13,10 +13,10 @@ import threading
 import kopf
 import pytest
 
+from kubetune.contracts.progress_line import ProgressLine, format_line
 from kubetune.k8s.client import ClusterError
 from kubetune.k8s.names import TOKEN_KEY
 from kubetune.operator import handlers
-from kubetune.progress_line import ProgressLine, format_line
 
 from .conftest import NAMESPACE, wait_for
 

@@ -1,4 +1,4 @@
-"""The operator's decisions without kopf or a cluster: plan.py, metrics_page.py, export/job.py."""
+"""The operator's decisions without kopf or a cluster: plan.py, metrics_page.py, k8s/export_job.py."""
 
 from __future__ import annotations
 
@@ -8,14 +8,14 @@ from datetime import datetime, timezone
 import kubernetes_validate
 import pytest
 
+from kubetune.contracts.metrics import TRAIN_METRICS
 from kubetune.errors import RecipeError
-from kubetune.export.job import export_job
+from kubetune.k8s.export_job import export_job
 from kubetune.k8s.names import Names
 from kubetune.k8s.objects import recipe_text_data
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.k8s.serve import ServeSettings
-from kubetune.monitor.contract import TRAIN_METRICS
 from kubetune.operator import metrics_page, plan
 from kubetune.operator.crd import serve_schema
 from kubetune.rundir import changed_keys

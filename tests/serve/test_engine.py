@@ -10,7 +10,7 @@ import time
 import pytest
 import torch
 
-from kubetune.serve.contract import Adapter
+from kubetune.contracts.serving import Adapter
 from kubetune.serve.engine import MAX_FAILED_STEPS, AdmissionError, Engine, Event, Limits, Request, Sampling
 from kubetune.serve.kvcache import SlotCache, register
 from kubetune.serve.lora import install

@@ -14,7 +14,7 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from kubetune.monitor import contract
+from kubetune.contracts.metrics import FINISH_REASONS, SERVE_METRICS, exposed_names
 from kubetune.serve.engine import Limits, Request, Sampling, Sequence
 from kubetune.serve.metrics import ServeMetrics
 
@@ -58,7 +58,7 @@ def emit(metrics: ServeMetrics, seq: Sequence, token_times: list[float]) -> None
 def test_every_series_is_there_at_zero_before_the_first_request():
     m = ServeMetrics("base", max_lora=0, adapter_names=[])
     values = samples(m)
-    for reason in contract.FINISH_REASONS:
+    for reason in FINISH_REASONS:
         assert metric(values, "vllm:request_success_total", finished_reason=reason, **OWN) == 0
     for name in ("vllm:prefix_cache_queries_total", "vllm:e2e_request_latency_seconds_count"):
         assert (name, tuple(sorted(OWN.items()))) in values
@@ -196,8 +196,8 @@ def test_the_server_counts_a_stop_string_as_stop_and_exposes_every_contract_seri
 
     assert (grew("stop"), grew("abort")) == (1, 0)
     exposed = {name for name, _ in after}
-    for m in contract.SERVE_METRICS:
-        assert set(contract.exposed_names(m)) <= exposed, m.name
+    for m in SERVE_METRICS:
+        assert set(exposed_names(m)) <= exposed, m.name
 
 
 def test_the_readme_table_is_the_contract():
@@ -207,7 +207,5 @@ def test_the_readme_table_is_the_contract():
 
     section = (REPO / "docs" / "serving.md").read_text().split("## Serving metrics", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `(vllm:[a-z0-9_]+)[^`]*` \| (\w+) \|", section, re.M))
-    promised = {
-        (contract.exposed_names(m)[0] if m.kind == "counter" else m.name, m.kind) for m in contract.SERVE_METRICS
-    }
+    promised = {(exposed_names(m)[0] if m.kind == "counter" else m.name, m.kind) for m in SERVE_METRICS}
     assert rows == promised

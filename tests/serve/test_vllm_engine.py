@@ -11,9 +11,9 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kubetune.contracts.serving import Adapter, vllm_argv, vllm_lora_rank
 from kubetune.errors import UserError
 from kubetune.netutil import free_port, wait_ready
-from kubetune.serve.contract import Adapter, vllm_argv, vllm_lora_rank
 from kubetune.serve.vllm_engine import VLLM_PYTHON_ENV, vllm_options, vllm_python
 
 from ..conftest import run_cli

@@ -35,7 +35,7 @@ app.kubernetes.io/instance: {{ .root.Release.Name }}
 {{/*
 Kubernetes' recommended labels and Helm's chart label, on every object and pod template:
 (dict "root" $ "name" "kubetune-device-plugin" "component" "device-plugin"). name, component and part-of are
-kubetune.kube.common_labels(name, component, part_of="kubetune"), what `render-components` writes; instance,
+kubetune.contracts.kube.common_labels(name, component, part_of="kubetune"), what `render-components` writes; instance,
 version, managed-by and helm.sh/chart are Helm's (tests/charts compare the rest with the Python renderers).
 */}}
 {{- define "kubetune.labels" -}}

@@ -125,7 +125,7 @@ def device_plugin(
 
 
 def _dra_vendor(discovery: str, backend) -> str:
-    """The DRA vendor (kubetune.dra.VENDORS key) of a --discovery choice."""
+    """The DRA vendor (kubetune.contracts.dra.VENDORS key) of a --discovery choice."""
     if discovery == "nvml" or getattr(backend, "vendor", None) == "nvidia":
         return "nvidia"
     return "gaudi"  # sysfs, or an inventory of vendor habana
@@ -163,16 +163,16 @@ def dra_driver(
         raise UserError(*problems)
     assert node_name is not None  # (checked above)
     if kubeconfig is not None:
-        os.environ["KUBECONFIG"] = str(kubeconfig)  # kubetune.kube.load_config reads it
+        os.environ["KUBECONFIG"] = str(kubeconfig)  # kubetune.contracts.kube.load_config reads it
 
     from kubernetes import client
 
-    from kubetune import dra
     from kubetune.cluster.deviceplugin.discovery import make_discovery
     from kubetune.cluster.dra.prepare import claim_reader
     from kubetune.cluster.dra.publish import SliceApi, SlicePublisher
     from kubetune.cluster.dra.server import DraDriver
-    from kubetune.kube import load_config
+    from kubetune.contracts import dra
+    from kubetune.contracts.kube import load_config
 
     first_guess = dra.VENDORS["nvidia" if discovery == "nvml" else "gaudi"]
     backend = make_discovery(

@@ -21,21 +21,20 @@
 - unless `--no-monitors`: a PodMonitor for the device plugin (a DaemonSet: each pod is scraped
   on its `metrics` port, and its node is the pod's, so no Service is needed in front of it)
   and a ServiceMonitor for the extender (its Service's `http` port serves /metrics), both
-  labelled `release: <--release>` for kube-prometheus-stack (`kubetune.monitor.monitors`).
+  labelled `release: <--release>` for kube-prometheus-stack (`kubetune.contracts.monitors`).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubetune import dra
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
 from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
+from kubetune.contracts import dra, monitors
+from kubetune.contracts.kube import KUBETUNE, NAME, common_labels
+from kubetune.contracts.metrics import DEFAULT_RELEASE, METRICS_PORT_NAME
 from kubetune.errors import UserError
-from kubetune.kube import KUBETUNE, NAME, common_labels
-from kubetune.monitor import monitors
-from kubetune.monitor.contract import DEFAULT_RELEASE, METRICS_PORT_NAME
 
 PLUGIN_NAME = "kubetune-device-plugin"
 DRA_DRIVER_NAME = "kubetune-dra-driver"
@@ -53,7 +52,7 @@ POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
 # (default 03, 0b40, 12) are labelled: Gaudi is 1200 (processing accelerator), NVIDIA data-centre
 # GPUs 0302 (3D controller), other NVIDIA GPUs 0300 (VGA). Discovery -> (PCI vendor, classes).
 NFD_PCI = {"sysfs": ("1da3", ("1200",)), "nvml": ("10de", ("0302", "0300"))}
-DRA_VENDOR = {"sysfs": "gaudi", "nvml": "nvidia"}  # --discovery -> kubetune.dra.VENDORS key
+DRA_VENDOR = {"sysfs": "gaudi", "nvml": "nvidia"}  # --discovery -> kubetune.contracts.dra.VENDORS key
 
 
 def nfd_pci_label(device_label: str) -> str:

@@ -302,7 +302,7 @@ class Prober:
     @property
     def api(self):
         if self._api is None:
-            from kubetune.kube import core_v1_api
+            from kubetune.contracts.kube import core_v1_api
 
             self._api = core_v1_api()
         return self._api

@@ -5,7 +5,7 @@ deletes with the pod): one request of `count` cards of the vendor's DeviceClass,
 CEL selectors from `k8s.dra` (model, least memory) and, for more than one card, a
 `matchAttribute` constraint that puts them all on one PCIe root, NUMA node or board. The
 DeviceClass (the DRA driver's, `kubetune k8s render-components --devices dra`) already keeps
-unhealthy cards out. Attribute names come from `kubetune.dra`, which the driver publishes.
+unhealthy cards out. Attribute names come from `kubetune.contracts.dra`, which the driver publishes.
 
 The pods name the claim in `spec.resourceClaims` and their container in `resources.claims`
 (`profiles.worker_resources`), and carry no habana.ai/gaudi / nvidia.com/gpu limits.
@@ -15,10 +15,10 @@ from __future__ import annotations
 
 import json
 
-from kubetune import dra
+from kubetune.contracts import dra
+from kubetune.contracts.kube import KubeObject, parse_quantity
 from kubetune.k8s import profiles
 from kubetune.k8s.names import Names, standard_labels
-from kubetune.kube import KubeObject, parse_quantity
 from kubetune.recipe.k8s import K8sSection
 
 

@@ -4,9 +4,9 @@
 renders or reads, pod logs, and exec (for copying files out of the data-access pod). All
 objects are plain dicts, as rendered. Tests swap this boundary (or point it at an
 in-memory API server); nothing else in kubetune.k8s imports the kubernetes client's API
-layer (the cluster components watch and patch through `kubetune.kube.core_v1_api`).
+layer (the cluster components watch and patch through `kubetune.contracts.kube.core_v1_api`).
 
-Configuration comes from `kubetune.kube.load_config` (the loader the cluster components use
+Configuration comes from `kubetune.contracts.kube.load_config` (the loader the cluster components use
 too), and `resolve_namespace` picks the namespace a command works in from the same source,
 in kubectl's order. Errors talking to the API become `ClusterError` (a UserError: one line,
 exit 2): no configuration, unreachable server, 401/403, missing CRDs. `get` returns None on 404.
@@ -23,7 +23,7 @@ from typing import IO
 
 import yaml
 
-from kubetune.kube import ClusterError, load_config
+from kubetune.contracts.kube import ClusterError, load_config
 
 __all__ = [
     "KINDS",

@@ -21,6 +21,7 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from kubetune.contracts.kube import COMPONENT, INSTANCE, KUBETUNE, MANAGED_BY
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import kueue, progress, quota
 from kubetune.k8s.client import KubeClient, NotFound
@@ -37,7 +38,6 @@ from kubetune.k8s.names import (
 from kubetune.k8s.objects import config_map_recipe
 from kubetune.k8s.render import Rendered
 from kubetune.k8s.scrape import pod_monitor_name
-from kubetune.kube import COMPONENT, INSTANCE, KUBETUNE, MANAGED_BY
 from kubetune.recipe.loader import _flatten
 from kubetune.recipe.schema import Recipe
 from kubetune.rundir import changed_keys

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from kubetune.contracts.kube import KubeObject
 from kubetune.k8s import kueue
 from kubetune.k8s.names import CONTAINER, KUEUE_LABEL, TRAIN_COMMAND, Names
 from kubetune.k8s.objects import object_meta, to_dict, worker_pod_template
-from kubetune.kube import KubeObject
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
 

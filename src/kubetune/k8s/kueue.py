@@ -25,9 +25,9 @@ from __future__ import annotations
 import copy
 from collections.abc import Iterator
 
+from kubetune.contracts.kube import KUBETUNE, KubeObject, common_labels
 from kubetune.k8s import quota
 from kubetune.k8s.names import KUEUE_LABEL, Names
-from kubetune.kube import KUBETUNE, KubeObject, common_labels
 from kubetune.recipe.k8s import K8sSection
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"

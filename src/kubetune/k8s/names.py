@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubetune.kube import COMPONENT, INSTANCE, KUBETUNE, common_labels
+from kubetune.contracts.kube import COMPONENT, INSTANCE, KUBETUNE, common_labels
 
 RECIPE_DIR = "/etc/kubetune"
 RECIPE_KEY = "recipe.yaml"

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import yaml
 
+from kubetune.contracts.kube import KUBETUNE, NAME, KubeObject, common_labels, parse_quantity
+from kubetune.contracts.metrics import METRICS_PORT_NAME
 from kubetune.errors import RecipeError
 from kubetune.k8s import claims, profiles
 from kubetune.k8s.names import (
@@ -29,8 +31,6 @@ from kubetune.k8s.names import (
     Names,
     standard_labels,
 )
-from kubetune.kube import KUBETUNE, NAME, KubeObject, common_labels, parse_quantity
-from kubetune.monitor.contract import METRICS_PORT_NAME
 from kubetune.recipe.gated import needs_token
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe

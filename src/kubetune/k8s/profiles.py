@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
 from typing import TYPE_CHECKING
 
-from kubetune.kube import parse_quantity
+from kubetune.contracts.kube import parse_quantity
 from kubetune.recipe.comm import comm_env
 from kubetune.recipe.k8s import ACCELERATOR_RESOURCE, K8sSection
 from kubetune.recipe.schema import Recipe

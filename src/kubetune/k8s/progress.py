@@ -1,6 +1,6 @@
 """Training progress from what the engine writes (pure parsing, no cluster).
 
-Each node's first process prints, when not on a terminal, the line of `kubetune.progress_line`
+Each node's first process prints, when not on a terminal, the line of `kubetune.contracts.progress_line`
 (the module the engine prints it with, so the two agree by construction), ending with its global
 rank in a job of several processes; any training pod's log therefore holds it, whichever node
 rank an elastic rendezvous gave that pod:
@@ -19,7 +19,7 @@ import math
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from kubetune.progress_line import ProgressLine, parse_line
+from kubetune.contracts.progress_line import ProgressLine, parse_line
 
 
 @dataclass(frozen=True)

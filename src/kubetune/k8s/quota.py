@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from decimal import Decimal
 
-from kubetune.kube import INSTANCE, KubeObject, parse_quantity
+from kubetune.contracts.kube import INSTANCE, KubeObject, parse_quantity
 
 Usage = dict[str, Decimal]
 FINISHED_PHASES = ("Succeeded", "Failed")

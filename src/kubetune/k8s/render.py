@@ -28,11 +28,11 @@ from pathlib import Path, PurePosixPath
 
 import yaml
 
+from kubetune.contracts.kube import KubeObject
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import claims, jobs, kueue, objects, profiles, quota
 from kubetune.k8s.names import DATA_DIR, NAMESPACE_QUOTA, TOKEN_KEY, Names
 from kubetune.k8s.scrape import metrics_port, training_pod_monitor
-from kubetune.kube import KubeObject
 from kubetune.recipe.chat_template import chat_template_problem, template_note
 from kubetune.recipe.comm import comm_warnings
 from kubetune.recipe.footprint import memory_problem

@@ -10,19 +10,19 @@ named after them (pure: no API calls, no kubernetes import).
 - `server_service_monitor`: a server's Service, port `http` (`kubetune k8s render-serve`).
 
 They live here, beside `names`, because they select by a job's names and labels; the shapes
-every monitor shares are `kubetune.monitor.monitors`, the rules and dashboards
+every monitor shares are `kubetune.contracts.monitors`, the rules and dashboards
 `kubetune.monitor.objects`. Every object carries `release: <monitor.release>`:
 kube-prometheus-stack's Prometheus selects monitors by that label and ignores the rest without a word.
 """
 
 from __future__ import annotations
 
+from kubetune.contracts import monitors
+from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.metrics import DEFAULT_TRAIN_PORT, METRICS_PORT_NAME
+from kubetune.contracts.serving import METRICS_PATH
 from kubetune.k8s.names import CONTAINER, Names, server_selector, standard_labels, trainer_selector
-from kubetune.kube import KubeObject
-from kubetune.monitor import monitors
-from kubetune.monitor.contract import DEFAULT_TRAIN_PORT, METRICS_PORT_NAME
 from kubetune.recipe.schema import Recipe
-from kubetune.serve.contract import METRICS_PATH
 
 TRAINJOB_CONTAINER = CONTAINER["trainjob"]
 SERVER_PORT_NAME = "http"  # the serving Service's port (kubetune.k8s.serve.plan.PORT_NAME)

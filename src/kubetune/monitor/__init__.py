@@ -1,7 +1,7 @@
-"""Monitoring: the metric names kubetune promises (`contract.py`), the Prometheus Operator
-objects, alert rules and Grafana dashboards built from them, and `kubetune monitor`.
+"""Monitoring: the Prometheus Operator objects, alert rules and Grafana dashboards built over
+the metric names kubetune promises (`kubetune.contracts.metrics`), and `kubetune monitor`.
 
 Pure: no torch, no kubernetes import. Training (`kubetune.training.telemetry`) and serving
-(`kubetune.serve.metrics`) export what `contract.py` names; the dashboards and alerts query
+(`kubetune.serve.metrics`) export what the contract names; the dashboards and alerts query
 only those names, and a test fails when a panel names a metric nobody exports.
 """

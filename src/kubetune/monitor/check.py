@@ -21,11 +21,11 @@ from typing import Any, Literal
 
 import yaml
 
-from kubetune.kube import KubeObject
-from kubetune.monitor.contract import RELEASE_LABEL
+from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.metrics import RELEASE_LABEL
+from kubetune.contracts.monitors import MONITOR_KINDS, OPERATOR_JOB_PREFIX, operator_job_prefix
 from kubetune.monitor.exporters import source_of
 from kubetune.monitor.expressions import Expression, panel_expressions
-from kubetune.monitor.monitors import MONITOR_KINDS, OPERATOR_JOB_PREFIX, operator_job_prefix
 from kubetune.monitor.prometheus import Prometheus
 
 Severity = Literal["ok", "warning", "error"]

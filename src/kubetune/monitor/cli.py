@@ -11,8 +11,8 @@ from pathlib import Path
 
 import typer
 
+from kubetune.contracts.kube import KubeObject
 from kubetune.errors import UserError
-from kubetune.kube import KubeObject
 
 monitor_app = typer.Typer(
     help="Prometheus monitors, alert rules and Grafana dashboards; check that they work.", no_args_is_help=True
@@ -26,8 +26,8 @@ def _note(text: str) -> None:
 
 
 def _adapter_rule(namespace: str, release: str) -> KubeObject:
-    from kubetune.monitor.monitors import MONITORING_COMPONENT, monitor_meta
-    from kubetune.monitor.prometheus_adapter import adapter_rule_data
+    from kubetune.contracts.monitors import MONITORING_COMPONENT, monitor_meta
+    from kubetune.contracts.prometheus_adapter import adapter_rule_data
 
     labels = {"app.kubernetes.io/name": "kubetune", "app.kubernetes.io/component": MONITORING_COMPONENT}
     meta = monitor_meta("kubetune-prometheus-adapter-rule", namespace, labels, release)
@@ -64,9 +64,9 @@ def render_cmd(
 ) -> None:
     """Render the alert rules (PrometheusRule), the dashboards (ConfigMaps for Grafana's sidecar),
     the prometheus-adapter rule and, with --recipe, the job's and server's monitors."""
+    from kubetune.contracts.metrics import DEFAULT_RELEASE
     from kubetune.k8s.render import write_dir
     from kubetune.k8s.validate import validate_objects
-    from kubetune.monitor.contract import DEFAULT_RELEASE
     from kubetune.monitor.objects import dashboard_config_maps, prometheus_rule
 
     if overrides and not recipe:
@@ -126,8 +126,8 @@ def check_cmd(
     namespace: str | None = typer.Option(None, "-n", "--namespace", help="Only the monitors of this namespace."),
 ) -> None:
     """Are the targets up, which monitors does Prometheus ignore (and why), which panels are empty (and why)."""
+    from kubetune.contracts.metrics import DEFAULT_RELEASE
     from kubetune.monitor.check import collect, diagnose, report
-    from kubetune.monitor.contract import DEFAULT_RELEASE
     from kubetune.monitor.prometheus import Prometheus
 
     monitors: list[KubeObject] | None

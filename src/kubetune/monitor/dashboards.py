@@ -9,7 +9,7 @@
 - nodes and accelerators: node-exporter and cAdvisor CPU/memory/network, Intel Gaudi (Intel's
   metric exporter), NVIDIA (DCGM exporter), and kubetune's device plugin and scheduler extender.
 
-Panels name only metrics of `kubetune.monitor.contract` or of the exporters listed in
+Panels name only metrics of `kubetune.contracts.metrics` or of the exporters listed in
 `kubetune.monitor.exporters` (a test holds this). The JSON files in `monitor/dashboards/`
 are `write_json`'s output, for users who import them by hand.
 """

@@ -1,6 +1,6 @@
 """Where each metric a dashboard or alert names comes from.
 
-kubetune's own names come from `kubetune.monitor.contract`; the others are the third-party
+kubetune's own names come from `kubetune.contracts.metrics`; the others are the third-party
 exporters a kube-prometheus-stack cluster (plus the accelerator vendors' exporters) runs.
 A panel that names a metric in neither is a bug the tests catch: it would stay empty forever.
 `kubetune monitor check` uses `source_of` to say which exporter to look at when a panel has no
@@ -9,7 +9,7 @@ data.
 
 from __future__ import annotations
 
-from kubetune.monitor.contract import COMPONENT_METRICS, SERVE_METRICS, TRAIN_METRICS, Metric, exposed_names
+from kubetune.contracts.metrics import COMPONENT_METRICS, SERVE_METRICS, TRAIN_METRICS, Metric, exposed_names
 
 NODE_EXPORTER = "node-exporter (kube-prometheus-stack's prometheus-node-exporter)"
 CADVISOR = "cAdvisor (the kubelet's /metrics/cadvisor, scraped by kube-prometheus-stack)"

@@ -11,9 +11,9 @@ and ignores the rest without a word.
 
 from __future__ import annotations
 
-from kubetune.kube import KUBETUNE, KubeObject, common_labels
-from kubetune.monitor import monitors
-from kubetune.monitor.contract import DASHBOARD_LABEL
+from kubetune.contracts import monitors
+from kubetune.contracts.kube import KUBETUNE, KubeObject, common_labels
+from kubetune.contracts.metrics import DASHBOARD_LABEL
 from kubetune.monitor.dashboards import dashboards, to_text
 from kubetune.monitor.rules import RuleSettings, rule_groups
 

@@ -3,7 +3,7 @@ holds the page equal): the training metrics of the contract, the alerts, the das
 
 from __future__ import annotations
 
-from kubetune.monitor.contract import TRAIN_LABELS, TRAIN_METRICS, exposed_names
+from kubetune.contracts.metrics import TRAIN_LABELS, TRAIN_METRICS, exposed_names
 from kubetune.monitor.dashboards import dashboards
 from kubetune.monitor.rules import alerts
 

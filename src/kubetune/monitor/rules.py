@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kubetune.kube import KubeObject
+from kubetune.contracts.kube import KubeObject
 
 TRAIN = "namespace, job"
 RANK = "namespace, job, rank"

@@ -12,9 +12,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetune.errors import RecipeError, UserError
-from kubetune.export.job import export_job
 from kubetune.k8s import doctor, follow
 from kubetune.k8s.client import ClusterError, Conflict, KubeClient
+from kubetune.k8s.export_job import export_job
 from kubetune.k8s.names import Names, trainer_selector
 from kubetune.k8s.objects import config_map_recipe, recipe_text_data
 from kubetune.k8s.progress import Progress

@@ -65,7 +65,7 @@ def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None
 
 
 def _login(**_kwargs: Any) -> kopf.ConnectionInfo:
-    """kopf talks to the API server found by kubetune's one kubeconfig loader (kubetune.kube)."""
+    """kopf talks to the API server found by kubetune's one kubeconfig loader (kubetune.contracts.kube)."""
     config = load_config()
     header = config.get_api_key_with_prefix("BearerToken") or config.get_api_key_with_prefix("authorization")
     scheme, _, token = (header or "").rpartition(" ")

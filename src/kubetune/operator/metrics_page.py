@@ -13,8 +13,8 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.samples import Sample
 
+from kubetune.contracts.metrics import METRICS_PATH, METRICS_PORT_NAME
 from kubetune.k8s.progress import Progress
-from kubetune.monitor.contract import METRICS_PATH, METRICS_PORT_NAME
 
 STEP = "kubetune_train_step"
 TOTAL = "kubetune_train_total_steps"

@@ -16,12 +16,12 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kubetune.contracts.kube import KubeObject
 from kubetune.errors import RecipeError
 from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
 from kubetune.k8s.progress import Progress, format_eta
 from kubetune.k8s.render import cluster_recipe, recipe_problems
 from kubetune.k8s.serve import ServeSettings
-from kubetune.kube import KubeObject
 from kubetune.operator.crd import API_VERSION, KIND
 from kubetune.recipe.loader import recipe_from_data
 from kubetune.recipe.schema import Recipe

@@ -9,7 +9,7 @@ hub ids); a model of unknown shape is not checked.
 
 from __future__ import annotations
 
-from kubetune.kube import parse_quantity
+from kubetune.contracts.kube import parse_quantity
 from kubetune.recipe.layout import model_shape
 from kubetune.recipe.schema import Recipe
 

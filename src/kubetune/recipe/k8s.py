@@ -6,7 +6,7 @@ resolved values. `resource_problems()` lists impossible combinations (zero CPU, 
 larger than memory, accelerators on the cpu profile, ...); `kubetune k8s` refuses to render
 them. It is not a model validator because the profile (and so the defaults) is often only
 known once `--profile` is applied, and the loader would echo the whole section back.
-Quantities are read by `kubetune.kube.parse_quantity`, the parser `kubetune.cluster` uses
+Quantities are read by `kubetune.contracts.kube.parse_quantity`, the parser `kubetune.cluster` uses
 too. Pure: no kubernetes import, so loading a recipe stays fast.
 """
 
@@ -18,9 +18,9 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import Field, field_validator
 
-from kubetune.dra import parse_version, require_dra, vendor_for
+from kubetune.contracts.dra import parse_version, require_dra, vendor_for
+from kubetune.contracts.kube import parse_quantity
 from kubetune.errors import UserError
-from kubetune.kube import parse_quantity
 from kubetune.recipe.base import Section
 
 Profile = Literal["cpu", "gaudi", "nvidia"]

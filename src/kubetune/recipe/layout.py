@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Protocol
 
 from kubetune.errors import ModelError, RecipeError
-from kubetune.recipe.dist import ParallelSection
+from kubetune.recipe.parallel import ParallelSection
 from kubetune.recipe.schema import DEFAULT_MODEL, Recipe, TrainSection
 
 MESH_DIMS = ("pp", "dp", "fsdp", "tp")

@@ -15,8 +15,8 @@ from pydantic import Field, field_validator, model_validator
 
 from kubetune.recipe.base import Section
 from kubetune.recipe.comm import CommSection
-from kubetune.recipe.dist import ParallelSection
 from kubetune.recipe.k8s import K8sSection
+from kubetune.recipe.parallel import ParallelSection
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TEMPLATE_FIELDS = ("instruction", "input")

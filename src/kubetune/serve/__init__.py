@@ -1,5 +1,5 @@
 """Serving: `kubetune serve` (OpenAI-compatible API, continuous batching, many LoRA adapters).
 
-`contract` is pure (no torch) and shared with the cluster renderer (`k8s render-serve`);
+What the server promises the cluster renderer (`k8s render-serve`) is `kubetune.contracts.serving`;
 the engine and the HTTP app import torch/transformers and FastAPI.
 """

@@ -21,6 +21,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kubetune.contracts.serving import DEFAULT_MAX_BODY_BYTES, HEALTH_PATH, METRICS_PATH, READY_PATH
 from kubetune.serve.auth import ApiKeyAuth
 from kubetune.serve.completions import (
     Answer,
@@ -34,7 +35,6 @@ from kubetune.serve.completions import (
     stream,
     submit_all,
 )
-from kubetune.serve.contract import DEFAULT_MAX_BODY_BYTES, HEALTH_PATH, METRICS_PATH, READY_PATH
 from kubetune.serve.engine_client import AdmissionError, Event, Sampling
 from kubetune.serve.protocol import (
     SEED_MAX,

@@ -19,8 +19,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from kubetune.contracts.serving import HEALTH_PATH, METRICS_PATH, READY_PATH
 from kubetune.errors import UserError
-from kubetune.serve.contract import HEALTH_PATH, METRICS_PATH, READY_PATH
 from kubetune.serve.protocol import error_body
 
 API_KEY_ENV = "KUBETUNE_API_KEY"

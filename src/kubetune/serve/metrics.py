@@ -1,6 +1,6 @@
-"""The server's Prometheus metrics: vLLM's series, built from `kubetune.monitor.contract`.
+"""The server's Prometheus metrics: vLLM's series, built from `kubetune.contracts.metrics`.
 
-The table of names, types, help texts, labels and buckets is `contract.SERVE_METRICS` (vLLM
+The table of names, types, help texts, labels and buckets is its `SERVE_METRICS` (vLLM
 V1's own, see there); this module only creates those objects and records into them with
 vLLM's meanings (vllm/v1/metrics/stats.py), so one dashboard, one autoscaling rule and the
 gateways that route on these series (KServe, llm-d, the Gateway API Inference Extension,
@@ -19,10 +19,10 @@ from typing import Any, Protocol
 
 from prometheus_client import CollectorRegistry
 
-from kubetune.monitor import contract
+from kubetune.contracts.metrics import FINISH_REASONS, SERVE_ENGINE, SERVE_LABELS, SERVE_METRICS, instrument
 
 DEFAULT_MAX_MODEL_LEN = 4096  # the engine's default context (Limits.max_model_len): the token buckets' top
-_OWN = contract.SERVE_LABELS  # a metric with just these labels is one series per server
+_OWN = SERVE_LABELS  # a metric with just these labels is one series per server
 
 
 class _Request(Protocol):
@@ -48,15 +48,13 @@ class ServeMetrics:
     ) -> None:
         self.registry = CollectorRegistry()
         self.model_name, self.max_lora, self.adapter_names = model_name, max_lora, adapter_names
-        families = {
-            m.name: contract.instrument(m, self.registry, max_model_len=max_model_len) for m in contract.SERVE_METRICS
-        }
-        own = (model_name, contract.SERVE_ENGINE)
+        families = {m.name: instrument(m, self.registry, max_model_len=max_model_len) for m in SERVE_METRICS}
+        own = (model_name, SERVE_ENGINE)
         # every series exists (at 0) from the start, as vLLM creates them: a rate() or a ratio
         # has a value before the first request, and a reason that never happened reads 0, not absent
-        self._m = {m.name: families[m.name].labels(*own) for m in contract.SERVE_METRICS if m.labels == _OWN}
+        self._m = {m.name: families[m.name].labels(*own) for m in SERVE_METRICS if m.labels == _OWN}
         success = families["vllm:request_success"]
-        self._success = {reason: success.labels(*own, reason) for reason in contract.FINISH_REASONS}
+        self._success = {reason: success.labels(*own, reason) for reason in FINISH_REASONS}
         self._lora_info = families["vllm:lora_requests_info"]
         self._lora_state: tuple[str, str] | None = None
         self._first_token: dict[int, float] = {}  # id(sequence) -> when its first token came
@@ -80,7 +78,7 @@ class ServeMetrics:
         self._m["vllm:generation_tokens"].inc()
 
     def finished(self, seq: _Sequence, reason: str) -> None:
-        """`seq` ended with `reason` (one of contract.FINISH_REASONS)."""
+        """`seq` ended with `reason` (one of FINISH_REASONS)."""
         now = time.monotonic()
         first = self._first_token.pop(id(seq), None)
         self._success[reason].inc()

@@ -17,13 +17,13 @@ from typing import Any
 
 import torch
 
+from kubetune.contracts.serving import Adapter
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError, UserError
 from kubetune.export.weights import base_config, load_run
 from kubetune.models.load import load_causal_lm, load_config, load_tokenizer
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir
-from kubetune.serve.contract import Adapter
 from kubetune.serve.lora import (
     AdapterWeights,
     add_late_adapter,

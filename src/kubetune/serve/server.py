@@ -17,9 +17,9 @@ from typing import Any
 
 import uvicorn
 
+from kubetune.contracts.serving import DEFAULT_PORT, Adapter
 from kubetune.serve.api import DEFAULT_MAX_BODY_BYTES, ServerState, create_app
 from kubetune.serve.auth import describe
-from kubetune.serve.contract import DEFAULT_PORT, Adapter
 from kubetune.serve.engine_client import Limits
 
 log = logging.getLogger("kubetune.serve")

@@ -13,10 +13,10 @@ import os
 import sys
 from pathlib import Path
 
+from kubetune.contracts.serving import Adapter, VllmOptions, VllmRun, vllm_argv, vllm_cpu_kvcache_gib, vllm_run_options
 from kubetune.errors import UserError
 from kubetune.serve import host
 from kubetune.serve.auth import VLLM_API_KEY_ENV, describe
-from kubetune.serve.contract import Adapter, VllmOptions, VllmRun, vllm_argv, vllm_cpu_kvcache_gib, vllm_run_options
 
 VLLM_PYTHON_ENV = "KUBETUNE_VLLM_PYTHON"  # a python with vLLM (e.g. .venv-vllm/bin/python), if not this one
 
@@ -47,7 +47,10 @@ def vllm_options(
     base = resolve_model(recipe.model.name_or_path) if recipe.finetune.method == "lora" else ""
     extra = tuple(Adapter(a.name, str(_adapter_dir(a.path))) for a in adapters)
     ranks = tuple(RunDir(Path(a.path)).recipe().lora.r for a in adapters if RunDir(Path(a.path)).is_run())
-    vllm_run = VllmRun(recipe, str(target), name, base, Path(recipe.model.name_or_path).name, extra, ranks)
+    method = recipe.finetune.method
+    lora_rank = recipe.lora.r if method == "lora" else None
+    base_name = Path(recipe.model.name_or_path).name
+    vllm_run = VllmRun(run.weights(method).as_posix(), lora_rank, name, base, base_name, extra, ranks)
     return vllm_run_options(vllm_run, host_addr, port, max_model_len, max_num_seqs)
 
 

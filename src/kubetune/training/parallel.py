@@ -24,8 +24,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
-from kubetune.recipe.dist import ParallelSection
 from kubetune.recipe.layout import MESH_DIMS, Layout, layout_for
+from kubetune.recipe.parallel import ParallelSection
 from kubetune.training.dist import DistEnv, report_collective, timed_collective
 
 

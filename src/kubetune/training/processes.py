@@ -201,9 +201,9 @@ def measure_processes(recipe: Any, cores: int, split: tuple[int, int], remeasure
     in `cores` single-thread processes at once, each on its share of the batch."""
     import torch
 
-    from kubetune import allocator
     from kubetune.models import kernels, measure
     from kubetune.models.attention import seqlens_from_cu
+    from kubetune.training import allocator
 
     torch.set_num_threads(os.cpu_count() or 1)  # as kubetune.training.setup.configure_threads does
     config, batcher = probe_inputs(recipe)

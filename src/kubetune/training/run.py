@@ -14,14 +14,13 @@ import logging
 import time
 from pathlib import Path
 
-from kubetune import allocator
 from kubetune.data.packing import Batch
 from kubetune.errors import MemoryBudgetError, RunDirError
 from kubetune.export.weights import save_trained
 from kubetune.recipe import Recipe, load_recipe, recipe_to_yaml
 from kubetune.rundir import RunDir
+from kubetune.training import allocator, memory
 from kubetune.training import checkpoint as ckpt
-from kubetune.training import memory
 from kubetune.training.answers import sample_answers, whole_model
 from kubetune.training.checkpoint import CheckpointMeta, TrainState
 from kubetune.training.dist import DistEnv, all_reduce_sum, gather_objects, init_distributed, shutdown

@@ -2,7 +2,7 @@
 
 Rank 0 writes metrics.jsonl and the loss curve (one copy on the shared volume). Every node's
 first process (local rank 0) prints the progress line and the Hugging Face Trainer's dict lines
-(`kubetune.progress_line`), so that the log of any pod shows training, whichever node rank an
+(`kubetune.contracts.progress_line`), so that the log of any pod shows training, whichever node rank an
 elastic rendezvous gave it. metrics.jsonl is append-only, one JSON object per logged step;
 after a resume, lines beyond the resumed step (logged by the killed run after its last
 checkpoint) are dropped so the file describes one consistent trajectory.
@@ -17,8 +17,7 @@ import time
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubetune.fsutil import atomic_write_text
-from kubetune.progress_line import (
+from kubetune.contracts.progress_line import (
     ACCURACY,
     ProgressLine,
     format_line,
@@ -26,6 +25,7 @@ from kubetune.progress_line import (
     trainer_log,
     trainer_train_end,
 )
+from kubetune.fsutil import atomic_write_text
 
 if TYPE_CHECKING:
     from kubetune.training.checkpoint import TrainState
@@ -52,7 +52,7 @@ class MetricsLog:
 
 class Progress:
     """A rich progress bar on a terminal; elsewhere (pods, CI) the line of
-    `kubetune.progress_line`, which `kubetune k8s status` reads back."""
+    `kubetune.contracts.progress_line`, which `kubetune k8s status` reads back."""
 
     def __init__(self, total_steps: int, start_step: int, enabled: bool, rank: int | None = None):
         self.enabled = enabled

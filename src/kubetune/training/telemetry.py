@@ -1,6 +1,6 @@
 """Prometheus metrics of a training run (`monitor.port`) and Kubeflow progress.
 
-The names and labels are `kubetune.monitor.contract`'s (dashboards and alerts read them).
+The names and labels are `kubetune.contracts.metrics`'s (dashboards and alerts read them).
 Every rank records its own series, labelled job / rank / node. Who serves them:
 - under kubetune's torchrun agent (several processes per pod), the agent gives its workers a
   fresh PROMETHEUS_MULTIPROC_DIR: each rank writes its values there (prometheus-client's
@@ -22,8 +22,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from kubetune.contracts.metrics import METRICS_PATH, TRAIN_METRICS, Metric, instrument, size_bucket
 from kubetune.errors import UserError
-from kubetune.monitor import contract
 from kubetune.training import memory
 from kubetune.training.kubeflow_progress import KubeflowProgress
 
@@ -59,12 +59,12 @@ class TrainMetrics:
         self.registry = None if multiprocess else CollectorRegistry()
         self.server: Any = None  # the /metrics server, where this process serves
         labels = {"job": identity.job, "rank": str(identity.rank), "node": identity.node}
-        self._by_name = {m.name: self._make(m, labels) for m in contract.TRAIN_METRICS}
+        self._by_name = {m.name: self._make(m, labels) for m in TRAIN_METRICS}
 
-    def _make(self, metric: contract.Metric, labels: dict[str, str]) -> Any:
+    def _make(self, metric: Metric, labels: dict[str, str]) -> Any:
         # mostrecent: of the multiprocess files a rank leaves (a restarted worker leaves its predecessor's
         # too), a gauge reads the newest value, not one series per process id
-        m = contract.instrument(metric, self.registry, gauge_mode="mostrecent")
+        m = instrument(metric, self.registry, gauge_mode="mostrecent")
         extra = [name for name in metric.labels if name not in labels]
         return m.labels(**labels) if not extra else _Partial(m, labels)
 
@@ -136,9 +136,7 @@ class Telemetry:
     def collective(self, op: str, nbytes: int, seconds: float) -> None:
         if self.metrics is None:
             return
-        self.metrics["kubetune_collective_seconds"].labels(op=op, size_bucket=contract.size_bucket(nbytes)).observe(
-            seconds
-        )
+        self.metrics["kubetune_collective_seconds"].labels(op=op, size_bucket=size_bucket(nbytes)).observe(seconds)
         self.metrics["kubetune_collective_bytes_total"].labels(op=op).inc(nbytes)
 
     def step(self, step: int, phases: dict[str, float], loss: float, grad_norm: float, tokens: int) -> None:
@@ -266,7 +264,7 @@ def open_metrics(recipe: Recipe, env: DistEnv) -> TrainMetrics | None:
     port = metrics_port(recipe.monitor.port, env.local_rank)
     if port is not None:
         metrics.server = serve_metrics(port, metrics.registry)
-        log.info("metrics: http://%s:%d%s", socket.gethostname(), port, contract.METRICS_PATH)
+        log.info("metrics: http://%s:%d%s", socket.gethostname(), port, METRICS_PATH)
     return metrics
 
 

@@ -1,6 +1,6 @@
 """Prometheus metrics of the device plugin (one registry per plugin, so tests stay isolated).
 
-Names, kinds, help texts and labels are `kubetune.monitor.contract.COMPONENT_METRICS`'s (the
+Names, kinds, help texts and labels are `kubetune.contracts.metrics.COMPONENT_METRICS`'s (the
 dashboards read them there).
 """
 
@@ -10,7 +10,7 @@ from typing import Any
 
 from prometheus_client import CollectorRegistry
 
-from kubetune.monitor.contract import component_metric, instrument
+from kubetune.contracts.metrics import component_metric, instrument
 
 
 class PluginMetrics:

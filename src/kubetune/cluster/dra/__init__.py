@@ -7,7 +7,7 @@ allocates them.
 - `server`: the kubelet's DRAPlugin (v1, v1beta1) and Registration services on unix sockets,
   the health loop that republishes the slice, and the lifecycle.
 
-Names (driver, DeviceClass, attributes) come from `kubetune.dra`, which the claims side reads
+Names (driver, DeviceClass, attributes) come from `kubetune.contracts.dra`, which the claims side reads
 too. The constants here are importable without grpc (manifests use them).
 """
 

@@ -17,10 +17,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetune import dra
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, AllocateSpec, Card, Discovery
 from kubetune.cluster.dra import cdi
 from kubetune.cluster.dra.slices import device_name
+from kubetune.contracts import dra
 from kubetune.fsutil import atomic_write_json
 
 log = logging.getLogger(__name__)

@@ -17,9 +17,9 @@ import logging
 import threading
 from typing import Any
 
-from kubetune import dra
 from kubetune.cluster.deviceplugin.discovery import Card
 from kubetune.cluster.dra.slices import build_slices
+from kubetune.contracts import dra
 
 log = logging.getLogger(__name__)
 

@@ -25,7 +25,6 @@ from types import ModuleType
 
 import grpc
 
-from kubetune import dra
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, Discovery
 from kubetune.cluster.deviceplugin.health import HealthEvent, HealthMonitor
 from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, cdi
@@ -34,6 +33,7 @@ from kubetune.cluster.dra.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_
 from kubetune.cluster.dra.proto import pluginregistration_pb2 as reg_pb
 from kubetune.cluster.dra.proto import pluginregistration_pb2_grpc as reg_grpc
 from kubetune.cluster.dra.publish import SlicePublisher
+from kubetune.contracts import dra
 
 log = logging.getLogger(__name__)
 

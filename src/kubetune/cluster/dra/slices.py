@@ -2,13 +2,13 @@
 
 One pool per node, named after the node, as upstream drivers name node-local pools; a slice
 holds at most 128 devices, so a bigger node gets several slices of one pool. Attribute and
-capacity names are `kubetune.dra`'s, which the claims' CEL selectors read.
+capacity names are `kubetune.contracts.dra`'s, which the claims' CEL selectors read.
 """
 
 from __future__ import annotations
 
-from kubetune import dra
 from kubetune.cluster.deviceplugin.discovery import HEALTHY, Card
+from kubetune.contracts import dra
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
 MAX_STRING_ATTRIBUTE = 64  # DeviceAttribute string / version length limit
@@ -65,7 +65,7 @@ def build_slices(
     HBM capacity, the Node as owner when `node_uid` is known (so the slices go with the Node).
 
     A node with no cards gets one slice without devices: the pool says "nothing here" instead
-    of leaving an old generation standing. `vendor`: a `kubetune.dra.DraVendor` or its profile.
+    of leaving an old generation standing. `vendor`: a `kubetune.contracts.dra.DraVendor` or its profile.
     """
     v = _vendor(vendor)
     ordered = sorted(cards, key=lambda c: c.index)

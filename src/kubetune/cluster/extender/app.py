@@ -138,7 +138,7 @@ def _warn_no_node_cache() -> None:
 def create_app(config: ExtenderConfig = ExtenderConfig(), pods: PodView | None = None) -> FastAPI:
     from prometheus_client import CollectorRegistry, generate_latest
 
-    from kubetune.monitor.contract import component_metric, instrument
+    from kubetune.contracts.metrics import component_metric, instrument
 
     registry = CollectorRegistry()
     latency = instrument(component_metric("kubetune_extender_request_seconds"), registry)

@@ -13,7 +13,7 @@ from typing import NamedTuple, Protocol
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.extender.policy import NodeFacts, Peers, Request
 from kubetune.cluster.extender.protocol import Container, Node, Pod, Quantity, parse_count
-from kubetune.kube import quantity_or_none
+from kubetune.contracts.kube import quantity_or_none
 
 JOB_LABELS = (keys.KUBEFLOW_JOB_LABEL, keys.JOBSET_LABEL)
 

@@ -129,7 +129,7 @@ class PodCache:
     def start(self, core_api=None, relist_seconds: float = 2.0) -> None:
         """List, then watch pods and nodes in two daemon threads (relisting after any failure)."""
         if core_api is None:
-            from kubetune.kube import core_v1_api
+            from kubetune.contracts.kube import core_v1_api
 
             core_api = core_v1_api()
         for kind, lister in (("pods", core_api.list_pod_for_all_namespaces), ("nodes", core_api.list_node)):

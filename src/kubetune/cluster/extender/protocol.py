@@ -15,7 +15,7 @@ import math
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kubetune.kube import KubeObject, quantity_or_none
+from kubetune.contracts.kube import KubeObject, quantity_or_none
 
 
 class _Lenient(BaseModel):

@@ -14,7 +14,7 @@ volume claim can be mounted), named `<job>-serve` unless `--name` says otherwise
 - Deployment: `kubetune serve RUN_DIR --engine native` or vLLM's OpenAI server (`--engine
   vllm`, vLLM's image for the profile); the run directory read from the training job's
   claim at `/data` (where the job wrote `output_dir`), or copied out of `--model-image` by an
-  init container; probes from `kubetune.serve.contract`, a startup probe sized to the model,
+  init container; probes from `kubetune.contracts.serving`, a startup probe sized to the model,
   Guaranteed QoS from the profile, a grace period that covers the server's drain,
 - Service (port 8000, `http`), PodDisruptionBudget (maxUnavailable 1),
 - [ServiceMonitor, with monitor.in_cluster]: Prometheus scrapes the Service's `http` port
@@ -29,7 +29,7 @@ Plain dicts except where `profiles` already builds a part. No torch, no API call
 
 - `settings`: `ServeSettings`, the command line's settings and their problems,
 - `plan`: the source (`load_source`), the names and paths the objects share (`Plan`),
-- `argv`: the server's command and environment (native, or vLLM through `kubetune.serve.contract`),
+- `argv`: the server's command and environment (native, or vLLM through `kubetune.contracts.serving`),
 - `deployment`: the Deployment and its PodDisruptionBudget; `network`: Service, NetworkPolicy, Ingress,
 - `autoscale`: the HorizontalPodAutoscaler and the prometheus-adapter rule's ConfigMap,
 - `render`: `render_serve`, the objects in apply order and the warnings.

@@ -6,13 +6,8 @@ from __future__ import annotations
 from decimal import ROUND_FLOOR
 from pathlib import Path, PurePosixPath
 
-from kubetune.errors import UserError
-from kubetune.k8s.names import TOKEN_KEY
-from kubetune.k8s.serve.plan import Plan, is_gguf
-from kubetune.kube import KubeObject, parse_quantity
-from kubetune.recipe.layout import model_shape
-from kubetune.rundir import RunDir
-from kubetune.serve.contract import (
+from kubetune.contracts.kube import KubeObject, parse_quantity
+from kubetune.contracts.serving import (
     DEFAULT_PORT,
     Adapter,
     VllmOptions,
@@ -21,6 +16,11 @@ from kubetune.serve.contract import (
     vllm_cpu_kvcache_gib,
     vllm_run_options,
 )
+from kubetune.errors import UserError
+from kubetune.k8s.names import TOKEN_KEY
+from kubetune.k8s.serve.plan import Plan, is_gguf
+from kubetune.recipe.layout import model_shape
+from kubetune.rundir import RunDir
 
 CACHE_DIR = "/cache"  # vLLM's caches (compile, usage): an emptyDir, writable by the non-root user
 # the Secret of --api-key-secret: its key `api-key` holds the server's key(s), comma-separated,
@@ -85,7 +85,9 @@ def vllm_options(plan: Plan) -> VllmOptions:
             tensor_parallel_size=tp,
         )
     served_base = PurePosixPath(base).name if base.startswith("/") else base
-    vllm_run = VllmRun(recipe, plan.run_dir, plan.job.job, base, served_base, extra)
+    method = recipe.finetune.method
+    lora_rank = recipe.lora.r if method == "lora" else None
+    vllm_run = VllmRun(run.weights(method).as_posix(), lora_rank, plan.job.job, base, served_base, extra)
     return vllm_run_options(vllm_run, "0.0.0.0", DEFAULT_PORT, tensor_parallel_size=tp)
 
 

@@ -1,12 +1,12 @@
 """The HorizontalPodAutoscaler, and prometheus-adapter's rule that gives it the waiting requests
-per pod (`kubetune.monitor.prometheus_adapter`) as a ConfigMap beside the server."""
+per pod (`kubetune.contracts.prometheus_adapter`) as a ConfigMap beside the server."""
 
 from __future__ import annotations
 
+from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.prometheus_adapter import QUEUE_METRIC, adapter_rule_data
 from kubetune.k8s.names import AUTOSCALING_COMPONENT
 from kubetune.k8s.serve.plan import Plan
-from kubetune.kube import KubeObject
-from kubetune.monitor.prometheus_adapter import QUEUE_METRIC, adapter_rule_data
 
 
 def autoscaler(plan: Plan) -> KubeObject:

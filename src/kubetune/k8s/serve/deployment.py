@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import math
 
-from kubetune.k8s import claims, objects, profiles
-from kubetune.k8s.serve.argv import CACHE_DIR, server_argv, server_env
-from kubetune.k8s.serve.plan import MODEL_IMAGE_DIR, MODELS_DIR, PORT_NAME, Plan, startup_seconds
-from kubetune.kube import KubeObject
-from kubetune.recipe.k8s import VLLM_IMAGES
-from kubetune.serve.contract import (
+from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.serving import (
     DEFAULT_PORT,
     DRAIN_TIMEOUT_S,
     HEALTH_PATH,
@@ -18,6 +14,10 @@ from kubetune.serve.contract import (
     READY_PATH,
     VLLM_READY_PATH,
 )
+from kubetune.k8s import claims, objects, profiles
+from kubetune.k8s.serve.argv import CACHE_DIR, server_argv, server_env
+from kubetune.k8s.serve.plan import MODEL_IMAGE_DIR, MODELS_DIR, PORT_NAME, Plan, startup_seconds
+from kubetune.recipe.k8s import VLLM_IMAGES
 
 CONTAINER = "server"
 PROBE_PERIOD_S = 10

@@ -2,9 +2,9 @@
 
 from __future__ import annotations
 
+from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.serving import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT
 from kubetune.k8s.serve.plan import PORT_NAME, Plan
-from kubetune.kube import KubeObject
-from kubetune.serve.contract import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT
 
 INGRESS_TIMEOUT_S = 3600  # a long answer streams for minutes; nginx's default cuts it at 60 s
 

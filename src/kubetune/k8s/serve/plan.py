@@ -9,11 +9,11 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kubetune.contracts.kube import KubeObject
 from kubetune.errors import UserError
 from kubetune.k8s.names import DATA_DIR, SERVE_SUFFIX, SERVER_COMPONENT, Names, server_selector, standard_labels
 from kubetune.k8s.render import cluster_recipe, job_name
 from kubetune.k8s.serve.settings import DNS_1035, ServeSettings, default_engine
-from kubetune.kube import KubeObject
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.loader import load_recipe
 from kubetune.recipe.schema import DEFAULT_MODEL, Recipe

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, get_args, get_origin, get_type_hints
 
-from kubetune.serve.contract import Adapter, parse_adapter
+from kubetune.contracts.serving import Adapter, parse_adapter
 
 ENGINES = ("native", "vllm")  # `auto` picks by what is installed, which a manifest cannot know
 

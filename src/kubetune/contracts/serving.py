@@ -8,13 +8,8 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import TYPE_CHECKING
 
 from kubetune.errors import UserError
-
-if TYPE_CHECKING:
-    from kubetune.recipe.schema import Recipe
 
 DEFAULT_PORT = 8000
 HEALTH_PATH = "/health"  # the process is alive (liveness)
@@ -116,8 +111,8 @@ def vllm_lora_rank(r: int) -> int | None:
 class VllmRun:
     """A trained run as vLLM reads it, its paths where vLLM runs (a pod's volume or this machine)."""
 
-    recipe: Recipe
-    run_dir: str
+    weights: str  # the run's trained weights: its adapter/ (LoRA) or its model/ (full fine-tune)
+    lora_rank: int | None  # the run's LoRA rank; None for a full fine-tune
     name: str  # the run's model name: its adapter's (LoRA) or its model's (full fine-tune)
     base: str  # the base model vLLM loads under the run's adapter (LoRA)
     base_name: str  # the name the base model is served under
@@ -135,15 +130,11 @@ def vllm_run_options(
 ) -> VllmOptions:
     """What vLLM serves for a run: a LoRA run as its base model plus the run's adapter and the
     other adapters (one rank that holds them all), a full fine-tune as its model/."""
-    from kubetune.rundir import RunDir
-
-    method = run.recipe.finetune.method
-    weights = RunDir(Path(run.run_dir)).weights(method).as_posix()
-    if method == "lora":
-        model, served, adapters = run.base, run.base_name, (Adapter(run.name, weights), *run.adapters)
-        ranks = (run.recipe.lora.r, *run.adapter_ranks)
+    if run.lora_rank is not None:
+        model, served, adapters = run.base, run.base_name, (Adapter(run.name, run.weights), *run.adapters)
+        ranks = (run.lora_rank, *run.adapter_ranks)
     else:
-        model, served, adapters, ranks = weights, run.name, run.adapters, run.adapter_ranks
+        model, served, adapters, ranks = run.weights, run.name, run.adapters, run.adapter_ranks
     return VllmOptions(
         model,
         served,

@@ -8,9 +8,9 @@ accelerator. No gang labels: it is one pod, scheduled alone.
 
 from __future__ import annotations
 
+from kubetune.contracts.kube import KubeObject
 from kubetune.k8s import objects, profiles
 from kubetune.k8s.names import DATA_DIR, Names
-from kubetune.kube import KubeObject
 from kubetune.recipe.schema import Recipe
 
 CONTAINER = "export"

@@ -2,7 +2,7 @@
 
 The shapes every kubetune monitor shares: the `release` label kube-prometheus-stack selects
 on, one endpoint on a named port, and the namespace it watches. Standard library and
-`kubetune.kube` only, so that the cluster components (`kubetune.cluster.manifests`, which must
+`kubetune.contracts.kube` only, so that the cluster components (`kubetune.cluster.manifests`, which must
 not import the recipe) render their monitors with the same code as the job and the server.
 """
 
@@ -10,8 +10,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from kubetune.kube import KubeObject
-from kubetune.monitor.contract import METRICS_PATH, RELEASE_LABEL
+from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.metrics import METRICS_PATH, RELEASE_LABEL
 
 API_VERSION = "monitoring.coreos.com/v1"
 MONITOR_KINDS = ("PodMonitor", "ServiceMonitor")

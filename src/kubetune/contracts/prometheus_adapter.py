@@ -9,8 +9,8 @@ import re
 
 import yaml
 
-from kubetune.kube import KubeObject
-from kubetune.serve.contract import WAITING_METRIC
+from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.serving import WAITING_METRIC
 
 # The custom metric the HPA asks for: WAITING_METRIC as prometheus-adapter renames it (a Kubernetes
 # metric name cannot hold ':').

@@ -8,7 +8,7 @@ that one dashboard serves `kubetune serve` and vLLM alike.
 Where they are served: a training pod's local-rank-0 process serves every rank of its pod on
 `monitor.port` (prometheus-client's multiprocess mode aggregates the ranks' values; each
 rank's series keeps its own `rank` label); a server serves them on its HTTP port
-(`kubetune.serve.contract.METRICS_PATH`).
+(`kubetune.contracts.serving.METRICS_PATH`).
 
 Every exporter (training, serving, the device plugin, the scheduler extender) makes its
 prometheus_client objects from these rows with `instrument`, so a name, help text, label or
