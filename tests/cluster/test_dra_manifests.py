@@ -9,7 +9,7 @@ import pytest
 
 from kubetune import dra
 from kubetune.cluster import manifests
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY, Card
 from kubetune.cluster.dra.slices import build_slices
 from kubetune.errors import UserError
 from kubetune.k8s.validate import validate_objects

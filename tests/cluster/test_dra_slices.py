@@ -6,7 +6,7 @@ import kubernetes_validate
 import pytest
 
 from kubetune import dra
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY, Card
 from kubetune.cluster.dra.slices import MAX_DEVICES_PER_SLICE, build_slices
 
 

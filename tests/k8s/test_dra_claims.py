@@ -12,7 +12,7 @@ import pytest
 from celpy import celtypes
 
 from kubetune import dra
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY, Card
 from kubetune.cluster.dra.slices import build_slices
 from kubetune.cluster.manifests import device_class
 from kubetune.errors import UserError

@@ -83,8 +83,8 @@ def device_plugin(
             f"--plugin-dir {plugin_dir}: not a directory; mount the kubelet's device-plugins directory there"
         )
 
-    from kubetune.cluster.deviceplugin.discovery import make_discovery
     from kubetune.cluster.deviceplugin.server import DevicePlugin
+    from kubetune.cluster.devices.factory import make_discovery
 
     # A node without the driver (or without cards) keeps the pod running with 0 cards advertised,
     # as the vendor plugins do; only a broken image or bad flags end the process.
@@ -168,7 +168,7 @@ def dra_driver(
     from kubernetes import client
 
     from kubetune import dra
-    from kubetune.cluster.deviceplugin.discovery import make_discovery
+    from kubetune.cluster.devices.factory import make_discovery
     from kubetune.cluster.dra.prepare import claim_reader
     from kubetune.cluster.dra.publish import SliceApi, SlicePublisher
     from kubetune.cluster.dra.server import DraDriver

@@ -21,7 +21,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from kubetune import dra
-from kubetune.cluster.deviceplugin.discovery import AllocateSpec
+from kubetune.cluster.devices.discovery import AllocateSpec
 from kubetune.fsutil import atomic_write_json
 
 # 0.5.0: device names may begin with a digit (a claim UID may) and device nodes take hostPath.

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetune import dra
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, AllocateSpec, Card, Discovery
+from kubetune.cluster.devices.discovery import HEALTHY, AllocateSpec, Card, Discovery
 from kubetune.cluster.dra import cdi
 from kubetune.cluster.dra.slices import device_name
 from kubetune.fsutil import atomic_write_json

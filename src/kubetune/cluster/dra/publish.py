@@ -18,7 +18,7 @@ import threading
 from typing import Any
 
 from kubetune import dra
-from kubetune.cluster.deviceplugin.discovery import Card
+from kubetune.cluster.devices.discovery import Card
 from kubetune.cluster.dra.slices import build_slices
 
 log = logging.getLogger(__name__)

@@ -8,7 +8,7 @@ capacity names are `kubetune.dra`'s, which the claims' CEL selectors read.
 from __future__ import annotations
 
 from kubetune import dra
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, Card
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices
 MAX_STRING_ATTRIBUTE = 64  # DeviceAttribute string / version length limit
