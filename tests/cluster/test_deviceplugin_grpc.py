@@ -8,10 +8,10 @@ import threading
 import grpc
 import pytest
 
-from kubetune.cluster.deviceplugin.discovery import SysfsGaudiDiscovery
 from kubetune.cluster.deviceplugin.proto import deviceplugin_pb2 as pb
 from kubetune.cluster.deviceplugin.proto import deviceplugin_pb2_grpc as pb_grpc
 from kubetune.cluster.deviceplugin.server import DevicePlugin, wait_for
+from kubetune.cluster.devices.gaudi import SysfsGaudiDiscovery
 
 from .fakes import hls_box, make_gaudi_tree
 
@@ -245,7 +245,7 @@ def test_node_without_the_driver_serves_zero_cards_then_the_cards_once_the_drive
     tmp_path, plugin_dir, kubelet, caplog
 ):
     # the DaemonSet's pod on a node whose habanalabs driver is not loaded (yet): no exit, no crash loop
-    from kubetune.cluster.deviceplugin.discovery import make_discovery
+    from kubetune.cluster.devices.factory import make_discovery
 
     node = tmp_path / "node"
     node.mkdir()

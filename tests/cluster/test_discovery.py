@@ -6,13 +6,10 @@ import time
 
 import pytest
 
-from kubetune.cluster.deviceplugin.discovery import (
-    HEALTHY,
-    UNHEALTHY,
-    InventoryDiscovery,
-    SysfsGaudiDiscovery,
-    make_discovery,
-)
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY
+from kubetune.cluster.devices.factory import make_discovery
+from kubetune.cluster.devices.gaudi import SysfsGaudiDiscovery
+from kubetune.cluster.devices.inventory import InventoryDiscovery
 from kubetune.errors import UserError
 
 from .fakes import hls_box, make_gaudi_tree

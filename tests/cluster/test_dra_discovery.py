@@ -9,7 +9,9 @@ from collections import deque
 
 import yaml
 
-from kubetune.cluster.deviceplugin.discovery import InventoryDiscovery, SysfsGaudiDiscovery, make_discovery
+from kubetune.cluster.devices.factory import make_discovery
+from kubetune.cluster.devices.gaudi import SysfsGaudiDiscovery
+from kubetune.cluster.devices.inventory import InventoryDiscovery
 
 from .fakes import hls_box, make_gaudi_tree
 from .test_nvml_discovery import _fake_nvml

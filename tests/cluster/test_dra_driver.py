@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, InventoryDiscovery
 from kubetune.cluster.deviceplugin.server import wait_for
+from kubetune.cluster.devices.discovery import HEALTHY
+from kubetune.cluster.devices.inventory import InventoryDiscovery
 from kubetune.cluster.dra.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc
 from kubetune.cluster.dra.proto import pluginregistration_pb2 as reg_pb
 from kubetune.cluster.dra.proto import pluginregistration_pb2_grpc as reg_grpc

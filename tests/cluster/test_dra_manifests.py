@@ -8,7 +8,7 @@ import kubernetes_validate
 import pytest
 
 from kubetune.cluster import manifests
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY, Card
 from kubetune.cluster.dra.slices import build_slices
 from kubetune.contracts import dra
 from kubetune.errors import UserError

@@ -12,7 +12,8 @@ import yaml
 from referencing import Registry, Resource
 from referencing.jsonschema import DRAFT7
 
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, InventoryDiscovery
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY
+from kubetune.cluster.devices.inventory import InventoryDiscovery
 from kubetune.cluster.dra.cdi import Checkpoint
 from kubetune.cluster.dra.prepare import ClaimError, ClaimRef, Preparer
 from kubetune.contracts import dra

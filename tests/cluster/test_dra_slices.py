@@ -5,7 +5,7 @@ from __future__ import annotations
 import kubernetes_validate
 import pytest
 
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY, Card
 from kubetune.cluster.dra.slices import MAX_DEVICES_PER_SLICE, build_slices
 from kubetune.contracts import dra
 

@@ -13,7 +13,8 @@ from collections import deque
 
 import pytest
 
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, make_discovery
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY
+from kubetune.cluster.devices.factory import make_discovery
 
 
 def _fake_nvml(gpus: list[dict], events: deque) -> types.ModuleType:

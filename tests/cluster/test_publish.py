@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 from kubetune.cluster import nodefacts as keys
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, SysfsGaudiDiscovery
 from kubetune.cluster.deviceplugin.publish import NodePublisher, PodResourcesClient, node_facts
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY
+from kubetune.cluster.devices.gaudi import SysfsGaudiDiscovery
 from kubetune.cluster.extender.facts import facts_of
 from kubetune.cluster.extender.protocol import Node
 

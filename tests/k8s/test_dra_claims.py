@@ -11,7 +11,7 @@ import kubernetes_validate
 import pytest
 from celpy import celtypes
 
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY, Card
 from kubetune.cluster.dra.slices import build_slices
 from kubetune.cluster.manifests import device_class
 from kubetune.contracts import dra

@@ -275,8 +275,9 @@ import kubetune.cluster.cli
 import kubetune.cluster.deviceplugin.server
 import kubetune.cluster.netprobe
 from kubetune.cluster import manifests
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, make_discovery
 from kubetune.cluster.deviceplugin.publish import node_facts
+from kubetune.cluster.devices.discovery import HEALTHY
+from kubetune.cluster.devices.factory import make_discovery
 from kubetune.cluster.extender.app import create_app
 from kubetune.cluster.extender.podcache import PodCache
 from starlette.testclient import TestClient

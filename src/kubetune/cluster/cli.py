@@ -13,12 +13,17 @@ import os
 import signal
 import threading
 from pathlib import Path
+from typing import Any
 
 import typer
 
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
+from kubetune.cluster.extender import DEFAULT_PORT as EXTENDER_PORT
+from kubetune.cluster.manifests import ComponentSettings
+from kubetune.cluster.netprobe import DEFAULT_PORT as NETPROBE_PORT
 from kubetune.errors import UserError
+from kubetune.flags import settings_from, with_options
 
 log = logging.getLogger("kubetune.cluster")
 
@@ -35,9 +40,9 @@ def _stop_on_signals() -> threading.Event:
 
 
 def device_plugin(
-    resource: str = typer.Option("habana.ai/gaudi", "--resource", help="Extended resource to advertise."),
+    resource: str = typer.Option(ComponentSettings.resource, "--resource", help="Extended resource to advertise."),
     discovery: str = typer.Option(
-        "sysfs", "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."
+        ComponentSettings.discovery, "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."
     ),
     plugin_dir: Path = typer.Option(
         Path("/var/lib/kubelet/device-plugins"), "--plugin-dir", help="Directory with kubelet.sock."
@@ -83,8 +88,8 @@ def device_plugin(
             f"--plugin-dir {plugin_dir}: not a directory; mount the kubelet's device-plugins directory there"
         )
 
-    from kubetune.cluster.deviceplugin.discovery import make_discovery
     from kubetune.cluster.deviceplugin.server import DevicePlugin
+    from kubetune.cluster.devices.factory import make_discovery
 
     # A node without the driver (or without cards) keeps the pod running with 0 cards advertised,
     # as the vendor plugins do; only a broken image or bad flags end the process.
@@ -133,7 +138,7 @@ def _dra_vendor(discovery: str, backend) -> str:
 
 def dra_driver(
     discovery: str = typer.Option(
-        "sysfs", "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."
+        ComponentSettings.discovery, "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."
     ),
     node_name: str | None = typer.Option(
         None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
@@ -167,7 +172,7 @@ def dra_driver(
 
     from kubernetes import client
 
-    from kubetune.cluster.deviceplugin.discovery import make_discovery
+    from kubetune.cluster.devices.factory import make_discovery
     from kubetune.cluster.dra.prepare import claim_reader
     from kubetune.cluster.dra.publish import SliceApi, SlicePublisher
     from kubetune.cluster.dra.server import DraDriver
@@ -217,7 +222,7 @@ def _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, interval) ->
 
 def scheduler_extender(
     host: str = typer.Option("0.0.0.0", "--host"),
-    port: int = typer.Option(8888, "--port"),
+    port: int = typer.Option(EXTENDER_PORT, "--port"),
     weights: str = typer.Option("", "--weights", help="Score weights, e.g. fit=3,hbm=1,closeness=5,rdma=1."),
     resource: list[str] | None = typer.Option(
         None, "--resource", help="Managed resources (repeatable; default habana.ai/gaudi, nvidia.com/gpu)."
@@ -261,7 +266,7 @@ def netprobe(
         None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
     ),
     listen: str = typer.Option("0.0.0.0", "--listen", help="Address the echo server answers peers on."),
-    port: int = typer.Option(7471, "--port", help="TCP port of the echo server (the same on every node)."),
+    port: int = typer.Option(NETPROBE_PORT, "--port", help="TCP port of the echo server (the same on every node)."),
     peer: list[str] | None = typer.Option(
         None, "--peer", help="HOST[:PORT] to measure (repeatable); default: the DaemonSet's other pods, from the API."
     ),
@@ -341,87 +346,26 @@ def _netprobe_problems(node_name, port, interval, samples, max_peers, timeout, r
     return problems
 
 
+@with_options(ComponentSettings, "settings", after=("scheduler_config_only", "output"))
 def render_components(
-    namespace: str = typer.Option("kubetune-system", "--namespace", "-n"),
-    image: str = typer.Option("ghcr.io/kubetune/kubetune:0.1.0", "--image"),
-    resource: str = typer.Option("habana.ai/gaudi", "--resource", help="Resource the device plugin advertises."),
-    discovery: str = typer.Option("sysfs", "--discovery", help="sysfs | nvml"),
-    leaf_label: str | None = typer.Option(
-        None, "--leaf-label", help="Node label holding the network leaf (copied by the plugin)."
-    ),
-    extender_port: int = typer.Option(8888, "--extender-port"),
-    extender_weight: int = typer.Option(
-        5, "--extender-weight", help="KubeSchedulerConfiguration weight of the extender (1..100)."
-    ),
-    weights: str = typer.Option("", "--weights", help="Extender score weights, e.g. fit=3,hbm=1,closeness=5,rdma=1."),
-    watch_pods: bool = typer.Option(
-        True, "--watch-pods/--stateless", help="Extender with a pod cache (closeness score) or stateless."
-    ),
-    node_selector: list[str] | None = typer.Option(
-        None,
-        "--node-selector",
-        help="KEY=VALUE node label the device plugin's nodes need (repeatable); replaces the default, "
-        "the Node Feature Discovery PCI labels of the vendor's cards.",
-    ),
-    all_nodes: bool = typer.Option(
-        False, "--all-nodes", help="Run the device plugin on every node (0 cards advertised where there are none)."
-    ),
-    netprobe: bool = typer.Option(
-        True, "--netprobe/--no-netprobe", help="Render the latency prober DaemonSet (kubetune netprobe)."
-    ),
-    netprobe_port: int = typer.Option(7471, "--netprobe-port", help="TCP port the probers answer each other on."),
-    monitors: bool = typer.Option(
-        True,
-        "--monitors/--no-monitors",
-        help="Render a PodMonitor (device plugin) and a ServiceMonitor (extender); needs the Prometheus Operator.",
-    ),
-    release: str = typer.Option(
-        "kube-prometheus-stack",
-        "--release",
-        help="The monitors' `release` label: the Helm release kube-prometheus-stack's Prometheus selects on.",
-    ),
-    devices: str = typer.Option(
-        "plugin",
-        "--devices",
-        help="plugin: the device plugin (extended resources); dra: the DRA driver and its DeviceClass (1.34+).",
-    ),
-    kubernetes_version: str | None = typer.Option(
-        None, "--kubernetes-version", help="The cluster's version, e.g. 1.33: --devices dra is refused before 1.34."
-    ),
     scheduler_config_only: bool = typer.Option(
         False, "--scheduler-config-only", help="Print only the KubeSchedulerConfiguration."
     ),
     output: Path | None = typer.Option(None, "-o", "--output", help="Write to this file instead of stdout."),
+    settings: dict[str, Any] | None = None,
 ):
     """Render the device plugin (or, with --devices dra, the DRA driver and its DeviceClass) and netprobe
     DaemonSets, the extender Deployment/Service, the scheduler config and the Prometheus monitors of the
     plugin and the extender."""
     from kubetune.cluster import manifests
 
-    if weights:
+    values = settings or {}
+    if values.get("weights"):
         from kubetune.cluster.extender.policy import Weights
 
-        Weights.parse(weights)  # fail here, not in a crash-looping pod
-    settings = manifests.ComponentSettings(
-        namespace=namespace,
-        image=image,
-        resource=resource,
-        discovery=discovery,
-        leaf_label=leaf_label,
-        extender_port=extender_port,
-        extender_weight=extender_weight,
-        weights=weights,
-        watch_pods=watch_pods,
-        node_selector=tuple(node_selector or ()),
-        all_nodes=all_nodes,
-        netprobe=netprobe,
-        netprobe_port=netprobe_port,
-        monitors=monitors,
-        release=release,
-        devices=devices,
-        kubernetes_version=kubernetes_version,
-    )
-    objects = [manifests.scheduler_config(settings)] if scheduler_config_only else manifests.render(settings)
+        Weights.parse(values["weights"])  # fail here, not in a crash-looping pod
+    components = settings_from(ComponentSettings, values)
+    objects = [manifests.scheduler_config(components)] if scheduler_config_only else manifests.render(components)
     text = manifests.to_yaml(objects)
     if output:
         output.write_text(text)

@@ -28,13 +28,17 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from kubetune import __version__
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
 from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
+from kubetune.cluster.extender import DEFAULT_PORT as EXTENDER_PORT
+from kubetune.cluster.netprobe import DEFAULT_PORT as NETPROBE_PORT
 from kubetune.contracts import dra, monitors
 from kubetune.contracts.kube import KUBETUNE, NAME, common_labels
 from kubetune.contracts.metrics import DEFAULT_RELEASE, METRICS_PORT_NAME
 from kubetune.errors import UserError
+from kubetune.flags import setting
 
 PLUGIN_NAME = "kubetune-device-plugin"
 DRA_DRIVER_NAME = "kubetune-dra-driver"
@@ -59,26 +63,68 @@ def nfd_pci_label(device_label: str) -> str:
     return f"feature.node.kubernetes.io/pci-{device_label}.present"
 
 
+IMAGE = f"ghcr.io/kubetune/kubetune:{__version__}"  # the components' image: this release's
+
+
 @dataclass(frozen=True)
 class ComponentSettings:
-    namespace: str = "kubetune-system"
-    image: str = "ghcr.io/kubetune/kubetune:0.1.0"
-    resource: str = "habana.ai/gaudi"
-    discovery: str = "sysfs"
-    leaf_label: str | None = None  # node label the plugin copies into kubetune.io/network-leaf
-    extender_port: int = 8888
-    extender_weight: int = 5
-    weights: str = ""  # --weights of the extender; "" = its defaults
-    watch_pods: bool = True
-    metrics_port: int = 9400
-    node_selector: tuple[str, ...] = ()  # KEY=VALUE labels the plugin's nodes need, instead of NFD's
-    all_nodes: bool = False  # the plugin on every node (it advertises 0 cards where there are none)
-    netprobe: bool = True  # the latency prober DaemonSet (what writes kubetune.io/rdma-latency-us)
-    netprobe_port: int = 7471
-    monitors: bool = True  # PodMonitor / ServiceMonitor for Prometheus (needs the Prometheus Operator's CRDs)
-    release: str = DEFAULT_RELEASE  # their `release` label: kube-prometheus-stack's Helm release name
-    devices: str = "plugin"  # plugin | dra (the DRA driver, Kubernetes 1.34+)
-    kubernetes_version: str | None = None  # the cluster's, e.g. 1.33: refuses --devices dra before 1.34
+    """What `render-components` renders: each field with a flag declares it here once
+    (`kubetune.flags.with_options` makes the command's options from them)."""
+
+    namespace: str = setting("kubetune-system", "--namespace", "", short="-n")
+    image: str = setting(IMAGE, "--image", "")
+    resource: str = setting(
+        dra.VENDORS["gaudi"].extended_resource, "--resource", "Resource the device plugin advertises."
+    )
+    discovery: str = setting("sysfs", "--discovery", "sysfs | nvml")
+    # node label the plugin copies into kubetune.io/network-leaf
+    leaf_label: str | None = setting(
+        None, "--leaf-label", "Node label holding the network leaf (copied by the plugin)."
+    )
+    extender_port: int = setting(EXTENDER_PORT, "--extender-port", "")
+    extender_weight: int = setting(
+        5, "--extender-weight", "KubeSchedulerConfiguration weight of the extender (1..100)."
+    )
+    weights: str = setting(  # "" = the extender's defaults
+        "", "--weights", "Extender score weights, e.g. fit=3,hbm=1,closeness=5,rdma=1."
+    )
+    watch_pods: bool = setting(
+        True, "--watch-pods/--stateless", "Extender with a pod cache (closeness score) or stateless."
+    )
+    metrics_port: int = 9400  # the device plugin's metrics (no flag: nothing else listens in its pod)
+    node_selector: tuple[str, ...] = setting(  # instead of NFD's labels
+        (),
+        "--node-selector",
+        "KEY=VALUE node label the device plugin's nodes need (repeatable); replaces the default, "
+        "the Node Feature Discovery PCI labels of the vendor's cards.",
+    )
+    all_nodes: bool = setting(
+        False, "--all-nodes", "Run the device plugin on every node (0 cards advertised where there are none)."
+    )
+    # the latency prober DaemonSet (what writes kubetune.io/rdma-latency-us)
+    netprobe: bool = setting(
+        True, "--netprobe/--no-netprobe", "Render the latency prober DaemonSet (kubetune netprobe)."
+    )
+    netprobe_port: int = setting(NETPROBE_PORT, "--netprobe-port", "TCP port the probers answer each other on.")
+    # PodMonitor / ServiceMonitor for Prometheus (needs the Prometheus Operator's CRDs)
+    monitors: bool = setting(
+        True,
+        "--monitors/--no-monitors",
+        "Render a PodMonitor (device plugin) and a ServiceMonitor (extender); needs the Prometheus Operator.",
+    )
+    release: str = setting(
+        DEFAULT_RELEASE,
+        "--release",
+        "The monitors' `release` label: the Helm release kube-prometheus-stack's Prometheus selects on.",
+    )
+    devices: str = setting(
+        "plugin",
+        "--devices",
+        "plugin: the device plugin (extended resources); dra: the DRA driver and its DeviceClass (1.34+).",
+    )
+    kubernetes_version: str | None = setting(
+        None, "--kubernetes-version", "The cluster's version, e.g. 1.33: --devices dra is refused before 1.34."
+    )
 
     def __post_init__(self):
         problems = self._placement_problems() + self._devices_problems()

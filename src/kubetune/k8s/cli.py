@@ -7,27 +7,16 @@ the commands (via the modules they call), so `kubetune --help` stays fast. Probl
 
 from __future__ import annotations
 
-import dataclasses
-import functools
-import inspect
 import os
 import sys
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import typer
 
 from kubetune.errors import UserError
-from kubetune.k8s.serve.settings import (
-    FINETUNE_FLAGS,
-    Option,
-    ServeSettings,
-    flags_given,
-    scalar_type,
-    setting_options,
-    spec_given,
-)
+from kubetune.flags import with_options
+from kubetune.k8s.serve.settings import FINETUNE_FLAGS, ServeSettings, flags_given, spec_given
 
 NAMESPACE_HELP = "Namespace of the job (default: the kubeconfig context's, as for kubectl; else `default`)."
 SUBMIT_NAMESPACE_HELP = (
@@ -142,36 +131,10 @@ SERVE_ARGS_HELP = (
 SERVE_PANEL = "Serving (render-serve; submit --serve)"
 
 
-def _serve_parameter(f: dataclasses.Field[Any], option: Option) -> inspect.Parameter:
-    """One ServeSettings field as a typer option: None when not given (a switch: False), so that
-    the settings' own default applies and `submit` can tell which were given."""
-    kind = scalar_type(f)
-    default: bool | None
-    annotation: Any
-    if kind is bool:
-        default, annotation = False, bool
-    else:
-        default, annotation = None, (list[str] if kind is tuple else kind) | None
-    info = typer.Option(default, option.flag, help=option.help, rich_help_panel=SERVE_PANEL)
-    return inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=info, annotation=annotation)
-
-
-def with_serve_options(command: Callable[..., None]) -> Callable[..., None]:
-    """`command` with one option per ServeSettings field after its own; it receives them as
-    `serving` (field -> the value given, as `ServeSettings.from_flags` reads it)."""
-    own = inspect.signature(command, eval_str=True)
-    added = [_serve_parameter(f, option) for f, option in setting_options()]
-    names = [p.name for p in added]
-    assert not set(names) & set(own.parameters), "a serving field shadows one of the command's parameters"
-
-    @functools.wraps(command)
-    def run(**kwargs: Any) -> None:
-        serving = {name: kwargs.pop(name) for name in names}
-        command(**kwargs, serving=serving)
-
-    kept = [p for p in own.parameters.values() if p.name != "serving"]
-    run.__signature__ = own.replace(parameters=[*kept, *added])  # type: ignore[attr-defined]
-    return run
+# one option per ServeSettings field after the command's own, each None when not given (a switch:
+# False) so that the settings' own default applies and `submit` can tell which were given; the
+# command receives them as `serving` (field -> the value given, as `ServeSettings.from_flags` reads it)
+with_serve_options = with_options(ServeSettings, "serving", defaults="given", panel=SERVE_PANEL)
 
 
 def _render_serve(args: list[str], profile: str | None, settings, token: str | None):

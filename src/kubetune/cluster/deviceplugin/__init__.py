@@ -1,4 +1,4 @@
-"""Kubelet device plugin: discovery + health (backends) and a gRPC server that only translates.
+"""Kubelet device plugin: a gRPC server that only translates what `kubetune.cluster.devices` finds.
 
 The constants here are importable without grpc (manifests use them).
 """

@@ -12,7 +12,7 @@ from __future__ import annotations
 from itertools import combinations
 from math import comb
 
-from kubetune.cluster.deviceplugin.discovery import Card
+from kubetune.cluster.devices.discovery import Card
 
 # Above this many candidate sets the exact search gives way to a greedy choice.
 EXACT_SEARCH_LIMIT = 20_000

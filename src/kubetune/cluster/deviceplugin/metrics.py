@@ -27,7 +27,7 @@ class PluginMetrics:
         return instrument(component_metric(name), self.registry)
 
     def set_health(self, resource: str, health: dict[str, str]) -> None:
-        from kubetune.cluster.deviceplugin.discovery import HEALTHY, UNHEALTHY
+        from kubetune.cluster.devices.discovery import HEALTHY, UNHEALTHY
 
         for state in (HEALTHY, UNHEALTHY):
             self.devices.labels(resource, state).set(sum(1 for h in health.values() if h == state))

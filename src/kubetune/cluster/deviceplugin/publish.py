@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kubetune.cluster import nodefacts as keys
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, Card
 
 log = logging.getLogger(__name__)
 

@@ -27,11 +27,11 @@ import grpc
 
 from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR, KUBELET_SOCKET
 from kubetune.cluster.deviceplugin.allocation import preferred_allocation
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, Card, Discovery
-from kubetune.cluster.deviceplugin.health import HealthEvent, HealthMonitor
 from kubetune.cluster.deviceplugin.metrics import PluginMetrics
 from kubetune.cluster.deviceplugin.proto import deviceplugin_pb2 as pb
 from kubetune.cluster.deviceplugin.proto import deviceplugin_pb2_grpc as pb_grpc
+from kubetune.cluster.devices.discovery import HEALTHY, Card, Discovery
+from kubetune.cluster.devices.health import HealthEvent, HealthMonitor
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ import threading
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from kubetune.cluster.deviceplugin.discovery import AllocateSpec
+from kubetune.cluster.devices.discovery import AllocateSpec
 from kubetune.contracts import dra
 from kubetune.fsutil import atomic_write_json
 

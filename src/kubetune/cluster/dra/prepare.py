@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, AllocateSpec, Card, Discovery
+from kubetune.cluster.devices.discovery import HEALTHY, AllocateSpec, Card, Discovery
 from kubetune.cluster.dra import cdi
 from kubetune.cluster.dra.slices import device_name
 from kubetune.contracts import dra

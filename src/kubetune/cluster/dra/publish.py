@@ -17,7 +17,7 @@ import logging
 import threading
 from typing import Any
 
-from kubetune.cluster.deviceplugin.discovery import Card
+from kubetune.cluster.devices.discovery import Card
 from kubetune.cluster.dra.slices import build_slices
 from kubetune.contracts import dra
 

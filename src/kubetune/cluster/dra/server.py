@@ -7,7 +7,7 @@
   and reports with NotifyRegistrationStatus;
 - `DraDriver`: the lifecycle. The DRA service first (`<plugins>/<driver>/dra.sock`), then the
   registration socket, as the Go helper orders them; the slices published and republished
-  when the health probe (deviceplugin/health.py's loop) reports a change; both sockets
+  when the health probe (devices/health.py's loop) reports a change; both sockets
   removed on exit, the checkpoint kept (claims stay prepared across a restart).
 """
 
@@ -25,8 +25,8 @@ from types import ModuleType
 
 import grpc
 
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, Discovery
-from kubetune.cluster.deviceplugin.health import HealthEvent, HealthMonitor
+from kubetune.cluster.devices.discovery import HEALTHY, Discovery
+from kubetune.cluster.devices.health import HealthEvent, HealthMonitor
 from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR, cdi
 from kubetune.cluster.dra.prepare import ClaimError, ClaimRef, Preparer
 from kubetune.cluster.dra.proto import dra_v1_pb2, dra_v1_pb2_grpc, dra_v1beta1_pb2, dra_v1beta1_pb2_grpc

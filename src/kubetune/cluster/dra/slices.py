@@ -7,7 +7,7 @@ capacity names are `kubetune.contracts.dra`'s, which the claims' CEL selectors r
 
 from __future__ import annotations
 
-from kubetune.cluster.deviceplugin.discovery import HEALTHY, Card
+from kubetune.cluster.devices.discovery import HEALTHY, Card
 from kubetune.contracts import dra
 
 MAX_DEVICES_PER_SLICE = 128  # resource.k8s.io/v1 ResourceSliceMaxDevices

@@ -7,10 +7,12 @@ from __future__ import annotations
 import dataclasses
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, field
-from typing import Any, get_args, get_origin, get_type_hints
+from dataclasses import dataclass
+from typing import Any
 
+from kubetune import flags
 from kubetune.contracts.serving import Adapter, parse_adapter
+from kubetune.flags import Option, is_given, options_of, setting
 
 ENGINES = ("native", "vllm")  # `auto` picks by what is installed, which a manifest cannot know
 
@@ -28,28 +30,16 @@ DNS_1123_LABEL = re.compile(r"^[a-z0-9]([-a-z0-9]*[a-z0-9])?$")
 DNS_1123_SUBDOMAIN = re.compile(r"^[a-z0-9]([-a-z0-9.]*[a-z0-9])?$")
 
 
-@dataclass(frozen=True)
-class Option:
-    """How one setting is given: its flag of `render-serve` and `submit --serve` with the flag's help
-    and, for a setting a FineTune takes too, its key under `spec.serve` with the CRD's description
-    (a minimum for an integer, the choices of a string)."""
-
-    flag: str
-    help: str
-    spec_key: str | None = None
-    spec_help: str = ""
-    minimum: int | None = None
-    choices: tuple[str, ...] = ()
-
-
 def _setting(default: Any, flag: str, help: str, **spec: Any) -> Any:
-    return field(default=default, metadata={"option": Option(flag, help, **spec)})
+    """A serving setting: its flag of `render-serve` and `submit --serve` with the flag's help and,
+    for a setting a FineTune takes too, its key under `spec.serve` (`kubetune.flags.Option`)."""
+    return setting(default, flag, help, **spec)
 
 
 @dataclass(frozen=True)
 class ServeSettings:
     """The settings of a serving instance, defaults applied: each field's Option makes its flag
-    (`kubetune.k8s.cli`) and, where it has a spec_key, the FineTune's `spec.serve` key
+    (`kubetune.flags.with_options`, in `kubetune.k8s.cli`) and, where it has a spec_key, the FineTune's `spec.serve` key
     (`kubetune.operator.crd`, `kubetune.operator.plan`). A new setting is one field here."""
 
     engine: str | None = _setting(  # None = the profile's (`default_engine`)
@@ -235,18 +225,12 @@ class ServeSettings:
 
 def setting_options() -> list[tuple[dataclasses.Field[Any], Option]]:
     """Every setting's field with its Option, in the order of the command line."""
-    return [(f, f.metadata["option"]) for f in dataclasses.fields(ServeSettings)]
+    return options_of(ServeSettings)
 
 
 def scalar_type(f: dataclasses.Field[Any]) -> type:
     """What a setting holds, None aside: bool, int, str, or tuple (the adapters)."""
-    kind = get_type_hints(ServeSettings)[f.name]
-    return next(t for t in (bool, int, str, tuple) if t in (kind, get_origin(kind), *get_args(kind)))
-
-
-def is_given(value: Any) -> bool:
-    """A flag's value says it was given: not None, not a switch left off, not an empty list."""
-    return value is not None and value is not False and value != [] and value != ()
+    return flags.scalar_type(ServeSettings, f)
 
 
 def flags_given(given: Mapping[str, Any]) -> list[str]:

@@ -13,7 +13,7 @@ import queue
 import threading
 from dataclasses import dataclass
 
-from kubetune.cluster.deviceplugin.discovery import Discovery
+from kubetune.cluster.devices.discovery import Discovery
 
 log = logging.getLogger(__name__)
 
