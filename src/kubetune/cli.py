@@ -26,6 +26,27 @@ app.add_typer(recipe_app, name="recipe")
 app.add_typer(k8s_app, name="k8s")
 data_app = typer.Typer(help="Make training data.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+# What only pods run (the daemons and the operator): out of --help, named by the charts and the
+# manifests kubetune renders.
+pod_app = typer.Typer(help="Entry points of kubetune's pods (the charts and rendered manifests run them).")
+app.add_typer(pod_app, name="pod", hidden=True, no_args_is_help=True)
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        from kubetune import __version__
+
+        typer.echo(f"kubetune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print kubetune's version and exit."
+    ),
+) -> None:
+    """The options before any command (the Typer's help above is the app's)."""
 
 
 def _split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -318,7 +339,7 @@ def recipe_show(args: list[str] = typer.Argument(None, help="[RECIPE] [key=value
 
 @recipe_app.command("from-helm-values")
 def recipe_from_helm_values(
-    path: Path = typer.Argument(..., help="A values file in seed 002's Helm layout."),
+    path: Path = typer.Argument(..., help="A values file in the layout of Intel's huggingface-llm Helm chart."),
     release: str | None = typer.Option(
         None,
         "--release",
@@ -326,7 +347,7 @@ def recipe_from_helm_values(
         "set `name` (default: the file's name).",
     ),
 ):
-    """Print the recipe a values file of Intel's huggingface-llm chart (seed 002's layout) means, as the
+    """Print the recipe a values file of Intel's huggingface-llm Helm chart means, as the
     kubetune-finetune chart reads it; each key's place is a comment."""
     from kubetune.recipe.helm_values import read_values, recipe_yaml
 
@@ -365,9 +386,17 @@ def _register_optional(module: str, *apps) -> None:
 
 
 _register_optional("kubetune.k8s.cli", k8s_app)
-_register_optional("kubetune.cluster.cli", app, k8s_app)
-_register_optional("kubetune.operator.cli", app)
+_register_optional("kubetune.cluster.cli", pod_app, k8s_app)
+_register_optional("kubetune.operator.cli", app, pod_app)
 _register_optional("kubetune.monitor.cli", app)
+
+# Manifests applied before `kubetune pod ...` name these at the top level. Their image tag is
+# kubetune's version, which a rebuilt image keeps, so a rescheduled pod would run this code
+# with the old argv: the old spelling stays, hidden.
+OLD_POD_SPELLINGS = ("device-plugin", "dra-driver", "scheduler-extender", "netprobe")
+for _info in pod_app.registered_commands:
+    if _info.name in OLD_POD_SPELLINGS and _info.callback is not None:
+        app.command(_info.name, hidden=True, help=_info.help)(_info.callback)
 
 
 def _worker_environment(comm_env: dict[str, str]) -> None:
