@@ -5,6 +5,9 @@ never read the seeds: a text names the setting and what it does)."""
 from __future__ import annotations
 
 import importlib.metadata
+import itertools
+import re
+from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
@@ -14,7 +17,9 @@ import typer.main
 from typer.testing import CliRunner
 
 import kubetune
-from kubetune.cli import app
+from kubetune.cli import OLD_POD_SPELLINGS, app
+
+README = Path(__file__).resolve().parents[1] / "README.md"
 
 # typer vendors its own click (its options carry the declared annotation, not a click type): duck-typed
 Command = Any
@@ -98,3 +103,30 @@ def test_version_prints_the_packages_version():
     assert result.exit_code == 0
     assert result.output == f"kubetune {kubetune.__version__}\n"
     assert kubetune.__version__ == importlib.metadata.version("kubetune")
+
+
+def _table_commands(readme: str) -> list[tuple[str, ...]]:
+    """The command paths of README's command table: `kubetune recipe show\\|list ...` -> (recipe, show),
+    (recipe, list)."""
+    table = readme.split("## Commands", 1)[1].split("\n## ", 1)[0]
+    paths = []
+    for code in re.findall(r"^\| `kubetune ([^`]*)`", table, flags=re.MULTILINE):
+        words = list(
+            itertools.takewhile(lambda w: re.fullmatch(r"[a-z][a-z0-9-]*(\\\|[a-z][a-z0-9-]*)*", w), code.split())
+        )
+        paths += itertools.product(*(w.split("\\|") for w in words))
+    return paths
+
+
+def test_the_readme_table_lists_every_command_once():
+    leaves = [path for path, command in COMMANDS if not hasattr(command, "commands")]
+    expected = Counter(path for path in leaves if not (len(path) == 1 and path[0] in OLD_POD_SPELLINGS))
+    listed = Counter(_table_commands(README.read_text()))
+    twice = [path for path, n in listed.items() if n > 1]
+    assert listed == expected, f"twice: {twice}; missing: {expected - listed}; not a command: {listed - expected}"
+    # the parse itself: a command written twice, or one left out, is seen
+    assert _table_commands("## Commands\n| `kubetune a b\\|c X` | . |\n| `kubetune a b` | . |\n") == [
+        ("a", "b"),
+        ("a", "c"),
+        ("a", "b"),
+    ]
