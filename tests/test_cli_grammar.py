@@ -64,6 +64,10 @@ def test_the_walk_reaches_every_group_and_the_hidden_pod_commands():
     ids = set(IDS)
     assert {"k8s render", "monitor check", "operator crd", "recipe show", "data make-preferences"} <= ids
     assert {"pod operator", "pod device-plugin", "pod netprobe", "k8s render-components"} <= ids
+    # the spellings of manifests applied before the pod group: still there, out of --help
+    top = typer.main.get_command(app).commands
+    assert all(top[name].hidden for name in OLD_POD_SPELLINGS) and top["pod"].hidden
+    assert "pod" not in CliRunner().invoke(app, ["--help"]).output.split()
 
 
 @pytest.mark.parametrize(("path", "command"), COMMANDS, ids=IDS)
