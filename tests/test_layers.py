@@ -124,12 +124,44 @@ def _files(name: str) -> list[Path]:
     return [path] if path.is_file() else sorted(path.rglob("*.py"))
 
 
-def test_engine_functions_fit_on_a_screen():
+# Functions over the cap that are being split elsewhere: (file under src/kubetune, function name).
+LONG_FUNCTIONS_ALLOWED = {
+    # cluster/cli.py: being restructured
+    ("cluster/cli.py", "device_plugin"),
+    ("cluster/cli.py", "dra_driver"),
+    ("cluster/cli.py", "netprobe"),
+    ("cluster/cli.py", "render_components"),
+}
+
+
+def _long_functions(paths: list[Path], root: Path = SRC) -> list[str]:
     long = []
-    for path in _files("training"):
+    for path in paths:
         for node in ast.walk(ast.parse(path.read_text())):
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
                 lines = node.end_lineno - node.lineno + 1
-                if lines > MAX_ENGINE_FUNCTION_LINES:
-                    long.append(f"{path.relative_to(SRC)}:{node.lineno} {node.name}: {lines} lines")
+                where = path.relative_to(root).as_posix()
+                if lines > MAX_ENGINE_FUNCTION_LINES and (where, node.name) not in LONG_FUNCTIONS_ALLOWED:
+                    long.append(f"{where}:{node.lineno} {node.name}: {lines} lines")
+    return long
+
+
+def test_engine_functions_fit_on_a_screen():
+    long = _long_functions(_files("training"))
     assert not long, "\n".join(long)
+
+
+def test_command_functions_fit_on_a_screen():
+    # a command's options count: a signature too long to read is split as a body is
+    cli_files = sorted(SRC.rglob("cli.py"))
+    assert {p.relative_to(SRC).as_posix() for p in cli_files} >= {"cli.py", "k8s/cli.py", "monitor/cli.py"}
+    long = _long_functions(cli_files)
+    assert not long, "\n".join(long)
+
+
+def test_the_function_cap_sees_a_long_function(tmp_path):
+    cli = tmp_path / "cluster" / "cli.py"
+    cli.parent.mkdir()
+    body = "    x = 1\n" * MAX_ENGINE_FUNCTION_LINES
+    cli.write_text(f"def long():\n{body}\n\ndef render_components():\n{body}")
+    assert _long_functions([cli], root=tmp_path) == [f"cluster/cli.py:1 long: {MAX_ENGINE_FUNCTION_LINES + 1} lines"]

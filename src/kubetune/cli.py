@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -26,6 +27,27 @@ app.add_typer(recipe_app, name="recipe")
 app.add_typer(k8s_app, name="k8s")
 data_app = typer.Typer(help="Make training data.", no_args_is_help=True)
 app.add_typer(data_app, name="data")
+# What only pods run (the daemons and the operator): out of --help, named by the charts and the
+# manifests kubetune renders.
+pod_app = typer.Typer(help="Entry points of kubetune's pods (the charts and rendered manifests run them).")
+app.add_typer(pod_app, name="pod", hidden=True, no_args_is_help=True)
+
+
+def _print_version(given: bool) -> None:
+    if given:
+        from kubetune import __version__
+
+        typer.echo(f"kubetune {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _main(
+    version: bool = typer.Option(
+        False, "--version", callback=_print_version, is_eager=True, help="Print kubetune's version and exit."
+    ),
+) -> None:
+    """The options before any command (the Typer's help above is the app's)."""
 
 
 def _split_recipe_args(args: list[str]) -> tuple[str | None, list[str]]:
@@ -171,6 +193,36 @@ def generate(
     typer.echo(generate_cli(target, prompt, max_new_tokens=max_new_tokens, temperature=temperature))
 
 
+# `serve`'s options whose declarations take more than a line, named here so that its signature reads as a list
+_serve_dtype_opt = typer.Option(
+    "auto", "--dtype", help="auto (what training measured faster on this CPU, see `kubetune kernels`) | bf16 | fp32."
+)
+_prefix_caching_opt = typer.Option(
+    True, "--prefix-caching/--no-prefix-caching", help="Reuse the K/V of prompt prefixes seen before."
+)
+_kv_cache_gib_opt = typer.Option(None, "--kv-cache-gib", help="KV-cache budget (default: from the memory limit).")
+_drain_seconds_opt = typer.Option(30.0, "--drain-seconds", help="On SIGTERM, how long in-flight requests may finish.")
+_max_body_bytes_opt = typer.Option(2 << 20, "--max-body-bytes", help="Larger request bodies are refused with a 413.")
+_api_key_opt = typer.Option(
+    None, "--api-key", help="Require `Authorization: Bearer KEY` (repeatable; also $KUBETUNE_API_KEY, K1,K2)."
+)
+_api_key_file_opt = typer.Option(None, "--api-key-file", help="A file of keys, one per line (# comments); repeatable.")
+_allow_runtime_adapters_opt = typer.Option(
+    False,
+    "--allow-runtime-adapters",
+    help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
+)
+_served_model_name_opt = typer.Option(
+    None, "--served-model-name", help="The base model's name in the API (repeatable: aliases; first in metrics)."
+)
+_chat_template_opt = typer.Option(
+    None, "--chat-template", help="A Jinja chat template (a file, or the template itself) for every model."
+)
+_trust_request_chat_template_opt = typer.Option(
+    False, "--trust-request-chat-template", help="Let requests send their own `chat_template` (Jinja)."
+)
+
+
 @app.command()
 def serve(
     target: str = typer.Argument(..., help="A run directory (its base model and adapter) or an HF model directory."),
@@ -178,104 +230,75 @@ def serve(
     host: str = typer.Option("127.0.0.1", "--host"),
     port: int = typer.Option(8000, "--port"),
     engine: str = typer.Option("auto", "--engine", help="auto | native | vllm (vLLM's OpenAI server, if installed)."),
-    dtype: str = typer.Option(
-        "auto",
-        "--dtype",
-        help="auto (what training measured faster on this CPU, see `kubetune kernels`) | bf16 | fp32.",
-    ),
+    dtype: str = _serve_dtype_opt,
     max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences decoded together."),
     max_waiting: int = typer.Option(256, "--max-waiting", help="Requests queued behind them; more get 429."),
     max_model_len: int = typer.Option(4096, "--max-model-len", help="Prompt + generated tokens per sequence."),
     max_prompt_tokens: int = typer.Option(4096, "--max-prompt-tokens"),
     prefill_chunk: int = typer.Option(512, "--prefill-chunk", help="Prompt tokens read per engine step."),
-    prefix_caching: bool = typer.Option(
-        True, "--prefix-caching/--no-prefix-caching", help="Reuse the K/V of prompt prefixes seen before."
-    ),
-    kv_cache_gib: float | None = typer.Option(
-        None, "--kv-cache-gib", help="KV-cache budget (default: from the memory limit)."
-    ),
+    prefix_caching: bool = _prefix_caching_opt,
+    kv_cache_gib: float | None = _kv_cache_gib_opt,
     threads: int | None = typer.Option(None, "--threads", help="Default: the container's CPU quota."),
-    drain_seconds: float = typer.Option(
-        30.0, "--drain-seconds", help="On SIGTERM, how long in-flight requests may finish."
-    ),
-    max_body_bytes: int = typer.Option(
-        2 << 20, "--max-body-bytes", help="Larger request bodies are refused with a 413."
-    ),
-    api_key: list[str] = typer.Option(
-        None, "--api-key", help="Require `Authorization: Bearer KEY` (repeatable; also $KUBETUNE_API_KEY, K1,K2)."
-    ),
-    api_key_file: list[Path] = typer.Option(
-        None, "--api-key-file", help="A file of keys, one per line (# comments); repeatable."
-    ),
-    allow_runtime_adapters: bool = typer.Option(
-        False,
-        "--allow-runtime-adapters",
-        help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
-    ),
-    served_model_name: list[str] = typer.Option(
-        None, "--served-model-name", help="The base model's name in the API (repeatable: aliases; first in metrics)."
-    ),
-    chat_template: str | None = typer.Option(
-        None, "--chat-template", help="A Jinja chat template (a file, or the template itself) for every model."
-    ),
-    trust_request_chat_template: bool = typer.Option(
-        False, "--trust-request-chat-template", help="Let requests send their own `chat_template` (Jinja)."
-    ),
+    drain_seconds: float = _drain_seconds_opt,
+    max_body_bytes: int = _max_body_bytes_opt,
+    api_key: list[str] = _api_key_opt,
+    api_key_file: list[Path] = _api_key_file_opt,
+    allow_runtime_adapters: bool = _allow_runtime_adapters_opt,
+    served_model_name: list[str] = _served_model_name_opt,
+    chat_template: str | None = _chat_template_opt,
+    trust_request_chat_template: bool = _trust_request_chat_template_opt,
 ):
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
     import os
 
-    from kubetune.contracts.serving import ENGINES, parse_adapter, read_chat_template
+    from kubetune.contracts.serving import parse_adapter, read_chat_template
     from kubetune.serve.auth import load_api_keys
 
     adapters = tuple(parse_adapter(a) for a in adapter or [])
-    if engine not in ENGINES:
-        raise UserError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
-    for name, value in (
-        ("--max-num-seqs", max_num_seqs),
-        ("--max-waiting", max_waiting),
-        ("--max-model-len", max_model_len),
-        ("--prefill-chunk", prefill_chunk),
-        ("--port", port),
-        ("--max-body-bytes", max_body_bytes),
-    ):
-        if value < 1:
-            raise UserError(f"{name} {value}: must be at least 1")
+    sizes = {"--max-num-seqs": max_num_seqs, "--max-waiting": max_waiting, "--max-model-len": max_model_len}
+    sizes |= {"--prefill-chunk": prefill_chunk, "--port": port, "--max-body-bytes": max_body_bytes}
+    _refuse_bad_serve_values(engine, sizes)
     api_keys = load_api_keys(api_key or [], api_key_file or [], os.environ)
     template = read_chat_template(chat_template) if chat_template else None
     names = tuple(served_model_name or ())
-    if engine == "auto":
-        from kubetune.serve.vllm_engine import auto_picks_vllm
-
-        picked, why = auto_picks_vllm(target)
-        engine = "vllm" if picked else "native"
-        if picked:  # the native engine names itself in its ready line
-            typer.echo(f"kubetune: engine vllm ({why})", err=True)
-    if engine == "vllm":
+    if _picked_engine(engine, target) == "vllm":
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options, with_api_options
 
         vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs)
         exec_vllm(with_api_options(vllm, names, chat_template, trust_request_chat_template), api_keys)
-    import dataclasses
-
-    from kubetune.serve.engine_client import Limits
+    from kubetune.serve.engine_client import Limits  # the native engine's, after vLLM took the process
     from kubetune.serve.server import ServeOptions
     from kubetune.serve.server import serve as run_server
 
     limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
     kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
-    opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds)
-    run_server(
-        dataclasses.replace(
-            opts,
-            max_body_bytes=max_body_bytes,
-            api_keys=api_keys,
-            allow_runtime_adapters=allow_runtime_adapters,
-            served_model_names=names,
-            chat_template=template,
-            trust_request_chat_template=trust_request_chat_template,
-        )
-    )
+    api: dict[str, Any] = {"max_body_bytes": max_body_bytes, "api_keys": api_keys, "chat_template": template}
+    api |= {"allow_runtime_adapters": allow_runtime_adapters, "served_model_names": names}
+    api |= {"trust_request_chat_template": trust_request_chat_template}
+    run_server(ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, **api))
+
+
+def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:
+    """`serve`'s --engine and its counts (flag -> value), each refused in one line before anything loads."""
+    from kubetune.contracts.serving import ENGINES
+
+    if engine not in ENGINES:
+        raise UserError(f"--engine {engine}: choose one of {', '.join(ENGINES)}")
+    for name, value in sizes.items():
+        if value < 1:
+            raise UserError(f"{name} {value}: must be at least 1")
+
+
+def _picked_engine(engine: str, target: str) -> str:
+    """--engine, with auto resolved: vLLM where it is installed and serves this target, else native."""
+    if engine != "auto":
+        return engine
+    from kubetune.serve.vllm_engine import auto_picks_vllm
+
+    picked, why = auto_picks_vllm(target)
+    if picked:  # the native engine names itself in its ready line
+        typer.echo(f"kubetune: engine vllm ({why})", err=True)
+    return "vllm" if picked else "native"
 
 
 @data_app.command("make-preferences")
@@ -318,7 +341,7 @@ def recipe_show(args: list[str] = typer.Argument(None, help="[RECIPE] [key=value
 
 @recipe_app.command("from-helm-values")
 def recipe_from_helm_values(
-    path: Path = typer.Argument(..., help="A values file in seed 002's Helm layout."),
+    path: Path = typer.Argument(..., help="A values file in the layout of Intel's huggingface-llm Helm chart."),
     release: str | None = typer.Option(
         None,
         "--release",
@@ -326,7 +349,7 @@ def recipe_from_helm_values(
         "set `name` (default: the file's name).",
     ),
 ):
-    """Print the recipe a values file of Intel's huggingface-llm chart (seed 002's layout) means, as the
+    """Print the recipe a values file of Intel's huggingface-llm Helm chart means, as the
     kubetune-finetune chart reads it; each key's place is a comment."""
     from kubetune.recipe.helm_values import read_values, recipe_yaml
 
@@ -365,9 +388,17 @@ def _register_optional(module: str, *apps) -> None:
 
 
 _register_optional("kubetune.k8s.cli", k8s_app)
-_register_optional("kubetune.cluster.cli", app, k8s_app)
-_register_optional("kubetune.operator.cli", app)
+_register_optional("kubetune.cluster.cli", pod_app, k8s_app)
+_register_optional("kubetune.operator.cli", app, pod_app)
 _register_optional("kubetune.monitor.cli", app)
+
+# Manifests applied before `kubetune pod ...` name these at the top level. Their image tag is
+# kubetune's version, which a rebuilt image keeps, so a rescheduled pod would run this code
+# with the old argv: the old spelling stays, hidden.
+OLD_POD_SPELLINGS = ("device-plugin", "dra-driver", "scheduler-extender", "netprobe")
+for _info in pod_app.registered_commands:
+    if _info.name in OLD_POD_SPELLINGS and _info.callback is not None:
+        app.command(_info.name, hidden=True, help=_info.help)(_info.callback)
 
 
 def _worker_environment(comm_env: dict[str, str]) -> None:

@@ -430,7 +430,7 @@ def test_a_key_outside_the_layout_is_refused_by_name(tmp_path):
     with pytest.raises(helm_python.HelmValuesError, match="additional properties 'useIpx' not allowed"):
         finetune(values)
     code, _, err = from_helm_values(tmp_path, values)
-    assert code == 2 and "distributed.train.useIpx: not a key of seed 002's layout" in err
+    assert code == 2 and "distributed.train.useIpx: not a key of Intel's huggingface-llm layout" in err
 
 
 def test_the_charts_table_and_schema_are_the_python_modules():

@@ -134,7 +134,7 @@ def test_the_crd_validates_as_a_custom_resource_definition():
 
 def test_the_operator_watches_every_namespace_by_default():
     (container,) = operator_deployment({})["spec"]["template"]["spec"]["containers"]
-    assert container["command"] == ["kubetune"]
+    assert container["command"] == ["kubetune", "pod"]
     assert container["args"][:2] == ["operator", "--all-namespaces"]
     bindings = [o for o in installed(objects(OPERATOR_CHART, {})) if o["kind"] in ("RoleBinding", "ClusterRoleBinding")]
     assert {(b["kind"], b["roleRef"]["name"]) for b in bindings} == {
@@ -185,7 +185,9 @@ def test_every_container_runs_a_command_its_image_installs():
         if o["kind"] in ("Deployment", "DaemonSet")
         for c in o["spec"]["template"]["spec"]["containers"]
     ]
-    assert {argv[1] for _, _, argv in containers} == {"operator", "device-plugin", "scheduler-extender", "netprobe"}
+    assert {tuple(argv[1:3]) for _, _, argv in containers} == {
+        ("pod", name) for name in ("operator", "device-plugin", "scheduler-extender", "netprobe")
+    }
     found = []
     for where, image, argv in containers:
         tag = image.rpartition(":")[2]
@@ -202,7 +204,8 @@ def test_kubetune_operator_accepts_every_argument_the_pod_passes(case):
     from kubetune import cli
 
     (container,) = operator_deployment(CASES[case])["spec"]["template"]["spec"]["containers"]
-    operator = typer.main.get_command(cli.app).commands[container["args"][0]]  # typer vendors click: duck-typed
+    group = container["command"][1]
+    operator = typer.main.get_command(cli.app).commands[group].commands[container["args"][0]]  # typer's click
     operator.make_context("operator", list(container["args"][1:]))  # raises on an unknown option or a bad value
 
 

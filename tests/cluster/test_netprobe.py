@@ -307,7 +307,7 @@ def test_rendered_prober_runs_where_the_plugin_runs_with_rbac_for_its_peers_and_
     assert ds["affinity"] == plugin["spec"]["template"]["spec"]["affinity"]
     assert "hostNetwork" not in ds  # the pod network: what the training traffic crosses
     (container,) = ds["containers"]
-    assert container["command"] + container["args"][:1] == ["kubetune", "netprobe"]
+    assert container["command"] + container["args"][:1] == ["kubetune", "pod", "netprobe"]
     assert {e["name"] for e in container["env"]} == {"NODE_NAME", "POD_NAMESPACE"}
     assert ours[1]["rules"] == [{"apiGroups": [""], "resources": ["nodes"], "verbs": ["get", "patch"]}]
     assert ours[3]["rules"] == [{"apiGroups": [""], "resources": ["pods"], "verbs": ["list"]}]

@@ -373,12 +373,12 @@ def test_every_rendered_command_runs_from_the_image_named_for_it():
 
     tags = dockerfile_tags(DOCKERFILES)
     containers = _rendered_containers(tags)
-    commands = {tuple(argv[:2]) for _, _, argv in containers}
+    commands = {tuple(argv[:2]) for _, _, argv in containers} | {tuple(argv[:3]) for _, _, argv in containers}
     assert {
         ("kubetune", "train"),
         ("kubetune", "serve"),
-        ("kubetune", "device-plugin"),
-        ("kubetune", "scheduler-extender"),
+        ("kubetune", "pod", "device-plugin"),
+        ("kubetune", "pod", "scheduler-extender"),
     } <= commands
     found = []
     for (image, argv), where in {(c[1], tuple(c[2])): c[0] for c in containers}.items():

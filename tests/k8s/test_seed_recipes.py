@@ -291,7 +291,7 @@ def test_render_notes_say_what_the_recipe_left_implicit(cli, tmp_path):
             "replica(s)), up to 4,096 tokens per step (rows of up to 512 tokens)"
         ),
         "data.template=auto: alpaca for meta-llama/Llama-2-7b-hf (its tokenizer has no chat template: a base model)",
-        "k8s.replicas is not set: 2 worker pods (kubetune's default; seed 002's job has 4)",
+        "k8s.replicas is not set: 2 worker pods (kubetune's default; Intel's huggingface-llm chart runs 4)",
     ]
     given = cli("k8s", "render", str(minimal), "k8s.replicas=4")
     assert "k8s.replicas is not set" not in given.err and "x 4 data-parallel replica(s)" in given.err

@@ -71,7 +71,14 @@ def test_status_reads_the_finetune(cluster):
 
 
 def test_operator_command_needs_a_scope():
-    result = run_cli("operator")
+    result = run_cli("pod", "operator")
     assert result.code == 2
-    assert result.err.strip().endswith("kubetune operator: give --namespace NS (repeatable) or --all-namespaces")
-    assert run_cli("operator", "-n", "a", "--interval", "0").err.strip().endswith("seconds, more than 0")
+    assert result.err.strip().endswith("kubetune pod operator: give --namespace NS (repeatable) or --all-namespaces")
+    assert run_cli("pod", "operator", "--namespace", "a", "--interval", "0").err.strip().endswith("more than 0")
+    assert run_cli("pod", "operator", "-n", "a").code == 2  # -n is the one namespace a command acts in
+
+
+def test_the_old_spelling_of_the_operator_still_runs_it():
+    # what operator Deployments applied before `kubetune pod operator` run
+    old = run_cli("operator", "--namespace", "a", "--interval", "0")
+    assert old.code == 2 and old.err.strip().endswith("seconds, more than 0")

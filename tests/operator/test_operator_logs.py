@@ -23,10 +23,10 @@ PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
 
 
 class OperatorProcess:
-    """`python -m kubetune operator` as a child process; its output read line by line as it comes."""
+    """`python -m kubetune pod operator` as a child process; its output read line by line as it comes."""
 
     def __init__(self, cluster: Cluster):
-        argv = [sys.executable, "-m", "kubetune", "operator", "-n", NAMESPACE, "--interval", "0.25"]
+        argv = [sys.executable, "-m", "kubetune", "pod", "operator", "--namespace", NAMESPACE, "--interval", "0.25"]
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}  # $KUBECONFIG (the kube fixture's) names kmock
         self.process = subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         self.lines: list[str] = []

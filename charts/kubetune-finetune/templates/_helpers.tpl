@@ -138,7 +138,7 @@ from-helm-values` walks the same way (its docstring explains the entries); a tes
 
 {{/*
 The FineTune's hfTokenSecretRef as JSON {name, key}: hfTokenSecretRef, or the Secret this chart makes from
-secret.encodedToken (seed 002's way); both at once is refused.
+secret.encodedToken (Intel's chart's way); both at once is refused.
 */}}
 {{- define "kubetune-finetune.tokenRef" -}}
 {{- $secret := .Values.secret | default dict }}

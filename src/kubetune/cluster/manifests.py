@@ -47,6 +47,7 @@ EXTENDER_NAME = "kubetune-scheduler-extender"
 NETPROBE_NAME = "kubetune-netprobe"
 SCHEDULER_CONFIG_NAME = "kubetune-scheduler-config"
 POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+POD_COMMAND = ("kubetune", "pod")  # the hidden group of what only pods run; args name the command
 
 # Node Feature Discovery labels a node by the PCI devices it holds (NFD docs, "Feature labels",
 # PCI: https://kubernetes-sigs.github.io/node-feature-discovery/stable/usage/features.html#pci):
@@ -264,7 +265,7 @@ def device_plugin(s: ComponentSettings) -> list[dict]:
                         {
                             "name": "device-plugin",
                             "image": s.image,
-                            "command": ["kubetune"],
+                            "command": list(POD_COMMAND),
                             "args": args,
                             "env": _plugin_env(s),
                             "ports": [{"name": METRICS_PORT_NAME, "containerPort": s.metrics_port, "protocol": "TCP"}],
@@ -340,7 +341,7 @@ def dra_driver(s: ComponentSettings) -> list[dict]:
     container = {
         "name": "dra-driver",
         "image": s.image,
-        "command": ["kubetune"],
+        "command": list(POD_COMMAND),
         "args": args,
         "env": env,
         # root and privileged as the device plugin: the kubelet's directories are root's, and the
@@ -407,7 +408,7 @@ def extender(s: ComponentSettings) -> list[dict]:
                         {
                             "name": "extender",
                             "image": s.image,
-                            "command": ["kubetune"],
+                            "command": list(POD_COMMAND),
                             "args": args,
                             "ports": [{"name": "http", "containerPort": s.extender_port, "protocol": "TCP"}],
                             "readinessProbe": probe,
@@ -453,7 +454,7 @@ def netprobe(s: ComponentSettings) -> list[dict]:
     container = {
         "name": "netprobe",
         "image": s.image,
-        "command": ["kubetune"],
+        "command": list(POD_COMMAND),
         "args": args,
         "env": [{"name": n, "valueFrom": {"fieldRef": {"fieldPath": f}}} for n, f in field],
         "ports": [{"name": "probe", "containerPort": s.netprobe_port, "protocol": "TCP"}],

@@ -190,7 +190,8 @@ def default_notes(recipe: Recipe) -> list[str]:
     """What the job takes from kubetune's defaults where a seed's job says otherwise: the workers."""
     if "replicas" in recipe.k8s.model_fields_set:
         return []
-    return [f"k8s.replicas is not set: {recipe.k8s.replicas} worker pods (kubetune's default; seed 002's job has 4)"]
+    default = f"{recipe.k8s.replicas} worker pods (kubetune's default; Intel's huggingface-llm chart runs 4)"
+    return [f"k8s.replicas is not set: {default}"]
 
 
 def layout_warnings(recipe: Recipe) -> list[str]:

@@ -123,7 +123,9 @@ def check_cmd(
         None, "--objects", help="Check the monitors rendered in this directory instead of the cluster's."
     ),
     release: str | None = typer.Option(None, "--release", help="The `release` label Prometheus selects on."),
-    namespace: str | None = typer.Option(None, "-n", "--namespace", help="Only the monitors of this namespace."),
+    namespace: str | None = typer.Option(
+        None, "-n", "--namespace", help="Check the monitors of this namespace only (default: every namespace)."
+    ),
 ) -> None:
     """Are the targets up, which monitors does Prometheus ignore (and why), which panels are empty (and why)."""
     from kubetune.contracts.metrics import DEFAULT_RELEASE

@@ -393,7 +393,7 @@ class Mapping:
     def left_unset(self) -> list[tuple[str, str, str, str]]:
         """(layout key, recipe key, kubetune's default, Intel's chart's default) of each key with a `seed`
         default that a values file in the layout leaves unset, its recipe key too: the job takes kubetune's
-        default there, not the one seed 002's chart would have given it. Nothing without the layout."""
+        default there, not the one Intel's chart would have given it. Nothing without the layout."""
         if not (self.mapped or self.unused):
             return []
         merged = self.merged()
@@ -521,13 +521,18 @@ def _schema_problems(values: dict[str, Any]) -> list[str]:
         if err.validator == "additionalProperties":
             known = set(err.schema.get("properties", {}))
             for extra in sorted(set(err.instance) - known):
-                problems.append(f"{where}.{extra}: not a key of seed 002's layout (the chart README lists them)")
+                problems.append(
+                    f"{where}.{extra}: not a key of Intel's huggingface-llm layout (the chart README lists them)"
+                )
         else:
             problems.append(f"{where}: {err.message}")
     return problems
 
 
-TWO_RECIPES = "set either recipe (or seed 002's layout) or recipeRef.name, not both (a FineTune has exactly one recipe)"
+TWO_RECIPES = (
+    "set either recipe (or Intel's huggingface-llm layout) or recipeRef.name, "
+    "not both (a FineTune has exactly one recipe)"
+)
 TOKEN_TWICE = (
     "secret.encodedToken and hfTokenSecretRef.name both give the Hugging Face token; "
     "keep hfTokenSecretRef (the Secret stays out of Helm's release)"
@@ -556,9 +561,12 @@ def _token_problems(values: dict[str, Any]) -> list[str]:
 
 
 def map_values(values: dict[str, Any]) -> Mapping:
-    """The recipe seed 002's layout means, merged with the file's own `recipe:` (RecipeError names the key)."""
+    """The recipe Intel's huggingface-llm layout means, merged with the file's own `recipe:` (RecipeError names
+    the key)."""
     unknown = sorted(set(values) - set(ALIAS_ROOTS) - set(CHART_VALUES))
-    problems = [f"{key}: not a key of seed 002's layout nor of the kubetune-finetune chart" for key in unknown]
+    problems = [
+        f"{key}: not a key of Intel's huggingface-llm layout nor of the kubetune-finetune chart" for key in unknown
+    ]
     problems += _schema_problems(values) + _token_problems(values)
     if problems:
         raise RecipeError(*problems)
@@ -601,7 +609,9 @@ def recipe_yaml(values: dict[str, Any], source: str, release: str | None = None)
     recipe_from_data(copy.deepcopy(recipe))  # the same errors `kubetune k8s render` would give
     lines += [f"#   {src} -> {to}" for src, to in mapping.mapped]
     if unset := mapping.left_unset():
-        lines.append("# Left unset, so kubetune's default, not Intel's chart's (set the key for the seed's value):")
+        lines.append(
+            "# Left unset, so kubetune's default, not Intel's chart's (set the key for Intel's chart's value):"
+        )
         lines += [f"#   {src} -> {to} = {default} (Intel's chart: {seed})" for src, to, default, seed in unset]
     if mapping.unused:
         lines.append("# Not used (kubetune does it its own way):")

@@ -237,13 +237,15 @@ class LossScaleSection(Section):
         0.5, gt=0, lt=1, description="fp16 only: the scale is multiplied by this after a step with inf/nan gradients."
     )
     growth_interval: int = Field(
-        2000, ge=1, description="fp16 only: steps without inf/nan gradients before the scale grows (seed 000: 100)."
+        2000,
+        ge=1,
+        description="fp16 only: steps without inf/nan gradients before the scale grows (fewer: it recovers sooner).",
     )
     max_scale: float | None = Field(
         None,
         gt=0,
-        description="fp16 only: cap on the scale after each step, which torch's GradScaler lacks "
-        "(null = no cap; seed 000: 65536).",
+        description="fp16 only: cap on the scale after each step, which torch's GradScaler lacks; e.g. 65536 "
+        "keeps it from growing without bound between overflows (null = no cap).",
     )
 
     @model_validator(mode="after")
@@ -269,8 +271,8 @@ class TrainSection(Section):
     global_batch_size: int | None = Field(
         None,
         ge=1,
-        description="Rows per optimizer step over all data-parallel replicas (seed 000: 2048); train.grad_accum "
-        "is derived as global / (micro_batch_size x data-parallel replicas), which must divide it. "
+        description="Rows per optimizer step over all data-parallel replicas, e.g. 2048, whatever their number; "
+        "train.grad_accum is derived as global / (micro_batch_size x data-parallel replicas), which must divide it. "
         "null = micro_batch_size x grad_accum x replicas.",
     )
     lr: float = Field(2e-4, gt=0, description="Peak learning rate.")
@@ -290,7 +292,7 @@ class TrainSection(Section):
     gradient_checkpointing: OnOff = Field(
         "off",
         description="off | on (recompute each layer in backward) | offload (keep saved activations in CPU memory) | "
-        "on_offload (both: each layer recomputed, the inputs it saves kept in CPU memory; seed 000's "
+        "on_offload (both: each layer recomputed, the inputs it saves kept in CPU memory, as FairScale's "
         "checkpoint_wrapper(offload_to_cpu=True)).",
     )
     compile: bool | Literal["auto"] = Field(
