@@ -13,6 +13,10 @@ import typer
 
 from kubetune.errors import UserError
 
+# the defaults of `kubetune serve`'s options, each declared once (both modules are torch-free and light)
+from kubetune.serve.contract import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DRAIN_TIMEOUT_S
+from kubetune.serve.engine_client import Limits
+
 app = typer.Typer(
     name="kubetune",
     help="Fine-tune LLMs from one YAML recipe: locally, with torchrun, or as a Kubeflow job.",
@@ -176,30 +180,38 @@ def serve(
     target: str = typer.Argument(..., help="A run directory (its base model and adapter) or an HF model directory."),
     adapter: list[str] = typer.Option(None, "--adapter", help="NAME=RUN_DIR: one more LoRA adapter, served as NAME."),
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(DEFAULT_PORT, "--port"),
     engine: str = typer.Option("auto", "--engine", help="auto | native | vllm (vLLM's OpenAI server, if installed)."),
     dtype: str = typer.Option(
         "auto",
         "--dtype",
         help="auto (what training measured faster on this CPU, see `kubetune kernels`) | bf16 | fp32.",
     ),
-    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences decoded together."),
-    max_waiting: int = typer.Option(256, "--max-waiting", help="Requests queued behind them; more get 429."),
-    max_model_len: int = typer.Option(4096, "--max-model-len", help="Prompt + generated tokens per sequence."),
-    max_prompt_tokens: int = typer.Option(4096, "--max-prompt-tokens"),
-    prefill_chunk: int = typer.Option(512, "--prefill-chunk", help="Prompt tokens read per engine step."),
+    max_num_seqs: int = typer.Option(Limits.max_num_seqs, "--max-num-seqs", help="Sequences decoded together."),
+    max_waiting: int = typer.Option(
+        Limits.max_waiting, "--max-waiting", help="Requests queued behind them; more get 429."
+    ),
+    max_model_len: int = typer.Option(
+        Limits.max_model_len, "--max-model-len", help="Prompt + generated tokens per sequence."
+    ),
+    max_prompt_tokens: int = typer.Option(Limits.max_prompt_tokens, "--max-prompt-tokens"),
+    prefill_chunk: int = typer.Option(
+        Limits.prefill_chunk, "--prefill-chunk", help="Prompt tokens read per engine step."
+    ),
     prefix_caching: bool = typer.Option(
-        True, "--prefix-caching/--no-prefix-caching", help="Reuse the K/V of prompt prefixes seen before."
+        Limits.prefix_caching,
+        "--prefix-caching/--no-prefix-caching",
+        help="Reuse the K/V of prompt prefixes seen before.",
     ),
     kv_cache_gib: float | None = typer.Option(
         None, "--kv-cache-gib", help="KV-cache budget (default: from the memory limit)."
     ),
     threads: int | None = typer.Option(None, "--threads", help="Default: the container's CPU quota."),
     drain_seconds: float = typer.Option(
-        30.0, "--drain-seconds", help="On SIGTERM, how long in-flight requests may finish."
+        float(DRAIN_TIMEOUT_S), "--drain-seconds", help="On SIGTERM, how long in-flight requests may finish."
     ),
     max_body_bytes: int = typer.Option(
-        2 << 20, "--max-body-bytes", help="Larger request bodies are refused with a 413."
+        DEFAULT_MAX_BODY_BYTES, "--max-body-bytes", help="Larger request bodies are refused with a 413."
     ),
     api_key: list[str] = typer.Option(
         None, "--api-key", help="Require `Authorization: Bearer KEY` (repeatable; also $KUBETUNE_API_KEY, K1,K2)."
@@ -225,8 +237,8 @@ def serve(
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
     import os
 
-    from kubetune.serve.auth import load_api_keys
     from kubetune.serve.contract import ENGINES, parse_adapter, read_chat_template
+    from kubetune.serve.http.auth import load_api_keys
 
     adapters = tuple(parse_adapter(a) for a in adapter or [])
     if engine not in ENGINES:
@@ -256,26 +268,21 @@ def serve(
 
         vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs)
         exec_vllm(with_api_options(vllm, names, chat_template, trust_request_chat_template), api_keys)
-    import dataclasses
-
-    from kubetune.serve.engine_client import Limits
+    from kubetune.serve.http.state import ApiOptions
     from kubetune.serve.server import ServeOptions
     from kubetune.serve.server import serve as run_server
 
     limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
     kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
-    opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds)
-    run_server(
-        dataclasses.replace(
-            opts,
-            max_body_bytes=max_body_bytes,
-            api_keys=api_keys,
-            allow_runtime_adapters=allow_runtime_adapters,
-            served_model_names=names,
-            chat_template=template,
-            trust_request_chat_template=trust_request_chat_template,
-        )
+    api = ApiOptions(
+        max_body_bytes=max_body_bytes,
+        api_keys=api_keys,
+        chat_template=template,
+        trust_request_chat_template=trust_request_chat_template,
+        allow_runtime_adapters=allow_runtime_adapters,
     )
+    opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
+    run_server(opts)
 
 
 @data_app.command("make-preferences")

@@ -2,6 +2,6 @@
 objects, alert rules and Grafana dashboards built from them, and `kubetune monitor`.
 
 Pure: no torch, no kubernetes import. Training (`kubetune.training.telemetry`) and serving
-(`kubetune.serve.metrics`) export what `contract.py` names; the dashboards and alerts query
+(`kubetune.serve.engine.metrics`) export what `contract.py` names; the dashboards and alerts query
 only those names, and a test fails when a panel names a metric nobody exports.
 """
