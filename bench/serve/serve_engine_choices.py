@@ -38,11 +38,12 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
 
 
 def kubetune_arm(model_dir: str, ids: list[list[int]], max_tokens: int, compile_decoder: bool) -> dict:
-    from kubetune.serve.engine import Engine, Limits, Request, Sampling
-    from kubetune.serve.kvcache import SlotCache, register
-    from kubetune.serve.metrics import ServeMetrics
-    from kubetune.serve.models import load_served
-    from kubetune.serve.packed import pack
+    from kubetune.serve.engine.core import Engine
+    from kubetune.serve.engine.kvcache import SlotCache, register
+    from kubetune.serve.engine.metrics import ServeMetrics
+    from kubetune.serve.engine.models import load_served
+    from kubetune.serve.engine.packed import pack
+    from kubetune.serve.engine_client import Limits, Request, Sampling
 
     served = load_served(model_dir, [], torch.float32, register())
     print("  ", pack(served.lm, rows=16))  # as `kubetune serve` does

@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 import typer
 
+# the defaults of `kubetune serve`'s options, each declared once (both modules are torch-free and light)
+from kubetune.contracts.serving import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DRAIN_TIMEOUT_S
 from kubetune.errors import UserError
+from kubetune.serve.engine_client import Limits
 
 app = typer.Typer(
     name="kubetune",
@@ -198,11 +200,20 @@ _serve_dtype_opt = typer.Option(
     "auto", "--dtype", help="auto (what training measured faster on this CPU, see `kubetune kernels`) | bf16 | fp32."
 )
 _prefix_caching_opt = typer.Option(
-    True, "--prefix-caching/--no-prefix-caching", help="Reuse the K/V of prompt prefixes seen before."
+    Limits.prefix_caching, "--prefix-caching/--no-prefix-caching", help="Reuse the K/V of prompt prefixes seen before."
 )
+_max_waiting_opt = typer.Option(Limits.max_waiting, "--max-waiting", help="Requests queued behind them; more get 429.")
+_max_model_len_opt = typer.Option(
+    Limits.max_model_len, "--max-model-len", help="Prompt + generated tokens per sequence."
+)
+_prefill_chunk_opt = typer.Option(Limits.prefill_chunk, "--prefill-chunk", help="Prompt tokens read per engine step.")
 _kv_cache_gib_opt = typer.Option(None, "--kv-cache-gib", help="KV-cache budget (default: from the memory limit).")
-_drain_seconds_opt = typer.Option(30.0, "--drain-seconds", help="On SIGTERM, how long in-flight requests may finish.")
-_max_body_bytes_opt = typer.Option(2 << 20, "--max-body-bytes", help="Larger request bodies are refused with a 413.")
+_drain_seconds_opt = typer.Option(
+    float(DRAIN_TIMEOUT_S), "--drain-seconds", help="On SIGTERM, how long in-flight requests may finish."
+)
+_max_body_bytes_opt = typer.Option(
+    DEFAULT_MAX_BODY_BYTES, "--max-body-bytes", help="Larger request bodies are refused with a 413."
+)
 _api_key_opt = typer.Option(
     None, "--api-key", help="Require `Authorization: Bearer KEY` (repeatable; also $KUBETUNE_API_KEY, K1,K2)."
 )
@@ -228,14 +239,14 @@ def serve(
     target: str = typer.Argument(..., help="A run directory (its base model and adapter) or an HF model directory."),
     adapter: list[str] = typer.Option(None, "--adapter", help="NAME=RUN_DIR: one more LoRA adapter, served as NAME."),
     host: str = typer.Option("127.0.0.1", "--host"),
-    port: int = typer.Option(8000, "--port"),
+    port: int = typer.Option(DEFAULT_PORT, "--port"),
     engine: str = typer.Option("auto", "--engine", help="auto | native | vllm (vLLM's OpenAI server, if installed)."),
     dtype: str = _serve_dtype_opt,
-    max_num_seqs: int = typer.Option(64, "--max-num-seqs", help="Sequences decoded together."),
-    max_waiting: int = typer.Option(256, "--max-waiting", help="Requests queued behind them; more get 429."),
-    max_model_len: int = typer.Option(4096, "--max-model-len", help="Prompt + generated tokens per sequence."),
-    max_prompt_tokens: int = typer.Option(4096, "--max-prompt-tokens"),
-    prefill_chunk: int = typer.Option(512, "--prefill-chunk", help="Prompt tokens read per engine step."),
+    max_num_seqs: int = typer.Option(Limits.max_num_seqs, "--max-num-seqs", help="Sequences decoded together."),
+    max_waiting: int = _max_waiting_opt,
+    max_model_len: int = _max_model_len_opt,
+    max_prompt_tokens: int = typer.Option(Limits.max_prompt_tokens, "--max-prompt-tokens"),
+    prefill_chunk: int = _prefill_chunk_opt,
     prefix_caching: bool = _prefix_caching_opt,
     kv_cache_gib: float | None = _kv_cache_gib_opt,
     threads: int | None = typer.Option(None, "--threads", help="Default: the container's CPU quota."),
@@ -252,7 +263,7 @@ def serve(
     import os
 
     from kubetune.contracts.serving import parse_adapter, read_chat_template
-    from kubetune.serve.auth import load_api_keys
+    from kubetune.serve.http.auth import load_api_keys
 
     adapters = tuple(parse_adapter(a) for a in adapter or [])
     sizes = {"--max-num-seqs": max_num_seqs, "--max-waiting": max_waiting, "--max-model-len": max_model_len}
@@ -266,16 +277,21 @@ def serve(
 
         vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs)
         exec_vllm(with_api_options(vllm, names, chat_template, trust_request_chat_template), api_keys)
-    from kubetune.serve.engine_client import Limits  # the native engine's, after vLLM took the process
+    from kubetune.serve.http.state import ApiOptions
     from kubetune.serve.server import ServeOptions
     from kubetune.serve.server import serve as run_server
 
     limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
     kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
-    api: dict[str, Any] = {"max_body_bytes": max_body_bytes, "api_keys": api_keys, "chat_template": template}
-    api |= {"allow_runtime_adapters": allow_runtime_adapters, "served_model_names": names}
-    api |= {"trust_request_chat_template": trust_request_chat_template}
-    run_server(ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, **api))
+    api = ApiOptions(
+        max_body_bytes=max_body_bytes,
+        api_keys=api_keys,
+        chat_template=template,
+        trust_request_chat_template=trust_request_chat_template,
+        allow_runtime_adapters=allow_runtime_adapters,
+    )
+    opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
+    run_server(opts)
 
 
 def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:

@@ -15,9 +15,10 @@ import httpx
 import pytest
 
 from kubetune.data.templates import PromptRenderer
-from kubetune.serve.api import ServerState, create_app
+from kubetune.serve.engine.models import Served
 from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request
-from kubetune.serve.models import Served
+from kubetune.serve.http.api import create_app
+from kubetune.serve.http.state import ServerState
 
 pytestmark = pytest.mark.process
 
@@ -157,6 +158,6 @@ def test_logprobs_follow_the_tokens_sent(tokenizer):
 
 
 def test_the_http_layer_imports_no_torch():
-    code = "import sys, kubetune.serve.api, kubetune.serve.completions; print('torch' in sys.modules)"
+    code = "import sys, kubetune.serve.http.api, kubetune.serve.http.completions; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -11,8 +11,9 @@ import openai
 import pytest
 
 from kubetune.errors import UserError
-from kubetune.serve.api import ServerState, create_app
-from kubetune.serve.auth import ApiKeyAuth, load_api_keys
+from kubetune.serve.http.api import create_app
+from kubetune.serve.http.auth import ApiKeyAuth, load_api_keys
+from kubetune.serve.http.state import ApiOptions, ServerState
 
 from ..conftest import run_cli
 from .conftest import ServerProcess
@@ -61,7 +62,7 @@ def test_every_route_but_the_probes_needs_a_key():
     """Unknown routes too (a route added later is protected), whatever the method."""
 
     async def check() -> None:
-        app = create_app(ServerState(api_keys=("k-one", "k-two")))
+        app = create_app(ServerState(ApiOptions(api_keys=("k-one", "k-two"))))
         async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://t") as c:
             assert await _status(c, "GET", "/health") == 200
             assert await _status(c, "GET", "/ready") == 503  # loading, but answered without a key

@@ -11,12 +11,13 @@ import pytest
 import torch
 
 from kubetune.contracts.serving import Adapter
-from kubetune.serve.engine import MAX_FAILED_STEPS, AdmissionError, Engine, Event, Limits, Request, Sampling
-from kubetune.serve.kvcache import SlotCache, register
-from kubetune.serve.lora import install
-from kubetune.serve.metrics import ServeMetrics
-from kubetune.serve.models import load_served
-from kubetune.serve.packed import pack
+from kubetune.serve.engine.core import MAX_FAILED_STEPS, Engine
+from kubetune.serve.engine.kvcache import SlotCache, register
+from kubetune.serve.engine.lora import install
+from kubetune.serve.engine.metrics import ServeMetrics
+from kubetune.serve.engine.models import load_served
+from kubetune.serve.engine.packed import pack
+from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request, Sampling
 
 
 def _engine(tiny_runs, limits: Limits, budget: int = 64 << 20, packed: bool = False):
@@ -278,7 +279,7 @@ def test_run_serves_on_the_calling_thread_until_stopped(tiny_runs):
 def test_fused_projections_equal_the_separate_layers(tiny_runs):
     """q/k/v and gate/up run as one GEMM each (with the adapters' blocks), and give the same
     logits as the model with one layer per projection, for base and adapter tokens in one batch."""
-    from kubetune.serve.lora import FusedLinear, Member
+    from kubetune.serve.engine.lora import FusedLinear, Member
 
     a, b = tiny_runs
     outs = []
@@ -301,17 +302,17 @@ def test_fused_projections_equal_the_separate_layers(tiny_runs):
 
 
 def test_one_request_whose_sampling_fails_ends_alone(tiny_runs, monkeypatch):
-    from kubetune.serve import engine as engine_module
+    from kubetune.serve.engine import sampling as sampling_module
 
     _, engine = _engine(tiny_runs, Limits())
-    real = engine_module._sample_row
+    real = sampling_module.sample_row
 
     def fails_for_seed_13(logits, sampling, generator):
         if sampling.seed == 13:
             raise RuntimeError("invalid multinomial distribution")
         return real(logits, sampling, generator)
 
-    monkeypatch.setattr(engine_module, "_sample_row", fails_for_seed_13)
+    monkeypatch.setattr(sampling_module, "sample_row", fails_for_seed_13)
     engine.start()
     try:
         bad, good, greedy = Collector(), Collector(), Collector()

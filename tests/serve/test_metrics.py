@@ -15,8 +15,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
 from kubetune.contracts.metrics import FINISH_REASONS, SERVE_METRICS, exposed_names
-from kubetune.serve.engine import Limits, Request, Sampling, Sequence
-from kubetune.serve.metrics import ServeMetrics
+from kubetune.serve.engine.core import Sequence
+from kubetune.serve.engine.metrics import ServeMetrics
+from kubetune.serve.engine_client import Limits, Request, Sampling
 
 from .conftest import metric
 from .test_engine import Collector, _engine

@@ -7,7 +7,7 @@ import httpx
 import pytest
 
 from kubetune.rundir import RunDir
-from kubetune.serve.adapter_routes import VLLM_SWITCH, runtime_adapters_allowed
+from kubetune.serve.http.adapter_routes import VLLM_SWITCH, runtime_adapters_allowed
 
 from .conftest import ServerProcess
 

@@ -15,8 +15,9 @@ import httpx
 import openai
 import pytest
 
-from kubetune.serve.api import ServerState, create_app
 from kubetune.serve.engine_client import Limits
+from kubetune.serve.http.api import create_app
+from kubetune.serve.http.state import ServerState
 
 from ..conftest import run_cli, run_cli_in_process
 from .conftest import ServerProcess, metric

@@ -10,7 +10,7 @@ import jsonschema
 import pytest
 from pydantic import TypeAdapter, ValidationError
 
-from kubetune.serve.tools import (
+from kubetune.serve.http.tools import (
     NamedToolChoice,
     ResponseFormat,
     Tool,

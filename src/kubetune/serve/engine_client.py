@@ -1,9 +1,9 @@
 """What the HTTP layer and an engine say to each other, without torch.
 
-The API (api.py) builds a `Request` per answer it wants (one per choice: `n` and lists of
+The API (http/api.py) builds a `Request` per answer it wants (one per choice: `n` and lists of
 prompts become several), hands it to `EngineClient.submit`, and hears `Event`s on the
 request's `sink`: one per token, then the end with its reason. `abort` ends a request early.
-The native engine (engine.py) implements this; tests drive the API against a fake one.
+The native engine (engine/core.py) implements this; tests drive the API against a fake one.
 """
 
 from __future__ import annotations
@@ -13,6 +13,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, Protocol
+
+from kubetune.errors import UserError
 
 BASE = -1  # the adapter index of a request for the base model
 SAMPLING_EPS = 1e-5  # a temperature below this samples greedily (as vLLM does): 1/t would overflow
@@ -117,6 +119,14 @@ class AdmissionError(Exception):
     """A request the engine will not take: 400 (it can never fit), 429 (full now), 503 (failed)."""
 
     def __init__(self, status: int, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.status, self.message, self.param = status, message, param
+
+
+class AdapterRequestError(UserError):
+    """A runtime adapter load or unload the engine side refuses: `status` and the request field at fault."""
+
+    def __init__(self, status: int, message: str, param: str) -> None:
         super().__init__(message)
         self.status, self.message, self.param = status, message, param
 

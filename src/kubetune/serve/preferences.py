@@ -4,7 +4,7 @@ Each row's reference answer is the chosen answer; the rejected one is the recipe
 own greedy answer to the same prompt, as self-play preference methods (SPIN) build their pairs,
 so that DPO moves the model from what it says now towards the reference. The prompt is the one
 training renders (the recipe's column map, template and system prompt), and the answers come
-from the serving engine (engine.py: continuous batching over a KV cache), so a pair costs one
+from the serving engine (engine/core.py: continuous batching over a KV cache), so a pair costs one
 batched decode rather than one `generate` call. Greedy decoding makes the file reproducible.
 
 Rows whose greedy answer already is the reference teach nothing and are left out, as are rows
@@ -35,13 +35,13 @@ from kubetune.fsutil import atomic_write_text
 from kubetune.models.kernels import compute_precision
 from kubetune.models.load import DTYPES
 from kubetune.recipe import Recipe, load_recipe
-from kubetune.serve import host
-from kubetune.serve.build import kv_budget
-from kubetune.serve.engine import Engine
+from kubetune.serve.engine import host
+from kubetune.serve.engine.build import kv_budget
+from kubetune.serve.engine.core import Engine
+from kubetune.serve.engine.kvcache import SlotCache, register
+from kubetune.serve.engine.lora import install
+from kubetune.serve.engine.metrics import ServeMetrics
 from kubetune.serve.engine_client import Event, Limits, Request, Sampling
-from kubetune.serve.kvcache import SlotCache, register
-from kubetune.serve.lora import install
-from kubetune.serve.metrics import ServeMetrics
 
 # Sequences decoded together: a CPU decode step reads every weight once whatever the batch, so
 # a larger batch is nearly free per answer until the KV cache no longer fits (the engine then

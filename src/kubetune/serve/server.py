@@ -17,10 +17,11 @@ from typing import Any
 
 import uvicorn
 
-from kubetune.contracts.serving import DEFAULT_PORT, Adapter
-from kubetune.serve.api import DEFAULT_MAX_BODY_BYTES, ServerState, create_app
-from kubetune.serve.auth import describe
+from kubetune.contracts.serving import DEFAULT_PORT, DRAIN_TIMEOUT_S, Adapter
 from kubetune.serve.engine_client import Limits
+from kubetune.serve.http.api import create_app
+from kubetune.serve.http.auth import describe
+from kubetune.serve.http.state import ApiOptions, ServerState
 
 log = logging.getLogger("kubetune.serve")
 
@@ -35,31 +36,20 @@ class ServeOptions:
     limits: Limits = field(default_factory=Limits)
     kv_cache_bytes: int | None = None
     threads: int | None = None
-    drain_seconds: float = 30.0
-    default_max_tokens: int = 512
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    api_keys: tuple[str, ...] = ()  # kubetune.serve.auth.load_api_keys; none = open
-    allow_runtime_adapters: bool = False  # POST /v1/load_lora_adapter and /v1/unload_lora_adapter
+    # the pod's terminationGracePeriodSeconds is rendered from the same constant (k8s/serve/deployment.py)
+    drain_seconds: float = float(DRAIN_TIMEOUT_S)
     served_model_names: tuple[str, ...] = ()  # the base model's names (default: its recipe's)
-    chat_template: str | None = None  # a Jinja template for every model's chat
-    trust_request_chat_template: bool = False
+    api: ApiOptions = field(default_factory=ApiOptions)  # the HTTP side's: body limit, API keys, chat template
 
 
 def serve(opts: ServeOptions) -> None:
-    from kubetune.serve.build import check_dtype
-    from kubetune.serve.models import plan_served
+    from kubetune.serve.engine.build import check_dtype
+    from kubetune.serve.engine.models import plan_served
 
     plan_served(opts.target, list(opts.adapters))  # a bad target or adapter fails here, in one line
     check_dtype(opts.dtype)
-    _say(describe(opts.api_keys))
-    state = ServerState(
-        default_max_tokens=opts.default_max_tokens,
-        max_body_bytes=opts.max_body_bytes,
-        api_keys=opts.api_keys,
-        allow_runtime_adapters=opts.allow_runtime_adapters,
-        chat_template=opts.chat_template,
-        trust_request_chat_template=opts.trust_request_chat_template,
-    )
+    _say(describe(opts.api.api_keys))
+    state = ServerState(opts.api)
     app = create_app(state)
     config = uvicorn.Config(
         app, host=opts.host, port=opts.port, log_level="warning", access_log=False, timeout_graceful_shutdown=5
@@ -77,7 +67,7 @@ def serve(opts: ServeOptions) -> None:
 def _load_into(state: ServerState, opts: ServeOptions, server: Any) -> None:
     """Load the model, then run the engine on this thread until the server stops."""
     try:
-        from kubetune.serve.build import build_engine
+        from kubetune.serve.engine.build import build_engine
 
         t0 = time.monotonic()
         served, engine, metrics, summary = build_engine(opts)

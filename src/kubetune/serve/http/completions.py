@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from kubetune.serve.engine_client import AdmissionError, EngineClient, Event, Request, Sampling
-from kubetune.serve.protocol import error_body
-from kubetune.serve.text import TextStream
-from kubetune.serve.tools import ToolCall, ToolCallStream, ToolUse, calls_from_json, parse_tool_calls
+from kubetune.serve.http.protocol import error_body
+from kubetune.serve.http.text import TextStream
+from kubetune.serve.http.tools import ToolCall, ToolCallStream, ToolUse, calls_from_json, parse_tool_calls
 
 LOGPROB_FLOOR = -9999.0  # JSON has no -inf (vLLM sends the same floor)
 

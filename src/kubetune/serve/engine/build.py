@@ -10,13 +10,13 @@ from typing import Any
 import torch
 
 from kubetune.errors import UserError
-from kubetune.serve import host
-from kubetune.serve.engine import Engine
+from kubetune.serve.engine import host
+from kubetune.serve.engine.core import Engine
+from kubetune.serve.engine.kvcache import SlotCache, register
+from kubetune.serve.engine.metrics import ServeMetrics
+from kubetune.serve.engine.models import ServedSet, load_served, plan_served
+from kubetune.serve.engine.packed import pack
 from kubetune.serve.engine_client import Limits
-from kubetune.serve.kvcache import SlotCache, register
-from kubetune.serve.metrics import ServeMetrics
-from kubetune.serve.models import ServedSet, load_served, plan_served
-from kubetune.serve.packed import pack
 
 KV_SHARE_OF_FREE = 0.5  # of the memory the container has left once the weights are in
 KV_MAX_WITHOUT_LIMIT = 8 << 30  # a laptop or a pod without a limit: never more than this

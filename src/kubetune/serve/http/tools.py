@@ -16,7 +16,7 @@ the engine. Three pieces:
 
 `plan_tools` says what a request's `tool_choice` means: "none" offers no tools, "auto" offers
 them and parses the answer, "required" or a named function also constrains the answer to a
-JSON call by construction (`ToolGrammar`, compiled by structured.py), read by `calls_from_json`.
+JSON call by construction (`ToolGrammar`, compiled by engine/structured.py), read by `calls_from_json`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import jinja2
 import jinja2.meta
 from pydantic import BaseModel, Field
 
-from kubetune.serve.fields import STRICT, JsonObject, Text
+from kubetune.serve.http.fields import STRICT, JsonObject, Text
 
 FUNCTION_NAME = r"^[a-zA-Z0-9_-]{1,64}$"  # OpenAI's rule for function and schema names
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"

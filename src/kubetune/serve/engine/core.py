@@ -25,10 +25,11 @@ from typing import Any
 
 import torch
 
-from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request, RequestError, Sampling
-from kubetune.serve.kvcache import BATCH_KWARG, Batch, PrefixCache, SlotCache
-from kubetune.serve.lora import BASE, LoraBatch
-from kubetune.serve.metrics import ServeMetrics
+from kubetune.serve.engine.kvcache import BATCH_KWARG, Batch, PrefixCache, SlotCache
+from kubetune.serve.engine.lora import BASE, LoraBatch
+from kubetune.serve.engine.metrics import ServeMetrics
+from kubetune.serve.engine.sampling import Failed, new_generator, next_tokens
+from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request, RequestError
 
 MAX_FAILED_STEPS = 3  # forwards failing one after another: the engine is broken, not one request
 
@@ -295,8 +296,7 @@ class Engine:
                 sampled.append(seq)
                 rows.append(chunk.offset + take - 1)
         if sampled:
-            events = self._sample(self.head(hidden[rows]).float(), sampled)
-            self._emit([s for s, e in zip(sampled, events) if e is not None], [e for e in events if e is not None])
+            self._emit(sampled, next_tokens(self.head(hidden[rows]).float(), sampled, self.eos))
         self._order_slots()
         return True
 
@@ -342,56 +342,13 @@ class Engine:
         return out.last_hidden_state[0]
 
     # --- tokens out ------------------------------------------------------------------------
-    def _sample(self, logits: torch.Tensor, seqs: list[Sequence]) -> list[Event | None]:
-        """The next token of each sequence (as the Event its request will hear); None (and the
-        sequence ended with an error) where its sampling failed: one request's failure is never
-        the batch's. `logits` stay the model's own: log-probabilities are reported from them."""
-        chosen, failed = logits, set()
-        adjusted = [i for i, s in enumerate(seqs) if s.request.sampling.adjusts_logits or s.request.constraint]
-        if adjusted:  # most batches have none: no copy
-            chosen = logits.clone()
-        for i in adjusted:
-            try:
-                self._adjust(chosen[i], seqs[i])
-            except Exception as e:  # this request alone ends
-                failed.add(i)
-                self._fail(seqs[i], e, "adjusting the logits failed")
-        best = chosen.argmax(dim=-1).tolist()
-        events: list[Event | None] = [None] * len(seqs)
-        for i, seq in enumerate(seqs):
-            sampling = seq.request.sampling
-            if i in failed:
-                continue
-            try:
-                token = best[i] if sampling.greedy else _sample_row(chosen[i], sampling, seq.generator)
-                events[i] = _token_event(token, logits[i], sampling.logprobs)
-            except Exception as e:
-                self._finish(seq, "error", f"sampling failed: {e!r}")
-        return events
-
-    def _adjust(self, row: torch.Tensor, seq: Sequence) -> None:
-        """A request's penalties, biases, minimum length and grammar, on its logits row, in place."""
-        s, prompt_len = seq.request.sampling, len(seq.request.prompt)
-        if s.logit_bias:
-            ids, bias = zip(*s.logit_bias)
-            row.index_add_(0, torch.tensor(ids), torch.tensor(bias, dtype=row.dtype))
-        if s.repetition_penalty != 1.0:  # as vLLM: over the prompt and the answer
-            seen = torch.tensor(seq.tokens).unique()
-            v = row[seen]
-            row[seen] = torch.where(v > 0, v / s.repetition_penalty, v * s.repetition_penalty)
-        answer = seq.tokens[prompt_len:]
-        if (s.presence_penalty or s.frequency_penalty) and answer:  # as OpenAI: over the answer
-            counts = torch.bincount(torch.tensor(answer), minlength=row.numel())[: row.numel()].to(row.dtype)
-            row -= s.frequency_penalty * counts + s.presence_penalty * (counts > 0).to(row.dtype)
-        if seq.generated < s.min_tokens:
-            ends = [*s.stop_token_ids, *([] if self.eos is None else [self.eos])]
-            row[ends] = float("-inf")
-        if seq.request.constraint is not None:
-            seq.request.constraint.mask(row)
-
-    def _emit(self, seqs: list[Sequence], events: list[Event]) -> None:
+    def _emit(self, seqs: list[Sequence], events: list[Event | Failed]) -> None:
+        """Each sequence's new token to its request, and the end where it stops; a failed row ends alone."""
         now = time.monotonic()
         for seq, event in zip(seqs, events):
+            if isinstance(event, Failed):
+                self._fail(seq, event.error, event.what)
+                continue
             token, request = event.token, seq.request
             assert token is not None
             try:
@@ -470,36 +427,4 @@ class Engine:
 
 
 def _new_sequence(request: Request) -> Sequence:
-    gen = None
-    if not request.sampling.greedy:
-        gen = torch.Generator()
-        gen.manual_seed(request.sampling.seed if request.sampling.seed is not None else torch.seed())
-    return Sequence(request, list(request.prompt), generator=gen)
-
-
-def _token_event(token: int, logits: torch.Tensor, alternatives: int | None) -> Event:
-    if alternatives is None:
-        return Event(token)
-    logprobs = logits.log_softmax(-1)
-    top: tuple[tuple[int, float], ...] = ()
-    if alternatives:
-        values, ids = logprobs.topk(alternatives)
-        top = tuple(zip(ids.tolist(), values.tolist()))
-    return Event(token, logprob=float(logprobs[token]), top_logprobs=top)
-
-
-def _sample_row(logits: torch.Tensor, sampling: Sampling, generator: torch.Generator | None) -> int:
-    scaled = logits / sampling.temperature
-    if sampling.top_k and sampling.top_k < scaled.numel():
-        kth = scaled.topk(sampling.top_k).values[-1]
-        scaled = scaled.masked_fill(scaled < kth, float("-inf"))
-    if sampling.min_p > 0.0:
-        probs = scaled.softmax(-1)
-        scaled = scaled.masked_fill(probs < sampling.min_p * probs.max(), float("-inf"))
-    if sampling.top_p < 1.0:
-        sorted_logits, order = scaled.sort(descending=True)
-        probs = sorted_logits.softmax(-1)
-        beyond = probs.cumsum(-1) - probs > sampling.top_p  # keep the smallest prefix reaching top_p
-        sorted_logits[beyond] = float("-inf")
-        scaled = torch.full_like(scaled, float("-inf")).scatter(0, order, sorted_logits)
-    return int(torch.multinomial(scaled.softmax(-1), 1, generator=generator))
+    return Sequence(request, list(request.prompt), generator=new_generator(request.sampling))

@@ -24,7 +24,7 @@ from kubetune.export.weights import base_config, load_run
 from kubetune.models.load import load_causal_lm, load_config, load_tokenizer
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir
-from kubetune.serve.lora import (
+from kubetune.serve.engine.lora import (
     AdapterWeights,
     add_late_adapter,
     drop_late_adapters,
@@ -32,6 +32,7 @@ from kubetune.serve.lora import (
     read_adapter_files,
     read_adapters,
 )
+from kubetune.serve.engine_client import AdapterRequestError
 
 
 @dataclass
@@ -59,6 +60,77 @@ class ServedSet:
     @property
     def adapter_names(self) -> list[str]:
         return [m.name for m in self.models.values() if m.parent]
+
+    def grammars(self, eos: int | None) -> Any:
+        """Structured output's grammars over this tokenizer (structured.Grammars), for the
+        HTTP side to build on the first request that asks for one."""
+        from kubetune.serve.engine.structured import Grammars
+
+        return Grammars(self.tokenizer, eos)
+
+    def read_adapter(self, name: str, lora_path: str) -> tuple[Served, AdapterWeights]:
+        """Check and read an adapter to load while serving (off the engine's thread): a kubetune LoRA
+        run directory, or a PEFT adapter directory, trained on this server's base."""
+        if name in self.models:
+            raise AdapterRequestError(
+                400, f"the name {name!r} is already served; unload it first or pick another", "lora_name"
+            )
+        path = Path(lora_path)
+        assert self.plan is not None
+        if RunDir(path).is_run():
+            try:
+                src = model_source(path)
+                _check_adapters(self.plan.main, [(name, src)], self.base_name)
+            except UserError as e:
+                raise AdapterRequestError(400, str(e).replace("--adapter ", "lora_path: ", 1), "lora_path") from None
+            weights_dir, renderer = src.weights, src.renderer(self.tokenizer)
+        elif (path / "adapter_config.json").is_file():
+            _check_peft_base(self.plan, path)
+            weights_dir, renderer = path, self.models[self.base_name].renderer
+        else:
+            raise AdapterRequestError(
+                400,
+                f"lora_path {lora_path}: neither a kubetune run directory nor a PEFT adapter directory",
+                "lora_path",
+            )
+        try:
+            weights = read_adapter_files(name, str(weights_dir))
+        except (UserError, OSError, ValueError) as e:
+            raise AdapterRequestError(400, f"lora_path {lora_path}: {e}", "lora_path") from None
+        return Served(name, renderer, self.next_adapter, self.base_name), weights
+
+    def add_adapter(self, entry: Served, weights: AdapterWeights, idle: bool) -> None:
+        """Stack the adapter into the model's layers and serve it; on the engine's thread, between
+        steps. `idle`: no request is in flight, so retired adapters' columns can go too."""
+        if entry.name in self.models:  # a second load of the same name raced this one
+            raise AdapterRequestError(400, f"the name {entry.name!r} is already served", "lora_name")
+        self._drop_retired(idle)
+        entry.adapter = self.next_adapter  # given here, on one thread: two loads never share an index
+        try:
+            add_late_adapter(self.lm, self.lora, weights, entry.adapter)
+        except UserError as e:
+            raise AdapterRequestError(400, f"lora_path: {e}", "lora_path") from None
+        self.models[entry.name] = entry
+        self.next_adapter = entry.adapter + 1
+        self.max_rank = max(self.max_rank, weights.rank)
+
+    def retire_adapter(self, name: str, idle: bool) -> None:
+        """Stop serving adapter `name` (new requests for it get 404 at once); on the engine's
+        thread. Requests already accepted for it finish with it: its columns are dropped by a
+        later load or unload that finds no request in flight (an adapter declared at start keeps
+        its columns in the fused weight until the server restarts)."""
+        entry = self.models.get(name)
+        if entry is None or entry.parent is None:
+            known = ", ".join(self.adapter_names) or "none"
+            raise AdapterRequestError(404, f"no adapter named {name!r} is served (adapters: {known})", "lora_name")
+        del self.models[name]
+        self._drop_retired(idle)  # earlier ones; this one may still have a request on its way in
+        self.retired.add(entry.adapter)
+
+    def _drop_retired(self, idle: bool) -> None:
+        if idle and self.retired:
+            drop_late_adapters(self.lm, self.retired)
+            self.retired.clear()
 
 
 @dataclass(frozen=True)
@@ -161,44 +233,6 @@ def _check_adapters(main: ModelSource, extra: list[tuple[str, ModelSource]], bas
             )
 
 
-class AdapterRequestError(UserError):
-    """A load or unload the server refuses: `status` and the request field at fault."""
-
-    def __init__(self, status: int, message: str, param: str) -> None:
-        super().__init__(message)
-        self.status, self.message, self.param = status, message, param
-
-
-def read_runtime_adapter(served: ServedSet, name: str, lora_path: str) -> tuple[Served, AdapterWeights]:
-    """Check and read an adapter to load while serving (off the engine's thread): a kubetune LoRA
-    run directory, or a PEFT adapter directory, trained on this server's base."""
-    if name in served.models:
-        raise AdapterRequestError(
-            400, f"the name {name!r} is already served; unload it first or pick another", "lora_name"
-        )
-    path = Path(lora_path)
-    assert served.plan is not None
-    if RunDir(path).is_run():
-        try:
-            src = model_source(path)
-            _check_adapters(served.plan.main, [(name, src)], served.base_name)
-        except UserError as e:
-            raise AdapterRequestError(400, str(e).replace("--adapter ", "lora_path: ", 1), "lora_path") from None
-        weights_dir, renderer = src.weights, src.renderer(served.tokenizer)
-    elif (path / "adapter_config.json").is_file():
-        _check_peft_base(served.plan, path)
-        weights_dir, renderer = path, served.models[served.base_name].renderer
-    else:
-        raise AdapterRequestError(
-            400, f"lora_path {lora_path}: neither a kubetune run directory nor a PEFT adapter directory", "lora_path"
-        )
-    try:
-        weights = read_adapter_files(name, str(weights_dir))
-    except (UserError, OSError, ValueError) as e:
-        raise AdapterRequestError(400, f"lora_path {lora_path}: {e}", "lora_path") from None
-    return Served(name, renderer, served.next_adapter, served.base_name), weights
-
-
 def _check_peft_base(plan: Plan, path: Path) -> None:
     import json
 
@@ -212,39 +246,3 @@ def _check_peft_base(plan: Plan, path: Path) -> None:
             "adapters must share the base model",
             "lora_path",
         )
-
-
-def add_runtime_adapter(served: ServedSet, entry: Served, weights: AdapterWeights, idle: bool) -> None:
-    """Stack the adapter into the model's layers and serve it; on the engine's thread, between
-    steps. `idle`: no request is in flight, so retired adapters' columns can go too."""
-    if entry.name in served.models:  # a second load of the same name raced this one
-        raise AdapterRequestError(400, f"the name {entry.name!r} is already served", "lora_name")
-    _drop_retired(served, idle)
-    entry.adapter = served.next_adapter  # given here, on one thread: two loads never share an index
-    try:
-        add_late_adapter(served.lm, served.lora, weights, entry.adapter)
-    except UserError as e:
-        raise AdapterRequestError(400, f"lora_path: {e}", "lora_path") from None
-    served.models[entry.name] = entry
-    served.next_adapter = entry.adapter + 1
-    served.max_rank = max(served.max_rank, weights.rank)
-
-
-def retire_adapter(served: ServedSet, name: str, idle: bool) -> None:
-    """Stop serving adapter `name` (new requests for it get 404 at once); on the engine's
-    thread. Requests already accepted for it finish with it: its columns are dropped by a
-    later load or unload that finds no request in flight (an adapter declared at start keeps
-    its columns in the fused weight until the server restarts)."""
-    entry = served.models.get(name)
-    if entry is None or entry.parent is None:
-        known = ", ".join(served.adapter_names) or "none"
-        raise AdapterRequestError(404, f"no adapter named {name!r} is served (adapters: {known})", "lora_name")
-    del served.models[name]
-    _drop_retired(served, idle)  # earlier ones; this one may still have a request on its way in
-    served.retired.add(entry.adapter)
-
-
-def _drop_retired(served: ServedSet, idle: bool) -> None:
-    if idle and served.retired:
-        drop_late_adapters(served.lm, served.retired)
-        served.retired.clear()

@@ -21,7 +21,7 @@ from typing import Any
 
 from kubetune.contracts.serving import HEALTH_PATH, METRICS_PATH, READY_PATH
 from kubetune.errors import UserError
-from kubetune.serve.protocol import error_body
+from kubetune.serve.http.protocol import error_body
 
 API_KEY_ENV = "KUBETUNE_API_KEY"
 VLLM_API_KEY_ENV = "VLLM_API_KEY"  # what vLLM's OpenAI server reads

@@ -11,7 +11,7 @@ layers on it, between two steps (`Engine.call_between_steps`), so no forward see
 adapter. A name already served is a 400; a path that is not a LoRA adapter of this base is a
 400 naming `lora_path`. Unloading takes the name away at once (new requests for it get 404);
 requests already accepted finish with the adapter, whose weights go at a later load or unload
-that finds no request in flight (see models.retire_adapter).
+that finds no request in flight (see engine/models.py, `ServedSet.retire_adapter`).
 """
 
 from __future__ import annotations
@@ -25,10 +25,9 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from kubetune.serve.api import ApiError, ServerState, served_or_503
-from kubetune.serve.engine_client import AdmissionError
-from kubetune.serve.models import AdapterRequestError, add_runtime_adapter, read_runtime_adapter, retire_adapter
-from kubetune.serve.protocol import STRICT, Text
+from kubetune.serve.engine_client import AdapterRequestError, AdmissionError
+from kubetune.serve.http.protocol import STRICT, Text
+from kubetune.serve.http.state import ApiError, ServerState, served_or_503
 
 VLLM_SWITCH = "VLLM_ALLOW_RUNTIME_LORA_UPDATING"
 ENGINE_CALL_TIMEOUT_S = 120.0  # the engine runs the call between two steps; a step is far shorter
@@ -53,25 +52,25 @@ def runtime_adapters_allowed(flag: bool, environ: Mapping[str, str] = os.environ
 
 
 def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
-    if not runtime_adapters_allowed(state.allow_runtime_adapters):
+    if not runtime_adapters_allowed(state.options.allow_runtime_adapters):
         return
 
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoraAdapter) -> PlainTextResponse:
         served = served_or_503(state)
         try:
-            entry, weights = await asyncio.to_thread(read_runtime_adapter, served, body.lora_name, body.lora_path)
+            entry, weights = await asyncio.to_thread(served.read_adapter, body.lora_name, body.lora_path)
         except AdapterRequestError as e:
             raise ApiError(e.status, e.message, e.param) from None
         engine = state.engine
-        await _on_engine(state, lambda: add_runtime_adapter(served, entry, weights, engine.in_flight == 0))
+        await _on_engine(state, lambda: served.add_adapter(entry, weights, engine.in_flight == 0))
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
     async def unload_lora_adapter(body: UnloadLoraAdapter) -> PlainTextResponse:
         served = served_or_503(state)
         engine = state.engine
-        await _on_engine(state, lambda: retire_adapter(served, body.lora_name, engine.in_flight == 0))
+        await _on_engine(state, lambda: served.retire_adapter(body.lora_name, engine.in_flight == 0))
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
 
 

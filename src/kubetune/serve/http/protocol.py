@@ -12,8 +12,8 @@ from typing import Annotated, Any, Literal
 
 from pydantic import BaseModel, Field, model_validator
 
-from kubetune.serve.fields import STRICT, Finite, JsonObject, Text
-from kubetune.serve.tools import ResponseFormat, Tool, ToolCall, ToolChoice
+from kubetune.serve.http.fields import STRICT, Finite, JsonObject, Text
+from kubetune.serve.http.tools import ResponseFormat, Tool, ToolCall, ToolChoice
 
 SEED_MAX = 2**64 - 1  # torch.Generator.manual_seed takes 64 bits
 MAX_N = 16  # choices per request (each is one sequence of the running batch)

@@ -11,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import re
-import threading
 import time
-from dataclasses import dataclass, field
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -21,9 +19,11 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from kubetune.contracts.serving import DEFAULT_MAX_BODY_BYTES, HEALTH_PATH, METRICS_PATH, READY_PATH
-from kubetune.serve.auth import ApiKeyAuth
-from kubetune.serve.completions import (
+from kubetune.contracts.serving import HEALTH_PATH, METRICS_PATH, READY_PATH
+from kubetune.serve.engine_client import AdmissionError, Event, Sampling
+from kubetune.serve.http.adapter_routes import add_adapter_routes
+from kubetune.serve.http.auth import ApiKeyAuth
+from kubetune.serve.http.completions import (
     Answer,
     EngineFailure,
     Prompt,
@@ -35,8 +35,7 @@ from kubetune.serve.completions import (
     stream,
     submit_all,
 )
-from kubetune.serve.engine_client import AdmissionError, Event, Sampling
-from kubetune.serve.protocol import (
+from kubetune.serve.http.protocol import (
     SEED_MAX,
     ChatCompletionRequest,
     CompletionRequest,
@@ -44,8 +43,9 @@ from kubetune.serve.protocol import (
     TokenizeRequest,
     error_body,
 )
-from kubetune.serve.text import TextStream
-from kubetune.serve.tools import ToolUse, chat_messages, plan_tools
+from kubetune.serve.http.state import ApiError, Mailbox, ServerState, served_or_503
+from kubetune.serve.http.text import TextStream
+from kubetune.serve.http.tools import ToolUse, chat_messages, plan_tools
 
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer the stream
 MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused untokenized
@@ -53,75 +53,12 @@ MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowe
 MAX_DRAIN_BYTES = 256 << 20
 
 
-class Mailbox:
-    """Engine events to the requests' queues on the event loop, with at most one wake-up of the
-    loop per engine step (instead of one per token of every running sequence)."""
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._items: list[tuple[asyncio.Queue[Any], Any]] = []
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def post(self, queue: asyncio.Queue[Any], event: Any) -> None:
-        with self._lock:
-            self._items.append((queue, event))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        self.loop.call_soon_threadsafe(self._deliver)
-
-    def _deliver(self) -> None:
-        with self._lock:
-            items, self._items, self._scheduled = self._items, [], False
-        for queue, event in items:
-            queue.put_nowait(event)
-
-
-@dataclass
-class ServerState:
-    """What the routes need; `served` and `engine` are None until the model has loaded."""
-
-    default_max_tokens: int = 512
-    max_body_bytes: int = DEFAULT_MAX_BODY_BYTES
-    api_keys: tuple[str, ...] = ()  # none: every route is open (kubetune.serve.auth)
-    chat_template: str | None = None  # --chat-template: for every model, instead of the tokenizer's
-    trust_request_chat_template: bool = False  # a request's own `chat_template` (Jinja from the network)
-    allow_runtime_adapters: bool = False  # --allow-runtime-adapters: the routes of serve.adapter_routes
-    served: Any = None
-    engine: Any = None
-    metrics: Any = None
-    draining: bool = False
-    mailbox: Mailbox | None = None
-    grammars: Any = None  # structured.Grammars, built on first use (its tokenizer takes a while)
-    tokens: Any = None  # completions.Tokens: ids to text for log-probabilities
-    created: int = field(default_factory=lambda: int(time.time()))
-
-    @property
-    def failed(self) -> str | None:
-        """Why the engine can no longer answer (its loop died), None while it can."""
-        error = getattr(self.engine, "error", None)
-        return None if error is None else f"the engine failed ({error!r}); the server must be restarted"
-
-    @property
-    def ready(self) -> bool:
-        return self.engine is not None and not self.draining and self.failed is None
-
-
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, param: str | None = None, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status, self.message, self.param, self.headers = status, message, param, headers or {}
-
-
 def create_app(state: ServerState) -> FastAPI:
     app = FastAPI(title="kubetune serve", docs_url=None, redoc_url=None)
     app.state.kubetune = state
     _errors(app)
-    app.add_middleware(BodyLimit, limit=state.max_body_bytes)
-    app.add_middleware(ApiKeyAuth, keys=state.api_keys)  # added last = runs first, before any body is read
-    from kubetune.serve.adapter_routes import add_adapter_routes  # it imports this module
-
+    app.add_middleware(BodyLimit, limit=state.options.max_body_bytes)
+    app.add_middleware(ApiKeyAuth, keys=state.options.api_keys)  # added last = runs first, before any body is read
     add_adapter_routes(app, state)
 
     @app.get(HEALTH_PATH)
@@ -310,18 +247,6 @@ class _TooLarge(Exception):
     pass
 
 
-def served_or_503(state: ServerState) -> Any:
-    if state.failed:
-        raise ApiError(503, state.failed)
-    if not state.ready:
-        raise ApiError(
-            503,
-            "the server is draining" if state.draining else "the model is still loading; retry shortly",
-            headers={"Retry-After": "1"},
-        )
-    return state.served
-
-
 def _model(served: Any, name: str) -> Any:
     model = served.models.get(name)
     if model is None:
@@ -341,14 +266,14 @@ def _checked(make: Any) -> Any:
 
 def _templated(state: ServerState, model: Any, body: ChatCompletionRequest) -> bool:
     """Whether the chat goes through a chat template (which writes its own special tokens)."""
-    return bool(body.chat_template or state.chat_template or model.renderer.uses_chat_template)
+    return bool(body.chat_template or state.options.chat_template or model.renderer.uses_chat_template)
 
 
 def _chat_prompt(state: ServerState, model: Any, body: ChatCompletionRequest, tool_use: ToolUse) -> str:
     """With a chat template (the run's, --chat-template, or the request's where trusted): the
     whole conversation. With a plain template (alpaca, llama2, custom), the last user message
     as the instruction, as `kubetune generate` renders it."""
-    if body.chat_template and not state.trust_request_chat_template:
+    if body.chat_template and not state.options.trust_request_chat_template:
         raise ApiError(
             400,
             "chat_template: this server does not take templates from requests "
@@ -366,7 +291,7 @@ def _chat_prompt(state: ServerState, model: Any, body: ChatCompletionRequest, to
             )
         last = next((m["content"] for m in reversed(messages) if m["role"] == "user"), messages[-1]["content"])
         return str(model.renderer.prompt({"instruction": last, "input": ""}))
-    template = body.chat_template or state.chat_template
+    template = body.chat_template or state.options.chat_template
     source = template or getattr(model.renderer.tokenizer, "chat_template", None)
     chat = chat_messages(messages, tool_use.offered, source, model.renderer.system_prompt)
     kwargs = {**(body.chat_template_kwargs or {}), **chat.template_kwargs}
@@ -424,7 +349,7 @@ def _samplings(state: ServerState, body: Any, prompts: list[Prompt]) -> list[Sam
     out = []
     for prompt in prompts:
         max_tokens = body.requested_max_tokens() or min(
-            state.default_max_tokens, limits.max_model_len - len(prompt.ids)
+            state.options.default_max_tokens, limits.max_model_len - len(prompt.ids)
         )
         max_tokens = max(1, max_tokens)
         if body.min_tokens > max_tokens:
@@ -463,9 +388,7 @@ def _constraint(state: ServerState, body: Any, tool_use: ToolUse) -> Any:
     if spec is None or getattr(spec, "type", None) == "text":
         return None
     if state.grammars is None:
-        from kubetune.serve.structured import Grammars
-
-        state.grammars = Grammars(state.served.tokenizer, state.engine.eos)
+        state.grammars = state.served.grammars(state.engine.eos)
     return _checked(lambda: state.grammars.compile(spec))
 
 

@@ -33,7 +33,7 @@ import torch
 from pydantic import TypeAdapter
 
 from kubetune.serve.engine_client import RequestError
-from kubetune.serve.tools import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, ToolGrammar
+from kubetune.serve.http.tools import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, ToolGrammar
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}
 ANY_OBJECT: dict[str, Any] = {"type": "object"}
