@@ -12,7 +12,7 @@ import torch
 
 from kubetune.errors import UserError
 
-from .conftest import run_cli, run_cli_in_process
+from ..conftest import run_cli, run_cli_in_process
 
 MAX_NEW = 8
 
@@ -128,7 +128,7 @@ def test_the_cli_draws_the_bar_on_a_terminal(tiny_model_dir, qa_file, tmp_path):
     import subprocess
     import sys
 
-    from .conftest import REPO
+    from ..conftest import REPO
 
     out = tmp_path / "p.jsonl"
     args = ["data", "make-preferences", *_recipe(tiny_model_dir, qa_file), "--limit", "1", "--max-new-tokens", "2"]

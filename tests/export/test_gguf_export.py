@@ -19,7 +19,7 @@ import torch
 
 from kubetune.export.gguf import export_gguf, permute_qk, write_gguf
 
-from .conftest import run_cli, run_cli_in_process
+from ..conftest import run_cli, run_cli_in_process
 
 pytestmark = pytest.mark.process
 

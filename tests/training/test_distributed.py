@@ -15,7 +15,7 @@ import pytest
 
 from kubetune.netutil import free_port
 
-from .conftest import REPO, resumed_here, run_cli_in_process, tiny_recipe, write_qa_file
+from ..conftest import REPO, resumed_here, run_cli_in_process, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.multiproc
 

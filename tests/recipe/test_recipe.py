@@ -5,6 +5,8 @@ from kubetune.errors import RecipeError
 from kubetune.recipe import builtin_recipes, load_recipe
 from kubetune.recipe.loader import all_keys, reference_markdown
 
+from ..conftest import REPO
+
 
 @pytest.mark.parametrize("name", sorted(builtin_recipes()))
 def test_every_shipped_recipe_loads_and_opens_with_its_command(name):
@@ -86,9 +88,7 @@ def test_reference_lists_every_leaf_key():
 
 
 def test_readme_recipe_reference_is_the_generated_table():
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parents[1] / "docs" / "recipe.md").read_text()
+    page = (REPO / "docs" / "recipe.md").read_text()
     assert reference_markdown().strip() in page, "regenerate docs/recipe.md's table with `kubetune recipe reference`"
 
 

@@ -7,7 +7,7 @@ from kubetune.export.merged import export_run
 from kubetune.export.weights import load_run
 from kubetune.training.run import train_from_recipe
 
-from .conftest import SHARED_DATA, run_cli
+from ..conftest import SHARED_DATA, run_cli
 
 pytestmark = pytest.mark.process
 

@@ -21,7 +21,7 @@ from kubetune.training import processes
 from kubetune.training.checkpoint import CheckpointMeta, TrainState
 from kubetune.training.processes import ProcessPlan, batch_split, plan_processes
 
-from .conftest import REPO
+from ..conftest import REPO
 
 
 @pytest.fixture
