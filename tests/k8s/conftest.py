@@ -22,15 +22,16 @@ import pytest
 import yaml
 
 REPO = Path(__file__).resolve().parents[2]
-SHARED_SCHEMAS = REPO.parent / "shared" / "schemas"  # ../shared/schemas, relative to the repo
 TOKEN = "hf_TESTtoken0123456789abcdefghijklmnopq"  # shaped like a real token (37 chars)
 
 
 @pytest.fixture
-def shared_schemas() -> Path:
-    if not (SHARED_SCHEMAS / "kubeflow.org_pytorchjobs.yaml").is_file():
-        pytest.skip(f"the project's CRD copies are not at {SHARED_SCHEMAS}")
-    return SHARED_SCHEMAS
+def crd_dir() -> Path:
+    """The CRDs kubetune ships (`kubetune/k8s/crds/`): what `render --check` validates against,
+    in a fresh clone as in an installed package."""
+    from kubetune.k8s.validate import vendored_crd_dir
+
+    return vendored_crd_dir()
 
 
 @dataclass
