@@ -16,6 +16,8 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
+from tests.kit.skips import pytest_configure as pytest_configure  # an unexpected skip fails the run
+
 REPO = Path(__file__).resolve().parents[1]
 SHARED_DATA = REPO.parent / "shared" / "data" / "medical_flashcards"
 
