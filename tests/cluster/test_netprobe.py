@@ -107,9 +107,9 @@ def peers(netns):
 @pytest.fixture
 def api_server():
     pytest.importorskip("kmock")
-    from .fakes import KubeEmulator
+    from tests.kit.kube import KmockServer
 
-    server = KubeEmulator()
+    server = KmockServer()
     server.core_api().create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
     yield server
     server.stop()

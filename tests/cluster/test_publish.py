@@ -63,9 +63,9 @@ def test_pod_resources_client_reads_devices_of_our_resource(tmp_path):
 
 def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_path):
     pytest.importorskip("kmock")
-    from .fakes import KubeEmulator
+    from tests.kit.kube import KmockServer
 
-    api_server = KubeEmulator()
+    api_server = KmockServer()
     kubelet = FakePodResources(tmp_path / "pr.sock")
     try:
         api = api_server.core_api()
@@ -114,9 +114,9 @@ def test_publisher_without_an_api_finds_the_cluster_through_kubeconfig(cards, tm
     pytest.importorskip("kmock")
     import yaml
 
-    from .fakes import KubeEmulator
+    from tests.kit.kube import KmockServer
 
-    api_server = KubeEmulator()
+    api_server = KmockServer()
     try:
         api_server.core_api().create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
         kubeconfig = tmp_path / "kubeconfig"

@@ -18,8 +18,7 @@ import pytest
 import torch
 
 from kubetune.export.gguf import export_gguf, permute_qk, write_gguf
-
-from ..conftest import run_cli, run_cli_in_process
+from tests.kit.cli import run_cli_in_process, run_cli_subprocess
 
 pytestmark = pytest.mark.process
 
@@ -284,7 +283,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_model_dir, capfd):
     ]
     answers = [(args, words, run_cli_in_process(args, capfd)) for args, words in cases]
     args, words = cases[2]
-    answers.append((args, words, run_cli(args)))  # the real process
+    answers.append((args, words, run_cli_subprocess(args)))  # the real process
     for args, must_mention, res in answers:
         assert res.returncode == 2, (args, res.stderr)
         assert "Traceback" not in res.stderr

@@ -4,8 +4,7 @@ import yaml
 from kubetune.errors import RecipeError
 from kubetune.recipe import builtin_recipes, load_recipe
 from kubetune.recipe.loader import all_keys, reference_markdown
-
-from ..conftest import REPO
+from tests.kit.paths import REPO
 
 
 @pytest.mark.parametrize("name", sorted(builtin_recipes()))

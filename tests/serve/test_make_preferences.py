@@ -11,8 +11,7 @@ import pytest
 import torch
 
 from kubetune.errors import UserError
-
-from ..conftest import run_cli, run_cli_in_process
+from tests.kit.cli import run_cli_in_process, run_cli_subprocess
 
 MAX_NEW = 8
 
@@ -128,7 +127,7 @@ def test_the_cli_draws_the_bar_on_a_terminal(tiny_model_dir, qa_file, tmp_path):
     import subprocess
     import sys
 
-    from ..conftest import REPO
+    from tests.kit.paths import REPO
 
     out = tmp_path / "p.jsonl"
     args = ["data", "make-preferences", *_recipe(tiny_model_dir, qa_file), "--limit", "1", "--max-new-tokens", "2"]
@@ -222,5 +221,7 @@ def test_a_file_of_pairs_is_refused_naming_what_to_read_instead(tmp_path):
 @pytest.mark.process  # the real process once: exit code and stderr as a shell sees them
 def test_the_cli_prints_one_error_line_for_an_unknown_recipe(tmp_path):
     out = tmp_path / "p.jsonl"
-    _one_error_line(run_cli(["data", "make-preferences", "no-such-recipe.yaml", "--out", str(out)]), "no-such-recipe")
+    _one_error_line(
+        run_cli_subprocess(["data", "make-preferences", "no-such-recipe.yaml", "--out", str(out)]), "no-such-recipe"
+    )
     assert not out.exists()

@@ -15,8 +15,7 @@ from kubetune.errors import UserError
 from kubetune.netutil import free_port, wait_ready
 from kubetune.serve.contract import Adapter, vllm_argv, vllm_lora_rank
 from kubetune.serve.vllm_engine import VLLM_PYTHON_ENV, vllm_options, vllm_python
-
-from ..conftest import run_cli
+from tests.kit.cli import run_cli_subprocess
 
 pytestmark = pytest.mark.process
 
@@ -65,7 +64,7 @@ def test_a_rank_above_vllms_default_sizes_max_lora_rank_for_every_adapter(tiny_r
 
 def test_without_vllm_the_command_says_how_to_get_it(tiny_runs, tmp_path):
     env = {VLLM_PYTHON_ENV: str(tmp_path / "no-such-python")}
-    r = run_cli(["serve", str(tiny_runs[0]), "--engine", "vllm"], env=env, timeout=120)
+    r = run_cli_subprocess(["serve", str(tiny_runs[0]), "--engine", "vllm"], env=env, timeout=120)
     assert r.returncode == 2
     expected = (
         "kubetune: error: --engine vllm: vLLM is not installed here; install it (CPU: scripts/vllm_venv.sh, then "

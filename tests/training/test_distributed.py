@@ -14,8 +14,10 @@ import psutil
 import pytest
 
 from kubetune.netutil import free_port
+from tests.kit.cli import run_cli_in_process
+from tests.kit.paths import REPO
 
-from ..conftest import REPO, resumed_here, run_cli_in_process, tiny_recipe, write_qa_file
+from ..conftest import resumed_here, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.multiproc
 

@@ -17,8 +17,8 @@ import psutil
 import pytest
 
 from kubetune.netutil import free_port
+from tests.kit.paths import REPO
 
-from ..conftest import REPO
 from .test_distributed import base_env, communicate_or_fail, for_processes, pod_env
 
 pytestmark = pytest.mark.multiproc

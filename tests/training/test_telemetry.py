@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kubetune.monitor import contract
 from kubetune.netutil import free_port
 from kubetune.training.kubeflow_progress import KubeflowProgress, status_body
-
-from ..conftest import REPO, run_cli_in_process
+from tests.kit.cli import run_cli_in_process
+from tests.kit.paths import REPO
 
 pytestmark = pytest.mark.process
 

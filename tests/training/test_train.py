@@ -13,8 +13,10 @@ from safetensors.torch import load_file
 
 from kubetune.errors import RunDirError
 from kubetune.training.run import train_from_recipe
+from tests.kit.cli import run_cli_in_process
+from tests.kit.paths import REPO
 
-from ..conftest import REPO, resumed_here, run_cli_in_process, tiny_recipe, write_qa_file
+from ..conftest import resumed_here, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.process
 
