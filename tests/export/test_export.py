@@ -96,20 +96,18 @@ def _snapshot(root, commit, layers, tokenizer, remote_code):
     """One commit of a hub repo in the cache layout huggingface_hub reads offline."""
     import json
 
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.kit.models import save_tiny_model
 
-    out = root / "snapshots" / commit
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
+    out = save_tiny_model(
+        root / "snapshots" / commit,
+        tokenizer,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
-        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
     )
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tokenizer.save_pretrained(out)
     if remote_code:  # a model type transformers does not know: it loads only with trust_remote_code
         config = json.loads((out / "config.json").read_text())
         config["model_type"] = "tiny_remote"

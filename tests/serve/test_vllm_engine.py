@@ -78,24 +78,18 @@ def test_vllm_serves_a_model_directory_under_the_native_engines_name(tmp_path, t
     """`kubetune serve DIR --engine vllm` execs vLLM's server, which answers under the name the
     native engine uses. (A tiny Llama with 64-dim heads: vLLM's CPU attention has no kernel
     for the 8-dim heads of the other tests' tiny model.)"""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.kit.models import save_tiny_model
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    model_dir = save_tiny_model(
+        tmp_path / "tiny-64",
+        tokenizer,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=512,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=False,
     )
-    model_dir = tmp_path / "tiny-64"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     kubetune = str(Path(sys.executable).parent / "kubetune")

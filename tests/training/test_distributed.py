@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -16,6 +15,7 @@ import pytest
 from kubetune.netutil import free_port
 from tests.kit.cli import run_cli_in_process
 from tests.kit.paths import REPO
+from tests.kit.processes import wait_for_checkpoint
 
 from ..conftest import resumed_here, tiny_recipe, write_qa_file
 
@@ -267,11 +267,7 @@ def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
         f"output_dir={run}",
     ]
     agent = kubetune(["train", "--nproc-per-node", "2", "--max-restarts", "2", *args])
-    deadline = time.time() + 240
-    while not (run / "checkpoints" / "step-4" / "meta.json").exists():
-        assert agent.poll() is None, agent.stdout.read()[-3000:]
-        assert time.time() < deadline
-        time.sleep(0.05)
+    wait_for_checkpoint(run, 4, agent)
     workers = [c for c in psutil.Process(agent.pid).children(recursive=True) if "kubetune" in " ".join(c.cmdline())]
     assert workers, "no worker processes found"
     os.kill(workers[-1].pid, signal.SIGKILL)

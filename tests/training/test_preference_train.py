@@ -5,8 +5,6 @@ and precomputed agree), step-exact resume after SIGKILL, and the refused combina
 
 import json
 import math
-import signal
-import time
 
 import pytest
 import torch
@@ -27,6 +25,7 @@ from kubetune.training.preference import (
     simpo_loss,
 )
 from kubetune.training.run import train_from_recipe
+from tests.kit.processes import kill_after_checkpoint
 
 from .test_train import _train_process
 
@@ -270,14 +269,7 @@ def test_dpo_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, pref_ove
     straight = tmp_path / "straight"
     train_from_recipe(None, common + [f"output_dir={straight}"])
     out = tmp_path / "killed"
-    proc = _train_process(common + [f"output_dir={out}"])
-    deadline = time.time() + 240
-    while not (out / "checkpoints" / "step-6" / "meta.json").exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(_train_process(common + [f"output_dir={out}"]), out, step=6)
     table = (out / "reference_logps.pt").stat().st_mtime_ns
     resumed = _train_process(common + [f"output_dir={out}"])
     log, _ = resumed.communicate(timeout=240)

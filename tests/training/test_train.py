@@ -2,10 +2,8 @@
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
 
 import pytest
 import torch
@@ -15,6 +13,7 @@ from kubetune.errors import RunDirError
 from kubetune.training.run import train_from_recipe
 from tests.kit.cli import run_cli_in_process
 from tests.kit.paths import REPO
+from tests.kit.processes import kill_after_checkpoint
 
 from ..conftest import resumed_here, tiny_recipe, write_qa_file
 
@@ -96,14 +95,7 @@ def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, tiny_overrid
     straight = train_from_recipe(None, common + [f"output_dir={tmp_path / 'straight'}"])
 
     out = tmp_path / "killed"
-    proc = _train_process(common + [f"output_dir={out}", "train.log_every=1"])
-    deadline = time.time() + 240
-    while not (out / "checkpoints" / "step-6" / "meta.json").exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(_train_process(common + [f"output_dir={out}", "train.log_every=1"]), out, step=6)
     assert not (out / "summary.json").exists()
     resumed_here(common + [f"output_dir={out}"], caplog)
     final = json.loads((out / "summary.json").read_text())
