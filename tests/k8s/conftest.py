@@ -14,7 +14,6 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
 from tests.kit.cli import run_cli_redirected
 from tests.kit.kube import KmockServer
@@ -110,20 +109,7 @@ def kube(tmp_path, monkeypatch):
         {plural: kmock.ResourceInfo(kind=kind, namespaced=ns) for plural, (kind, ns) in RESOURCES.items()}
     )
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "kmock",
-                "clusters": [{"name": "kmock", "cluster": {"server": server.url}}],
-                "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
-                "contexts": [
-                    {"name": "kmock", "context": {"cluster": "kmock", "user": "tester", "namespace": "kubetune"}}
-                ],
-            }
-        )
-    )
+    kubeconfig.write_text(server.kubeconfig("tester", namespace="kubetune"))
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)

@@ -54,6 +54,22 @@ class KmockServer:
             self._box["error"] = e
             ready.set()
 
+    def kubeconfig(self, user: str, namespace: str | None = None) -> str:
+        """A kubeconfig (YAML) whose current context is this server, as user USER with a token."""
+        import yaml
+
+        context = {"cluster": "kmock", "user": user, **({"namespace": namespace} if namespace else {})}
+        return yaml.safe_dump(
+            {
+                "apiVersion": "v1",
+                "kind": "Config",
+                "current-context": "kmock",
+                "clusters": [{"name": "kmock", "cluster": {"server": self.url}}],
+                "users": [{"name": user, "user": {"token": "not-a-secret"}}],
+                "contexts": [{"name": "kmock", "context": context}],
+            }
+        )
+
     def core_api(self):
         from kubernetes import client
 
