@@ -121,6 +121,14 @@ def tiny_recipe(model_dir: Path, qa_file: Path, cache_dir: Path) -> list[str]:
     ]
 
 
+def for_processes(overrides: list[str]) -> list[str]:
+    """`tiny_recipe` for several processes: 4 steps, grad_accum and threads set per test."""
+    return [o for o in overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
+        "eval.generate=0",
+        "train.max_steps=4",
+    ]
+
+
 def load_bench(script: str):
     """bench/SCRIPT.py (e.g. "serve/serve_load") as a module named by its file, as a script run by path sees itself."""
     import importlib.util
