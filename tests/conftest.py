@@ -16,8 +16,12 @@ from pathlib import Path
 import pytest
 from hypothesis import settings
 
-REPO = Path(__file__).resolve().parents[1]
-SHARED_DATA = REPO.parent / "shared" / "data" / "medical_flashcards"
+from tests.kit.models import save_tiny_model
+from tests.kit.paths import REPO, SHARED_DATA
+from tests.kit.skips import pytest_configure as pytest_configure  # an unexpected skip fails the run
+
+__all__ = ["REPO", "SHARED_DATA"]  # the tests' `from ..conftest import REPO`
+
 
 # Keep tests off the user's cache only where it matters (run dirs); the converted model
 # is shared with the user's cache on purpose: converting it costs ~20 s.
@@ -64,29 +68,8 @@ def tokenizer(smollm_dir):
 
 @pytest.fixture(scope="session")
 def tiny_model_dir(tmp_path_factory, tokenizer) -> Path:
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=True,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
-    model = LlamaForCausalLM(cfg)
-    model.config.architectures = ["LlamaForCausalLM"]
-    out = tmp_path_factory.mktemp("tiny-llama")
-    model.save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    """The suite's tiny Llama (tests/kit/models.py) with the real SmolLM2 tokenizer."""
+    return save_tiny_model(tmp_path_factory.mktemp("tiny-llama"), tokenizer)
 
 
 def write_qa_file(path: Path) -> Path:
@@ -138,6 +121,14 @@ def tiny_recipe(model_dir: Path, qa_file: Path, cache_dir: Path) -> list[str]:
     ]
 
 
+def for_processes(overrides: list[str]) -> list[str]:
+    """`tiny_recipe` for several processes: 4 steps, grad_accum and threads set per test."""
+    return [o for o in overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
+        "eval.generate=0",
+        "train.max_steps=4",
+    ]
+
+
 def load_bench(script: str):
     """bench/SCRIPT.py (e.g. "serve/serve_load") as a module named by its file, as a script run by path sees itself."""
     import importlib.util
@@ -148,21 +139,6 @@ def load_bench(script: str):
     sys.modules[name] = module  # dataclasses look their module up while the class is made
     spec.loader.exec_module(module)
     return module
-
-
-def run_cli(args: list[str], env: dict | None = None, timeout: int = 300):
-    """Run `python -m kubetune ...` as a real process; returns CompletedProcess."""
-    import subprocess
-
-    full_env = {**os.environ, **(env or {})}
-    return subprocess.run(
-        [sys.executable, "-m", "kubetune", *args],
-        capture_output=True,
-        text=True,
-        env=full_env,
-        timeout=timeout,
-        cwd=str(REPO),
-    )
 
 
 def resumed_here(overrides: list[str], caplog: pytest.LogCaptureFixture) -> None:
@@ -176,25 +152,6 @@ def resumed_here(overrides: list[str], caplog: pytest.LogCaptureFixture) -> None
     with caplog.at_level(logging.INFO, logger="kubetune"):
         train_from_recipe(None, overrides)
     assert any(r.getMessage().startswith("resumed from") for r in caplog.records), caplog.text[-3000:]
-
-
-def run_cli_in_process(args: list[str], capfd: pytest.CaptureFixture[str]) -> subprocess.CompletedProcess:
-    """`kubetune ARGS` through `kubetune.cli.main` in this process: the CLI path (its UserError
-    -> one line, exit 2) without a process's seconds of imports; fd 1 and 2 as `run_cli` sees
-    them. Keep one real-process case per command beside the in-process ones."""
-    from kubetune import cli
-
-    capfd.readouterr()  # what earlier code printed is not this command's
-    argv, sys.argv = sys.argv, ["kubetune", *args]
-    code = 0
-    try:
-        cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = argv
-    out, err = capfd.readouterr()
-    return subprocess.CompletedProcess(["kubetune", *args], code, out, err)
 
 
 def _ip(*args) -> subprocess.CompletedProcess:

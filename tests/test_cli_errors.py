@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from .conftest import run_cli, run_cli_in_process
+from tests.kit.cli import run_cli_in_process, run_cli_subprocess
 
 pytestmark = pytest.mark.process
 
@@ -71,7 +71,7 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, qa_file, tmp_path, cap
     cases = _cases(tiny_model_dir, qa_file, tmp_path)
     args, words = cases[IN_A_PROCESS]
     out = tmp_path / "out-process"
-    assert_one_line(IN_A_PROCESS, run_cli(train_argv(args, out)), words, out)
+    assert_one_line(IN_A_PROCESS, run_cli_subprocess(train_argv(args, out)), words, out)
     for case in CASES:
         args, words = cases[case]
         out = tmp_path / f"out-{CASES.index(case)}"
@@ -79,5 +79,5 @@ def test_bad_input_is_one_line_and_exit_2(tiny_model_dir, qa_file, tmp_path, cap
 
 
 def test_export_of_a_non_run_is_a_clear_error(tmp_path):
-    res = run_cli(["export", str(tmp_path), "--merged"])
+    res = run_cli_subprocess(["export", str(tmp_path), "--merged"])
     assert res.returncode == 2 and "not a kubetune run directory" in res.stderr and "Traceback" not in res.stderr

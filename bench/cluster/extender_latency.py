@@ -41,8 +41,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "src"))  # run from a checkout, installed or not
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the payloads are the tests' (tests/cluster/samples.py)
 
-from tests.cluster.fakes import KubeEmulator
 from tests.cluster.samples import gaudi_node, training_pod
+from tests.kit.kube import KmockServer
 
 from kubetune.netutil import free_port
 
@@ -125,24 +125,13 @@ def busy_pods(nodes: list[dict]) -> list[dict]:
     return pods
 
 
-def start_api_server(nodes: list[dict]) -> tuple[KubeEmulator, Path]:
+def start_api_server(nodes: list[dict]) -> tuple[KmockServer, Path]:
     """kmock holding the nodes and the pods on them, and a kubeconfig pointing at it."""
     objects = {("v1/nodes", None, n["metadata"]["name"]): n for n in nodes}
     objects.update({("v1/pods", p["metadata"]["namespace"], p["metadata"]["name"]): p for p in busy_pods(nodes)})
-    api = KubeEmulator(("v1/pods",), objects)
+    api = KmockServer(("v1/pods",), objects)
     kubeconfig = Path(tempfile.mkdtemp()) / "kubeconfig"
-    kubeconfig.write_text(
-        json.dumps(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "kmock",
-                "clusters": [{"name": "kmock", "cluster": {"server": api.url}}],
-                "users": [{"name": "bench", "user": {"token": "not-a-secret"}}],
-                "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "bench"}}],
-            }
-        )
-    )
+    kubeconfig.write_text(api.kubeconfig("bench"))
     return api, kubeconfig
 
 

@@ -264,7 +264,7 @@ def _settle(servers: list[Server], quiet: float = 0.05, window: float = 0.5, lim
     core), at most `limit` seconds; returns the wait. vLLM's engine keeps its threads busy for
     about a second after its last request, which, unwaited, fell on the first second of the
     next arm's level: the first requests of kubetune's levels that followed vLLM's took ~1 s
-    longer to their first token (runs 7-9, BENCHMARKS.md section 5)."""
+    longer to their first token (runs 7-9 of BENCHMARKS.md section 5, in bench/results/HISTORY.md)."""
     start = time.perf_counter()
     before = sum(_tree_cpu_seconds(s) for s in servers)
     while time.perf_counter() - start < limit:

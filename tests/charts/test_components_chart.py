@@ -23,8 +23,8 @@ import yaml
 from kubetune.cluster import manifests
 from kubetune.cluster.manifests import ComponentSettings
 from kubetune.errors import UserError
+from tests.kit.cli import run_cli_redirected
 
-from ..k8s.conftest import run_cli
 from .helm import OPERATOR_CHART, by_key, render, without_helm_labels
 
 # The templates that hold the components (operator.yaml holds the operator; tests/charts/test_operator_chart.py)
@@ -129,7 +129,7 @@ def test_the_chart_renders_what_render_components_renders(case):
 def test_the_chart_equals_the_render_components_command():
     # through the CLI's flags, not only manifests.render: the flag -> setting mapping is checked too
     s = CASES["nvidia-selector-stateless"]
-    result = run_cli(
+    result = run_cli_redirected(
         "k8s", "render-components", "-n", s.namespace, "--image", s.image, "--resource", s.resource,
         "--discovery", s.discovery, "--leaf-label", str(s.leaf_label), "--extender-port", str(s.extender_port),
         "--extender-weight", str(s.extender_weight), "--weights", s.weights, "--stateless",

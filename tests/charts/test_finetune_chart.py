@@ -24,8 +24,9 @@ from kubetune.k8s.validate import validate_objects
 from kubetune.operator.crd import check_finetune, spec_schema
 from kubetune.recipe.loader import builtin_recipes, recipe_to_yaml
 from kubetune.recipe.schema import Recipe
+from tests.kit.cli import run_cli_redirected
 
-from ..k8s.conftest import kube, run_cli  # noqa: F401 (kube: the emulated API server, a fixture)
+from ..k8s.conftest import kube  # noqa: F401 (the emulated API server, a fixture)
 from .helm import FINETUNE_CHART, chart, installed, objects
 
 EXAMPLE = FINETUNE_CHART / "examples" / "medical_meadow_values.yaml"
@@ -120,7 +121,7 @@ def test_the_example_renders_with_kubetune_k8s_render(tmp_path, monkeypatch):
     path = tmp_path / "recipe.yaml"
     path.write_text(recipe_to_yaml(recipe_of(finetune(example_values()))))
     monkeypatch.setenv("HF_TOKEN", "hf_a_made_up_token_for_the_check")  # Llama 2 is gated: --check wants a token
-    result = run_cli("k8s", "render", str(path), "--check")
+    result = run_cli_redirected("k8s", "render", str(path), "--check")
     assert result.code == 0, result.err
     assert "all valid" in result.err
 
@@ -275,7 +276,7 @@ EVERY_ALIAS = {
 def from_helm_values(tmp_path: Path, values: dict) -> tuple[int, str, str]:
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    result = run_cli("recipe", "from-helm-values", str(path))
+    result = run_cli_redirected("recipe", "from-helm-values", str(path))
     return result.code, result.out, result.err
 
 
@@ -285,7 +286,7 @@ def test_the_chart_and_from_helm_values_map_the_layout_alike(tmp_path, case):
     path = {"seed 002's values": SEED_VALUES, "the example (recipe:)": EXAMPLE}.get(case, tmp_path / "values.yaml")
     if case == "every alias":
         path.write_text(yaml.safe_dump(EVERY_ALIAS))
-    result = run_cli("recipe", "from-helm-values", str(path))
+    result = run_cli_redirected("recipe", "from-helm-values", str(path))
     assert result.code == 0, result.err
     values = helm_python.values_from_yaml(path.read_text())
     printed = yaml.safe_load(result.out)
@@ -391,7 +392,7 @@ def test_notes_and_from_helm_values_list_the_seed_keys_left_unset(tmp_path):
 def test_from_helm_values_names_the_job_as_the_chart_does(tmp_path, values, release, name):
     path = tmp_path / "values.yaml"
     path.write_text(yaml.safe_dump(values))
-    result = run_cli("recipe", "from-helm-values", str(path), *(["--release", release] if release else []))
+    result = run_cli_redirected("recipe", "from-helm-values", str(path), *(["--release", release] if release else []))
     assert result.code == 0, result.err
     recipe = yaml.safe_load(result.out)
     assert recipe["output_dir"] == f"/data/runs/{name}"

@@ -20,8 +20,9 @@ from kubetune.cluster.dra.proto import pluginregistration_pb2 as reg_pb
 from kubetune.cluster.dra.proto import pluginregistration_pb2_grpc as reg_grpc
 from kubetune.cluster.dra.slices import build_slices
 from kubetune.contracts import dra
+from tests.kit.kube import KmockServer
 
-from .fakes import KubeEmulator, grpc
+from .fakes import grpc
 from .test_dra_prepare import cdi_validator
 
 pytestmark = pytest.mark.process
@@ -64,7 +65,7 @@ class Node:
             d.mkdir()
         self.inventory = root / "cards.yaml"
         _write_inventory(self.inventory)
-        self.kube = KubeEmulator(("resource.k8s.io/v1/resourceslices", "resource.k8s.io/v1/resourceclaims"))
+        self.kube = KmockServer(("resource.k8s.io/v1/resourceslices", "resource.k8s.io/v1/resourceclaims"))
         self.kubeconfig = root / "kubeconfig"
         self.kubeconfig.write_text(
             yaml.safe_dump(

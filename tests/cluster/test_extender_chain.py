@@ -59,9 +59,9 @@ CONFIG = ExtenderConfig()
 @pytest.fixture(scope="module")
 def watching_cache():
     """The extender's watch-backed cache, synced with an API server that holds every case's nodes."""
-    from .fakes import KubeEmulator
+    from tests.kit.kube import KmockServer
 
-    server = KubeEmulator(("v1/pods",))  # an empty pod list, not a 404
+    server = KmockServer(("v1/pods",))  # an empty pod list, not a 404
     cache = PodCache(CONFIG.resources, CONFIG.leaf_labels)
     try:
         api = server.core_api()

@@ -107,9 +107,9 @@ def peers(netns):
 @pytest.fixture
 def api_server():
     pytest.importorskip("kmock")
-    from .fakes import KubeEmulator
+    from tests.kit.kube import KmockServer
 
-    server = KubeEmulator()
+    server = KmockServer()
     server.core_api().create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
     yield server
     server.stop()
@@ -118,7 +118,7 @@ def api_server():
 def test_prober_measures_across_namespaces_and_annotates_the_node(peers, api_server, tmp_path):
     (_, a, silent_a, _), (_, b, _, _) = peers
     kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(_kubeconfig(api_server.url))
+    kubeconfig.write_text(api_server.kubeconfig("netprobe"))
     flags = [
         "--peer",
         f"{a}:{PORT}",
@@ -160,21 +160,6 @@ def _the_extender_reads_it(api_server, latency_us: float) -> None:
     raw = api.api_client.sanitize_for_serialization(api.read_node("hls-0"))
     facts = facts_of(Node.model_validate(raw), "habana.ai/gaudi", (keys.LEAF_LABEL,))
     assert facts.rdma_latency_us == pytest.approx(latency_us, abs=0.01)
-
-
-def _kubeconfig(url: str) -> str:
-    import yaml
-
-    return yaml.safe_dump(
-        {
-            "apiVersion": "v1",
-            "kind": "Config",
-            "current-context": "kmock",
-            "clusters": [{"name": "kmock", "cluster": {"server": url}}],
-            "users": [{"name": "netprobe", "user": {"token": "not-a-secret"}}],
-            "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "netprobe"}}],
-        }
-    )
 
 
 def test_a_link_going_down_takes_the_latency_off_the_node(peers, api_server):

@@ -42,9 +42,9 @@ def test_cache_counts_bound_unfinished_pods_only():
 
 def test_cache_lists_and_follows_a_real_api_server():
     pytest.importorskip("kmock")
-    from .fakes import KubeEmulator
+    from tests.kit.kube import KmockServer
 
-    server = KubeEmulator()
+    server = KmockServer()
     cache = _cache()
     try:
         api = server.core_api()

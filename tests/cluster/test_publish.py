@@ -64,9 +64,9 @@ def test_pod_resources_client_reads_devices_of_our_resource(tmp_path):
 
 def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_path):
     pytest.importorskip("kmock")
-    from .fakes import KubeEmulator
+    from tests.kit.kube import KmockServer
 
-    api_server = KubeEmulator()
+    api_server = KmockServer()
     kubelet = FakePodResources(tmp_path / "pr.sock")
     try:
         api = api_server.core_api()
@@ -113,26 +113,13 @@ def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_pa
 
 def test_publisher_without_an_api_finds_the_cluster_through_kubeconfig(cards, tmp_path, monkeypatch):
     pytest.importorskip("kmock")
-    import yaml
+    from tests.kit.kube import KmockServer
 
-    from .fakes import KubeEmulator
-
-    api_server = KubeEmulator()
+    api_server = KmockServer()
     try:
         api_server.core_api().create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
         kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(
-            yaml.safe_dump(
-                {
-                    "apiVersion": "v1",
-                    "kind": "Config",
-                    "current-context": "kmock",
-                    "clusters": [{"name": "kmock", "cluster": {"server": api_server.url}}],
-                    "users": [{"name": "plugin", "user": {"token": "not-a-secret"}}],
-                    "contexts": [{"name": "kmock", "context": {"cluster": "kmock", "user": "plugin"}}],
-                }
-            )
-        )
+        kubeconfig.write_text(api_server.kubeconfig("plugin"))
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
         publisher = NodePublisher("hls-0", "habana.ai/gaudi", None, None)  # core_api from kube.load_config

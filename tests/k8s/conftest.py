@@ -1,66 +1,38 @@
 """Fixtures for the k8s tests: the CLI run in-process, and an in-memory Kubernetes API.
 
-`kube` serves kmock's KubernetesEmulator over real loopback HTTP on its own event loop in a
-background thread; kubetune reaches it through the real kubernetes client and a kubeconfig
-file in $KUBECONFIG, exactly as it would reach a cluster. kmock's sharp edges (see
-../shared/reference/kubernetes.md section 9) are handled here: resources are declared up
-front, namespaces (not emulated) are scripted, selectors are ignored by kmock (kubetune
-filters labels itself), and pod logs are scripted reactions.
+`kube` serves kmock's KubernetesEmulator over real loopback HTTP (tests/kit/kube.py); kubetune
+reaches it through the real kubernetes client and a kubeconfig file in $KUBECONFIG, exactly as
+it would reach a cluster. kmock's sharp edges (see ../shared/reference/kubernetes.md section 9)
+are handled here: resources are declared up front, namespaces (not emulated) are scripted,
+selectors are ignored by kmock (kubetune filters labels itself), and pod logs are scripted
+reactions.
 """
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-import io
-import sys
-import threading
 from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-import yaml
 
-REPO = Path(__file__).resolve().parents[2]
-SHARED_SCHEMAS = REPO.parent / "shared" / "schemas"  # ../shared/schemas, relative to the repo
+from tests.kit.cli import run_cli_redirected
+from tests.kit.kube import KmockServer
+
 TOKEN = "hf_TESTtoken0123456789abcdefghijklmnopq"  # shaped like a real token (37 chars)
 
 
 @pytest.fixture
-def shared_schemas() -> Path:
-    if not (SHARED_SCHEMAS / "kubeflow.org_pytorchjobs.yaml").is_file():
-        pytest.skip(f"the project's CRD copies are not at {SHARED_SCHEMAS}")
-    return SHARED_SCHEMAS
+def crd_dir() -> Path:
+    """The CRDs kubetune ships (`kubetune/k8s/crds/`): what `render --check` validates against,
+    in a fresh clone as in an installed package."""
+    from kubetune.k8s.validate import vendored_crd_dir
 
-
-@dataclass
-class CliResult:
-    code: int
-    out: str
-    err: str
-
-
-def run_cli(*args: str) -> CliResult:
-    """`kubetune ARGS` through kubetune.cli.main (its UserError -> exit 2 handling included)."""
-    from kubetune import cli
-
-    out, err = io.StringIO(), io.StringIO()
-    code = 0
-    argv = sys.argv
-    sys.argv = ["kubetune", *args]
-    try:
-        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
-            cli.main()
-    except SystemExit as e:
-        code = e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
-    finally:
-        sys.argv = argv
-    return CliResult(code, out.getvalue(), err.getvalue())
+    return vendored_crd_dir()
 
 
 @pytest.fixture
 def cli():
-    return run_cli
+    return run_cli_redirected
 
 
 # ---------------------------------------------------------------------------- in-memory API
@@ -133,48 +105,15 @@ class Kube:
 def kube(tmp_path, monkeypatch):
     import kmock
 
-    emulator = kmock.KubernetesEmulator()
-    for plural, (kind, namespaced) in RESOURCES.items():
-        emulator.resources[plural] = kmock.ResourceInfo(kind=kind, namespaced=namespaced)
-    ready, stop = threading.Event(), threading.Event()
-    state: dict = {}
-
-    async def serve():
-        try:
-            async with emulator, kmock.Server(emulator, host="127.0.0.1") as server:
-                state["url"] = str(server.url).rstrip("/")
-                ready.set()
-                while not stop.is_set():
-                    await asyncio.sleep(0.02)
-        except BaseException as e:  # surface start-up failures in the test, not a hang
-            state["error"] = e
-            ready.set()
-
-    thread = threading.Thread(target=lambda: asyncio.run(serve()), daemon=True)
-    thread.start()
-    assert ready.wait(10), "the in-memory API server did not start"
-    if "error" in state:
-        raise state["error"]
-    kubeconfig = tmp_path / "kubeconfig"
-    kubeconfig.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "kmock",
-                "clusters": [{"name": "kmock", "cluster": {"server": state["url"]}}],
-                "users": [{"name": "tester", "user": {"token": "not-a-secret"}}],
-                "contexts": [
-                    {"name": "kmock", "context": {"cluster": "kmock", "user": "tester", "namespace": "kubetune"}}
-                ],
-            }
-        )
+    server = KmockServer(
+        {plural: kmock.ResourceInfo(kind=kind, namespaced=ns) for plural, (kind, ns) in RESOURCES.items()}
     )
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(server.kubeconfig("tester", namespace="kubetune"))
     monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.delenv("HF_TOKEN", raising=False)
-    kube = Kube(emulator, state["url"], kubeconfig)
+    kube = Kube(server.emulator, server.url, kubeconfig)
     kube.script_namespace("kubetune")
     yield kube
-    stop.set()
-    thread.join(5)
+    server.stop()

@@ -16,7 +16,6 @@ import shutil
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import httpx
@@ -26,6 +25,7 @@ import yaml
 from kubetune.k8s.render import render
 from kubetune.netutil import free_port
 from kubetune.recipe import load_recipe
+from tests.kit.processes import wait_for_checkpoint
 
 pytestmark = pytest.mark.multiproc
 
@@ -144,11 +144,7 @@ def test_rendered_pytorchjob_trains_and_a_killed_replica_resumes(pod_world):
     run = pvc / "runs" / "contract"
 
     pods = _start(procs, tmp_path)
-    deadline = time.time() + 240
-    while not (run / "checkpoints" / "step-4" / "meta.json").exists():
-        assert all(p.poll() is None for p in pods), [p.stdout.read()[-2000:] for p in pods]
-        assert time.time() < deadline, "no checkpoint on the PVC"
-        time.sleep(0.05)
+    wait_for_checkpoint(run, 4, *pods)
     # every pod serves its metrics where the rendered PodMonitor scrapes them (port `metrics`)
     for port in metrics_ports:
         assert "kubetune_train_step" in httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 from kubetune.recipe.loader import all_keys
+from tests.kit.cli import run_cli_redirected
+from tests.kit.paths import REPO
 
-from .conftest import REPO, TOKEN, run_cli
+from .conftest import TOKEN
 
 pytestmark = pytest.mark.process
 
@@ -53,7 +55,7 @@ def test_the_guides_render_errors_are_what_render_prints():
     runnable = [(cmd.split(), shown) for cmd, shown in blocks if cmd.split()[2] in builtin_recipes()]
     assert runnable, "the guide shows no render error of a builtin recipe"
     for args, shown in runnable:
-        result = run_cli(*args)
+        result = run_cli_redirected(*args)
         assert result.code == 2 and result.err.strip() == shown, (args, result.err)
 
 

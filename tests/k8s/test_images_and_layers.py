@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import REPO
+from tests.kit.paths import REPO
 
 pytestmark = pytest.mark.process
 
@@ -340,8 +340,7 @@ def _rendered_containers(tags: dict[str, str]) -> list[tuple[str, str, list[str]
     import yaml
 
     from kubetune.recipe import builtin_recipes
-
-    from .conftest import run_cli
+    from tests.kit.cli import run_cli_redirected
 
     renders = [
         ["k8s", "render", recipe, "--profile", profile, *api]
@@ -359,7 +358,7 @@ def _rendered_containers(tags: dict[str, str]) -> list[tuple[str, str, list[str]
     ]
     found: list[tuple[str, str, list[str]]] = []
     for args in renders:
-        result = run_cli(*args)
+        result = run_cli_redirected(*args)
         assert result.code == 0, f"kubetune {' '.join(args)}: {result.err}"
         for obj in yaml.safe_load_all(result.out):
             if obj:

@@ -4,6 +4,7 @@ their validation (Kueue's CRD schemas and CEL rules), and `doctor` on real Workl
 from __future__ import annotations
 
 import copy
+from pathlib import Path
 
 import pytest
 import yaml
@@ -141,7 +142,7 @@ def test_the_queue_objects_are_shared_outside_the_job_kustomization(tmp_path):
         ],
     ],
 )
-def test_every_kueue_object_validates_with_schemas_and_cel_rules(profile, api, shared_schemas):
+def test_every_kueue_object_validates_with_schemas_and_cel_rules(profile, api, crd_dir):
     objects = rendered(
         profile,
         api,
@@ -152,7 +153,7 @@ def test_every_kueue_object_validates_with_schemas_and_cel_rules(profile, api, s
         with_kueue=True,
     )
     assert {o["kind"] for o in objects} >= set(kueue.TEAM_KINDS)
-    assert validate_objects(objects, crd_dir=shared_schemas) == []
+    assert validate_objects(objects, crd_dir=crd_dir) == []
     assert validate_objects(objects) == []  # the copies vendored in the package
 
 
@@ -333,11 +334,21 @@ ADMITTED = condition("Admitted", "True", "Admitted", "The workload is admitted")
 RESERVED = condition("QuotaReserved", "True", "QuotaReserved", "Quota reserved in ClusterQueue team-a")
 
 
-def test_the_workload_fixtures_are_real_workloads(shared_schemas):
+# Kueue's Workload CRD, compressed: 1.4 MB stays out of the package (kubetune never renders one)
+WORKLOAD_CRD = Path(__file__).parent / "crds" / "kueue.x-k8s.io_workloads.yaml.xz"
+WORKLOAD_CRD_SHA256 = "1970ff6fcc5dc1a29e3f290ed736032c5d4509c94efe2c642d64a244ad1b8aa5"  # crds/README.md
+
+
+def test_the_workload_fixtures_are_real_workloads():
+    import hashlib
+    import lzma
+
     import jsonschema
 
+    text = lzma.decompress(WORKLOAD_CRD.read_bytes())
+    assert hashlib.sha256(text).hexdigest() == WORKLOAD_CRD_SHA256, "not the upstream Workload CRD"
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # 1.4 MB of CRD: libyaml where installed
-    crd = yaml.load((shared_schemas / "kueue.x-k8s.io_workloads.yaml").read_text(), Loader=loader)
+    crd = yaml.load(text, Loader=loader)
     (schema,) = [v["schema"]["openAPIV3Schema"] for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
     validator = jsonschema.Draft4Validator(schema)
     for wl in (workload(PENDING_FOREVER), workload(PREEMPTED), workload(RESERVED, ADMITTED, NOT_READY)):

@@ -100,9 +100,9 @@ def test_snapshot(recipe, profile, api, name):
 
 
 @pytest.mark.parametrize("profile,api", ALL)
-def test_both_validators_pass(profile, api, shared_schemas):
+def test_both_validators_pass(profile, api, crd_dir):
     objects = rendered(profile, api).objects
-    assert validate_objects(objects, crd_dir=shared_schemas) == []
+    assert validate_objects(objects, crd_dir=crd_dir) == []
     assert validate_objects(objects) == []  # the CRD copies vendored in the package
 
 
@@ -123,11 +123,11 @@ def test_both_validators_pass(profile, api, shared_schemas):
     ],
 )
 @pytest.mark.parametrize("profile", PROFILES)
-def test_variants_validate(profile, overrides, shared_schemas):
+def test_variants_validate(profile, overrides, crd_dir):
     api_choices = ["pytorchjob"] if any("elastic" in o for o in overrides) else list(APIS)
     for api in api_choices:
         objects = rendered(profile, api, *overrides).objects
-        assert validate_objects(objects, crd_dir=shared_schemas) == [], (profile, api, overrides)
+        assert validate_objects(objects, crd_dir=crd_dir) == [], (profile, api, overrides)
 
 
 @pytest.mark.parametrize("profile,api", ALL)
@@ -454,11 +454,11 @@ def _mutated(fn):
     return objects
 
 
-def test_crd_validator_catches_wrong_types_and_unknown_fields(shared_schemas):
+def test_crd_validator_catches_wrong_types_and_unknown_fields(crd_dir):
     def bad_replicas(objects):
         objects[-1]["spec"]["pytorchReplicaSpecs"]["Worker"]["replicas"] = "two"
 
-    problems = validate_objects(_mutated(bad_replicas), crd_dir=shared_schemas)
+    problems = validate_objects(_mutated(bad_replicas), crd_dir=crd_dir)
     assert problems == [
         (
             "PyTorchJob/llama2-7b-medical-flashcards: spec/pytorchReplicaSpecs/Worker/replicas: "
@@ -469,7 +469,7 @@ def test_crd_validator_catches_wrong_types_and_unknown_fields(shared_schemas):
     def typo(objects):
         objects[-1]["spec"]["runPolicy"]["cleanPodPolcy"] = "All"
 
-    assert any("runPolicy/cleanPodPolcy: unknown field" in p for p in validate_objects(_mutated(typo), shared_schemas))
+    assert any("runPolicy/cleanPodPolcy: unknown field" in p for p in validate_objects(_mutated(typo), crd_dir))
 
 
 def test_core_validator_is_strict():
@@ -489,13 +489,20 @@ def test_uncheckable_objects_fail(tmp_path):
     assert "cannot check: CRD schema" in problem and "is missing" in problem
 
 
-def test_vendored_crds_are_the_shared_copies(shared_schemas):
-    from kubetune.k8s.validate import CRD_FILES, VENDORED_ONLY, vendored_crd_dir
+def test_vendored_crds_are_the_upstream_files_their_readme_names(crd_dir):
+    """Each CRD the validator reads is the upstream file whose sha256 the README records (copied
+    unchanged, byte for byte): an edited or re-downloaded copy must come with its new row."""
+    import hashlib
+    import re
 
-    for key, name in CRD_FILES.items():
-        if key not in VENDORED_ONLY:  # the Prometheus Operator's: not among the project's copies
-            assert (vendored_crd_dir() / name).read_bytes() == (shared_schemas / name).read_bytes(), name
-    assert "Apache License" in (vendored_crd_dir() / "README.md").read_text()
+    from kubetune.k8s.validate import CRD_FILES
+
+    readme = (crd_dir / "README.md").read_text()
+    recorded = dict(re.findall(r"^\| `([\w.-]+\.yaml)` \|.*\| `([0-9a-f]{64})` \|$", readme, re.MULTILINE))
+    assert set(recorded) == set(CRD_FILES.values()) == {p.name for p in crd_dir.glob("*.yaml")}
+    for name, digest in recorded.items():
+        assert hashlib.sha256((crd_dir / name).read_bytes()).hexdigest() == digest, name
+    assert "Apache License" in readme
 
 
 def test_trainjob_matches_the_trainer_sdk_model():

@@ -24,7 +24,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from .conftest import REPO, TOKEN
+from tests.kit.paths import REPO
+
+from .conftest import TOKEN
 
 GUIDE = REPO / "docs" / "cluster.md"
 OPERATOR = REPO / "docs" / "operator.md"

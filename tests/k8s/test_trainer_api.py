@@ -47,9 +47,9 @@ def _with_status(job, status):
     return [job]
 
 
-def test_the_progress_push_is_a_status_the_trainjob_crd_accepts(trainjob, shared_schemas):
+def test_the_progress_push_is_a_status_the_trainjob_crd_accepts(trainjob, crd_dir):
     body = status_body(42.7, 90.0, {"loss": 1.2345, "tokens_per_s": 850.2, "step": 12})
-    assert validate_objects(_with_status(trainjob, body), crd_dir=shared_schemas) == []
+    assert validate_objects(_with_status(trainjob, body), crd_dir=crd_dir) == []
     assert body["trainerStatus"]["progressPercentage"] == 42
 
 

@@ -179,9 +179,3 @@ class ReplayExporter:
     def close(self) -> None:
         self.server.shutdown()
         self.server.server_close()
-
-
-# ---------------------------------------------------------------------------------- the CLI
-
-# `kubetune ARGS` in this process (UserError -> exit 2 included): the k8s tests' runner
-from ..k8s.conftest import CliResult, run_cli  # noqa: E402, F401 (re-exported for the monitor tests)

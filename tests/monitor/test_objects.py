@@ -16,9 +16,9 @@ from kubetune.k8s.serve import ServeSettings
 from kubetune.k8s.serve.render import render_serve
 from kubetune.k8s.validate import validate_objects
 from kubetune.recipe.loader import load_recipe
+from tests.kit.cli import run_cli_redirected
 
 from ..k8s.fakes import FakeClient
-from .promtest import run_cli
 
 SMOL = "smollm2-135m-lora-cpu"
 
@@ -118,7 +118,9 @@ def test_delete_removes_the_jobs_pod_monitor():
 
 def test_monitor_render_writes_rules_dashboards_and_monitors(tmp_path):
     out = tmp_path / "monitoring"
-    result = run_cli("monitor", "render", "-o", str(out), "--recipe", SMOL, "k8s.name=demo", "--release", "prom")
+    result = run_cli_redirected(
+        "monitor", "render", "-o", str(out), "--recipe", SMOL, "k8s.name=demo", "--release", "prom"
+    )
     assert result.code == 0, result.err
     docs = [d for p in sorted(out.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
     kinds = sorted(d["kind"] for d in docs if d["kind"] != "Kustomization")
@@ -132,9 +134,9 @@ def test_monitor_render_writes_rules_dashboards_and_monitors(tmp_path):
 
 
 def test_monitor_render_without_a_recipe_and_its_errors(tmp_path):
-    result = run_cli("monitor", "render", "-o", str(tmp_path / "a"), "-n", "grafana")
+    result = run_cli_redirected("monitor", "render", "-o", str(tmp_path / "a"), "-n", "grafana")
     assert result.code == 0, result.err
     kinds = sorted(p.name.split("-")[0] for p in (tmp_path / "a").glob("*.yaml"))
     assert "podmonitor" not in kinds and "prometheusrule" in kinds
-    bad = run_cli("monitor", "render", "-o", str(tmp_path / "b"), "k8s.name=x")
+    bad = run_cli_redirected("monitor", "render", "-o", str(tmp_path / "b"), "k8s.name=x")
     assert bad.code == 2 and bad.err.strip() == "kubetune: error: k8s.name=x: overrides need --recipe RECIPE"

@@ -23,8 +23,9 @@ from kubetune.monitor.expressions import all_expressions
 from kubetune.monitor.rules import alerts, rule_file
 from kubetune.monitor.snapshot import render_panels_png
 from kubetune.netutil import free_port
+from tests.kit.cli import run_cli_redirected
 
-from .promtest import run_cli, running_prometheus, scrape_job
+from .promtest import running_prometheus, scrape_job
 
 pytestmark = pytest.mark.process
 
@@ -74,7 +75,7 @@ def cluster(tmp_path_factory, replay_exporter):
     (plus an unlabelled, an empty and a down monitor) in `objects`."""
     tmp = tmp_path_factory.mktemp("monitor")
     objects = tmp / "objects"
-    result = run_cli(
+    result = run_cli_redirected(
         "monitor",
         "render",
         "-o",
@@ -149,7 +150,7 @@ def test_alert_rules_load_and_evaluate_without_errors(cluster):
 def test_check_names_the_unselected_monitor_and_its_fix(cluster, monkeypatch):
     monkeypatch.setenv("COLUMNS", "1000")  # one line per row: the cells read whole
     prom, objects = cluster
-    result = run_cli("monitor", "check", "--prometheus", prom.url, "--objects", str(objects))
+    result = run_cli_redirected("monitor", "check", "--prometheus", prom.url, "--objects", str(objects))
     assert result.code == 1, result.out + result.err  # a down target and ignored monitors are errors
     text = " ".join(result.out.split())  # the table wraps long cells
     assert "PodMonitor kubetune/unlabelled-metrics" in text
@@ -167,7 +168,9 @@ def test_check_names_the_missing_exporter_and_job(cluster, start_prometheus, rep
     _, objects = cluster
     prom = start_prometheus([scrape_job("training", replay_exporter.url("/training"), honor_labels=True)])
     prom.wait_for_scrapes(samples=3)
-    result = run_cli("monitor", "check", "--prometheus", prom.url, "--objects", str(objects), "--job", "nope")
+    result = run_cli_redirected(
+        "monitor", "check", "--prometheus", prom.url, "--objects", str(objects), "--job", "nope"
+    )
     text = " ".join(result.out.split())
     assert "metric DCGM_FI_DEV_GPU_UTIL has no series: is NVIDIA's DCGM exporter" in text
     assert "metric habanalabs_utilization has no series: is Intel's Gaudi metric exporter" in text
@@ -177,7 +180,7 @@ def test_check_names_the_missing_exporter_and_job(cluster, start_prometheus, rep
 
 
 def test_check_of_an_unreachable_prometheus_is_one_line():
-    result = run_cli("monitor", "check", "--prometheus", f"http://127.0.0.1:{free_port()}", "--objects", ".")
+    result = run_cli_redirected("monitor", "check", "--prometheus", f"http://127.0.0.1:{free_port()}", "--objects", ".")
     assert result.code == 2 and result.out == ""
     (line,) = result.err.strip().splitlines()
     assert line.startswith("kubetune: error: cannot reach Prometheus at http://127.0.0.1:") and "port-forward" in line
@@ -205,7 +208,7 @@ def test_check_reads_the_clusters_monitors_and_prometheus_selector(cluster, monk
     prometheus["metadata"] = {"name": "k8s", "namespace": "monitoring"}
     monkeypatch.setattr(client, "connect", lambda: FakeClient([*monitors, other, prometheus]))
     monkeypatch.setenv("COLUMNS", "1000")
-    result = run_cli("monitor", "check", "--prometheus", prom.url, "-n", NS)
+    result = run_cli_redirected("monitor", "check", "--prometheus", prom.url, "-n", NS)
     text = " ".join(result.out.split())
     assert "PodMonitor kubetune/other-metrics" in text
     assert "ignored: it has release=kube-prometheus-stack, Prometheus selects release=prom" in text
@@ -218,7 +221,7 @@ def test_check_without_a_cluster_still_checks_targets_and_panels(cluster, monkey
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     monkeypatch.setenv("COLUMNS", "1000")
-    result = run_cli("monitor", "check", "--prometheus", prom.url)
+    result = run_cli_redirected("monitor", "check", "--prometheus", prom.url)
     text = " ".join(result.out.split())
     assert "monitors not checked:" in text and "give --objects DIR" in text
     assert "panels │ have data" in text  # the Prometheus part is checked all the same

@@ -30,11 +30,12 @@ from kubetune.cluster.manifests import ComponentSettings, component_monitors
 from kubetune.monitor.dashboards import dashboards
 from kubetune.monitor.rules import rule_file
 from kubetune.netutil import free_port
+from tests.kit.cli import run_cli_redirected
+from tests.kit.paths import REPO
 
 from ..cluster.samples import extender_args, gaudi_node, training_pod
-from ..conftest import REPO
 from ..serve.conftest import ServerProcess, tiny_runs  # noqa: F401 (tiny_runs: a fixture used below)
-from .promtest import run_cli, running_prometheus, scrape_job
+from .promtest import running_prometheus, scrape_job
 from .test_prometheus import operator_job
 
 # slow: CI's test_prometheus holds every panel and alert to data in a real Prometheus, and
@@ -68,7 +69,7 @@ def stop(proc: subprocess.Popen) -> None:
 def rendered_monitors(tmp: Path) -> tuple[dict, dict]:
     """The job's PodMonitor and the server's ServiceMonitor, as `kubetune monitor render` writes them."""
     out = tmp / "objects"
-    result = run_cli(
+    result = run_cli_redirected(
         "monitor",
         "render",
         "-o",

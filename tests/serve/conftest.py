@@ -13,8 +13,7 @@ import httpx
 import pytest
 
 from kubetune.netutil import free_port, wait_ready
-
-from ..conftest import REPO
+from tests.kit.paths import REPO
 
 
 def train_tiny_run(out: Path, model_dir: Path, qa_file: Path, *extra: str) -> Path:

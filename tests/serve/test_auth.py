@@ -14,8 +14,8 @@ from kubetune.errors import UserError
 from kubetune.serve.http.api import create_app
 from kubetune.serve.http.auth import ApiKeyAuth, load_api_keys
 from kubetune.serve.http.state import ApiOptions, ServerState
+from tests.kit.cli import run_cli_subprocess
 
-from ..conftest import run_cli
 from .conftest import ServerProcess
 
 pytestmark = pytest.mark.process
@@ -172,7 +172,7 @@ def test_the_log_says_how_many_keys_and_never_a_key(keyed_server):
 
 def test_a_missing_key_file_stops_the_server_with_one_line(tmp_path, tiny_model_dir):
     missing = tmp_path / "no-such-keys.txt"
-    result = run_cli(["serve", str(tiny_model_dir), "--api-key-file", str(missing)], timeout=60)
+    result = run_cli_subprocess(["serve", str(tiny_model_dir), "--api-key-file", str(missing)], timeout=60)
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "--api-key-file" in lines[0] and str(missing) in lines[0], result.stderr
@@ -194,7 +194,7 @@ def test_engine_vllm_gets_the_keys_and_the_log_does_not(tmp_path, tiny_model_dir
     python, seen = _fake_vllm(tmp_path)
     flags = [arg for key in keys for arg in ("--api-key", key)]
     env = {"KUBETUNE_VLLM_PYTHON": str(python), "VLLM_API_KEY": "", "KUBETUNE_API_KEY": ""}
-    result = run_cli(["serve", str(tiny_model_dir), "--engine", "vllm", *flags], env=env, timeout=60)
+    result = run_cli_subprocess(["serve", str(tiny_model_dir), "--engine", "vllm", *flags], env=env, timeout=60)
     assert result.returncode == 0, result.stderr
     args = seen.read_text().splitlines()
     if len(keys) == 1:

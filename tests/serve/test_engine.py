@@ -165,19 +165,12 @@ def test_the_cache_grows_only_when_its_slots_or_positions_run_out():
 def test_the_cache_takes_head_dim_from_a_config_that_sets_it(tmp_path):
     """Some models' heads are not hidden_size / num_attention_heads wide (Qwen3, Gemma): the
     cache built from such a config holds their width, and the engine answers as transformers."""
-    from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
+    from transformers import AutoModelForCausalLM
 
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=256,
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        head_dim=16,
-    )
-    reference = LlamaForCausalLM(cfg).eval()
+    from tests.kit.models import tiny_model
+
+    reference = tiny_model(vocab_size=256, head_dim=16, tie_word_embeddings=False).eval()
+    cfg = reference.config
     reference.save_pretrained(tmp_path)
     lm = AutoModelForCausalLM.from_pretrained(tmp_path, dtype=torch.float32, attn_implementation=register()).eval()
     cache = SlotCache.for_config(lm.config, torch.float32, 16 << 20)

@@ -204,7 +204,7 @@ def test_the_server_counts_a_stop_string_as_stop_and_exposes_every_contract_seri
 def test_the_readme_table_is_the_contract():
     """Every serving metric of the contract is in docs/serving.md's table, with its exposed name and
     type, and the table names nothing else."""
-    from ..conftest import REPO
+    from tests.kit.paths import REPO
 
     section = (REPO / "docs" / "serving.md").read_text().split("## Serving metrics", 1)[1].split("\n## ", 1)[0]
     rows = set(re.findall(r"^\| `(vllm:[a-z0-9_]+)[^`]*` \| (\w+) \|", section, re.M))

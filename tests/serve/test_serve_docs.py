@@ -9,7 +9,7 @@ import sys
 
 import pytest
 
-from ..conftest import REPO
+from tests.kit.paths import REPO
 
 pytestmark = pytest.mark.process
 

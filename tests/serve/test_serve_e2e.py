@@ -10,8 +10,8 @@ import openai
 import pytest
 
 from kubetune.serve.generate import generate_cli
+from tests.kit.paths import SHARED_DATA
 
-from ..conftest import SHARED_DATA
 from .conftest import ServerProcess
 
 pytestmark = [pytest.mark.e2e, pytest.mark.process]

@@ -18,8 +18,8 @@ import pytest
 from kubetune.serve.engine_client import Limits
 from kubetune.serve.http.api import create_app
 from kubetune.serve.http.state import ServerState
+from tests.kit.cli import run_cli_in_process, run_cli_subprocess
 
-from ..conftest import run_cli, run_cli_in_process
 from .conftest import ServerProcess, metric
 
 pytestmark = pytest.mark.process
@@ -288,7 +288,7 @@ def test_bad_targets_and_options_are_one_line(tmp_path, capfd):
             (["serve", str(tmp_path), "--dtype", "fp16", "--port", "0"], "--port 0"),
         )
     ):
-        r = run_cli(args, timeout=120) if i == 0 else run_cli_in_process(args, capfd)
+        r = run_cli_subprocess(args, timeout=120) if i == 0 else run_cli_in_process(args, capfd)
         assert r.returncode == 2, r.stderr
         lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
         assert len(lines) == 1 and words in lines[0], r.stderr

@@ -15,8 +15,7 @@ from kubetune.contracts.serving import Adapter, vllm_argv, vllm_lora_rank
 from kubetune.errors import UserError
 from kubetune.netutil import free_port, wait_ready
 from kubetune.serve.vllm_engine import VLLM_PYTHON_ENV, vllm_options, vllm_python
-
-from ..conftest import run_cli
+from tests.kit.cli import run_cli_subprocess
 
 pytestmark = pytest.mark.process
 
@@ -65,7 +64,7 @@ def test_a_rank_above_vllms_default_sizes_max_lora_rank_for_every_adapter(tiny_r
 
 def test_without_vllm_the_command_says_how_to_get_it(tiny_runs, tmp_path):
     env = {VLLM_PYTHON_ENV: str(tmp_path / "no-such-python")}
-    r = run_cli(["serve", str(tiny_runs[0]), "--engine", "vllm"], env=env, timeout=120)
+    r = run_cli_subprocess(["serve", str(tiny_runs[0]), "--engine", "vllm"], env=env, timeout=120)
     assert r.returncode == 2
     expected = (
         "kubetune: error: --engine vllm: vLLM is not installed here; install it (CPU: scripts/vllm_venv.sh, then "
@@ -79,24 +78,18 @@ def test_vllm_serves_a_model_directory_under_the_native_engines_name(tmp_path, t
     """`kubetune serve DIR --engine vllm` execs vLLM's server, which answers under the name the
     native engine uses. (A tiny Llama with 64-dim heads: vLLM's CPU attention has no kernel
     for the 8-dim heads of the other tests' tiny model.)"""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.kit.models import save_tiny_model
 
-    torch.manual_seed(0)
-    config = LlamaConfig(
-        vocab_size=len(tokenizer),
+    model_dir = save_tiny_model(
+        tmp_path / "tiny-64",
+        tokenizer,
         hidden_size=128,
         intermediate_size=256,
-        num_hidden_layers=2,
         num_attention_heads=2,
         num_key_value_heads=1,
         max_position_embeddings=512,
-        eos_token_id=tokenizer.eos_token_id,
-        bos_token_id=tokenizer.bos_token_id,
+        tie_word_embeddings=False,
     )
-    model_dir = tmp_path / "tiny-64"
-    LlamaForCausalLM(config).save_pretrained(model_dir)
-    tokenizer.save_pretrained(model_dir)
     port = free_port()
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"}
     kubetune = str(Path(sys.executable).parent / "kubetune")

@@ -7,8 +7,8 @@
   PrometheusRule: the CRD's `openAPIV3Schema` with jsonschema's Draft4Validator; for Kueue and
   Trainer v2 also the CRD's CEL rules (`CEL_CHECKED`), and a Kueue topology annotation against the
   Topology rendered with it. The CRDs are vendored in `kubetune/k8s/crds/` (Apache-2.0, see its
-  README) so an installed kubetune can check; tests point `crd_dir` at ../shared/schemas,
-  which holds the Kubeflow and Kueue ones (the monitoring CRDs then come from the package).
+  README) so an installed kubetune (and the tests, in a fresh clone) can check; a `crd_dir` given
+  replaces the Kubeflow and Kueue ones (the monitoring CRDs always come from the package).
   A CRD schema is weaker than the API server (CEL rules only where evaluated, unknown fields
   are pruned, not rejected), so the CRD check also rejects fields the schema does not declare.
 - PodGroup (coscheduling, Volcano): no upstream schema ships here, so a minimal one written
@@ -45,7 +45,7 @@ CRD_FILES = {
         )
     },
 }
-# Checked against the package's copies whatever `crd_dir` says (../shared/schemas lacks them).
+# Checked against the package's copies whatever `crd_dir` says (the project's ../shared/schemas lacks them).
 VENDORED_ONLY = {key for key in CRD_FILES if key[0] == "monitoring.coreos.com/v1"}
 # Whose `x-kubernetes-validations` CEL rules are evaluated too (cel-python): they say what the
 # schemas cannot (Kueue: a Topology's hostname level comes last, a flavor of a Topology has node

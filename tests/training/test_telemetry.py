@@ -21,8 +21,8 @@ from prometheus_client.parser import text_string_to_metric_families
 from kubetune.contracts.metrics import STEP_PHASES, TRAIN_METRICS, exposed_names
 from kubetune.netutil import free_port
 from kubetune.training.kubeflow_progress import KubeflowProgress, status_body
-
-from .conftest import REPO, run_cli_in_process
+from tests.kit.cli import run_cli_in_process
+from tests.kit.paths import REPO
 
 pytestmark = pytest.mark.process
 
@@ -97,7 +97,7 @@ def test_two_ranks_serve_every_contract_metric_from_one_port(tmp_path, tiny_over
         if metric.name == "kubetune_train_eval_loss":
             continue  # set by evaluations: the eval before training has run by then (below)
         if metric.name == "kubetune_train_preference":
-            continue  # preference objectives only (tests/test_preference_train.py)
+            continue  # preference objectives only (tests/training/test_preference_train.py)
         name = exposed_names(metric)[0]
         ranks = {s.labels["rank"] for s in samples.get(name, [])}
         assert ranks == {"0", "1"}, f"{name}: ranks {ranks}"

@@ -4,6 +4,7 @@ import yaml
 from kubetune.errors import RecipeError
 from kubetune.recipe import builtin_recipes, load_recipe
 from kubetune.recipe.loader import all_keys, reference_markdown
+from tests.kit.paths import REPO
 
 
 @pytest.mark.parametrize("name", sorted(builtin_recipes()))
@@ -86,9 +87,7 @@ def test_reference_lists_every_leaf_key():
 
 
 def test_readme_recipe_reference_is_the_generated_table():
-    from pathlib import Path
-
-    page = (Path(__file__).resolve().parents[1] / "docs" / "recipe.md").read_text()
+    page = (REPO / "docs" / "recipe.md").read_text()
     assert reference_markdown().strip() in page, "regenerate docs/recipe.md's table with `kubetune recipe reference`"
 
 

@@ -5,8 +5,6 @@ and precomputed agree), step-exact resume after SIGKILL, and the refused combina
 
 import json
 import math
-import signal
-import time
 
 import pytest
 import torch
@@ -27,8 +25,7 @@ from kubetune.training.preference import (
     simpo_loss,
 )
 from kubetune.training.run import train_from_recipe
-
-from .test_train import _train_process
+from tests.kit.processes import finish, kill_after_checkpoint, start_kubetune
 
 TRL_KEYS = {"loss", *PAIR_METRICS}
 
@@ -270,16 +267,9 @@ def test_dpo_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, pref_ove
     straight = tmp_path / "straight"
     train_from_recipe(None, common + [f"output_dir={straight}"])
     out = tmp_path / "killed"
-    proc = _train_process(common + [f"output_dir={out}"])
-    deadline = time.time() + 240
-    while not (out / "checkpoints" / "step-6" / "meta.json").exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(start_kubetune(["train", *common, f"output_dir={out}"]), out, step=6)
     table = (out / "reference_logps.pt").stat().st_mtime_ns
-    resumed = _train_process(common + [f"output_dir={out}"])
+    resumed = start_kubetune(["train", *common, f"output_dir={out}"])
     log, _ = resumed.communicate(timeout=240)
     assert resumed.returncode == 0, log
     assert "resumed from" in log and "reference log-probs read from" in log
@@ -304,7 +294,6 @@ def test_dpo_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, pref_ove
     ],
 )
 def test_two_processes_train_dpo_as_one(tmp_path, pref_overrides, parallel, reference_logps):
-    from .test_distributed import finish, kubetune
 
     common = [o for o in pref_overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
         "train.max_steps=3",
@@ -314,7 +303,9 @@ def test_two_processes_train_dpo_as_one(tmp_path, pref_overrides, parallel, refe
     one, two = tmp_path / "one", tmp_path / "two"
     train_from_recipe(None, [*common, "train.grad_accum=2", f"output_dir={one}"])
     out = finish(
-        kubetune(["train", "--nproc-per-node", "2", *common, *parallel, "train.grad_accum=1", f"output_dir={two}"])
+        start_kubetune(
+            ["train", "--nproc-per-node", "2", *common, *parallel, "train.grad_accum=1", f"output_dir={two}"]
+        )
     )
     assert "2 process(es)" in out
     for x, y in zip(records(one), records(two), strict=True):

@@ -11,52 +11,38 @@ import pytest
 import torch
 
 from kubetune.errors import UserError
-
-from .conftest import run_cli, run_cli_in_process
+from tests.kit.cli import run_cli_in_process, run_cli_subprocess
+from tests.kit.models import save_tiny_model
 
 MAX_NEW = 8
 
 
 @pytest.fixture(scope="module")
-def tiny_model_dir(tmp_path_factory, tokenizer):
-    """conftest's tiny Llama, but with its own LM head and larger weights: the shared one (tied
+def answering_model_dir(tmp_path_factory, tokenizer):
+    """The suite's tiny Llama, but with its own LM head and larger weights: the shared one (tied
     embeddings, small init) answers every chat prompt with newlines, which would not show whose
     answer a row holds."""
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    torch.manual_seed(0)
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
-        hidden_size=32,
-        intermediate_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
-        max_position_embeddings=1024,
-        tie_word_embeddings=False,
-        initializer_range=0.5,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
-    )
     out = tmp_path_factory.mktemp("answering-llama")
-    LlamaForCausalLM(cfg).save_pretrained(out, safe_serialization=True)
-    tokenizer.save_pretrained(out)
-    return out
+    return save_tiny_model(out, tokenizer, tie_word_embeddings=False, initializer_range=0.5)
 
 
-def _recipe(tiny_model_dir, data) -> list[str]:
-    return [f"model.name_or_path={tiny_model_dir}", f"data.train={data}", "train.precision=fp32", "train.num_threads=1"]
+def _recipe(answering_model_dir, data) -> list[str]:
+    return [
+        f"model.name_or_path={answering_model_dir}",
+        f"data.train={data}",
+        "train.precision=fp32",
+        "train.num_threads=1",
+    ]
 
 
-def _direct_answers(tiny_model_dir, rows: list[dict]) -> list[str]:
+def _direct_answers(answering_model_dir, rows: list[dict]) -> list[str]:
     """Each row's greedy answer from transformers' generate, one prompt at a time (models/decoding.py)."""
     from kubetune.data.templates import PromptRenderer
     from kubetune.models.decoding import generate_text
     from kubetune.models.load import load_causal_lm, load_tokenizer
 
-    lm = load_causal_lm(str(tiny_model_dir), torch.float32).eval()
-    tokenizer = load_tokenizer(str(tiny_model_dir))
+    lm = load_causal_lm(str(answering_model_dir), torch.float32).eval()
+    tokenizer = load_tokenizer(str(answering_model_dir))
     renderer = PromptRenderer("chat", tokenizer)
     return [
         generate_text(lm, tokenizer, renderer.prompt(r), MAX_NEW, add_special_tokens=False, device=torch.device("cpu"))
@@ -64,11 +50,11 @@ def _direct_answers(tiny_model_dir, rows: list[dict]) -> list[str]:
     ]
 
 
-def test_rejected_is_the_models_greedy_answer_and_identical_pairs_are_left_out(tiny_model_dir, qa_file, tmp_path):
+def test_rejected_is_the_models_greedy_answer_and_identical_pairs_are_left_out(answering_model_dir, qa_file, tmp_path):
     from kubetune.serve.preferences import make_preferences
 
     rows = [json.loads(line) for line in qa_file.read_text().splitlines()[:5]]
-    greedy = _direct_answers(tiny_model_dir, rows)
+    greedy = _direct_answers(answering_model_dir, rows)
     assert len(set(greedy)) > 1 and all(greedy), greedy  # answers that tell the rows apart
     rows[2]["output"] = greedy[2]  # this row's model already answers with its reference
     data = tmp_path / "sft.jsonl"
@@ -76,7 +62,7 @@ def test_rejected_is_the_models_greedy_answer_and_identical_pairs_are_left_out(t
     out = tmp_path / "made" / "pairs.jsonl"
     progress: list[str] = []
 
-    made = make_preferences(None, _recipe(tiny_model_dir, data), out, max_new_tokens=MAX_NEW, echo=progress.append)
+    made = make_preferences(None, _recipe(answering_model_dir, data), out, max_new_tokens=MAX_NEW, echo=progress.append)
 
     written = [json.loads(line) for line in out.read_text().splitlines()]
     assert (made.rows, made.written, made.left_out) == (5, 4, {"identical": 1})
@@ -91,20 +77,20 @@ def test_rejected_is_the_models_greedy_answer_and_identical_pairs_are_left_out(t
     assert [w["rejected"] for w in written] == [greedy[i] for i in kept]
 
 
-def test_off_a_terminal_each_phase_is_a_line_before_the_first_answer(tiny_model_dir, qa_file, tmp_path):
+def test_off_a_terminal_each_phase_is_a_line_before_the_first_answer(answering_model_dir, qa_file, tmp_path):
     # seen: nothing printed for the first ~70 s (loading the model)
     from kubetune.serve.preferences import make_preferences
 
     lines: list[str] = []
-    overrides = _recipe(tiny_model_dir, qa_file)
+    overrides = _recipe(answering_model_dir, qa_file)
     make_preferences(None, overrides, tmp_path / "p.jsonl", limit=2, max_new_tokens=MAX_NEW, echo=lines.append)
 
-    assert lines[0].startswith(f"make-preferences: loading {tiny_model_dir} (2 rows to answer) (")
+    assert lines[0].startswith(f"make-preferences: loading {answering_model_dir} (2 rows to answer) (")
     assert lines[1].startswith("make-preferences: answering 2 rows (")
     assert lines[-1].startswith("make-preferences: 2/2 answered (")
 
 
-def test_on_a_terminal_one_bar_shows_every_phase(tiny_model_dir, qa_file, tmp_path):
+def test_on_a_terminal_one_bar_shows_every_phase(answering_model_dir, qa_file, tmp_path):
     from rich.console import Console
 
     from kubetune.serve.preferences import make_preferences
@@ -112,26 +98,26 @@ def test_on_a_terminal_one_bar_shows_every_phase(tiny_model_dir, qa_file, tmp_pa
     screen = io.StringIO()
     terminal = Console(file=screen, force_terminal=True, width=400)
     lines: list[str] = []
-    overrides = _recipe(tiny_model_dir, qa_file)
+    overrides = _recipe(answering_model_dir, qa_file)
     make_preferences(None, overrides, tmp_path / "p.jsonl", 2, MAX_NEW, echo=lines.append, console=terminal)
 
     drawn = screen.getvalue()
     assert lines == []  # the bar instead of the lines
-    loading, answering = drawn.index(f"loading {tiny_model_dir}"), drawn.index("answering 2 rows")
+    loading, answering = drawn.index(f"loading {answering_model_dir}"), drawn.index("answering 2 rows")
     assert loading < answering and "2/2" in drawn[answering:]
 
 
 @pytest.mark.process  # the real command on a terminal: stderr is a pseudo-terminal's end
-def test_the_cli_draws_the_bar_on_a_terminal(tiny_model_dir, qa_file, tmp_path):
+def test_the_cli_draws_the_bar_on_a_terminal(answering_model_dir, qa_file, tmp_path):
     import os
     import pty
     import subprocess
     import sys
 
-    from .conftest import REPO
+    from tests.kit.paths import REPO
 
     out = tmp_path / "p.jsonl"
-    args = ["data", "make-preferences", *_recipe(tiny_model_dir, qa_file), "--limit", "1", "--max-new-tokens", "2"]
+    args = ["data", "make-preferences", *_recipe(answering_model_dir, qa_file), "--limit", "1", "--max-new-tokens", "2"]
     terminal, its_end = pty.openpty()
     command = [sys.executable, "-m", "kubetune", *args, "--out", str(out)]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=its_end, text=True, cwd=REPO)
@@ -142,7 +128,7 @@ def test_the_cli_draws_the_bar_on_a_terminal(tiny_model_dir, qa_file, tmp_path):
     assert proc.wait(timeout=300) == 0 and "wrote" in proc.stdout.read()
     screen = drawn.decode(errors="replace")
     assert "\x1b[" in screen  # drawn (ANSI), not printed as lines
-    assert f"loading {tiny_model_dir}" in screen and "1/1" in screen[screen.index("answering 1 rows") :]
+    assert f"loading {answering_model_dir}" in screen and "1/1" in screen[screen.index("answering 1 rows") :]
 
 
 def _read_or_empty(fd: int) -> bytes:
@@ -154,7 +140,7 @@ def _read_or_empty(fd: int) -> bytes:
         return b""
 
 
-def test_limit_takes_the_first_rows_and_chat_rows_keep_their_history(tiny_model_dir, tmp_path):
+def test_limit_takes_the_first_rows_and_chat_rows_keep_their_history(answering_model_dir, tmp_path):
     from kubetune.serve.preferences import make_preferences
 
     chats = [
@@ -169,7 +155,7 @@ def test_limit_takes_the_first_rows_and_chat_rows_keep_their_history(tiny_model_
     data = tmp_path / "chat.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in chats))
     out = tmp_path / "pairs.jsonl"
-    overrides = [*_recipe(tiny_model_dir, data), "data.columns.messages=conv"]
+    overrides = [*_recipe(answering_model_dir, data), "data.columns.messages=conv"]
 
     made = make_preferences(None, overrides, out, limit=2, max_new_tokens=MAX_NEW, echo=lambda _: None)
 
@@ -222,5 +208,7 @@ def test_a_file_of_pairs_is_refused_naming_what_to_read_instead(tmp_path):
 @pytest.mark.process  # the real process once: exit code and stderr as a shell sees them
 def test_the_cli_prints_one_error_line_for_an_unknown_recipe(tmp_path):
     out = tmp_path / "p.jsonl"
-    _one_error_line(run_cli(["data", "make-preferences", "no-such-recipe.yaml", "--out", str(out)]), "no-such-recipe")
+    _one_error_line(
+        run_cli_subprocess(["data", "make-preferences", "no-such-recipe.yaml", "--out", str(out)]), "no-such-recipe"
+    )
     assert not out.exists()

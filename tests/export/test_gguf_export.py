@@ -18,8 +18,8 @@ import pytest
 import torch
 
 from kubetune.export.gguf import export_gguf, permute_qk, write_gguf
-
-from .conftest import run_cli, run_cli_in_process
+from tests.kit.cli import run_cli_in_process, run_cli_subprocess
+from tests.kit.models import tiny_model
 
 pytestmark = pytest.mark.process
 
@@ -53,26 +53,16 @@ def small_tokenizer(small_tokenizer_dir):
 
 def _tiny(arch: str, tokenizer, tied: bool = True):
     """A randomly initialised model: hidden 64, 2 layers, 4 heads, 2 key/value heads."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    torch.manual_seed(0)
-    cfg = AutoConfig.for_model(
+    model = tiny_model(
+        tokenizer,
         arch,
-        vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        num_key_value_heads=2,
         max_position_embeddings=512,
         rms_norm_eps=1e-6,
         tie_word_embeddings=tied,
         initializer_range=0.05,
-        bos_token_id=tokenizer.bos_token_id,
-        eos_token_id=tokenizer.eos_token_id,
-        pad_token_id=tokenizer.pad_token_id,
     )
-    model = AutoModelForCausalLM.from_config(cfg)
     with torch.no_grad():  # biases start at zero: give them values, so that they are checked too
         for name, param in model.named_parameters():
             if name.endswith(".bias"):
@@ -195,10 +185,8 @@ def test_full_smollm2_tokenizer_reads_back_the_same(tmp_path, tokenizer, tiny_mo
 
 @pytest.fixture(scope="session")
 def small_model_dir(tmp_path_factory, small_tokenizer) -> Path:
-    model = _tiny("llama", small_tokenizer)
-    model.config.architectures = ["LlamaForCausalLM"]
     out = tmp_path_factory.mktemp("small-llama")
-    model.save_pretrained(out, safe_serialization=True)
+    _tiny("llama", small_tokenizer).save_pretrained(out, safe_serialization=True)
     small_tokenizer.save_pretrained(out)
     return out
 
@@ -284,7 +272,7 @@ def test_bad_input_is_one_line_and_exit_2(tmp_path, tiny_model_dir, capfd):
     ]
     answers = [(args, words, run_cli_in_process(args, capfd)) for args, words in cases]
     args, words = cases[2]
-    answers.append((args, words, run_cli(args)))  # the real process
+    answers.append((args, words, run_cli_subprocess(args)))  # the real process
     for args, must_mention, res in answers:
         assert res.returncode == 2, (args, res.stderr)
         assert "Traceback" not in res.stderr

@@ -10,7 +10,8 @@ import shutil
 
 import pytest
 
-from tests.conftest import REPO, load_bench
+from tests.conftest import load_bench
+from tests.kit.paths import REPO
 
 run = load_bench("run")
 RESULTS = REPO / "bench" / "results"

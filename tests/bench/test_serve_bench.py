@@ -14,7 +14,8 @@ import pytest
 from bench.common import serving
 
 from kubetune.netutil import free_port, wait_ready
-from tests.conftest import REPO, SHARED_DATA, load_bench
+from tests.conftest import load_bench
+from tests.kit.paths import REPO, SHARED_DATA
 
 pytestmark = pytest.mark.process
 

@@ -17,9 +17,10 @@ import psutil
 import pytest
 
 from kubetune.netutil import free_port
+from tests.kit.paths import REPO
+from tests.kit.processes import base_env, communicate_or_fail, pod_env
 
-from .conftest import REPO
-from .test_distributed import base_env, communicate_or_fail, for_processes, pod_env
+from ..conftest import for_processes
 
 pytestmark = pytest.mark.multiproc
 

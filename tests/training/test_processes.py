@@ -20,8 +20,7 @@ from kubetune.recipe import load_recipe
 from kubetune.training import processes
 from kubetune.training.checkpoint import CheckpointMeta, TrainState
 from kubetune.training.processes import ProcessPlan, batch_split, plan_processes
-
-from .conftest import REPO
+from tests.kit.paths import REPO
 
 
 @pytest.fixture

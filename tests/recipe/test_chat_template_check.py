@@ -20,8 +20,7 @@ from kubetune.recipe.chat_template import (
 )
 from kubetune.recipe.schema import DEFAULT_MODEL
 from kubetune.training.launch import refuse_missing_chat_template
-from tests.conftest import run_cli as run_process
-from tests.k8s.conftest import run_cli
+from tests.kit.cli import run_cli_redirected, run_cli_subprocess
 
 pytestmark = pytest.mark.process
 
@@ -43,7 +42,7 @@ def _without_template(model_dir: Path, dest: Path) -> Path:
 
 
 def test_render_refuses_a_base_model_and_names_the_fix():
-    result = run_cli(
+    result = run_cli_redirected(
         "k8s", "render", "llama2-7b-medical-flashcards", f"model.name_or_path={BASE}", "data.template=chat"
     )
     assert result.code == 2, result.out
@@ -52,7 +51,7 @@ def test_render_refuses_a_base_model_and_names_the_fix():
 
 
 def test_render_accepts_the_base_model_with_a_plain_template():
-    result = run_cli(
+    result = run_cli_redirected(
         "k8s", "render", "llama2-7b-medical-flashcards", f"model.name_or_path={BASE}", "data.template=alpaca"
     )
     assert result.code == 0, result.err
@@ -105,7 +104,7 @@ def test_the_job_loads_the_tokenizer_when_render_could_not_tell(tiny_model_dir, 
 def test_kubetune_train_refuses_before_loading_the_model(tiny_model_dir, tmp_path):
     bare = _without_template(tiny_model_dir, tmp_path / "base")
     (bare / "model.safetensors").write_bytes(b"not weights")  # loading it would fail differently
-    result = run_process(
+    result = run_cli_subprocess(
         ["train", f"model.name_or_path={bare}", "data.template=chat", f"output_dir={tmp_path / 'run'}"], timeout=120
     )
     assert result.returncode == 2, result.stderr
@@ -120,7 +119,7 @@ def test_kubetune_train_refuses_before_loading_the_model(tiny_model_dir, tmp_pat
 def test_minimal_recipe_on_a_base_model_renders(tmp_path):
     recipe = tmp_path / "minimal.yaml"
     recipe.write_text(f"model:\n  name_or_path: {BASE}\ndata:\n  train: medalpaca/medical_meadow_medical_flashcards\n")
-    result = run_cli("k8s", "render", str(recipe))
+    result = run_cli_redirected("k8s", "render", str(recipe))
     assert result.code == 0, result.err
     assert "kind: PyTorchJob" in result.out
     assert "data.template=auto: alpaca" in result.err

@@ -6,7 +6,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 from typing import NamedTuple
 
@@ -14,74 +13,17 @@ import psutil
 import pytest
 
 from kubetune.netutil import free_port
+from tests.kit.cli import run_cli_in_process
+from tests.kit.paths import REPO
+from tests.kit.processes import base_env, finish, pod_env, start_kubetune, wait_for_checkpoint
 
-from .conftest import REPO, resumed_here, run_cli_in_process, tiny_recipe, write_qa_file
+from ..conftest import for_processes, resumed_here, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.multiproc
 
 
-def base_env(**extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("PET_", "MASTER_", "RANK", "WORLD_SIZE", "LOCAL_"))}
-    env.update({"PYTHONPATH": str(REPO / "src"), "OMP_NUM_THREADS": "1"}, **extra)
-    return env
-
-
-def pod_env(port: str, nproc_per_node: int = 2) -> dict:
-    """One PyTorchJob pod with nprocPerNode processes: the PET_* variables the Kubeflow operator sets."""
-    return base_env(
-        MASTER_ADDR="127.0.0.1",
-        MASTER_PORT=port,
-        WORLD_SIZE=str(nproc_per_node),
-        RANK="0",
-        PET_MASTER_ADDR="127.0.0.1",
-        PET_MASTER_PORT=port,
-        PET_NNODES="1",
-        PET_NODE_RANK="0",
-        PET_NPROC_PER_NODE=str(nproc_per_node),
-    )
-
-
-def kubetune(args, env=None, **kw) -> subprocess.Popen:
-    return subprocess.Popen(
-        [sys.executable, "-m", "kubetune", *args],
-        env=env or base_env(),
-        cwd=REPO,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        **kw,
-    )
-
-
-def communicate_or_fail(proc: subprocess.Popen, timeout: float) -> tuple[str, str]:
-    """The process's stdout and stderr; past `timeout` its whole tree is killed and the test fails."""
-    try:
-        out, err = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        for child in psutil.Process(proc.pid).children(recursive=True):
-            child.kill()
-        proc.kill()
-        out, err = proc.communicate()
-        pytest.fail(f"timed out after {timeout} s; output:\n{(out or '')[-6000:]}\n{(err or '')[-3000:]}")
-    return out or "", err or ""
-
-
-def finish(proc, timeout=300) -> str:
-    out, _ = communicate_or_fail(proc, timeout)
-    assert proc.returncode == 0, out[-4000:]
-    return out
-
-
 def losses(run: Path) -> list[float]:
     return [json.loads(ln)["loss"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
-
-
-def for_processes(overrides: list[str]) -> list[str]:
-    """The tiny recipe for these tests: 4 steps, grad_accum and threads set per test."""
-    return [o for o in overrides if not o.startswith(("train.grad_accum", "train.num_threads"))] + [
-        "eval.generate=0",
-        "train.max_steps=4",
-    ]
 
 
 @pytest.fixture
@@ -111,7 +53,9 @@ def one_process(tmp_path_factory, tiny_model_dir):
     def run(*extra: str) -> Run:
         if extra not in runs:
             out = root / f"run-{len(runs)}"
-            runs[extra] = Run(out, finish(kubetune(["train", *recipe, *ONE_PROCESS, *extra, f"output_dir={out}"])))
+            runs[extra] = Run(
+                out, finish(start_kubetune(["train", *recipe, *ONE_PROCESS, *extra, f"output_dir={out}"]))
+            )
         return runs[extra]
 
     return run
@@ -120,7 +64,7 @@ def one_process(tmp_path_factory, tiny_model_dir):
 def test_two_processes_equal_one_with_grad_accum_two(tmp_path, dist_overrides, one_process):
     one = one_process()
     two = finish(
-        kubetune(
+        start_kubetune(
             ["train", "--nproc-per-node", "2", *dist_overrides, "train.grad_accum=1", f"output_dir={tmp_path / 'two'}"]
         )
     )
@@ -169,7 +113,7 @@ def test_nproc_per_node_auto_launches_one_process_per_core(tmp_path, dist_overri
         "train.max_steps=2",
         f"output_dir={tmp_path / 'auto'}",
     ]
-    assert f"{n} process(es)" in finish(kubetune(args))
+    assert f"{n} process(es)" in finish(start_kubetune(args))
 
 
 @pytest.mark.slow  # CI: the two-host network-namespace test runs the same PyTorchJob contract
@@ -178,7 +122,7 @@ def test_pytorchjob_contract_one_process_per_pod(tmp_path, dist_overrides):
     port = str(free_port())
     run = tmp_path / "job"
     procs = [
-        kubetune(
+        start_kubetune(
             ["train", *dist_overrides, f"output_dir={run}"],
             env=base_env(
                 MASTER_ADDR="127.0.0.1",
@@ -203,7 +147,7 @@ def test_trainjob_contract_starts_torchrun_from_pet_variables(tmp_path, dist_ove
     port = str(free_port())
     run = tmp_path / "trainjob"
     procs = [
-        kubetune(
+        start_kubetune(
             ["train", *dist_overrides, f"output_dir={run}"],
             env=base_env(
                 PET_NNODES="2",
@@ -232,7 +176,7 @@ def test_elastic_pytorchjob_contract_c10d_workers_only(tmp_path, dist_overrides)
     run = tmp_path / "elastic"
     env = {"PET_NNODES": "2:2", "PET_RDZV_BACKEND": "c10d", "PET_RDZV_ENDPOINT": endpoint, "PET_RDZV_ID": "job"}
     env |= {"PET_NPROC_PER_NODE": "1", "PET_MAX_RESTARTS": "3"}
-    procs = [kubetune(["train", *dist_overrides, f"output_dir={run}"], env=base_env(**env)) for _ in range(2)]
+    procs = [start_kubetune(["train", *dist_overrides, f"output_dir={run}"], env=base_env(**env)) for _ in range(2)]
     outs = [finish(p) for p in procs]
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
     ranks = {
@@ -248,10 +192,10 @@ def test_rescaled_resume_two_one_two(tmp_path, dist_overrides):
         "train.save_every=2",
         f"output_dir={run}",
     ]
-    finish(kubetune(["train", "--nproc-per-node", "2", *common, "train.max_steps=4"]))
-    out1 = finish(kubetune(["train", *common, "train.max_steps=6"]))
+    finish(start_kubetune(["train", "--nproc-per-node", "2", *common, "train.max_steps=4"]))
+    out1 = finish(start_kubetune(["train", *common, "train.max_steps=6"]))
     assert "resumed from" in out1 and "step-4" in out1
-    out2 = finish(kubetune(["train", "--nproc-per-node", "2", *common, "train.max_steps=8"]))
+    out2 = finish(start_kubetune(["train", "--nproc-per-node", "2", *common, "train.max_steps=8"]))
     assert "step-6" in out2
     steps = [json.loads(ln)["step"] for ln in (run / "metrics.jsonl").read_text().splitlines()]
     assert steps == list(range(1, 9))
@@ -264,12 +208,8 @@ def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
         "train.save_every=2",
         f"output_dir={run}",
     ]
-    agent = kubetune(["train", "--nproc-per-node", "2", "--max-restarts", "2", *args])
-    deadline = time.time() + 240
-    while not (run / "checkpoints" / "step-4" / "meta.json").exists():
-        assert agent.poll() is None, agent.stdout.read()[-3000:]
-        assert time.time() < deadline
-        time.sleep(0.05)
+    agent = start_kubetune(["train", "--nproc-per-node", "2", "--max-restarts", "2", *args])
+    wait_for_checkpoint(run, 4, agent)
     workers = [c for c in psutil.Process(agent.pid).children(recursive=True) if "kubetune" in " ".join(c.cmdline())]
     assert workers, "no worker processes found"
     os.kill(workers[-1].pid, signal.SIGKILL)
@@ -284,7 +224,7 @@ def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_
     one = one_process().dir
     fsdp = tmp_path / "fsdp"
     out = finish(
-        kubetune(
+        start_kubetune(
             [
                 "train",
                 "--nproc-per-node",
@@ -344,7 +284,9 @@ def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, one_proces
     which covers LoRA under TP)."""
     one, tp = one_process(f"finetune.method={method}").dir, tmp_path / f"tp-{method}"
     common = [*dist_overrides, f"finetune.method={method}", *ONE_PROCESS]
-    out = finish(kubetune(["train", "--nproc-per-node", "2", *common, *extra, "parallel.tp=2", f"output_dir={tp}"]))
+    out = finish(
+        start_kubetune(["train", "--nproc-per-node", "2", *common, *extra, "parallel.tp=2", f"output_dir={tp}"])
+    )
     assert "tp 2" in out
     assert_same_run(one, tp)
     if method == "full":  # the exported full model is whole (gathered from the slices) and loads
@@ -361,7 +303,7 @@ def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overri
     checkpoint then resumes in one process, step-exact."""
     one, pp = one_process().dir, tmp_path / "pp"
     common = [*dist_overrides, *PP_COMMON]
-    out = finish(kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", f"output_dir={pp}"]))
+    out = finish(start_kubetune(["train", "--nproc-per-node", "2", *common, "parallel.pp=2", f"output_dir={pp}"]))
     assert "pp 2" in out
     assert_same_run(one, pp)
     assert_resumes_like(one, pp / "checkpoints" / "step-2", tmp_path / "from-pp-single", [], [], common, caplog)
@@ -374,7 +316,7 @@ def test_pipeline_1f1b_equals_one_process_and_reshards_to_tensor_parallel(tmp_pa
     one, f1b = one_process().dir, tmp_path / "1f1b"
     common = [*dist_overrides, *PP_COMMON]
     pipeline = ["--nproc-per-node", "2", *common, "parallel.pp=2", "parallel.pp_schedule=1f1b"]
-    finish(kubetune(["train", *pipeline, f"output_dir={f1b}"]))
+    finish(start_kubetune(["train", *pipeline, f"output_dir={f1b}"]))
     assert_same_run(one, f1b)
     tp = (["--nproc-per-node", "2"], ["parallel.tp=2"])
     assert_resumes_like(one, f1b / "checkpoints" / "step-2", tmp_path / "from-pp-tp", *tp, common, None)
@@ -386,7 +328,7 @@ def assert_resumes_like(one: Path, ckpt: Path, run: Path, launch: list, layout: 
     assert (ckpt / "meta.json").is_file()
     resume = [*common, *layout, f"train.resume={ckpt}", f"output_dir={run}"]
     if launch:
-        assert "resumed from" in finish(kubetune(["train", *launch, *resume]))
+        assert "resumed from" in finish(start_kubetune(["train", *launch, *resume]))
     else:
         resumed_here(resume, caplog)
     steps = [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
@@ -411,11 +353,11 @@ def test_four_processes_in_two_dimensions(tmp_path_factory, dist_overrides, layo
     common = [*dist_overrides, "train.grad_accum=2", "train.max_steps=3"]
     reference = tmp_path_factory.mktemp(same_as)
     if same_as == "ddp":
-        finish(kubetune(["train", "--nproc-per-node", "2", *common, f"output_dir={reference}"]))
+        finish(start_kubetune(["train", "--nproc-per-node", "2", *common, f"output_dir={reference}"]))
     else:
-        finish(kubetune(["train", *common, f"output_dir={reference}"]))
+        finish(start_kubetune(["train", *common, f"output_dir={reference}"]))
     run = tmp_path_factory.mktemp("-".join(layout))
-    finish(kubetune(["train", "--nproc-per-node", "4", *common, *layout, f"output_dir={run}"]))
+    finish(start_kubetune(["train", "--nproc-per-node", "4", *common, *layout, f"output_dir={run}"]))
     assert_same_run(reference, run)
 
 
@@ -437,7 +379,7 @@ def test_impossible_layouts_are_one_line(tmp_path, dist_overrides):
 
     out_dir = tmp_path / "x"
     (first, words), *_ = IMPOSSIBLE_LAYOUTS
-    proc = kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *first, f"output_dir={out_dir}"])
+    proc = start_kubetune(["train", "--nproc-per-node", "2", *dist_overrides, *first, f"output_dir={out_dir}"])
     out, _ = proc.communicate(timeout=180)
     assert proc.returncode == 2 and words in out, out[-2000:]
     assert "Traceback" not in out and len([ln for ln in out.splitlines() if ln.strip()]) == 1, out
@@ -494,7 +436,7 @@ def test_pytorchjob_with_torchrun_per_pod(tmp_path, dist_overrides):
     """nprocPerNode=2 on one pod: the operator sets PET_* and kubetune starts torchrun itself."""
     port = str(free_port())
     run = tmp_path / "pet"
-    proc = kubetune(["train", *dist_overrides, f"output_dir={run}"], env=pod_env(port))
+    proc = start_kubetune(["train", *dist_overrides, f"output_dir={run}"], env=pod_env(port))
     out = finish(proc)
     assert "2 process(es)" in out
     assert json.loads((run / "summary.json").read_text())["steps"] == 4

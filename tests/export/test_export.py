@@ -6,8 +6,8 @@ import torch
 from kubetune.export.merged import export_run
 from kubetune.export.weights import load_run
 from kubetune.training.run import train_from_recipe
-
-from .conftest import SHARED_DATA, run_cli
+from tests.kit.cli import run_cli_subprocess
+from tests.kit.paths import SHARED_DATA
 
 pytestmark = pytest.mark.process
 
@@ -58,19 +58,19 @@ def test_real_model_train_resume_export_generate(tmp_path):
     ]
     if data:
         args += [f"data.train={data}", "data.max_train_samples=64"]
-    first = run_cli(args, timeout=600)
+    first = run_cli_subprocess(args, timeout=600)
     assert first.returncode == 0, first.stderr[-2000:]
     assert "perplexity" in first.stdout and "after:" in first.stdout
-    again = run_cli(args, timeout=600)  # the same command on a finished run resumes at the end: no new steps
+    again = run_cli_subprocess(args, timeout=600)  # the same command on a finished run resumes at the end: no new steps
     assert again.returncode == 0 and "resumed from" in again.stderr
-    exp = run_cli(["export", str(run), "--merged", "-o", str(tmp_path / "merged")], timeout=600)
+    exp = run_cli_subprocess(["export", str(run), "--merged", "-o", str(tmp_path / "merged")], timeout=600)
     assert exp.returncode == 0, exp.stderr[-2000:]
-    gen = run_cli(
+    gen = run_cli_subprocess(
         ["generate", str(tmp_path / "merged"), "--prompt", "What does insulin do?", "--max-new-tokens", "12"],
         timeout=600,
     )
     assert gen.returncode == 0 and len(gen.stdout.strip()) > 0, gen.stderr[-2000:]
-    gen_run = run_cli(
+    gen_run = run_cli_subprocess(
         ["generate", str(run), "--prompt", "What does insulin do?", "--max-new-tokens", "12"], timeout=600
     )
     assert gen_run.returncode == 0 and gen_run.stdout.strip() == gen.stdout.strip()
@@ -96,20 +96,18 @@ def _snapshot(root, commit, layers, tokenizer, remote_code):
     """One commit of a hub repo in the cache layout huggingface_hub reads offline."""
     import json
 
-    from transformers import LlamaConfig, LlamaForCausalLM
+    from tests.kit.models import save_tiny_model
 
-    out = root / "snapshots" / commit
-    cfg = LlamaConfig(
-        vocab_size=len(tokenizer),
+    out = save_tiny_model(
+        root / "snapshots" / commit,
+        tokenizer,
         hidden_size=16,
         intermediate_size=32,
         num_hidden_layers=layers,
         num_attention_heads=2,
         num_key_value_heads=1,
-        eos_token_id=tokenizer.eos_token_id,
+        tie_word_embeddings=False,
     )
-    LlamaForCausalLM(cfg).save_pretrained(out)
-    tokenizer.save_pretrained(out)
     if remote_code:  # a model type transformers does not know: it loads only with trust_remote_code
         config = json.loads((out / "config.json").read_text())
         config["model_type"] = "tiny_remote"

@@ -1,11 +1,6 @@
 """The training loop on a tiny model: it learns, it reports, it resumes step-exact."""
 
 import json
-import os
-import signal
-import subprocess
-import sys
-import time
 
 import pytest
 import torch
@@ -13,8 +8,10 @@ from safetensors.torch import load_file
 
 from kubetune.errors import RunDirError
 from kubetune.training.run import train_from_recipe
+from tests.kit.cli import run_cli_in_process
+from tests.kit.processes import kill_after_checkpoint, start_kubetune
 
-from .conftest import REPO, resumed_here, run_cli_in_process, tiny_recipe, write_qa_file
+from ..conftest import resumed_here, tiny_recipe, write_qa_file
 
 pytestmark = pytest.mark.process
 
@@ -77,31 +74,12 @@ def test_a_different_recipe_never_clobbers_a_run(tmp_path, tiny_overrides):
     assert (out / "summary.json").read_bytes() == summary_before
 
 
-def _train_process(overrides):
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
-    return subprocess.Popen(
-        [sys.executable, "-m", "kubetune", "train", *overrides],
-        env=env,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-        cwd=REPO,
-    )
-
-
 def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, tiny_overrides, caplog):
     common = tiny_overrides + ["train.max_steps=10", "train.save_every=3", "eval.generate=0", "lora.dropout=0.1"]
     straight = train_from_recipe(None, common + [f"output_dir={tmp_path / 'straight'}"])
 
     out = tmp_path / "killed"
-    proc = _train_process(common + [f"output_dir={out}", "train.log_every=1"])
-    deadline = time.time() + 240
-    while not (out / "checkpoints" / "step-6" / "meta.json").exists():
-        assert proc.poll() is None, proc.stdout.read()
-        assert time.time() < deadline, "no checkpoint appeared"
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
+    kill_after_checkpoint(start_kubetune(["train", *common, f"output_dir={out}", "train.log_every=1"]), out, step=6)
     assert not (out / "summary.json").exists()
     resumed_here(common + [f"output_dir={out}"], caplog)
     final = json.loads((out / "summary.json").read_text())

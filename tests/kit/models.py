@@ -1,0 +1,54 @@
+"""The tiny randomly initialised models the tests train, export and serve: one builder, with the
+suite's tiny Llama as its default and the variants a test needs as overrides of it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+# The suite's tiny Llama (2 layers x 32 dims, 4 heads, 2 key/value heads, tied embeddings): it
+# trains in milliseconds; a test that needs other shapes overrides these fields.
+TINY_LLAMA = {
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "max_position_embeddings": 1024,
+    "tie_word_embeddings": True,
+}
+
+
+def tiny_config(tokenizer=None, arch: str = "llama", **overrides: Any):
+    """TINY_LLAMA's config for `arch` (a transformers model type), sized to `tokenizer`'s
+    vocabulary with its special tokens where one is given."""
+    from transformers import AutoConfig
+
+    tokens = {}
+    if tokenizer is not None:
+        tokens = {
+            "vocab_size": len(tokenizer),
+            "bos_token_id": tokenizer.bos_token_id,
+            "eos_token_id": tokenizer.eos_token_id,
+            "pad_token_id": tokenizer.pad_token_id,
+        }
+    return AutoConfig.for_model(arch, **{**TINY_LLAMA, **tokens, **overrides})
+
+
+def tiny_model(tokenizer=None, arch: str = "llama", seed: int = 0, **overrides: Any):
+    """A randomly initialised model of `tiny_config`, the same weights for the same seed."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(tiny_config(tokenizer, arch, **overrides))
+    model.config.architectures = [type(model).__name__]
+    return model
+
+
+def save_tiny_model(out: Path, tokenizer=None, arch: str = "llama", seed: int = 0, **overrides: Any) -> Path:
+    """`tiny_model` saved as a model directory at `out`, with `tokenizer` beside it where given."""
+    tiny_model(tokenizer, arch, seed, **overrides).save_pretrained(out, safe_serialization=True)
+    if tokenizer is not None:
+        tokenizer.save_pretrained(out)
+    return out
