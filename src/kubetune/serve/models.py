@@ -19,8 +19,8 @@ import torch
 
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError, UserError
-from kubetune.export.weights import base_config, load_run
-from kubetune.models.load import load_causal_lm, load_config, load_tokenizer
+from kubetune.models.load import load_causal_lm, load_config, load_tokenizer, model_config
+from kubetune.models.runs import load_run
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir
 from kubetune.serve.contract import Adapter
@@ -109,7 +109,7 @@ class Plan:
         """The base model's config, read as the model will be loaded (a run's revision and remote code)."""
         recipe = self.main.recipe
         if recipe is not None and self.main.is_lora:
-            return base_config(recipe)
+            return model_config(recipe.model)
         remote = recipe is not None and recipe.model.trust_remote_code
         return load_config(str(self.main.weights), trust_remote_code=remote)
 
