@@ -8,6 +8,7 @@ without it makes transformers ask on stdin, which these processes close (EOF: a 
 
 from __future__ import annotations
 
+import ast
 import json
 import os
 import re
@@ -18,12 +19,13 @@ from pathlib import Path
 import httpx
 import pytest
 
+from kubetune.errors import ModelError
+from kubetune.models.load import load_config
 from kubetune.training.processes import DIST_ENV
 
 from .conftest import REPO, tiny_recipe, write_qa_file
 from .serve.conftest import ServerProcess
-
-pytestmark = pytest.mark.multiproc
+from .test_distributed import communicate_or_fail
 
 TIMEOUT_S = 300  # each command; the planner's measurement starts probe processes
 PROMPT = "What is fact number 3?"
@@ -32,7 +34,7 @@ CONFIG_CODE = """from transformers import LlamaConfig
 
 
 class TinyRemoteConfig(LlamaConfig):
-    model_type = "tiny_remote"
+    model_type = "kubetune_own_code"
 """
 MODEL_CODE = """from transformers import LlamaForCausalLM
 
@@ -53,7 +55,7 @@ def remote_code_model(tmp_path_factory, tiny_model_dir) -> Path:
         (out / f.name).write_bytes(f.read_bytes())
     config = json.loads((out / "config.json").read_text())
     config.update(
-        model_type="tiny_remote",
+        model_type="kubetune_own_code",
         architectures=["TinyRemoteForCausalLM"],
         auto_map={
             "AutoConfig": "configuration_tiny.TinyRemoteConfig",
@@ -79,56 +81,88 @@ def on_two_cores() -> None:
     os.sched_setaffinity(0, sorted(os.sched_getaffinity(0))[:2])
 
 
-def kubetune(args: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
-    return subprocess.run(
+def kubetune(args: list[str], env: dict[str, str]) -> subprocess.Popen:
+    return subprocess.Popen(
         [sys.executable, "-m", "kubetune", *args],
         env=env,
         cwd=REPO,
         stdin=subprocess.DEVNULL,  # a prompt for trust_remote_code reads EOF, as in a pod
-        capture_output=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
         text=True,
-        timeout=TIMEOUT_S,
         preexec_fn=on_two_cores,
     )
 
 
+def ended(proc: subprocess.Popen) -> tuple[str, str]:
+    """stdout and stderr of a command that must succeed."""
+    out, err = communicate_or_fail(proc, TIMEOUT_S)
+    assert proc.returncode == 0, f"{proc.args}:\n{err[-4000:]}"
+    return out, err
+
+
+def served_answer(run: Path) -> str:
+    """`kubetune serve RUN`'s greedy answer to PROMPT, as `kubetune generate` answers it."""
+    server = ServerProcess([str(run), "--dtype", "fp32"])
+    try:
+        question = {"role": "user", "content": PROMPT}
+        body = {"model": run.name, "messages": [question], "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(f"{server.url}/v1/chat/completions", json=body, timeout=60)
+    finally:
+        server.stop()
+    assert answer.status_code == 200, answer.text
+    return answer.json()["choices"][0]["message"]["content"]
+
+
+def test_only_models_load_reads_a_model_with_transformers():
+    """The one loader: no other module of kubetune builds or reads a model, its config or its
+    tokenizer through transformers' Auto classes (each such read must pass the recipe's
+    revision and trust_remote_code, which models/load.py does in one place)."""
+    src = REPO / "src" / "kubetune"
+    readers = {
+        f"{path.relative_to(src)}:{node.lineno}"
+        for path in src.rglob("*.py")
+        if path.relative_to(src).as_posix() != "models/load.py"
+        for node in ast.walk(ast.parse(path.read_text()))
+        if isinstance(node, ast.ImportFrom)
+        and (node.module or "").startswith("transformers")
+        and any(alias.name.startswith("Auto") for alias in node.names)
+    }
+    assert not readers, f"read a model through models/load.py instead: {sorted(readers)}"
+
+
+def test_a_model_with_its_own_code_is_refused_in_one_line_without_the_flag(remote_code_model):
+    with pytest.raises(ModelError, match=r"its own code \(auto_map\).*model\.trust_remote_code=true"):
+        load_config(str(remote_code_model))
+    assert type(load_config(str(remote_code_model), trust_remote_code=True)).__name__ == "TinyRemoteConfig"
+
+
+@pytest.mark.multiproc
 def test_a_remote_code_model_trains_on_processes_evaluates_generates_and_serves(tmp_path, remote_code_model):
     run = tmp_path / "run"
     env = shell_env(tmp_path / "kubetune-cache")
-    recipe = [
-        o
-        for o in tiny_recipe(remote_code_model, write_qa_file(tmp_path / "qa.jsonl"), tmp_path / "data-cache")
-        if not o.startswith(("train.num_threads", "train.max_steps", "data.max_seq_len"))
-    ]
-    recipe += ["model.trust_remote_code=true", "train.max_steps=2", "data.max_seq_len=64", f"output_dir={run}"]
+    recipe = tiny_recipe(remote_code_model, write_qa_file(tmp_path / "qa.jsonl"), tmp_path / "data-cache")
+    recipe = [o for o in recipe if not o.startswith("train.num_threads")]  # threads set: nothing is measured
+    recipe += ["model.trust_remote_code=true", "train.max_steps=2", "data.max_seq_len=64", "eval.generate=0"]
 
-    trained = kubetune(["train", *recipe], env)
-    assert trained.returncode == 0, trained.stderr[-4000:]
+    _, log = ended(kubetune(["train", *recipe, f"output_dir={run}"], env))
     # The tiny layer is all small operations, which threads cannot share: the measurement
     # picks the processes by far, and the ranks load the model's code too.
-    assert re.search(r"kubetune: processes: 2 x .*per 1k tokens of a decoder layer", trained.stderr), trained.stderr
-    assert "2 process(es) on cpu" in trained.stderr
+    assert re.search(r"kubetune: processes: 2 x .*per 1k tokens of a decoder layer", log), log
+    assert "2 process(es) on cpu" in log
     assert json.loads((run / "summary.json").read_text())["steps"] == 2
 
-    evaluated = kubetune(["eval", str(run)], env)
-    assert evaluated.returncode == 0 and "perplexity" in evaluated.stdout, evaluated.stderr[-3000:]
-
-    generated = kubetune(["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "4"], env)
-    assert generated.returncode == 0, generated.stderr[-3000:]
-
-    server = ServerProcess([str(run), "--dtype", "fp32"])
+    # The readers of the run, side by side (each start is seconds of imports).
+    readers = [
+        kubetune(["eval", str(run)], env),
+        kubetune(["generate", str(run), "--prompt", PROMPT, "--max-new-tokens", "4"], env),
+    ]
     try:
-        answer = httpx.post(
-            f"{server.url}/v1/chat/completions",
-            json={
-                "model": run.name,
-                "messages": [{"role": "user", "content": PROMPT}],
-                "max_tokens": 4,
-                "temperature": 0,
-            },
-            timeout=60,
-        )
-        assert answer.status_code == 200, answer.text
-        assert answer.json()["choices"][0]["message"]["content"].strip() == generated.stdout.strip()
+        answer = served_answer(run)
+        (evaluated, _), (generated, _) = (ended(p) for p in readers)
     finally:
-        server.stop()
+        for p in readers:
+            if p.poll() is None:
+                p.kill()
+    assert "perplexity" in evaluated
+    assert answer.strip() == generated.strip()
