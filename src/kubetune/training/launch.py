@@ -155,7 +155,7 @@ def refuse_missing_chat_template(recipe: str | None, overrides: list[str], env: 
     r = load_recipe(recipe, overrides).recipe
     if "TORCHELASTIC_RUN_ID" in env or r.data.template != "chat":
         return
-    has_template = known_chat_template(r.model.name_or_path)
+    has_template = known_chat_template(r.model.name_or_path, r.model.revision)
     if has_template is None:
         from kubetune.models.load import model_tokenizer
 
