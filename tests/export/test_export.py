@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from kubetune.export.merged import export_run
-from kubetune.export.weights import load_run
+from kubetune.models.runs import load_run
 from kubetune.training.run import train_from_recipe
 from tests.kit.cli import run_cli_subprocess
 from tests.kit.paths import SHARED_DATA

@@ -48,7 +48,7 @@ class Collector:
 def _reference_models(tiny_runs, tiny_model_dir):
     from transformers import AutoModelForCausalLM
 
-    from kubetune.export.weights import load_run
+    from kubetune.models.runs import load_run
 
     a, b = tiny_runs
     base = AutoModelForCausalLM.from_pretrained(tiny_model_dir, dtype=torch.float32).eval()

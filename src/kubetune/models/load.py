@@ -1,5 +1,13 @@
 """Model sources (hub id, local HF directory, GGUF file, the embedded default) and loading.
 
+Every read of a model's config, tokenizer or weights, in every process (the process planner,
+the launcher, the ranks, eval, generate, serve, make-preferences, export), goes through this
+module, so that each passes the recipe's `model.revision` and `model.trust_remote_code`: a
+model whose class lives in its own code (`auto_map`) loads nowhere without the flag, and
+transformers, not given it, asks on stdin (a traceback at EOF). `model_config` and
+`model_tokenizer` read what a recipe's `model:` names; `build_causal_lm` makes a model from a
+config alone (the planner's meta-device count, the probe's one layer, a pipeline stage).
+
 A GGUF file is dequantized once by transformers (about 12 s for 135M parameters) and
 saved as a plain safetensors HF directory in the kubetune cache; every later load reads
 that directory. The conversion is keyed by the file's identity and done under a file lock
@@ -21,7 +29,7 @@ import torch
 from kubetune.errors import ModelError
 from kubetune.fsutil import atomic_dir, cache_root, file_lock
 from kubetune.models.stages import Stage, keep_stage
-from kubetune.recipe.schema import DEFAULT_MODEL
+from kubetune.recipe.schema import DEFAULT_MODEL, ModelSection
 
 log = logging.getLogger(__name__)
 
@@ -101,11 +109,44 @@ def resolve_model(name_or_path: str) -> str:
     return name_or_path  # a hub id
 
 
+def model_config(model: ModelSection) -> Any:
+    """The config of the model a recipe's `model:` names: resolved, at its revision, with its code."""
+    return load_config(resolve_model(model.name_or_path), model.revision, model.trust_remote_code)
+
+
+def model_tokenizer(model: ModelSection) -> Any:
+    """The tokenizer of the model a recipe's `model:` names, as `model_config` reads its config."""
+    return load_tokenizer(resolve_model(model.name_or_path), model.revision, model.trust_remote_code)
+
+
+def config_from_dict(values: dict[str, Any], model: ModelSection) -> Any:
+    """The config whose `to_dict()` is `values` (sent to another process as JSON), of the model
+    `model:` names: a model with its own code has its own config class, read from that code."""
+    if not model.trust_remote_code:
+        from transformers import AutoConfig
+
+        return AutoConfig.for_model(**values)
+    return type(model_config(model)).from_dict(values)
+
+
+def build_causal_lm(config: Any, trust_remote_code: bool = False, **kwargs: Any) -> Any:
+    """A model of `config` with fresh weights (on the meta device where the caller says so):
+    a model with its own code is built from that code, which `trust_remote_code` allows."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        return AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code, **kwargs)
+    except ValueError as e:
+        raise _refused_code(getattr(config, "_name_or_path", "?"), e) from None
+
+
 def load_tokenizer(source: str, revision: str | None = None, trust_remote_code: bool = False):
     from transformers import AutoTokenizer
 
     try:
         tok = AutoTokenizer.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise _refused_code(source, e) from None
     except OSError as e:
         raise ModelError(f"model.name_or_path={source}: cannot load the tokenizer ({_first_line(e)})") from None
     if tok.eos_token_id is None:
@@ -120,6 +161,8 @@ def load_config(source: str, revision: str | None = None, trust_remote_code: boo
 
     try:
         return AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    except ValueError as e:
+        raise _refused_code(source, e) from None
     except OSError as e:
         raise ModelError(f"model.name_or_path={source}: cannot load the model's config ({_first_line(e)})") from None
 
@@ -141,6 +184,8 @@ def load_causal_lm(
             revision=revision,
             trust_remote_code=trust_remote_code,
         )
+    except ValueError as e:
+        raise _refused_code(source, e) from None
     except OSError as e:
         hint = " (offline? set HF_TOKEN / HF_HOME, or use a local directory)" if not os.path.exists(source) else ""
         raise ModelError(f"model.name_or_path={source}: cannot load the model{hint}: {_first_line(e)}") from None
@@ -189,16 +234,12 @@ def _load_part(
     """Built on the meta device, cut to `stage`, then just the remaining tensors are read
     from the safetensors files: a stage of a model that does not fit in one process's memory
     loads this way. None when `source` is not a local directory of safetensors."""
-    from transformers import AutoConfig, AutoModelForCausalLM
-
     where = _safetensors_map(Path(source))
     if where is None:
         return None
-    config = AutoConfig.from_pretrained(source, revision=revision, trust_remote_code=trust_remote_code)
+    config = load_config(source, revision, trust_remote_code)
     with torch.device("meta"):
-        model = AutoModelForCausalLM.from_config(
-            config, dtype=dtype, attn_implementation=attn_implementation, trust_remote_code=trust_remote_code
-        )
+        model = build_causal_lm(config, trust_remote_code, dtype=dtype, attn_implementation=attn_implementation)
     keep_stage(model, stage)
     model.to_empty(device="cpu")
     # non-persistent buffers (the rotary frequencies) are not in the files: compute them again
@@ -226,6 +267,17 @@ def _copy_from_files(model: Any, where: dict[str, Path], tied: bool, source: str
             with safe_open(path, "pt") as f:
                 for name, key in names:
                     state[name].copy_(f.get_tensor(key))
+
+
+def _refused_code(source: str, e: ValueError) -> Exception:
+    """transformers' refusal of a model's own code (not trusted) as one line; any other
+    ValueError as it is."""
+    if "trust_remote_code" not in str(e):
+        return e
+    return ModelError(
+        f"model.name_or_path={source}: the model's class is in its own code (auto_map); "
+        "read that code, then set model.trust_remote_code=true to run it"
+    )
 
 
 def _first_line(e: BaseException) -> str:

@@ -6,11 +6,10 @@ from __future__ import annotations
 
 import torch
 
-from kubetune.export.weights import base_config
 from kubetune.models.decoding import generate_text
 from kubetune.models.finetune import ModelParts
 from kubetune.models.kernels import autocast_context, compute_precision
-from kubetune.models.load import DTYPES, load_config
+from kubetune.models.load import DTYPES, load_config, model_config
 from kubetune.serve.engine.models import model_source
 
 
@@ -19,7 +18,7 @@ def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperatur
     cpu = torch.device("cpu")
     if source.recipe is not None:  # training's precision decision on this machine
         recipe = source.recipe
-        precision = compute_precision(recipe.train.precision, base_config(recipe), cpu)
+        precision = compute_precision(recipe.train.precision, model_config(recipe.model), cpu)
         dtype = DTYPES[recipe.with_kernels(precision, "fp32").base_dtype_name()]
     else:
         precision = compute_precision("auto", load_config(str(source.path)), cpu)

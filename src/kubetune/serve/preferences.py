@@ -30,10 +30,10 @@ import torch
 from kubetune.data.sources import load_rows, map_columns
 from kubetune.data.templates import PromptRenderer, Row
 from kubetune.errors import UserError
-from kubetune.export.weights import base_config, load_run
 from kubetune.fsutil import atomic_write_text
 from kubetune.models.kernels import compute_precision
-from kubetune.models.load import DTYPES
+from kubetune.models.load import DTYPES, model_config
+from kubetune.models.runs import load_run
 from kubetune.recipe import Recipe, load_recipe
 from kubetune.serve.engine import host
 from kubetune.serve.engine.build import kv_budget
@@ -190,7 +190,7 @@ def load_base(recipe: Recipe) -> tuple[Any, Any, torch.dtype]:
     """The recipe's base model (its revision and remote code), in the precision training measures
     for it on this CPU, with the engine's attention over the slot cache."""
     cpu = torch.device("cpu")
-    precision = compute_precision(recipe.train.precision, base_config(recipe), cpu)
+    precision = compute_precision(recipe.train.precision, model_config(recipe.model), cpu)
     dtype = DTYPES[recipe.with_kernels(precision, "fp32").base_dtype_name()]
     lm, tokenizer = load_run(recipe, dtype=dtype, attn=register())
     lm.eval()

@@ -8,10 +8,11 @@ from __future__ import annotations
 from pathlib import Path
 
 from kubetune.data import prepare_data
-from kubetune.export.weights import base_config, load_run
 from kubetune.models.attention import register as register_attention
 from kubetune.models.finetune import ModelParts
 from kubetune.models.kernels import autocast_context, compute_precision
+from kubetune.models.load import model_config
+from kubetune.models.runs import load_run
 from kubetune.recipe import Recipe, load_recipe
 from kubetune.recipe.layout import data_parallel_only
 from kubetune.rundir import RunDir
@@ -29,7 +30,9 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     run = RunDir(Path(target))
     recipe = run.recipe(overrides) if run.is_run() else load_recipe(target, overrides).recipe
     configure_threads(recipe.train.num_threads, env)  # before the precision: threads change the answer
-    precision = compute_precision(recipe.train.precision, base_config(recipe), env.device)  # what training chose here
+    precision = compute_precision(
+        recipe.train.precision, model_config(recipe.model), env.device
+    )  # what training chose here
     recipe = recipe.with_kernels(precision, "fp32")
     model, tokenizer = load_run(run if run.is_run() else recipe, recipe, attn=register_attention())
     parts = ModelParts.of(model.to(env.device))

@@ -135,13 +135,12 @@ def _model_shape(r: Recipe) -> ModelShape:
     """The model's shape as `k8s render` knows it (a local config.json, a well-known hub id: no network, so
     a host without the Hub's access, or without the gated model's token yet, is still told about its
     layout), else its config from the Hub, whose failure is one line (ModelError), not a traceback."""
-    from kubetune.models.load import load_config, resolve_model
+    from kubetune.models.load import model_config
     from kubetune.recipe.layout import model_shape
 
     if (shape := model_shape(r.model.name_or_path)) is not None:
         return shape
-    model = r.model
-    return load_config(resolve_model(model.name_or_path), model.revision, model.trust_remote_code)
+    return model_config(r.model)
 
 
 def refuse_missing_chat_template(recipe: str | None, overrides: list[str], env: dict[str, str] | None = None) -> None:
@@ -156,11 +155,11 @@ def refuse_missing_chat_template(recipe: str | None, overrides: list[str], env: 
     r = load_recipe(recipe, overrides).recipe
     if "TORCHELASTIC_RUN_ID" in env or r.data.template != "chat":
         return
-    has_template = known_chat_template(r.model.name_or_path)
+    has_template = known_chat_template(r.model.name_or_path, r.model.revision)
     if has_template is None:
-        from kubetune.models.load import load_tokenizer, resolve_model
+        from kubetune.models.load import model_tokenizer
 
-        tokenizer = load_tokenizer(resolve_model(r.model.name_or_path), r.model.revision, r.model.trust_remote_code)
+        tokenizer = model_tokenizer(r.model)
         has_template = bool(getattr(tokenizer, "chat_template", None))
     if problem := chat_template_problem(r, has_template):
         raise RecipeError(problem)

@@ -180,15 +180,13 @@ def _process_bytes(recipe: Any) -> float:
     """A rough peak for one training process (`recipe.footprint.process_bytes`, which render's
     memory check uses too), from the parameters of the model itself."""
     import torch
-    from transformers import AutoModelForCausalLM
 
-    from kubetune.models.load import load_config, resolve_model
+    from kubetune.models.load import build_causal_lm, model_config
     from kubetune.recipe.footprint import process_bytes, weight_width
 
-    m = recipe.model
-    config = load_config(resolve_model(m.name_or_path), m.revision, m.trust_remote_code)
+    config = model_config(recipe.model)
     with torch.device("meta"):
-        params = sum(p.numel() for p in AutoModelForCausalLM.from_config(config).parameters())
+        params = sum(p.numel() for p in build_causal_lm(config, recipe.model.trust_remote_code).parameters())
     return process_bytes(params, weight_width(recipe))
 
 
@@ -235,16 +233,14 @@ def measure_processes(recipe: Any, cores: int, split: tuple[int, int], remeasure
 def probe_inputs(recipe: Any) -> tuple[Any, Any]:
     """The model's config and the recipe's training batcher (one process)."""
     from kubetune.data import prepare_data
-    from kubetune.models.load import load_config, load_tokenizer, resolve_model
+    from kubetune.models.load import model_config, model_tokenizer
     from kubetune.recipe.layout import data_parallel_only
     from kubetune.training.setup import train_batcher
 
-    m = recipe.model
-    source = resolve_model(m.name_or_path)
-    tokenizer = load_tokenizer(source, m.revision, m.trust_remote_code)
+    tokenizer = model_tokenizer(recipe.model)
     data = prepare_data(recipe, tokenizer)  # cached on disk: the training processes read it again for free
     batcher = train_batcher(recipe, data, tokenizer.pad_token_id, data_parallel_only(1, 0))
-    return load_config(source, m.revision, m.trust_remote_code), batcher
+    return model_config(recipe.model), batcher
 
 
 @dataclass(frozen=True)
@@ -269,19 +265,19 @@ def layer_workload(spec: LayerSpec, lengths: list[int]) -> Workload:
     """Forward and backward of one decoder layer over packed samples of `lengths`, built
     the way training builds the model (kubetune.models.finetune: LoRA or full)."""
     import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
 
     from kubetune.models.attention import SEQLENS_KWARG, register
     from kubetune.models.finetune import prepare_for_training
     from kubetune.models.kernels import autocast_context
-    from kubetune.models.load import DTYPES
+    from kubetune.models.load import DTYPES, build_causal_lm, config_from_dict
     from kubetune.recipe import Recipe
 
     recipe = Recipe.model_validate(spec.recipe)
-    cfg = AutoConfig.for_model(**copy.deepcopy(spec.config))
+    cfg = config_from_dict(copy.deepcopy(spec.config), recipe.model)
     cfg.num_hidden_layers, cfg.vocab_size = 1, 8  # one layer; the embedding and head are not timed
     dtype = DTYPES[recipe.base_dtype_name()]
-    lm = AutoModelForCausalLM.from_config(cfg, attn_implementation=register("fp32"), dtype=dtype)
+    remote = recipe.model.trust_remote_code
+    lm = build_causal_lm(cfg, remote, attn_implementation=register("fp32"), dtype=dtype)
     prepare_for_training(lm, recipe.model_copy(update={"train": recipe.train.model_copy(update={"compile": False})}))
     lm.train()
     layer, rotary = lm.model.layers[0], lm.model.rotary_emb

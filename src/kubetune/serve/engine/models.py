@@ -20,8 +20,8 @@ import torch
 from kubetune.contracts.serving import Adapter
 from kubetune.data.templates import PromptRenderer
 from kubetune.errors import RunDirError, UserError
-from kubetune.export.weights import base_config, load_run
-from kubetune.models.load import load_causal_lm, load_config, load_tokenizer
+from kubetune.models.load import load_causal_lm, load_config, load_tokenizer, model_config
+from kubetune.models.runs import load_run
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir
 from kubetune.serve.engine.lora import (
@@ -181,7 +181,7 @@ class Plan:
         """The base model's config, read as the model will be loaded (a run's revision and remote code)."""
         recipe = self.main.recipe
         if recipe is not None and self.main.is_lora:
-            return base_config(recipe)
+            return model_config(recipe.model)
         remote = recipe is not None and recipe.model.trust_remote_code
         return load_config(str(self.main.weights), trust_remote_code=remote)
 
