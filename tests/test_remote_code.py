@@ -22,6 +22,7 @@ import pytest
 from kubetune.errors import ModelError
 from kubetune.models.load import load_config
 from kubetune.training.processes import DIST_ENV
+from tests.kit.models import give_own_code
 from tests.kit.processes import communicate_or_fail
 
 from .conftest import REPO, tiny_recipe, write_qa_file
@@ -29,21 +30,6 @@ from .serve.conftest import ServerProcess
 
 TIMEOUT_S = 300  # each command; the planner's measurement starts probe processes
 PROMPT = "What is fact number 3?"
-
-CONFIG_CODE = """from transformers import LlamaConfig
-
-
-class TinyRemoteConfig(LlamaConfig):
-    model_type = "kubetune_own_code"
-"""
-MODEL_CODE = """from transformers import LlamaForCausalLM
-
-from .configuration_tiny import TinyRemoteConfig
-
-
-class TinyRemoteForCausalLM(LlamaForCausalLM):
-    config_class = TinyRemoteConfig
-"""
 
 
 @pytest.fixture(scope="module")
@@ -53,18 +39,7 @@ def remote_code_model(tmp_path_factory, tiny_model_dir) -> Path:
     out = tmp_path_factory.mktemp("tiny-remote")
     for f in tiny_model_dir.iterdir():
         (out / f.name).write_bytes(f.read_bytes())
-    config = json.loads((out / "config.json").read_text())
-    config.update(
-        model_type="kubetune_own_code",
-        architectures=["TinyRemoteForCausalLM"],
-        auto_map={
-            "AutoConfig": "configuration_tiny.TinyRemoteConfig",
-            "AutoModelForCausalLM": "modeling_tiny.TinyRemoteForCausalLM",
-        },
-    )
-    (out / "config.json").write_text(json.dumps(config))
-    (out / "configuration_tiny.py").write_text(CONFIG_CODE)
-    (out / "modeling_tiny.py").write_text(MODEL_CODE)
+    give_own_code(out, "kubetune_own_code")
     return out
 
 

@@ -76,27 +76,10 @@ def test_real_model_train_resume_export_generate(tmp_path):
     assert gen_run.returncode == 0 and gen_run.stdout.strip() == gen.stdout.strip()
 
 
-REMOTE_CONFIG = """from transformers import LlamaConfig
-
-
-class TinyRemoteConfig(LlamaConfig):
-    model_type = "tiny_remote"
-"""
-REMOTE_MODEL = """from transformers import LlamaForCausalLM
-
-from .configuration_tiny import TinyRemoteConfig
-
-
-class TinyRemoteForCausalLM(LlamaForCausalLM):
-    config_class = TinyRemoteConfig
-"""
-
-
 def _snapshot(root, commit, layers, tokenizer, remote_code):
     """One commit of a hub repo in the cache layout huggingface_hub reads offline."""
-    import json
 
-    from tests.kit.models import save_tiny_model
+    from tests.kit.models import give_own_code, save_tiny_model
 
     out = save_tiny_model(
         root / "snapshots" / commit,
@@ -109,15 +92,7 @@ def _snapshot(root, commit, layers, tokenizer, remote_code):
         tie_word_embeddings=False,
     )
     if remote_code:  # a model type transformers does not know: it loads only with trust_remote_code
-        config = json.loads((out / "config.json").read_text())
-        config["model_type"] = "tiny_remote"
-        config["auto_map"] = {
-            "AutoConfig": "configuration_tiny.TinyRemoteConfig",
-            "AutoModelForCausalLM": "modeling_tiny.TinyRemoteForCausalLM",
-        }
-        (out / "config.json").write_text(json.dumps(config))
-        (out / "configuration_tiny.py").write_text(REMOTE_CONFIG)
-        (out / "modeling_tiny.py").write_text(REMOTE_MODEL)
+        give_own_code(out, "tiny_remote")
 
 
 @pytest.fixture

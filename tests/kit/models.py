@@ -52,3 +52,40 @@ def save_tiny_model(out: Path, tokenizer=None, arch: str = "llama", seed: int = 
     if tokenizer is not None:
         tokenizer.save_pretrained(out)
     return out
+
+
+OWN_CONFIG_CODE = """from transformers import LlamaConfig
+
+
+class TinyRemoteConfig(LlamaConfig):
+    model_type = "{model_type}"
+"""
+OWN_MODEL_CODE = """from transformers import LlamaForCausalLM
+
+from .configuration_tiny import TinyRemoteConfig
+
+
+class TinyRemoteForCausalLM(LlamaForCausalLM):
+    config_class = TinyRemoteConfig
+"""
+
+
+def give_own_code(model_dir: Path, model_type: str) -> Path:
+    """Make a saved tiny Llama a model with its own code: a model type transformers does not
+    know, whose config and model classes are the directory's .py files (`auto_map`), so that it
+    loads only with trust_remote_code."""
+    import json
+
+    config = json.loads((model_dir / "config.json").read_text())
+    config.update(
+        model_type=model_type,
+        architectures=["TinyRemoteForCausalLM"],
+        auto_map={
+            "AutoConfig": "configuration_tiny.TinyRemoteConfig",
+            "AutoModelForCausalLM": "modeling_tiny.TinyRemoteForCausalLM",
+        },
+    )
+    (model_dir / "config.json").write_text(json.dumps(config))
+    (model_dir / "configuration_tiny.py").write_text(OWN_CONFIG_CODE.format(model_type=model_type))
+    (model_dir / "modeling_tiny.py").write_text(OWN_MODEL_CODE)
+    return model_dir
