@@ -7,7 +7,8 @@ so a new setting is one field and its flag cannot restate (and drift from) its d
 
 Two ways to pass the values on, by what the command needs:
 - `defaults="settings"`: each option's default is the field's, shown in `--help`; the command
-  receives every value (`settings_from` builds the settings from them);
+  receives every value (`settings_from` builds the settings from them), or with `build=True`
+  the settings themselves;
 - `defaults="given"`: each option defaults to None (a switch to False), so the command can tell
   which flags were given (`is_given`) and the settings' own defaults apply to the others.
 
@@ -97,10 +98,12 @@ def with_options(
     defaults: Literal["settings", "given"] = "settings",
     panel: str | None = None,
     after: tuple[str, ...] = (),
+    build: bool = False,
 ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     """Decorate a command: one option per field of `settings`, after the command's own options
     (but for those named in `after`, which follow them); the command receives them as `into`
-    (field -> the value given)."""
+    (field -> the value given), or with `build` the settings made from them."""
+    assert not build or defaults == "settings", "only every flag's value makes the settings"
 
     def decorate(command: Callable[..., Any]) -> Callable[..., Any]:
         own = inspect.signature(command, eval_str=True)
@@ -111,7 +114,7 @@ def with_options(
         @functools.wraps(command)
         def run(**kwargs: Any) -> Any:
             values = {name: kwargs.pop(name) for name in names}
-            return command(**kwargs, **{into: values})
+            return command(**kwargs, **{into: settings_from(settings, values) if build else values})
 
         kept = [p for p in own.parameters.values() if p.name != into]
         last = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in kept if p.name in after]

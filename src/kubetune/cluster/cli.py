@@ -18,10 +18,8 @@ from typing import Any
 import typer
 
 from kubetune.cluster import nodefacts as keys
-from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
-from kubetune.cluster.extender import DEFAULT_PORT as EXTENDER_PORT
 from kubetune.cluster.manifests import ComponentSettings
-from kubetune.cluster.netprobe import DEFAULT_PORT as NETPROBE_PORT
+from kubetune.cluster.settings import DevicePluginSettings, DraDriverSettings, ExtenderSettings, NetprobeSettings
 from kubetune.errors import UserError
 from kubetune.flags import settings_from, with_options
 
@@ -39,87 +37,35 @@ def _stop_on_signals() -> threading.Event:
     return stop
 
 
-def device_plugin(
-    resource: str = typer.Option(ComponentSettings.resource, "--resource", help="Extended resource to advertise."),
-    discovery: str = typer.Option(
-        ComponentSettings.discovery, "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."
-    ),
-    plugin_dir: Path = typer.Option(
-        Path("/var/lib/kubelet/device-plugins"), "--plugin-dir", help="Directory with kubelet.sock."
-    ),
-    sysfs_root: Path = typer.Option(
-        Path("/sys"), "--sysfs-root", help="Root of the sysfs tree (a fake tree in tests)."
-    ),
-    dev_root: Path = typer.Option(Path("/dev"), "--dev-root", help="Root of the device nodes probed for health."),
-    health_interval: float = typer.Option(5.0, "--health-interval", help="Seconds between health probes."),
-    watch_interval: float = typer.Option(
-        1.0, "--watch-interval", help="Seconds between looks at the plugin directory."
-    ),
-    metrics_port: int = typer.Option(0, "--metrics-port", help="Serve Prometheus metrics on this port (0 = off)."),
-    publish_node_facts: bool = typer.Option(
-        False, "--publish-node-facts", help="Patch this node's annotations/labels (needs RBAC)."
-    ),
-    node_name: str | None = typer.Option(
-        None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
-    ),
-    leaf_label: str | None = typer.Option(
-        None, "--leaf-label", help=f"Node label holding the network leaf; copied to {keys.LEAF_LABEL}."
-    ),
-    pod_resources_socket: Path = typer.Option(
-        Path("/var/lib/kubelet/pod-resources/kubelet.sock"),
-        "--pod-resources-socket",
-        help="Kubelet PodResources socket (cards in use).",
-    ),
-    publish_interval: float = typer.Option(30.0, "--publish-interval", help="Seconds between node fact refreshes."),
-    log_level: str = typer.Option("info", "--log-level"),
-):
+@with_options(DevicePluginSettings, "s", build=True)
+def device_plugin(s: DevicePluginSettings):
     """Advertise whole accelerator cards to the kubelet (device plugin API v1beta1)."""
-    _logging(log_level)
-    if health_interval <= 0 or watch_interval <= 0 or publish_interval <= 0:
-        raise UserError("--health-interval, --watch-interval and --publish-interval must be > 0 seconds")
-    if "/" not in resource:
-        raise UserError(
-            f"--resource {resource!r}: an extended resource looks like vendor.com/name, e.g. habana.ai/gaudi"
-        )
-    if publish_node_facts and not node_name:
-        raise UserError("--publish-node-facts needs --node-name (or NODE_NAME from the downward API)")
-    if not plugin_dir.is_dir():
-        raise UserError(
-            f"--plugin-dir {plugin_dir}: not a directory; mount the kubelet's device-plugins directory there"
-        )
+    _logging(s.log_level)
+    problems = _device_plugin_problems(s)
+    if problems:
+        raise UserError(*problems)
 
     from kubetune.cluster.deviceplugin.server import DevicePlugin
     from kubetune.cluster.devices.factory import make_discovery
 
     # A node without the driver (or without cards) keeps the pod running with 0 cards advertised,
     # as the vendor plugins do; only a broken image or bad flags end the process.
-    backend = make_discovery(discovery, resource, sysfs_root, dev_root, wait_for_driver=health_interval)
-    publisher = None
-    if publish_node_facts and node_name:  # (checked above: --publish-node-facts comes with a node name)
-        from kubetune.cluster.deviceplugin.publish import NodePublisher, PodResourcesClient
-
-        publisher = NodePublisher(
-            node_name,
-            resource,
-            leaf_label,
-            PodResourcesClient(pod_resources_socket),
-            interval=publish_interval,
-            free_memory=backend.free_memory_mib,
-        )
+    backend = make_discovery(s.discovery, s.resource, s.sysfs_root, s.dev_root, wait_for_driver=s.health_interval)
+    publisher = _node_publisher(s, backend) if s.publish_node_facts else None
     plugin = DevicePlugin(
         backend,
-        plugin_dir,
-        health_interval=health_interval,
-        watch_interval=watch_interval,
+        s.plugin_dir,
+        health_interval=s.health_interval,
+        watch_interval=s.watch_interval,
         on_change=publisher.hook if publisher else None,
     )
-    if metrics_port:
+    if s.metrics_port:
         from prometheus_client import start_http_server
 
-        start_http_server(metrics_port, registry=plugin.metrics.registry)
+        start_http_server(s.metrics_port, registry=plugin.metrics.registry)
     if publisher:
         threading.Thread(target=publisher.run, args=(plugin.state,), name="node-facts", daemon=True).start()
-    log.info("%s: %d cards via %s", resource, len(backend.devices()), discovery)
+    log.info("%s: %d cards via %s", s.resource, len(backend.devices()), s.discovery)
     stop = _stop_on_signals()
     try:
         plugin.run(stop)
@@ -129,6 +75,37 @@ def device_plugin(
         plugin.stop()
 
 
+def _device_plugin_problems(s: DevicePluginSettings) -> list[str]:
+    problems = []
+    if s.health_interval <= 0 or s.watch_interval <= 0 or s.publish_interval <= 0:
+        problems.append("--health-interval, --watch-interval and --publish-interval must be > 0 seconds")
+    if "/" not in s.resource:
+        problems.append(
+            f"--resource {s.resource!r}: an extended resource looks like vendor.com/name, e.g. habana.ai/gaudi"
+        )
+    if s.publish_node_facts and not s.node_name:
+        problems.append("--publish-node-facts needs --node-name (or NODE_NAME from the downward API)")
+    if not s.plugin_dir.is_dir():
+        problems.append(
+            f"--plugin-dir {s.plugin_dir}: not a directory; mount the kubelet's device-plugins directory there"
+        )
+    return problems
+
+
+def _node_publisher(s: DevicePluginSettings, backend):
+    from kubetune.cluster.deviceplugin.publish import NodePublisher, PodResourcesClient
+
+    assert s.node_name  # (checked: --publish-node-facts comes with a node name)
+    return NodePublisher(
+        s.node_name,
+        s.resource,
+        s.leaf_label,
+        PodResourcesClient(s.pod_resources_socket),
+        interval=s.publish_interval,
+        free_memory=backend.free_memory_mib,
+    )
+
+
 def _dra_vendor(discovery: str, backend) -> str:
     """The DRA vendor (kubetune.contracts.dra.VENDORS key) of a --discovery choice."""
     if discovery == "nvml" or getattr(backend, "vendor", None) == "nvidia":
@@ -136,39 +113,16 @@ def _dra_vendor(discovery: str, backend) -> str:
     return "gaudi"  # sysfs, or an inventory of vendor habana
 
 
-def dra_driver(
-    discovery: str = typer.Option(
-        ComponentSettings.discovery, "--discovery", help="sysfs (Gaudi) | nvml (NVIDIA) | inventory:FILE (demo)."
-    ),
-    node_name: str | None = typer.Option(
-        None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
-    ),
-    registry_dir: Path = typer.Option(
-        DEFAULT_REGISTRY_DIR, "--registry-dir", help="The kubelet's plugin registry directory."
-    ),
-    plugins_dir: Path = typer.Option(
-        DEFAULT_PLUGINS_DIR, "--plugins-dir", help="Parent of the driver's own directory."
-    ),
-    cdi_dir: Path = typer.Option(DEFAULT_CDI_DIR, "--cdi-dir", help="Where the CDI spec files are written."),
-    kubeconfig: Path | None = typer.Option(
-        None, "--kubeconfig", help="Kubeconfig file (default: $KUBECONFIG, else the pod's service account)."
-    ),
-    sysfs_root: Path = typer.Option(Path("/sys"), "--sysfs-root", help="Root of the sysfs tree (a fake in tests)."),
-    dev_root: Path = typer.Option(Path("/dev"), "--dev-root", help="Root of the device nodes probed for health."),
-    health_interval: float = typer.Option(5.0, "--health-interval", help="Seconds between health probes."),
-    resync_interval: float = typer.Option(
-        60.0, "--resync-interval", help="Seconds between checks that this node's ResourceSlices are still there."
-    ),
-    log_level: str = typer.Option("info", "--log-level"),
-):
+@with_options(DraDriverSettings, "s", build=True)
+def dra_driver(s: DraDriverSettings):
     """Publish this node's cards as ResourceSlices and prepare claims for the kubelet (DRA, Kubernetes 1.34+)."""
-    _logging(log_level)
-    problems = _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, min(health_interval, resync_interval))
+    _logging(s.log_level)
+    problems = _dra_problems(s)
     if problems:
         raise UserError(*problems)
-    assert node_name is not None  # (checked above)
-    if kubeconfig is not None:
-        os.environ["KUBECONFIG"] = str(kubeconfig)  # kubetune.contracts.kube.load_config reads it
+    assert s.node_name is not None  # (checked above)
+    if s.kubeconfig is not None:
+        os.environ["KUBECONFIG"] = str(s.kubeconfig)  # kubetune.contracts.kube.load_config reads it
 
     from kubernetes import client
 
@@ -179,25 +133,25 @@ def dra_driver(
     from kubetune.contracts import dra
     from kubetune.contracts.kube import load_config
 
-    first_guess = dra.VENDORS["nvidia" if discovery == "nvml" else "gaudi"]
+    first_guess = dra.VENDORS["nvidia" if s.discovery == "nvml" else "gaudi"]
     backend = make_discovery(
-        discovery, first_guess.extended_resource, sysfs_root, dev_root, wait_for_driver=health_interval
+        s.discovery, first_guess.extended_resource, s.sysfs_root, s.dev_root, wait_for_driver=s.health_interval
     )
-    vendor = dra.VENDORS[_dra_vendor(discovery, backend)]
+    vendor = dra.VENDORS[_dra_vendor(s.discovery, backend)]
     api_client = client.ApiClient(load_config())
     driver = DraDriver(
         vendor,
-        node_name,
+        s.node_name,
         backend,
-        SlicePublisher(node_name, vendor, SliceApi(api_client)),
+        SlicePublisher(s.node_name, vendor, SliceApi(api_client)),
         claim_reader(api_client),
-        registry_dir,
-        plugins_dir,
-        cdi_dir,
-        health_interval,
-        resync_interval,
+        s.registry_dir,
+        s.plugins_dir,
+        s.cdi_dir,
+        s.health_interval,
+        s.resync_interval,
     )
-    log.info("%s: %d cards via %s on %s", vendor.driver, len(backend.devices()), discovery, node_name)
+    log.info("%s: %d cards via %s on %s", vendor.driver, len(backend.devices()), s.discovery, s.node_name)
     stop = _stop_on_signals()
     driver.start()
     try:
@@ -206,50 +160,38 @@ def dra_driver(
         driver.stop()
 
 
-def _dra_problems(node_name, registry_dir, plugins_dir, kubeconfig, interval) -> list[str]:
+def _dra_problems(s: DraDriverSettings) -> list[str]:
     problems = []
-    if not node_name:
+    if not s.node_name:
         problems.append("--node-name is required (or NODE_NAME from the downward API): the slices name the node")
-    if interval <= 0:
+    if min(s.health_interval, s.resync_interval) <= 0:
         problems.append("--health-interval and --resync-interval must be > 0 seconds")
-    for flag, path in (("--registry-dir", registry_dir), ("--plugins-dir", plugins_dir)):
+    for flag, path in (("--registry-dir", s.registry_dir), ("--plugins-dir", s.plugins_dir)):
         if not path.is_dir():
             problems.append(f"{flag} {path}: not a directory; mount the kubelet's directory at the same path")
-    if kubeconfig is not None and not kubeconfig.is_file():
-        problems.append(f"--kubeconfig {kubeconfig}: no such file")
+    if s.kubeconfig is not None and not s.kubeconfig.is_file():
+        problems.append(f"--kubeconfig {s.kubeconfig}: no such file")
     return problems
 
 
-def scheduler_extender(
-    host: str = typer.Option("0.0.0.0", "--host"),
-    port: int = typer.Option(EXTENDER_PORT, "--port"),
-    weights: str = typer.Option("", "--weights", help="Score weights, e.g. fit=3,hbm=1,closeness=5,rdma=1."),
-    resource: list[str] | None = typer.Option(
-        None, "--resource", help="Managed resources (repeatable; default habana.ai/gaudi, nvidia.com/gpu)."
-    ),
-    leaf_label: list[str] | None = typer.Option(
-        None, "--leaf-label", help=f"Node labels naming the network leaf, in order (default {keys.LEAF_LABEL})."
-    ),
-    watch_pods: bool = typer.Option(
-        False, "--watch-pods", help="Keep a watch-backed pod cache (needs list/watch on pods and nodes)."
-    ),
-    log_level: str = typer.Option("info", "--log-level"),
-):
+@with_options(ExtenderSettings, "s", build=True)
+def scheduler_extender(s: ExtenderSettings):
     """Serve the kube-scheduler extender: POST /filter and POST /prioritize."""
-    _logging(log_level)
-    if not 0 < port < 65536:
-        raise UserError(f"--port {port}: use 1..65535")
+    _logging(s.log_level)
+    problems = _extender_problems(s)
+    if problems:
+        raise UserError(*problems)
     from kubetune.cluster.extender.app import ExtenderConfig, create_app
     from kubetune.cluster.extender.policy import Weights
     from kubetune.cluster.extender.server import serve_forever, tune_for_large_bodies
 
     config = ExtenderConfig(
-        resources=tuple(resource or keys.MANAGED_RESOURCES),
-        leaf_labels=tuple(leaf_label or (keys.LEAF_LABEL,)),
-        weights=Weights.parse(weights) if weights else Weights(),
+        resources=s.resource or keys.MANAGED_RESOURCES,
+        leaf_labels=s.leaf_label or (keys.LEAF_LABEL,),
+        weights=Weights.parse(s.weights) if s.weights else Weights(),
     )
     pods = None
-    if watch_pods:
+    if s.watch_pods:
         from kubetune.cluster.extender.podcache import PodCache
 
         pods = PodCache(config.resources, config.leaf_labels)
@@ -258,70 +200,47 @@ def scheduler_extender(
     for change in tune_for_large_bodies():
         log.info("tuned: %s", change)
     log.info("weights %s, resources %s, leaf labels %s", config.weights, config.resources, config.leaf_labels)
-    serve_forever(app, host, port, log_level)
+    serve_forever(app, s.host, s.port, s.log_level)
 
 
-def netprobe(
-    node_name: str | None = typer.Option(
-        None, "--node-name", envvar="NODE_NAME", help="This node's name (default $NODE_NAME)."
-    ),
-    listen: str = typer.Option("0.0.0.0", "--listen", help="Address the echo server answers peers on."),
-    port: int = typer.Option(NETPROBE_PORT, "--port", help="TCP port of the echo server (the same on every node)."),
-    peer: list[str] | None = typer.Option(
-        None, "--peer", help="HOST[:PORT] to measure (repeatable); default: the DaemonSet's other pods, from the API."
-    ),
-    namespace: str | None = typer.Option(
-        None, "--namespace", envvar="POD_NAMESPACE", help="Namespace of the prober pods (default $POD_NAMESPACE)."
-    ),
-    selector: str = typer.Option(
-        "app.kubernetes.io/name=kubetune-netprobe", "--selector", help="Labels of the prober pods."
-    ),
-    interval: float = typer.Option(60.0, "--interval", help="Seconds between measurement rounds."),
-    samples: int = typer.Option(20, "--samples", help="TCP ping-pongs per peer and round."),
-    max_peers: int = typer.Option(16, "--max-peers", help="Peers measured per round (a random sample of them)."),
-    timeout: float = typer.Option(1.0, "--timeout", help="Seconds to wait for a peer's answer."),
-    rdma: str = typer.Option("auto", "--rdma", help="auto: ib_write_lat when perftest and an RDMA device exist; off."),
-    annotate: bool = typer.Option(
-        True, "--annotate/--no-annotate", help="Write the result on this node's Node object (needs RBAC)."
-    ),
-    serve_only: bool = typer.Option(False, "--serve-only", help="Only answer other probers; measure nothing."),
-    once: bool = typer.Option(False, "--once", help="One round: print it as JSON (and annotate), then exit."),
-    log_level: str = typer.Option("info", "--log-level"),
-):
+def _extender_problems(s: ExtenderSettings) -> list[str]:
+    return [f"--port {s.port}: use 1..65535"] if not 0 < s.port < 65536 else []
+
+
+@with_options(NetprobeSettings, "s", build=True)
+def netprobe(s: NetprobeSettings):
     """Measure latency to the other nodes' probers and annotate this node (kubetune.io/rdma-latency-us)."""
     from kubetune.cluster import netprobe as nprobe
 
-    _logging(log_level)
-    problems = _netprobe_problems(node_name, port, interval, samples, max_peers, timeout, rdma, annotate, serve_only)
-    static = [nprobe.parse_peer(p, port) for p in peer or []]
-    if not static and not serve_only and not namespace:
-        problems.append("no peers: give --peer HOST[:PORT] or --namespace (POD_NAMESPACE from the downward API)")
+    _logging(s.log_level)
+    static = [nprobe.parse_peer(p, s.port) for p in s.peer]  # a bad --peer is told first
+    problems = _netprobe_problems(s)
     if problems:
         raise UserError(*problems)
     # --once only measures: answering peers is for the long-running prober
-    server = None if once else nprobe.EchoServer(listen, port).start()
-    use_rdma = rdma == "auto" and nprobe.rdma_available()
-    rdma_server = nprobe.RdmaServer().start() if use_rdma and not once else None
-    log.info("netprobe on %s:%d, %s", listen, port, "rdma (ib_write_lat) + tcp" if use_rdma else "tcp")
+    server = None if s.once else nprobe.EchoServer(s.listen, s.port).start()
+    use_rdma = s.rdma == "auto" and nprobe.rdma_available()
+    rdma_server = nprobe.RdmaServer().start() if use_rdma and not s.once else None
+    log.info("netprobe on %s:%d, %s", s.listen, s.port, "rdma (ib_write_lat) + tcp" if use_rdma else "tcp")
     prober = nprobe.Prober(
-        node_name,
+        s.node_name,
         static,
-        namespace,
-        nprobe.parse_selector(selector),
-        port,
+        s.namespace,
+        nprobe.parse_selector(s.selector),
+        s.port,
         rdma=use_rdma,
-        samples=samples,
-        timeout=timeout,
-        max_peers=max_peers,
-        annotate=annotate and not serve_only,
+        samples=s.samples,
+        timeout=s.timeout,
+        max_peers=s.max_peers,
+        annotate=s.annotate and not s.serve_only,
     )
     try:
-        if once:
-            typer.echo(json.dumps({"node": node_name, **prober.round().as_json()}))
+        if s.once:
+            typer.echo(json.dumps({"node": s.node_name, **prober.round().as_json()}))
             return
         stop = _stop_on_signals()
-        if not serve_only:
-            threading.Thread(target=prober.run, args=(interval,), name="netprobe", daemon=True).start()
+        if not s.serve_only:
+            threading.Thread(target=prober.run, args=(s.interval,), name="netprobe", daemon=True).start()
         stop.wait()
     finally:
         prober.stop()
@@ -331,18 +250,20 @@ def netprobe(
             rdma_server.stop()
 
 
-def _netprobe_problems(node_name, port, interval, samples, max_peers, timeout, rdma, annotate, serve_only) -> list:
+def _netprobe_problems(s: NetprobeSettings) -> list[str]:
     problems = []
-    if not 0 < port < 65536:
-        problems.append(f"--port {port}: use 1..65535")
-    if interval <= 0 or timeout <= 0:
+    if not 0 < s.port < 65536:
+        problems.append(f"--port {s.port}: use 1..65535")
+    if s.interval <= 0 or s.timeout <= 0:
         problems.append("--interval and --timeout must be > 0 seconds")
-    if not 1 <= samples <= 10000 or max_peers < 1:
+    if not 1 <= s.samples <= 10000 or s.max_peers < 1:
         problems.append("--samples must be 1..10000 and --max-peers >= 1")
-    if rdma not in ("auto", "off"):
-        problems.append(f"--rdma {rdma!r}: use auto or off")
-    if annotate and not serve_only and not node_name:
+    if s.rdma not in ("auto", "off"):
+        problems.append(f"--rdma {s.rdma!r}: use auto or off")
+    if s.annotate and not s.serve_only and not s.node_name:
         problems.append("--annotate needs --node-name (or NODE_NAME from the downward API); or pass --no-annotate")
+    if not s.peer and not s.serve_only and not s.namespace:
+        problems.append("no peers: give --peer HOST[:PORT] or --namespace (POD_NAMESPACE from the downward API)")
     return problems
 
 
