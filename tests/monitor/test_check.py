@@ -28,10 +28,10 @@ def test_monitors_prometheus_ignores_say_why():
     monitors = [_monitor("a", None), _monitor("b", "other"), _monitor("c", "prom"), _monitor("d", "prom")]
     c = _collected(monitors=monitors, scrape_jobs=["podMonitor/ml/d/0"], targets=[_target("podMonitor/ml/d/0")])
     by_subject = {f.subject: f for f in diagnose(c) if f.area == "monitors"}
-    assert "has no `release` label" in by_subject["PodMonitor ml/a"].detail
-    assert "kubectl label podmonitor a -n ml release=prom --overwrite" in by_subject["PodMonitor ml/a"].detail
-    assert "it has release=other, Prometheus selects release=prom" in by_subject["PodMonitor ml/b"].detail
-    assert "podMonitorNamespaceSelector include ml" in by_subject["PodMonitor ml/c"].detail
+    assert "has no `release` label" in by_subject["PodMonitor ml/a"].problem
+    assert "kubectl label podmonitor a -n ml release=prom --overwrite" in by_subject["PodMonitor ml/a"].problem
+    assert "it has release=other, Prometheus selects release=prom" in by_subject["PodMonitor ml/b"].problem
+    assert "podMonitorNamespaceSelector include ml" in by_subject["PodMonitor ml/c"].problem
     assert by_subject["PodMonitor ml/d"].severity == "ok"
     assert {f.severity for s, f in by_subject.items() if s != "PodMonitor ml/d"} == {"error"}
 
@@ -39,7 +39,7 @@ def test_monitors_prometheus_ignores_say_why():
 def test_a_prometheus_without_the_operator_is_named_once():
     c = _collected(monitors=[_monitor("a", None), _monitor("b", "prom")], scrape_jobs=["prometheus", "node"])
     (finding,) = [f for f in diagnose(c) if f.area == "monitors"]
-    assert finding.severity == "error" and "not managed by the Prometheus Operator" in finding.detail
+    assert finding.severity == "error" and "not managed by the Prometheus Operator" in finding.problem
 
 
 def test_other_scrape_pools_that_are_up_take_one_line():
@@ -64,7 +64,7 @@ def test_empty_panels_are_grouped_by_reason():
         ("panels", "ok", "1 panel"),
         ("panels", "warning", "D / R / Gaudi util; D / R / Gaudi power"),
     ]
-    assert findings[-1].detail == f"no data: {gaudi}"
+    assert findings[-1].problem == f"no data: {gaudi}"
 
 
 def test_report_is_one_table_and_scrape_jobs_come_from_the_config():

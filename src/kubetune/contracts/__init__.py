@@ -10,6 +10,8 @@
 - `metrics`: the metric names every exporter exposes and the dashboards and alerts query;
   `monitors` (PodMonitor, ServiceMonitor) and `prometheus_adapter` (the autoscaler's rule)
   are the scrape and adapter objects built on them.
+- `findings`: the `Finding` that `kubetune k8s doctor` and `kubetune monitor check` report,
+  the order of severities and when a command exits 1.
 
 A contract is small and light: the standard library, `kubetune.errors` and each other at module
 level, nothing of torch or of the Hugging Face libraries, and no other kubetune package

@@ -432,13 +432,14 @@ def doctor_cmd(
     namespace: str | None = _namespace_opt,
 ):
     """Explain why the job is Pending, crashing or hanging, with the fix for each finding."""
+    from kubetune.contracts.findings import has_errors
     from kubetune.k8s import client, doctor
 
     namespace = client.resolve_namespace(namespace)
     findings = doctor.diagnose(doctor.collect(client.connect(), name, namespace))
     for line in doctor.report(findings):
         typer.echo(line)
-    if any(f.severity == "error" for f in findings):
+    if has_errors(findings):
         raise typer.Exit(1)
 
 

@@ -30,20 +30,11 @@ import re
 from dataclasses import dataclass, field
 from typing import Any
 
+from kubetune.contracts.findings import Finding, worst_first
 from kubetune.k8s import kueue, quota
 from kubetune.k8s.names import KUEUE_LABEL, TOKEN_KEY, Names
 from kubetune.recipe.comm import ACCELERATOR_KINDS, oneccl_advice, oneccl_variables
 from kubetune.recipe.schema import OFFLOADS, RECOMPUTES
-
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: str  # error | warning | info
-    subject: str  # what it concerns, e.g. "pod x-master-0"
-    problem: str
-    fix: str
 
 
 @dataclass
@@ -611,7 +602,7 @@ def diagnose(snap: Snapshot) -> list[Finding]:
     if not findings:
         status = f"`kubetune k8s status {snap.name} -n {snap.namespace}`"
         findings.append(Finding("info", f"job {snap.name}", f"no problems found in namespace {snap.namespace}", status))
-    return sorted(findings, key=lambda f: SEVERITY_ORDER[f.severity])
+    return worst_first(findings)
 
 
 # ----------------------------------------------------------------------------- collect

@@ -17,18 +17,17 @@ from __future__ import annotations
 
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import Any
 
 import yaml
 
+from kubetune.contracts.findings import Finding
 from kubetune.contracts.kube import KubeObject
 from kubetune.contracts.metrics import RELEASE_LABEL
 from kubetune.contracts.monitors import MONITOR_KINDS, OPERATOR_JOB_PREFIX, operator_job_prefix
 from kubetune.monitor.exporters import source_of
 from kubetune.monitor.expressions import Expression, panel_expressions
 from kubetune.monitor.prometheus import Prometheus
-
-Severity = Literal["ok", "warning", "error"]
 
 
 @dataclass(frozen=True)
@@ -48,14 +47,6 @@ class Collected:
     monitors_note: str = ""
     panels: list[PanelResult] = field(default_factory=list)
     job: str | None = None
-
-
-@dataclass(frozen=True)
-class Finding:
-    severity: Severity
-    area: str  # targets | monitors | panels
-    subject: str
-    detail: str
 
 
 # ---------------------------------------------------------------------------------- collect
@@ -116,16 +107,18 @@ def _target_findings(c: Collected) -> list[Finding]:
         if down:
             error = down[0].get("lastError") or "not scraped yet"
             detail = f"{len(down)} of {len(targets)} down; {down[0].get('scrapeUrl')}: {error}"
-            out.append(Finding("error", "targets", pool, detail))
+            out.append(Finding("error", pool, detail, area="targets"))
         elif pool.startswith(monitored) or any(word in pool.lower() for word in _RELEVANT):
-            out.append(Finding("ok", "targets", pool, f"{len(targets)} up"))
+            out.append(Finding("ok", pool, f"{len(targets)} up", area="targets"))
         else:
             others += 1
     if others:
-        out.append(Finding("ok", "targets", f"{others} other scrape pools", "all up"))
+        out.append(Finding("ok", f"{others} other scrape pools", "all up", area="targets"))
     if not pools:
         what = f"for job {c.job}" if c.job else "at all"
-        out.append(Finding("error", "targets", "-", f"Prometheus scrapes nothing {what}: are the monitors selected?"))
+        out.append(
+            Finding("error", "-", f"Prometheus scrapes nothing {what}: are the monitors selected?", area="targets")
+        )
     return out
 
 
@@ -137,9 +130,9 @@ def _monitor_finding(c: Collected, monitor: KubeObject) -> Finding:
     if jobs:
         count = sum(1 for t in c.targets if t.get("scrapePool") in jobs)
         if count:
-            return Finding("ok", "monitors", subject, f"selected, {count} target(s)")
-        return Finding("error", "monitors", subject, _selects_nothing(monitor))
-    return Finding("error", "monitors", subject, _not_selected(c, monitor))
+            return Finding("ok", subject, f"selected, {count} target(s)", area="monitors")
+        return Finding("error", subject, _selects_nothing(monitor), area="monitors")
+    return Finding("error", subject, _not_selected(c, monitor), area="monitors")
 
 
 def _selects_nothing(monitor: KubeObject) -> str:
@@ -177,10 +170,10 @@ def _not_selected(c: Collected, monitor: KubeObject) -> str:
 
 def _monitor_findings(c: Collected) -> list[Finding]:
     if c.monitors is None:
-        return [Finding("warning", "monitors", "-", c.monitors_note)]
+        return [Finding("warning", "-", c.monitors_note, area="monitors")]
     monitors = [m for m in c.monitors if m.get("kind") in MONITOR_KINDS]
     if not monitors:
-        return [Finding("warning", "monitors", "-", "no PodMonitor or ServiceMonitor found")]
+        return [Finding("warning", "-", "no PodMonitor or ServiceMonitor found", area="monitors")]
     if not any(job.startswith(tuple(f"{p}/" for p in OPERATOR_JOB_PREFIX.values())) for job in c.scrape_jobs):
         # every monitor would read "ignored", for a reason that is not theirs
         detail = (
@@ -188,7 +181,7 @@ def _monitor_findings(c: Collected) -> list[Finding]:
             "Operator, so PodMonitors and ServiceMonitors do nothing there; give --prometheus the URL of "
             "kube-prometheus-stack's Prometheus"
         )
-        return [Finding("error", "monitors", f"{len(monitors)} monitors", detail)]
+        return [Finding("error", f"{len(monitors)} monitors", detail, area="monitors")]
     return [_monitor_finding(c, m) for m in monitors]
 
 
@@ -201,10 +194,10 @@ def _panel_findings(c: Collected) -> list[Finding]:
             if title not in by_reason[p.why]:
                 by_reason[p.why].append(title)
     full = len({p.expression.where.rsplit(" [", 1)[0] for p in c.panels if p.has_data})
-    out = [Finding("ok", "panels", f"{full} panel{'s' * (full != 1)}", "have data")] if full else []
+    out = [Finding("ok", f"{full} panel{'s' * (full != 1)}", "have data", area="panels")] if full else []
     for why, titles in by_reason.items():
         shown = "; ".join(titles[:3]) + (f" (+{len(titles) - 3} more)" if len(titles) > 3 else "")
-        out.append(Finding("warning", "panels", shown, f"no data: {why}"))
+        out.append(Finding("warning", shown, f"no data: {why}", area="panels"))
     return out
 
 
@@ -214,7 +207,7 @@ def diagnose(c: Collected) -> list[Finding]:
 
 # ---------------------------------------------------------------------------------- report
 
-_STYLE = {"ok": "green", "warning": "yellow", "error": "bold red"}
+_STYLE = {"ok": "green", "info": "cyan", "warning": "yellow", "error": "bold red"}
 
 
 def report(c: Collected, findings: list[Finding], width: int | None = None) -> str:
@@ -230,7 +223,7 @@ def report(c: Collected, findings: list[Finding], width: int | None = None) -> s
     for column, ratio in (("area", 1), ("status", 1), ("what", 4), ("detail", 8)):
         table.add_column(column, ratio=ratio, overflow="fold")
     for f in findings:
-        table.add_row(f.area, f"[{_STYLE[f.severity]}]{f.severity}[/]", f.subject, f.detail)
+        table.add_row(f.area, f"[{_STYLE[f.severity]}]{f.severity}[/]", f.subject, f.problem)
     console = Console(width=width, record=True, force_terminal=False, color_system=None)
     with console.capture() as capture:
         console.print(table)

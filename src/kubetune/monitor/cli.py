@@ -128,6 +128,7 @@ def check_cmd(
     ),
 ) -> None:
     """Are the targets up, which monitors does Prometheus ignore (and why), which panels are empty (and why)."""
+    from kubetune.contracts.findings import has_errors
     from kubetune.contracts.metrics import DEFAULT_RELEASE
     from kubetune.monitor.check import collect, diagnose, report
     from kubetune.monitor.prometheus import Prometheus
@@ -143,7 +144,7 @@ def check_cmd(
         collected = collect(prom, release or selected or DEFAULT_RELEASE, monitors, note, job)
     findings = diagnose(collected)
     typer.echo(report(collected, findings), nl=False)
-    if any(f.severity == "error" for f in findings):
+    if has_errors(findings):
         raise typer.Exit(1)
 
 
