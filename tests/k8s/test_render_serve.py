@@ -230,6 +230,20 @@ def test_vllm_serves_a_lora_run_as_its_base_plus_the_runs_adapter():
     assert server(rendered(SEED, engine="vllm", image="my/vllm:1").objects)["image"] == "my/vllm:1"
 
 
+def test_vllm_loads_the_base_at_the_recipes_revision_with_its_own_code():
+    """vLLM reads the model in its own process: what kubetune's loader passes (the recipe's
+    revision and trust_remote_code) must reach vLLM's flags, or it loads another revision, or
+    refuses the model's own code."""
+    lora = server(
+        rendered(SEED, "model.revision=v1", "model.trust_remote_code=true", profile="nvidia", engine="vllm").objects
+    )["command"]
+    assert lora[lora.index("--revision") + 1] == "v1" and "--trust-remote-code" in lora
+    full = server(rendered(SEED, "finetune.method=full", "model.revision=v1", engine="vllm").objects)["command"]
+    assert "--revision" not in full  # the trained model/ is a local directory, without revisions
+    plain = server(rendered(SEED, profile="nvidia", engine="vllm").objects)["command"]
+    assert "--revision" not in plain and "--trust-remote-code" not in plain
+
+
 def test_vllm_over_the_embedded_gguf_serves_the_merged_export():
     out = rendered(engine="vllm")
     command = server(out.objects)["command"]

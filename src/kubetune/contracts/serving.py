@@ -73,6 +73,8 @@ class VllmOptions:
     max_lora_rank: int | None = None
     dtype: str = "auto"  # vLLM's own choice: bf16 where the model is bf16; never fp16 on CPU (see serve docs)
     tensor_parallel_size: int = 1
+    revision: str | None = None  # of `model` on the hub (a base model's revision; a local directory has none)
+    trust_remote_code: bool = False  # the model's own code (auto_map): vLLM loads it in its own process
     extra: tuple[str, ...] = field(default=())
 
 
@@ -86,6 +88,10 @@ def vllm_argv(opts: VllmOptions) -> list[str]:
         argv += ["--max-num-seqs", str(opts.max_num_seqs)]
     if opts.tensor_parallel_size > 1:
         argv += ["--tensor-parallel-size", str(opts.tensor_parallel_size)]
+    if opts.revision:
+        argv += ["--revision", opts.revision]
+    if opts.trust_remote_code:
+        argv += ["--trust-remote-code"]
     if opts.adapters:
         argv += ["--enable-lora", "--max-loras", str(len(opts.adapters))]
         if opts.max_lora_rank:
@@ -118,6 +124,8 @@ class VllmRun:
     base_name: str  # the name the base model is served under
     adapters: tuple[Adapter, ...] = ()  # more adapters (--adapter), each path their weights directory
     adapter_ranks: tuple[int, ...] = ()  # their LoRA ranks, where known
+    revision: str | None = None  # the recipe's `model.revision`: the base's, under a LoRA run
+    trust_remote_code: bool = False  # the recipe's `model.trust_remote_code`
 
 
 def vllm_run_options(
@@ -130,9 +138,10 @@ def vllm_run_options(
 ) -> VllmOptions:
     """What vLLM serves for a run: a LoRA run as its base model plus the run's adapter and the
     other adapters (one rank that holds them all), a full fine-tune as its model/."""
+    revision = None  # a full fine-tune's model/ is a local directory, without revisions
     if run.lora_rank is not None:
         model, served, adapters = run.base, run.base_name, (Adapter(run.name, run.weights), *run.adapters)
-        ranks = (run.lora_rank, *run.adapter_ranks)
+        ranks, revision = (run.lora_rank, *run.adapter_ranks), run.revision
     else:
         model, served, adapters, ranks = run.weights, run.name, run.adapters, run.adapter_ranks
     return VllmOptions(
@@ -145,6 +154,8 @@ def vllm_run_options(
         max_num_seqs,
         max_lora_rank=vllm_lora_rank(max(ranks)) if ranks else None,
         tensor_parallel_size=tensor_parallel_size,
+        revision=revision,
+        trust_remote_code=run.trust_remote_code,
     )
 
 

@@ -50,7 +50,18 @@ def vllm_options(
     method = recipe.finetune.method
     lora_rank = recipe.lora.r if method == "lora" else None
     base_name = Path(recipe.model.name_or_path).name
-    vllm_run = VllmRun(run.weights(method).as_posix(), lora_rank, name, base, base_name, extra, ranks)
+    model = recipe.model
+    vllm_run = VllmRun(
+        run.weights(method).as_posix(),
+        lora_rank,
+        name,
+        base,
+        base_name,
+        extra,
+        ranks,
+        revision=model.revision,
+        trust_remote_code=model.trust_remote_code,
+    )
     return vllm_run_options(vllm_run, host_addr, port, max_model_len, max_num_seqs)
 
 

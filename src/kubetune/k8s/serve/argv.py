@@ -83,11 +83,21 @@ def vllm_options(plan: Plan) -> VllmOptions:
             host="0.0.0.0",
             port=DEFAULT_PORT,
             tensor_parallel_size=tp,
+            trust_remote_code=recipe.model.trust_remote_code,
         )
     served_base = PurePosixPath(base).name if base.startswith("/") else base
     method = recipe.finetune.method
     lora_rank = recipe.lora.r if method == "lora" else None
-    vllm_run = VllmRun(run.weights(method).as_posix(), lora_rank, plan.job.job, base, served_base, extra)
+    vllm_run = VllmRun(
+        run.weights(method).as_posix(),
+        lora_rank,
+        plan.job.job,
+        base,
+        served_base,
+        extra,
+        revision=recipe.model.revision,
+        trust_remote_code=recipe.model.trust_remote_code,
+    )
     return vllm_run_options(vllm_run, "0.0.0.0", DEFAULT_PORT, tensor_parallel_size=tp)
 
 
