@@ -12,7 +12,7 @@ from pathlib import Path
 import typer
 
 # the defaults of `kubetune serve`'s options, each declared once (both modules are torch-free and light)
-from kubetune.contracts.serving import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DRAIN_TIMEOUT_S
+from kubetune.contracts.serving import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DRAIN_TIMEOUT_S, LOCAL_HOST
 from kubetune.errors import UserError
 from kubetune.serve.engine_client import Limits
 
@@ -238,7 +238,7 @@ _trust_request_chat_template_opt = typer.Option(
 def serve(
     target: str = typer.Argument(..., help="A run directory (its base model and adapter) or an HF model directory."),
     adapter: list[str] = typer.Option(None, "--adapter", help="NAME=RUN_DIR: one more LoRA adapter, served as NAME."),
-    host: str = typer.Option("127.0.0.1", "--host"),
+    host: str = typer.Option(LOCAL_HOST, "--host"),
     port: int = typer.Option(DEFAULT_PORT, "--port"),
     engine: str = typer.Option("auto", "--engine", help="auto | native | vllm (vLLM's OpenAI server, if installed)."),
     dtype: str = _serve_dtype_opt,

@@ -12,7 +12,13 @@ import pytest
 
 pytestmark = pytest.mark.process  # a fresh interpreter, so that the changed constants come first
 
-PATCHED = {"DRAIN_TIMEOUT_S": 47, "DEFAULT_MAX_BODY_BYTES": 3 << 20, "DEFAULT_PORT": 8123}
+PATCHED = {
+    "DRAIN_TIMEOUT_S": 47,
+    "DEFAULT_MAX_BODY_BYTES": 3 << 20,
+    "DEFAULT_PORT": 8123,
+    "LOCAL_HOST": "127.0.0.2",
+    "POD_HOST": "::",
+}
 
 READ_EVERYWHERE = """
 import json, sys
@@ -52,11 +58,16 @@ print(json.dumps({
         "flag": flags["port"],
         "pod": pod["containers"][0]["ports"][0]["containerPort"],
     },
+    "host": {
+        "server": opts.host,
+        "flag": flags["host"],
+        "pod": pod["containers"][0]["command"][pod["containers"][0]["command"].index("--host") + 1],
+    },
 }))
 """
 
 
-def test_the_drain_body_limit_and_port_come_from_the_contract_alone():
+def test_the_drain_body_limit_port_and_hosts_come_from_the_contract_alone():
     out = subprocess.run(
         [sys.executable, "-c", READ_EVERYWHERE, json.dumps(PATCHED)], capture_output=True, text=True, timeout=300
     )
@@ -64,6 +75,7 @@ def test_the_drain_body_limit_and_port_come_from_the_contract_alone():
     seen = json.loads(out.stdout)
     assert seen["drain"] == {"server": 47, "flag": 47, "pod": 47}
     assert seen["port"] == {"server": 8123, "flag": 8123, "pod": 8123}
+    assert seen["host"] == {"server": "127.0.0.2", "flag": "127.0.0.2", "pod": "::"}
     body = seen["body"]
     assert body["server"] == body["flag"] == 3 << 20
     assert body["ingress"] and all(body["nginx"] in a.values() for a in body["ingress"])

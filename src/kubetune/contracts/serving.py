@@ -12,6 +12,10 @@ from dataclasses import dataclass, field
 from kubetune.errors import UserError
 
 DEFAULT_PORT = 8000
+# Where a server listens: only this machine by default (`kubetune serve`), every address in a pod,
+# whose Service and NetworkPolicy decide who reaches it.
+LOCAL_HOST = "127.0.0.1"
+POD_HOST = "0.0.0.0"
 HEALTH_PATH = "/health"  # the process is alive (liveness)
 READY_PATH = "/ready"  # the model is loaded and requests are admitted (readiness); 503 before and while draining
 METRICS_PATH = "/metrics"
@@ -66,7 +70,7 @@ class VllmOptions:
     model: str  # an HF model directory or hub id (the merged model, or the base when adapters are given)
     served_name: str  # several names (aliases) separated by spaces, as vLLM's flag takes several
     adapters: tuple[Adapter, ...] = ()
-    host: str = "127.0.0.1"
+    host: str = LOCAL_HOST
     port: int = DEFAULT_PORT
     max_model_len: int | None = None
     max_num_seqs: int | None = None

@@ -17,7 +17,7 @@ from typing import Any
 
 import uvicorn
 
-from kubetune.contracts.serving import DEFAULT_PORT, DRAIN_TIMEOUT_S, Adapter
+from kubetune.contracts.serving import DEFAULT_PORT, DRAIN_TIMEOUT_S, LOCAL_HOST, Adapter
 from kubetune.serve.engine_client import Limits
 from kubetune.serve.http.api import create_app
 from kubetune.serve.http.auth import describe
@@ -30,7 +30,7 @@ log = logging.getLogger("kubetune.serve")
 class ServeOptions:
     target: str
     adapters: tuple[Adapter, ...] = ()
-    host: str = "127.0.0.1"
+    host: str = LOCAL_HOST
     port: int = DEFAULT_PORT
     dtype: str = "auto"  # auto | bf16 | fp32
     limits: Limits = field(default_factory=Limits)

@@ -9,6 +9,7 @@ from pathlib import Path, PurePosixPath
 from kubetune.contracts.kube import KubeObject, parse_quantity
 from kubetune.contracts.serving import (
     DEFAULT_PORT,
+    POD_HOST,
     Adapter,
     VllmOptions,
     VllmRun,
@@ -40,7 +41,7 @@ def _adapters_in_pod(plan: Plan) -> tuple[Adapter, ...]:
 
 
 def native_argv(plan: Plan) -> list[str]:
-    argv = ["kubetune", "serve", plan.run_dir, "--host", "0.0.0.0", "--port", str(DEFAULT_PORT), "--engine", "native"]
+    argv = ["kubetune", "serve", plan.run_dir, "--host", POD_HOST, "--port", str(DEFAULT_PORT), "--engine", "native"]
     for a in _adapters_in_pod(plan):
         argv += ["--adapter", f"{a.name}={a.path}"]
     return argv
@@ -80,7 +81,7 @@ def vllm_options(plan: Plan) -> VllmOptions:
         return VllmOptions(
             model=run.merged.as_posix(),
             served_name=plan.job.job,
-            host="0.0.0.0",
+            host=POD_HOST,
             port=DEFAULT_PORT,
             tensor_parallel_size=tp,
             trust_remote_code=recipe.model.trust_remote_code,
@@ -98,7 +99,7 @@ def vllm_options(plan: Plan) -> VllmOptions:
         revision=recipe.model.revision,
         trust_remote_code=recipe.model.trust_remote_code,
     )
-    return vllm_run_options(vllm_run, "0.0.0.0", DEFAULT_PORT, tensor_parallel_size=tp)
+    return vllm_run_options(vllm_run, POD_HOST, DEFAULT_PORT, tensor_parallel_size=tp)
 
 
 def server_argv(plan: Plan) -> list[str]:
