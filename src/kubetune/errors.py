@@ -36,3 +36,10 @@ class RunDirError(UserError):
 
 class MemoryBudgetError(UserError):
     """The run outgrew KUBETUNE_MEMORY_BUDGET; a checkpoint was saved first."""
+
+
+def first_line(e: BaseException) -> str:
+    """An exception's message cut to its first line (its type where it has none): what a
+    one-line error quotes of a library's multi-line error."""
+    text = str(e).strip()
+    return text.splitlines()[0] if text else type(e).__name__

@@ -26,7 +26,7 @@ from typing import Any
 
 import torch
 
-from kubetune.errors import ModelError
+from kubetune.errors import ModelError, first_line
 from kubetune.fsutil import atomic_dir, cache_root, file_lock
 from kubetune.models.stages import Stage, keep_stage
 from kubetune.recipe.schema import DEFAULT_MODEL, ModelSection
@@ -148,7 +148,7 @@ def load_tokenizer(source: str, revision: str | None = None, trust_remote_code: 
     except ValueError as e:
         raise _refused_code(source, e) from None
     except OSError as e:
-        raise ModelError(f"model.name_or_path={source}: cannot load the tokenizer ({_first_line(e)})") from None
+        raise ModelError(f"model.name_or_path={source}: cannot load the tokenizer ({first_line(e)})") from None
     if tok.eos_token_id is None:
         raise ModelError(f"model.name_or_path={source}: the tokenizer has no EOS token; set one in its config")
     if tok.pad_token_id is None:
@@ -164,7 +164,7 @@ def load_config(source: str, revision: str | None = None, trust_remote_code: boo
     except ValueError as e:
         raise _refused_code(source, e) from None
     except OSError as e:
-        raise ModelError(f"model.name_or_path={source}: cannot load the model's config ({_first_line(e)})") from None
+        raise ModelError(f"model.name_or_path={source}: cannot load the model's config ({first_line(e)})") from None
 
 
 def load_causal_lm(
@@ -188,7 +188,7 @@ def load_causal_lm(
         raise _refused_code(source, e) from None
     except OSError as e:
         hint = " (offline? set HF_TOKEN / HF_HOME, or use a local directory)" if not os.path.exists(source) else ""
-        raise ModelError(f"model.name_or_path={source}: cannot load the model{hint}: {_first_line(e)}") from None
+        raise ModelError(f"model.name_or_path={source}: cannot load the model{hint}: {first_line(e)}") from None
     model.config.use_cache = False
     return model
 
@@ -278,7 +278,3 @@ def _refused_code(source: str, e: ValueError) -> Exception:
         f"model.name_or_path={source}: the model's class is in its own code (auto_map); "
         "read that code, then set model.trust_remote_code=true to run it"
     )
-
-
-def _first_line(e: BaseException) -> str:
-    return str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__

@@ -41,7 +41,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from kubetune.errors import RecipeError, UserError
+from kubetune.errors import RecipeError, UserError, first_line
 
 if TYPE_CHECKING:
     from kubetune.recipe.layout import ModelShape
@@ -224,7 +224,7 @@ def launch_torchrun(
             print(f"kubetune: error: training processes failed:{e}", file=sys.stderr)  # torch's whole report
             return 1
         except Exception as e:  # the agent itself: rendezvous, a signal
-            print(f"kubetune: error: training processes failed: {_first_line(e)}", file=sys.stderr)
+            print(f"kubetune: error: training processes failed: {first_line(e)}", file=sys.stderr)
             return 1
     return 0
 
@@ -334,8 +334,3 @@ def _records_user_error(path: Path) -> bool:
         return bool(json.loads(path.read_text()).get(USER_ERROR_KEY))
     except (OSError, ValueError, AttributeError):  # a crash's file, or one being written
         return False
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__

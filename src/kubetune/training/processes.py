@@ -32,7 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from kubetune.errors import UserError
+from kubetune.errors import UserError, first_line
 from kubetune.models.measure import Decision, Question, Workload
 
 MARGIN = 0.95  # N processes cost N model copies and a gradient all-reduce per step: clearly faster, or one
@@ -98,13 +98,8 @@ def plan_processes(recipe_arg: str | None, overrides: list[str], remeasure: bool
     except UserError:
         raise  # bad input: training would stop on it too, with the same line
     except Exception as e:  # the probe itself failed: train anyway, as one process
-        return ProcessPlan(1, why=f"the measurement failed ({_first_line(e)}); --nproc-per-node N to choose")
+        return ProcessPlan(1, why=f"the measurement failed ({first_line(e)}); --nproc-per-node N to choose")
     return _plan(n if decision.choice == "processes" else 1, split, decision.describe())
-
-
-def _first_line(e: BaseException) -> str:
-    text = str(e).strip()
-    return text.splitlines()[0] if text else type(e).__name__
 
 
 def _plan(processes: int, split: tuple[int, int], why: str) -> ProcessPlan:
@@ -361,7 +356,7 @@ def _worker_main() -> None:
     try:
         run = layer_workload(LayerSpec(**job["spec"]), job["lengths"])
     except Exception as e:  # the parent reports it in one line
-        print(f"failed to build the layer: {_first_line(e)}", flush=True)
+        print(f"failed to build the layer: {first_line(e)}", flush=True)
         sys.exit(1)
     print("ready", flush=True)
     for line in sys.stdin:
