@@ -14,8 +14,7 @@ from kubetune import __version__
 from kubetune.cli import app
 from kubetune.cluster import cli as cluster_cli
 from kubetune.cluster import manifests, settings
-from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
-from kubetune.cluster.deviceplugin.publish import DEFAULT_POD_RESOURCES_SOCKET
+from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 from kubetune.cluster.extender import DEFAULT_PORT as EXTENDER_PORT
 from kubetune.cluster.netprobe import DEFAULT_PORT as NETPROBE_PORT

@@ -30,7 +30,7 @@ from dataclasses import dataclass
 
 from kubetune import __version__
 from kubetune.cluster import nodefacts as keys
-from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
+from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 from kubetune.cluster.extender import DEFAULT_PORT as EXTENDER_PORT
 from kubetune.cluster.netprobe import DEFAULT_PORT as NETPROBE_PORT
@@ -46,7 +46,7 @@ DEVICES = ("plugin", "dra")  # --devices: the device plugin (extended resources)
 EXTENDER_NAME = "kubetune-scheduler-extender"
 NETPROBE_NAME = "kubetune-netprobe"
 SCHEDULER_CONFIG_NAME = "kubetune-scheduler-config"
-POD_RESOURCES_DIR = "/var/lib/kubelet/pod-resources"
+POD_RESOURCES_DIR = DEFAULT_POD_RESOURCES_SOCKET.parent.as_posix()  # mounted: the plugin reads the socket in it
 POD_COMMAND = ("kubetune", "pod")  # the hidden group of what only pods run; args name the command
 
 # Node Feature Discovery labels a node by the PCI devices it holds (NFD docs, "Feature labels",

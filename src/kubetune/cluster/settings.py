@@ -14,8 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from kubetune.cluster import nodefacts as keys
-from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR
-from kubetune.cluster.deviceplugin.publish import DEFAULT_POD_RESOURCES_SOCKET
+from kubetune.cluster.deviceplugin import DEFAULT_PLUGIN_DIR, DEFAULT_POD_RESOURCES_SOCKET
 from kubetune.cluster.dra import DEFAULT_CDI_DIR, DEFAULT_PLUGINS_DIR, DEFAULT_REGISTRY_DIR
 from kubetune.cluster.extender import DEFAULT_PORT as EXTENDER_PORT
 from kubetune.cluster.manifests import NETPROBE_NAME, ComponentSettings

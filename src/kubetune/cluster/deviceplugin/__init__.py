@@ -7,3 +7,4 @@ from pathlib import Path
 
 DEFAULT_PLUGIN_DIR = Path("/var/lib/kubelet/device-plugins")
 KUBELET_SOCKET = "kubelet.sock"
+DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")

@@ -16,11 +16,10 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from kubetune.cluster import nodefacts as keys
+from kubetune.cluster.deviceplugin import DEFAULT_POD_RESOURCES_SOCKET
 from kubetune.cluster.devices.discovery import HEALTHY, Card
 
 log = logging.getLogger(__name__)
-
-DEFAULT_POD_RESOURCES_SOCKET = Path("/var/lib/kubelet/pod-resources/kubelet.sock")
 
 
 # Free memory is published in steps of this many MiB: a measured figure moves by a few MiB all
