@@ -88,12 +88,12 @@ BREAKS = [
     # torch reached through another module: the serving contract k8s imports, importing the grammars
     (
         "contracts/serving.py",
-        "import kubetune.serve.engine.structured",
+        "import kubetune.serve.native.structured",
         "torch-free",
-        "serving -> kubetune.serve.engine.structured",
+        "serving -> kubetune.serve.native.structured",
     ),
     ("contracts/progress_line.py", "import kubetune.errors", "stdlib-only", "progress_line -> kubetune.errors"),
-    ("serve/engine/models.py", "from kubetune.training import run", "engine-layers", "models -> kubetune.training.run"),
+    ("serve/native/models.py", "from kubetune.training import run", "engine-layers", "models -> kubetune.training.run"),
     # the HTTP side reaching past the seam, to what composes the engine
     ("serve/http/state.py", "import kubetune.serve.server", "http-through-the-seam", "state -> kubetune.serve.server"),
     ("export/weights.py", "from kubetune.k8s import names", "engine-not-cluster", "weights -> kubetune.k8s.names"),

@@ -14,9 +14,9 @@ from bench.common.serving import PROMPTS
 
 
 def start_engine(opts: Any) -> tuple[Any, Any, str]:
-    """(served model, engine, summary line) of `kubetune.serve.engine.build.build_engine(opts)`,
+    """(served model, engine, summary line) of `kubetune.serve.native.build.build_engine(opts)`,
     its loop running on the thread that built it."""
-    from kubetune.serve.engine.build import build_engine
+    from kubetune.serve.native.build import build_engine
 
     built: dict = {}
     ready = threading.Event()

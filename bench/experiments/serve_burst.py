@@ -90,7 +90,7 @@ def _profile_turns(engine) -> list:
 
 def _burst(engine, prompts: list[list[int]]) -> list[float]:
     """Submit every prompt at once (one new token each); seconds to each one's first token."""
-    from kubetune.serve.engine_client import Request, Sampling
+    from kubetune.contracts.engine import Request, Sampling
 
     done = [threading.Event() for _ in prompts]
     ttft = [0.0] * len(prompts)

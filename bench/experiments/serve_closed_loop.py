@@ -25,9 +25,9 @@ from bench.common.inproc import PROMPTS, chat_prompts, start_engine
 
 
 def main() -> None:
+    from kubetune.contracts.engine import Request, Sampling
     from kubetune.contracts.serving import Adapter
     from kubetune.models.load import resolve_model
-    from kubetune.serve.engine_client import Request, Sampling
     from kubetune.serve.server import ServeOptions
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

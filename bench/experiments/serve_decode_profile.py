@@ -20,14 +20,14 @@ import torch
 
 
 def main() -> None:
+    from kubetune.contracts.engine import Limits, Request, Sampling
     from kubetune.contracts.serving import Adapter
+    from kubetune.engine.core import Engine
+    from kubetune.engine.kvcache import SlotCache, register
     from kubetune.models.load import resolve_model
-    from kubetune.serve.engine.core import Engine
-    from kubetune.serve.engine.kvcache import SlotCache, register
-    from kubetune.serve.engine.metrics import ServeMetrics
-    from kubetune.serve.engine.models import load_served
-    from kubetune.serve.engine.packed import pack
-    from kubetune.serve.engine_client import Limits, Request, Sampling
+    from kubetune.serve.native.metrics import ServeMetrics
+    from kubetune.serve.native.models import load_served
+    from kubetune.serve.native.packed import pack
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--seqs", type=int, default=16)
@@ -75,8 +75,8 @@ def mix_ab(engine, rounds: int) -> None:
     and as their round-robin adapters, alternating."""
     import statistics
 
-    from kubetune.serve.engine.kvcache import Batch
-    from kubetune.serve.engine.lora import BASE
+    from kubetune.engine.kvcache import Batch
+    from kubetune.engine.lora import BASE
 
     seqs = engine._slots
     ids = torch.tensor([s.tokens[-1] for s in seqs])

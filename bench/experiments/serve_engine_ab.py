@@ -5,8 +5,8 @@ its linear layers as the arm says, reads N prompts of 50 tokens and decodes `--w
 rounds of `--steps` timed decode steps alternate between the arms.
 
 Arms: `serve` (what `kubetune serve` builds: q/k/v and gate/up fused into one GEMM each,
-serve/engine/lora.py; each weight shape timed plain and packed at start-up and packed unless plain is
-clearly faster, serve/engine/packed.py), `apart` (the same without fusion: one GEMM per projection,
+engine/lora.py; each weight shape timed plain and packed at start-up and packed unless plain is
+clearly faster, serve/native/packed.py), `apart` (the same without fusion: one GEMM per projection,
 as transformers' modules are), `all` (fused, every shape packed without a race) and `none`
 (fused, plain GEMMs).
 
@@ -31,13 +31,13 @@ ARMS = {  # name: (fuse, packing)
 
 
 def build(arm: str, seqs: int, adapters: list, rows: int):
+    from kubetune.contracts.engine import Limits, Request, Sampling
+    from kubetune.engine.core import Engine
+    from kubetune.engine.kvcache import SlotCache, register
     from kubetune.models.load import resolve_model
-    from kubetune.serve.engine.core import Engine
-    from kubetune.serve.engine.kvcache import SlotCache, register
-    from kubetune.serve.engine.metrics import ServeMetrics
-    from kubetune.serve.engine.models import load_served
-    from kubetune.serve.engine.packed import pack
-    from kubetune.serve.engine_client import Limits, Request, Sampling
+    from kubetune.serve.native.metrics import ServeMetrics
+    from kubetune.serve.native.models import load_served
+    from kubetune.serve.native.packed import pack
 
     fuse, packing = ARMS[arm]
     served = load_served(resolve_model("smollm2-135m-instruct"), adapters, torch.float32, register(), fuse=fuse)

@@ -5,7 +5,7 @@ decode shapes of SmolLM2 (16 or 64 rows, 576 -> 576 and 576 -> 1536, 4 adapters 
 - base: the oneDNN-packed base GEMM alone;
 - addmm: the packed base GEMM, then y + h @ B.T as one addmm;
 - binary-add: h @ B.T, then the packed base GEMM with oneDNN's fused add;
-- joint: [x | h] @ [W | B].T, one packed GEMM over the concatenated input (what serve/engine/lora.py does).
+- joint: [x | h] @ [W | B].T, one packed GEMM over the concatenated input (what engine/lora.py does).
 
     .venv/bin/python bench/experiments/serve_lora_gemm.py
 """

@@ -30,13 +30,13 @@ MODES = ("main", "same-thread", "build-thread-then-run-thread", "build-main-run-
 
 
 def build(box: dict) -> None:
+    from kubetune.contracts.engine import Limits, Request, Sampling
+    from kubetune.engine.core import Engine
+    from kubetune.engine.kvcache import SlotCache, register
     from kubetune.models.load import resolve_model
-    from kubetune.serve.engine.core import Engine
-    from kubetune.serve.engine.kvcache import SlotCache, register
-    from kubetune.serve.engine.metrics import ServeMetrics
-    from kubetune.serve.engine.models import load_served
-    from kubetune.serve.engine.packed import pack
-    from kubetune.serve.engine_client import Limits, Request, Sampling
+    from kubetune.serve.native.metrics import ServeMetrics
+    from kubetune.serve.native.models import load_served
+    from kubetune.serve.native.packed import pack
 
     served = load_served(resolve_model("smollm2-135m-instruct"), [], torch.float32, register())
     pack(served.lm, 16)

@@ -38,12 +38,12 @@ def prompts(tokenizer, n: int) -> list[list[int]]:
 
 
 def kubetune_arm(model_dir: str, ids: list[list[int]], max_tokens: int, compile_decoder: bool) -> dict:
-    from kubetune.serve.engine.core import Engine
-    from kubetune.serve.engine.kvcache import SlotCache, register
-    from kubetune.serve.engine.metrics import ServeMetrics
-    from kubetune.serve.engine.models import load_served
-    from kubetune.serve.engine.packed import pack
-    from kubetune.serve.engine_client import Limits, Request, Sampling
+    from kubetune.contracts.engine import Limits, Request, Sampling
+    from kubetune.engine.core import Engine
+    from kubetune.engine.kvcache import SlotCache, register
+    from kubetune.serve.native.metrics import ServeMetrics
+    from kubetune.serve.native.models import load_served
+    from kubetune.serve.native.packed import pack
 
     served = load_served(model_dir, [], torch.float32, register())
     print("  ", pack(served.lm, rows=16))  # as `kubetune serve` does

@@ -1,4 +1,4 @@
-"""What constrained decoding (serve/engine/structured.py, llguidance) costs per generated token.
+"""What constrained decoding (serve/native/structured.py, llguidance) costs per generated token.
 
 Drives one `Constraint` through the tokens of a schema-valid document on the SmolLM2
 tokenizer, as the engine would (mask the logits row, then advance with the token), and
@@ -98,7 +98,7 @@ def quantiles_us(values: list[float]) -> str:
 
 def main() -> None:
     from kubetune.models.load import load_tokenizer, resolve_model
-    from kubetune.serve.engine.structured import Grammars
+    from kubetune.serve.native.structured import Grammars
 
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--rounds", type=int, default=20)

@@ -11,10 +11,11 @@ from pathlib import Path
 
 import typer
 
+from kubetune.contracts.engine import Limits
+
 # the defaults of `kubetune serve`'s options, each declared once (both modules are torch-free and light)
 from kubetune.contracts.serving import DEFAULT_MAX_BODY_BYTES, DEFAULT_PORT, DRAIN_TIMEOUT_S, LOCAL_HOST
 from kubetune.errors import UserError
-from kubetune.serve.engine_client import Limits
 
 app = typer.Typer(
     name="kubetune",

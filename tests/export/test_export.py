@@ -126,7 +126,7 @@ def pinned_remote_run(tmp_path, tokenizer, monkeypatch):
 
 def test_every_reader_loads_a_run_at_its_revision_with_its_code(pinned_remote_run):
     from kubetune.rundir import RunDir
-    from kubetune.serve.engine.models import load_served
+    from kubetune.serve.native.models import load_served
 
     def is_v1(lm):
         return type(lm).__name__ == "TinyRemoteForCausalLM" and lm.config.num_hidden_layers == 2

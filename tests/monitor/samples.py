@@ -20,7 +20,7 @@ The values are representative of a Gaudi2 / H100 training node under load, writt
 no accelerator was available to record them (NOTE for readers of the PNGs: not measurements).
 
 kubetune's own series come from the code that serves them where it is importable without
-torch (`kubetune.serve.engine.metrics.ServeMetrics`, the device plugin's `PluginMetrics`) and from the
+torch (`kubetune.serve.native.metrics.ServeMetrics`, the device plugin's `PluginMetrics`) and from the
 contract (`kubetune.contracts.metrics`) for training and the extender.
 """
 
@@ -33,7 +33,7 @@ from prometheus_client import CollectorRegistry, generate_latest
 
 from kubetune.cluster.deviceplugin.metrics import PluginMetrics
 from kubetune.contracts.metrics import STEP_PHASES, TRAIN_METRICS, component_metric, instrument, size_bucket
-from kubetune.serve.engine.metrics import ServeMetrics
+from kubetune.serve.native.metrics import ServeMetrics
 
 MIB = 1 << 20
 

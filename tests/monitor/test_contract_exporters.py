@@ -1,5 +1,5 @@
 """The contract's serving and component metrics are what those processes really export:
-contracts/metrics.py names them for the dashboards and alerts, while serve/engine/metrics.py, the device
+contracts/metrics.py names them for the dashboards and alerts, while serve/native/metrics.py, the device
 plugin and the extender define them, so a rename on either side must fail here."""
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def promised(metrics: tuple[Metric, ...]) -> set[tuple[str, str]]:
 
 
 def test_the_server_exports_the_contracts_serving_metrics():
-    from kubetune.serve.engine.metrics import ServeMetrics
+    from kubetune.serve.native.metrics import ServeMetrics
 
     registry = ServeMetrics("base", max_lora=2, adapter_names=["a"]).registry
     assert families(generate_latest(registry).decode()) == promised(SERVE_METRICS)
@@ -31,7 +31,7 @@ def test_the_server_exports_the_contracts_serving_metrics():
 def test_the_servers_help_labels_and_buckets_are_the_contracts():
     """Beyond names and types: each family's help text, label names and (histograms) bucket
     bounds are the contract's, which are vLLM's (a gateway filters on the labels)."""
-    from kubetune.serve.engine.metrics import ServeMetrics
+    from kubetune.serve.native.metrics import ServeMetrics
 
     served = ServeMetrics("base", max_lora=2, adapter_names=["a"], max_model_len=1000)
     served.state(0, 0, 0.0, [], [])  # the adapters' info series exists from the first engine turn

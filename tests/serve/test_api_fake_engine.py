@@ -14,11 +14,11 @@ import time
 import httpx
 import pytest
 
+from kubetune.contracts.engine import AdmissionError, Event, Limits, Request
 from kubetune.data.templates import PromptRenderer
-from kubetune.serve.engine.models import Served
-from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request
 from kubetune.serve.http.api import create_app
 from kubetune.serve.http.state import ServerState
+from kubetune.serve.native.models import Served
 
 pytestmark = pytest.mark.process
 

@@ -10,14 +10,14 @@ import time
 import pytest
 import torch
 
+from kubetune.contracts.engine import AdmissionError, Event, Limits, Request, Sampling
 from kubetune.contracts.serving import Adapter
-from kubetune.serve.engine.core import MAX_FAILED_STEPS, Engine
-from kubetune.serve.engine.kvcache import SlotCache, register
-from kubetune.serve.engine.lora import install
-from kubetune.serve.engine.metrics import ServeMetrics
-from kubetune.serve.engine.models import load_served
-from kubetune.serve.engine.packed import pack
-from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request, Sampling
+from kubetune.engine.core import MAX_FAILED_STEPS, Engine
+from kubetune.engine.kvcache import SlotCache, register
+from kubetune.engine.lora import install
+from kubetune.serve.native.metrics import ServeMetrics
+from kubetune.serve.native.models import load_served
+from kubetune.serve.native.packed import pack
 
 
 def _engine(tiny_runs, limits: Limits, budget: int = 64 << 20, packed: bool = False):
@@ -272,7 +272,7 @@ def test_run_serves_on_the_calling_thread_until_stopped(tiny_runs):
 def test_fused_projections_equal_the_separate_layers(tiny_runs):
     """q/k/v and gate/up run as one GEMM each (with the adapters' blocks), and give the same
     logits as the model with one layer per projection, for base and adapter tokens in one batch."""
-    from kubetune.serve.engine.lora import FusedLinear, Member
+    from kubetune.engine.lora import FusedLinear, Member
 
     a, b = tiny_runs
     outs = []
@@ -295,7 +295,7 @@ def test_fused_projections_equal_the_separate_layers(tiny_runs):
 
 
 def test_one_request_whose_sampling_fails_ends_alone(tiny_runs, monkeypatch):
-    from kubetune.serve.engine import sampling as sampling_module
+    from kubetune.engine import sampling as sampling_module
 
     _, engine = _engine(tiny_runs, Limits())
     real = sampling_module.sample_row

@@ -11,11 +11,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from kubetune.serve.engine.core import Engine
-from kubetune.serve.engine.kvcache import Batch, SlotCache, register
-from kubetune.serve.engine.lora import BASE, add_late_adapter, install, read_adapter_files, read_adapters
-from kubetune.serve.engine.metrics import ServeMetrics
-from kubetune.serve.engine_client import Limits, Request, Sampling
+from kubetune.contracts.engine import Limits, Request, Sampling
+from kubetune.engine.core import Engine
+from kubetune.engine.kvcache import Batch, SlotCache, register
+from kubetune.engine.lora import BASE, add_late_adapter, install, read_adapter_files, read_adapters
+from kubetune.serve.native.metrics import ServeMetrics
 
 # (rank, targets) of the test's adapters: every linear layer, two of the attention's, an MLP's and o_proj
 ADAPTERS = [(8, "all-linear"), (16, ["q_proj", "v_proj"]), (4, ["gate_proj", "down_proj", "o_proj"])]

@@ -14,10 +14,10 @@ import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
+from kubetune.contracts.engine import Limits, Request, Sampling
 from kubetune.contracts.metrics import FINISH_REASONS, SERVE_METRICS, exposed_names
-from kubetune.serve.engine.core import Sequence
-from kubetune.serve.engine.metrics import ServeMetrics
-from kubetune.serve.engine_client import Limits, Request, Sampling
+from kubetune.engine.core import Sequence
+from kubetune.serve.native.metrics import ServeMetrics
 
 from .conftest import metric
 from .test_engine import Collector, _engine

@@ -15,7 +15,7 @@ import httpx
 import openai
 import pytest
 
-from kubetune.serve.engine_client import Limits
+from kubetune.contracts.engine import Limits
 from kubetune.serve.http.api import create_app
 from kubetune.serve.http.state import ServerState
 from tests.kit.cli import run_cli_in_process, run_cli_subprocess

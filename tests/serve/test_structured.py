@@ -10,8 +10,8 @@ import pytest
 import torch
 from pydantic import BaseModel
 
-from kubetune.serve.engine.structured import Constraint, ConstraintError, Grammars
 from kubetune.serve.http.tools import NamedToolChoice, Tool, calls_from_json, plan_tools
+from kubetune.serve.native.structured import Constraint, ConstraintError, Grammars
 
 PERSON = {
     "type": "object",

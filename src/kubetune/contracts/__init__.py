@@ -10,6 +10,9 @@
 - `metrics`: the metric names every exporter exposes and the dashboards and alerts query;
   `monitors` (PodMonitor, ServiceMonitor) and `prometheus_adapter` (the autoscaler's rule)
   are the scrape and adapter objects built on them.
+- `engine`: what an inference engine and its callers say to each other (requests, sampling,
+  token events, limits): the HTTP side (`kubetune.serve.http`), GRPO's rollouts and the engine
+  (`kubetune.engine`) read it.
 - `findings`: the `Finding` that `kubetune k8s doctor` and `kubetune monitor check` report,
   the order of severities and when a command exits 1.
 

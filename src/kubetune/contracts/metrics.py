@@ -113,7 +113,7 @@ TRAIN_METRICS: tuple[Metric, ...] = (
 # `kubetune serve` and vLLM: vLLM V1's own series (vllm/v1/metrics/loggers.py, PrometheusStatLogger,
 # as of vLLM 0.32), with its names, types, help texts, labels and buckets, because KServe, llm-d's
 # scheduler, the Gateway API Inference Extension's endpoint picker and KEDA scale and route on them.
-# kubetune.serve.engine.metrics builds its prometheus_client objects from this table; nothing else lists them.
+# kubetune.serve.native.metrics builds its prometheus_client objects from this table; nothing else lists them.
 # `engine` is vLLM's engine index (data-parallel rank): a kubetune server is one engine, "0".
 SERVE_LABELS = ("model_name", "engine")
 SERVE_ENGINE = "0"

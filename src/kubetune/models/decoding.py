@@ -1,7 +1,7 @@
 """Decoding one answer with a causal LM (greedy, or sampled at a temperature) through
 transformers' `generate`: what `kubetune generate` and a run's sample answers share, so that
 both give the same greedy answer for the same prompt. Serving has its own batched loop
-(serve/engine/core.py); its tests hold it to the same greedy tokens."""
+(engine/core.py); its tests hold it to the same greedy tokens."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """`kubetune generate`: answer one prompt in this process with a run (base + adapter) or an HF
 model directory, rendering it with the run's prompt template as `kubetune serve` does
-(serve/engine/models.py), decoded by models/decoding.py."""
+(serve/native/models.py), decoded by models/decoding.py."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from kubetune.models.decoding import generate_text
 from kubetune.models.finetune import ModelParts
 from kubetune.models.kernels import autocast_context, compute_precision
 from kubetune.models.load import DTYPES, load_config, model_config
-from kubetune.serve.engine.models import model_source
+from kubetune.serve.native.models import model_source
 
 
 def generate_cli(target: str, prompt: str, max_new_tokens: int = 128, temperature: float = 0.0) -> str:

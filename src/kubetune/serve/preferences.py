@@ -27,21 +27,21 @@ from typing import Any
 
 import torch
 
+from kubetune.contracts.engine import Event, Limits, Request, Sampling
 from kubetune.data.sources import load_rows, map_columns
 from kubetune.data.templates import PromptRenderer, Row
+from kubetune.engine.core import Engine
+from kubetune.engine.kvcache import SlotCache, register
+from kubetune.engine.lora import install
 from kubetune.errors import UserError
 from kubetune.fsutil import atomic_write_text
 from kubetune.models.kernels import compute_precision
 from kubetune.models.load import DTYPES, model_config
 from kubetune.models.runs import load_run
 from kubetune.recipe import Recipe, load_recipe
-from kubetune.serve.engine import host
-from kubetune.serve.engine.build import kv_budget
-from kubetune.serve.engine.core import Engine
-from kubetune.serve.engine.kvcache import SlotCache, register
-from kubetune.serve.engine.lora import install
-from kubetune.serve.engine.metrics import ServeMetrics
-from kubetune.serve.engine_client import Event, Limits, Request, Sampling
+from kubetune.serve.native import host
+from kubetune.serve.native.build import kv_budget
+from kubetune.serve.native.metrics import ServeMetrics
 
 # Sequences decoded together: a CPU decode step reads every weight once whatever the batch, so
 # a larger batch is nearly free per answer until the KV cache no longer fits (the engine then

@@ -17,8 +17,8 @@ from typing import Any
 
 import uvicorn
 
+from kubetune.contracts.engine import Limits
 from kubetune.contracts.serving import DEFAULT_PORT, DRAIN_TIMEOUT_S, LOCAL_HOST, Adapter
-from kubetune.serve.engine_client import Limits
 from kubetune.serve.http.api import create_app
 from kubetune.serve.http.auth import describe
 from kubetune.serve.http.state import ApiOptions, ServerState
@@ -43,8 +43,8 @@ class ServeOptions:
 
 
 def serve(opts: ServeOptions) -> None:
-    from kubetune.serve.engine.build import check_dtype
-    from kubetune.serve.engine.models import plan_served
+    from kubetune.serve.native.build import check_dtype
+    from kubetune.serve.native.models import plan_served
 
     plan_served(opts.target, list(opts.adapters))  # a bad target or adapter fails here, in one line
     check_dtype(opts.dtype)
@@ -67,7 +67,7 @@ def serve(opts: ServeOptions) -> None:
 def _load_into(state: ServerState, opts: ServeOptions, server: Any) -> None:
     """Load the model, then run the engine on this thread until the server stops."""
     try:
-        from kubetune.serve.engine.build import build_engine
+        from kubetune.serve.native.build import build_engine
 
         t0 = time.monotonic()
         served, engine, metrics, summary = build_engine(opts)

@@ -15,8 +15,8 @@ from pathlib import Path
 
 from kubetune.contracts.serving import Adapter, VllmOptions, VllmRun, vllm_argv, vllm_cpu_kvcache_gib, vllm_run_options
 from kubetune.errors import UserError
-from kubetune.serve.engine import host
 from kubetune.serve.http.auth import VLLM_API_KEY_ENV, describe
+from kubetune.serve.native import host
 
 VLLM_PYTHON_ENV = "KUBETUNE_VLLM_PYTHON"  # a python with vLLM (e.g. .venv-vllm/bin/python), if not this one
 

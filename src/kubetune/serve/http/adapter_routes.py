@@ -25,7 +25,7 @@ from fastapi import FastAPI
 from fastapi.responses import PlainTextResponse
 from pydantic import BaseModel, Field
 
-from kubetune.serve.engine_client import AdapterRequestError, AdmissionError
+from kubetune.contracts.engine import AdapterRequestError, AdmissionError
 from kubetune.serve.http.protocol import STRICT, Text
 from kubetune.serve.http.state import ApiError, ServerState, served_or_503
 

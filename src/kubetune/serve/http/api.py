@@ -19,8 +19,8 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kubetune.contracts.engine import AdmissionError, Event, Sampling
 from kubetune.contracts.serving import HEALTH_PATH, METRICS_PATH, READY_PATH
-from kubetune.serve.engine_client import AdmissionError, Event, Sampling
 from kubetune.serve.http.adapter_routes import add_adapter_routes
 from kubetune.serve.http.auth import ApiKeyAuth
 from kubetune.serve.http.completions import (

@@ -16,7 +16,7 @@ from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetune.serve.engine_client import AdmissionError, EngineClient, Event, Request, Sampling
+from kubetune.contracts.engine import AdmissionError, EngineClient, Event, Request, Sampling
 from kubetune.serve.http.protocol import error_body
 from kubetune.serve.http.text import TextStream
 from kubetune.serve.http.tools import ToolCall, ToolCallStream, ToolUse, calls_from_json, parse_tool_calls

@@ -280,6 +280,10 @@ class PrefixCache:
             keys.append(parent)
         return keys
 
+    def clear(self) -> None:
+        """Forget every block (the weights they were computed with have changed)."""
+        self.blocks.clear()
+
     def restore(self, tokens: list[int], adapter: int, slot: int) -> int:
         """Copy the longest known prefix of `tokens` (never the last token: its logits are
         needed) into `slot`; returns how many tokens were restored."""

@@ -21,17 +21,45 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
-from kubetune.serve.engine.kvcache import BATCH_KWARG, Batch, PrefixCache, SlotCache
-from kubetune.serve.engine.lora import BASE, LoraBatch
-from kubetune.serve.engine.metrics import ServeMetrics
-from kubetune.serve.engine.sampling import Failed, new_generator, next_tokens
-from kubetune.serve.engine_client import AdmissionError, Event, Limits, Request, RequestError
+from kubetune.contracts.engine import AdmissionError, Event, Limits, Request, RequestError
+from kubetune.engine.kvcache import BATCH_KWARG, Batch, PrefixCache, SlotCache
+from kubetune.engine.lora import BASE, LoraBatch
+from kubetune.engine.sampling import Failed, new_generator, next_tokens
 
 MAX_FAILED_STEPS = 3  # forwards failing one after another: the engine is broken, not one request
+
+
+class EngineMetrics(Protocol):
+    """What the engine reports as it runs (a server's are vLLM's metrics: kubetune.serve.native.metrics)."""
+
+    def prefix_lookup(self, queried: int, hits: int) -> None: ...
+    def first_token(self, seq: Any, now: float) -> None: ...
+    def inter_token(self, seq: Any, now: float) -> None: ...
+    def finished(self, seq: Any, reason: str) -> None: ...
+    def state(self, running: int, waiting: int, kv_usage: float, running_seqs: Any, waiting_seqs: Any) -> None: ...
+
+
+class NoMetrics:
+    """An engine nobody scrapes (GRPO's rollouts report their own figures)."""
+
+    def prefix_lookup(self, queried: int, hits: int) -> None:
+        pass
+
+    def first_token(self, seq: Any, now: float) -> None:
+        pass
+
+    def inter_token(self, seq: Any, now: float) -> None:
+        pass
+
+    def finished(self, seq: Any, reason: str) -> None:
+        pass
+
+    def state(self, running: int, waiting: int, kv_usage: float, running_seqs: Any, waiting_seqs: Any) -> None:
+        pass
 
 
 @dataclass
@@ -62,7 +90,7 @@ class Engine:
         cache: SlotCache,
         lora: LoraBatch,
         limits: Limits,
-        metrics: ServeMetrics,
+        metrics: EngineMetrics,
     ) -> None:
         self.lm, self.eos, self.cache, self.lora, self.limits, self.metrics = (
             lm,
@@ -166,6 +194,20 @@ class Engine:
         "What the serving engine's choices measured")."""
         self._thread = threading.current_thread()
         self._run()
+
+    def drain(self) -> None:
+        """Run turns on the calling thread until every submitted request has ended, then return
+        (batch use: GRPO's rollouts submit a generation's requests, then drain). A failing
+        forward raises here: a training run stops on it instead of scoring broken completions."""
+        self._thread = threading.current_thread()
+        with torch.inference_mode():
+            while True:
+                self._take_inbox()
+                self._admit()
+                worked = self._step()
+                self._publish()
+                if not worked and not self.in_flight:
+                    return
 
     def start(self) -> None:
         """Run the loop on a new thread (tests, benchmarks; see `run` for why the server does not)."""

@@ -32,7 +32,7 @@ import llguidance.hf
 import torch
 from pydantic import TypeAdapter
 
-from kubetune.serve.engine_client import RequestError
+from kubetune.contracts.engine import RequestError
 from kubetune.serve.http.tools import ResponseFormat, ResponseFormatJsonObject, ResponseFormatJsonSchema, ToolGrammar
 
 JSON_OPTIONS: dict[str, Any] = {"whitespace_flexible": False, "item_separator": ", ", "key_separator": ": "}

@@ -44,8 +44,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from kubetune.contracts.engine import BASE
 from kubetune.errors import ModelError
-from kubetune.serve.engine_client import BASE
 
 # siblings that transformers' decoder layers call on the very same input tensor, in call order
 SHARED_INPUT = (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))

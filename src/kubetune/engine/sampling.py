@@ -13,7 +13,7 @@ from typing import Protocol
 
 import torch
 
-from kubetune.serve.engine_client import Event, Request, Sampling
+from kubetune.contracts.engine import Event, Request, Sampling
 
 
 class Sampled(Protocol):

@@ -9,14 +9,14 @@ from typing import Any
 
 import torch
 
+from kubetune.contracts.engine import Limits
+from kubetune.engine.core import Engine
+from kubetune.engine.kvcache import SlotCache, register
 from kubetune.errors import UserError
-from kubetune.serve.engine import host
-from kubetune.serve.engine.core import Engine
-from kubetune.serve.engine.kvcache import SlotCache, register
-from kubetune.serve.engine.metrics import ServeMetrics
-from kubetune.serve.engine.models import ServedSet, load_served, plan_served
-from kubetune.serve.engine.packed import pack
-from kubetune.serve.engine_client import Limits
+from kubetune.serve.native import host
+from kubetune.serve.native.metrics import ServeMetrics
+from kubetune.serve.native.models import ServedSet, load_served, plan_served
+from kubetune.serve.native.packed import pack
 
 KV_SHARE_OF_FREE = 0.5  # of the memory the container has left once the weights are in
 KV_MAX_WITHOUT_LIMIT = 8 << 30  # a laptop or a pod without a limit: never more than this

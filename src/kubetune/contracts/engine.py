@@ -1,9 +1,9 @@
-"""What the HTTP layer and an engine say to each other, without torch.
+"""What an engine and its callers (the HTTP layer, GRPO's rollouts) say to each other, without torch.
 
 The API (http/api.py) builds a `Request` per answer it wants (one per choice: `n` and lists of
 prompts become several), hands it to `EngineClient.submit`, and hears `Event`s on the
 request's `sink`: one per token, then the end with its reason. `abort` ends a request early.
-The native engine (engine/core.py) implements this; tests drive the API against a fake one.
+The native engine (kubetune/engine/core.py) implements this; tests drive the API against a fake one.
 """
 
 from __future__ import annotations

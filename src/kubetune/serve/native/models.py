@@ -17,14 +17,10 @@ from typing import Any
 
 import torch
 
+from kubetune.contracts.engine import AdapterRequestError
 from kubetune.contracts.serving import Adapter
 from kubetune.data.templates import PromptRenderer
-from kubetune.errors import RunDirError, UserError
-from kubetune.models.load import load_causal_lm, load_config, load_tokenizer, model_config
-from kubetune.models.runs import load_run
-from kubetune.recipe import Recipe
-from kubetune.rundir import RunDir
-from kubetune.serve.engine.lora import (
+from kubetune.engine.lora import (
     AdapterWeights,
     add_late_adapter,
     drop_late_adapters,
@@ -32,7 +28,11 @@ from kubetune.serve.engine.lora import (
     read_adapter_files,
     read_adapters,
 )
-from kubetune.serve.engine_client import AdapterRequestError
+from kubetune.errors import RunDirError, UserError
+from kubetune.models.load import load_causal_lm, load_config, load_tokenizer, model_config
+from kubetune.models.runs import load_run
+from kubetune.recipe import Recipe
+from kubetune.rundir import RunDir
 
 
 @dataclass
@@ -64,7 +64,7 @@ class ServedSet:
     def grammars(self, eos: int | None) -> Any:
         """Structured output's grammars over this tokenizer (structured.Grammars), for the
         HTTP side to build on the first request that asks for one."""
-        from kubetune.serve.engine.structured import Grammars
+        from kubetune.serve.native.structured import Grammars
 
         return Grammars(self.tokenizer, eos)
 
