@@ -183,12 +183,17 @@ class Batcher:
         dp takes rows start+r, start+r+dp, ...: consumed rows always form a prefix of the
         epoch, so a checkpoint's `start` is valid for any world size.
         """
+        chunk, end = self.rows_at(epoch, start)
+        return (self.collate(chunk) if chunk else self.empty()), end
+
+    def rows_at(self, epoch: int, start: int) -> tuple[list[list[int]], int]:
+        """This rank's rows (each a list of sample indices) of the micro-batch that begins at
+        global row `start`, and the global row where the next one begins."""
         rows = self.epoch_rows(epoch)
         end = min(self.usable_rows(epoch, start), start + self.micro_batch_size * self.dp_size)
         if start >= end:
             raise IndexError(f"row {start} is past the end of epoch {epoch}")
-        chunk = [rows[i] for i in range(start + self.dp_rank, min(end, len(rows)), self.dp_size)]
-        return (self.collate(chunk) if chunk else self.empty()), end
+        return [rows[i] for i in range(start + self.dp_rank, min(end, len(rows)), self.dp_size)], end
 
     def empty(self) -> Batch:
         """A micro-batch of one padding token (of padding in a bucket's shape): no real

@@ -109,8 +109,8 @@ def map_columns(rows: list[Row], columns: ColumnsSection, key: str) -> list[Row]
     """Rename the recipe's columns to the canonical shape; fail naming the missing column."""
     present = _columns_of(rows, key)
     if columns.messages:
-        return [{"messages": m} for m in _messages(rows, columns.messages, present, key)]
-    prompts = _prompts(rows, columns, present, key)
+        return [{"messages": m} for m in message_lists(rows, columns.messages, present, key)]
+    prompts = prompt_fields(rows, columns, present, key)
     output_col = _required(key, "output", columns.output, present)
     return [{**prompt, "output": str(r.get(output_col) or "")} for prompt, r in zip(prompts, rows)]
 
@@ -122,7 +122,7 @@ def map_pair_columns(rows: list[Row], columns: ColumnsSection, key: str) -> list
     answer_cols = {a: _required(key, a, getattr(columns, a), present) for a in ANSWERS}
     if columns.messages:
         prompts: list[Row] = []
-        for i, msgs in enumerate(_messages(rows, columns.messages, present, key)):
+        for i, msgs in enumerate(message_lists(rows, columns.messages, present, key)):
             if msgs[-1]["role"] == "assistant":
                 raise DataError(
                     f"{key}: row {i}: column `{columns.messages}` ends with an assistant turn; in preference "
@@ -131,7 +131,7 @@ def map_pair_columns(rows: list[Row], columns: ColumnsSection, key: str) -> list
                 )
             prompts.append({"messages": msgs})
     else:
-        prompts = _prompts(rows, columns, present, key)
+        prompts = prompt_fields(rows, columns, present, key)
     out: list[Row] = []
     for i, (prompt, r) in enumerate(zip(prompts, rows)):
         answers = {
@@ -153,7 +153,7 @@ def _columns_of(rows: list[Row], key: str) -> set[str]:
     return set(rows[0])
 
 
-def _messages(rows: list[Row], col: str, present: set[str], key: str) -> list[list[Message]]:
+def message_lists(rows: list[Row], col: str, present: set[str], key: str) -> list[list[Message]]:
     """Each row's conversation in column `col` (data.columns.messages), as {role, content} messages."""
     if col not in present:
         raise DataError(_missing(key, "messages", col, present))
@@ -166,7 +166,7 @@ def _messages(rows: list[Row], col: str, present: set[str], key: str) -> list[li
     return out
 
 
-def _prompts(rows: list[Row], columns: ColumnsSection, present: set[str], key: str) -> list[Row]:
+def prompt_fields(rows: list[Row], columns: ColumnsSection, present: set[str], key: str) -> list[Row]:
     """Each row's `{instruction, input}`."""
     in_col = columns.input if columns.input in present else None
     # data with only a question column (input + output) is fine: the templates use the input

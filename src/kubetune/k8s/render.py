@@ -171,7 +171,7 @@ def batch_notes(recipe: Recipe) -> list[str]:
     """The rows and tokens of one optimizer step, at every size the job may take (layout_problems
     has checked that each is valid)."""
     k8s, train, notes = recipe.k8s, recipe.train, []
-    row_tokens = recipe.data.max_seq_len * (1 if recipe.finetune.objective == "sft" else 2)  # a pair's two sequences
+    row_tokens = recipe.data.max_seq_len * (2 if recipe.finetune.on_pairs else 1)  # a pair's two sequences
     lo, hi = k8s.elastic_range()
     for replicas in sorted({lo, hi}):
         dp = layout_for(recipe.parallel, replicas * k8s.processes_per_pod()).data_parallel_size

@@ -187,17 +187,22 @@ class TargetLoss(nn.Module):
         cu_seqlens: list[int] | None = None,
         target_sample: torch.Tensor | None = None,
         n_samples: int = 0,
+        temperature: float = 1.0,
+        entropy: torch.Tensor | None = None,
     ) -> torch.Tensor:
         """The summed loss; with `target_sample` (each target position's sample, -1 elsewhere)
         the summed target log-probability of each of the `n_samples` samples instead (the
-        preference objectives' input, kubetune.training.preference)."""
+        preference objectives' input, kubetune.training.preference; GRPO's, one sample per
+        token, of the logits divided by `temperature`, with their `entropy` filled in)."""
         lm = self.lm
         kwargs = {}
         if cu_seqlens is not None:  # packed rows: per-sample attention
             kwargs[SEQLENS_KWARG] = seqlens_from_cu(cu_seqlens)
         hidden = lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **kwargs).last_hidden_state
         if target_sample is not None:
-            return head_logps(lm.lm_head, hidden, targets, target_sample, n_samples)
+            if temperature != 1.0:  # logits / T = (hidden / T) @ W.T: the head stays one chunked pass
+                hidden = hidden / temperature
+            return head_logps(lm.lm_head, hidden, targets, target_sample, n_samples, entropy=entropy)
         return head_loss(lm.lm_head, hidden, targets)
 
 
@@ -233,10 +238,11 @@ def head_logps(
     target_sample: torch.Tensor,
     n_samples: int,
     static_shapes: bool | None = None,
+    entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Summed target log-probabilities per sample [n_samples] through `lm_head`, the rows
     chosen as `head_loss` chooses them (every position under static shapes, where the rows
-    of no sample weigh 0)."""
+    of no sample weigh 0); `entropy`, when given, receives each sample's summed entropy."""
     if static_shapes is None:
         static_shapes = hidden.device.type == "hpu"
     if static_shapes:
@@ -246,7 +252,12 @@ def head_logps(
         rows, wanted, samples = hidden[mask], targets[mask], target_sample[mask]
     weight = getattr(lm_head, "weight", None)
     if type(lm_head) is nn.Linear and lm_head.bias is None and isinstance(weight, torch.Tensor):
-        return sample_logprobs(rows, weight, wanted, samples, n_samples)
-    picked = -F.cross_entropy(lm_head(rows).float(), wanted.clamp(min=0), reduction="none")
+        return sample_logprobs(rows, weight, wanted, samples, n_samples, entropy=entropy)
+    logits = lm_head(rows).float()
+    picked = -F.cross_entropy(logits, wanted.clamp(min=0), reduction="none")
     kept = torch.where(samples >= 0, picked, 0.0)
+    if entropy is not None:
+        with torch.no_grad():
+            h_rows = torch.distributions.Categorical(logits=logits).entropy()
+            entropy.index_add_(0, samples.clamp(min=0), torch.where(samples >= 0, h_rows, 0.0))
     return torch.zeros(n_samples, device=rows.device).index_add_(0, samples.clamp(min=0), kept)

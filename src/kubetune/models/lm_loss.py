@@ -97,10 +97,14 @@ def sample_logprobs(
     samples: torch.Tensor,
     n_samples: int,
     chunk_rows: int = CHUNK_ROWS,
+    entropy: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Summed target log-probabilities per sample [n_samples] (fp32) of `hidden` [N, H]
     through the head `weight` [V, H]: row i adds log p(targets[i]) to sample `samples[i]`;
-    a row whose sample is -1 (padding, prompts under static shapes) adds nothing.
+    a row whose sample is -1 (padding, prompts under static shapes) adds nothing. With each
+    row its own sample, these are per-token log-probabilities (GRPO's). `entropy` ([n_samples]
+    fp32, optional) receives each sample's summed entropy of the predicted distribution, a
+    metric (no gradient), from the same chunks' logits.
 
     The same chunked head as `target_cross_entropy`, for the preference objectives, whose
     loss is a function of each sequence's log-probability: the gradient of a row is its
@@ -113,7 +117,7 @@ def sample_logprobs(
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     logps: torch.Tensor = _ChunkedHeadLogps.apply(
-        hidden, weight, targets, samples, n_samples, compute, chunk_rows, with_grad
+        hidden, weight, targets, samples, n_samples, compute, chunk_rows, with_grad, entropy
     )
     return logps
 
@@ -130,6 +134,7 @@ class _ChunkedHeadLogps(torch.autograd.Function):
         compute: torch.dtype,
         chunk_rows: int,
         with_grad: bool,
+        entropy: torch.Tensor | None,
     ) -> torch.Tensor:
         w = weight.to(compute)
         valid = samples >= 0
@@ -143,6 +148,9 @@ class _ChunkedHeadLogps(torch.autograd.Function):
                 logits = (h @ w.t()).float()
                 lse = torch.logsumexp(logits, dim=-1)
                 out.index_add_(0, bins[rows], logits.gather(1, t[:, None]).squeeze(1) - lse)
+                if entropy is not None:  # H = lse - sum(p x logit)
+                    h_rows = lse - (logits.softmax(-1) * logits).sum(-1)
+                    entropy.index_add_(0, bins[rows].clamp(max=n_samples - 1), h_rows * valid[rows])
                 if grad_hidden is None:
                     continue
                 # d log softmax[target] / d logits = one_hot(target) - softmax, zero on ignored rows
@@ -164,7 +172,7 @@ class _ChunkedHeadLogps(torch.autograd.Function):
         dw = None
         if ctx.weight_grad:
             dw = _head_weight_grad(hidden, weight, targets, valid, per_row, ctx.compute, ctx.chunk_rows)
-        return dh, dw, None, None, None, None, None, None
+        return dh, dw, None, None, None, None, None, None, None
 
 
 def _head_weight_grad(

@@ -210,6 +210,8 @@ def check_recipe(layout: Layout, recipe: Recipe) -> None:
             f"under parallel.tp or parallel.pp; set parallel.tp=1 and parallel.pp=1"
         )
     accum = grad_accum_for(recipe.train, layout.data_parallel_size)
+    if recipe.finetune.objective == "grpo":
+        check_grpo(layout, recipe, accum)
     if layout.pp > 1 and recipe.parallel.pp_schedule == "1f1b" and accum < layout.pp:
         glob = recipe.train.global_batch_size
         fix = (
@@ -228,6 +230,30 @@ def check_recipe(layout: Layout, recipe: Recipe) -> None:
             "would skip different steps; use train.precision=bf16 (Gaudi, NVIDIA since Ampere, Xeon with AMX: "
             "fp32's exponent range, no loss scale needed), or keep fp16 with parallel.tp=1 and parallel.pp=1 "
             "(data parallel or FSDP)"
+        )
+
+
+def check_grpo(layout: Layout, recipe: Recipe, accum: int) -> None:
+    """GRPO samples with each process's whole model, in whole groups per process."""
+    rl = recipe.finetune.rl
+    if layout.fsdp > 1:
+        raise RecipeError(
+            "finetune.objective=grpo samples its completions with each process's whole model; set parallel.fsdp=1 "
+            "(data-parallel processes share the prompts instead)"
+        )
+    per_process = recipe.train.micro_batch_size * accum
+    if per_process % rl.num_generations:
+        raise RecipeError(
+            f"finetune.rl.num_generations={rl.num_generations} must divide the completions each process trains on "
+            f"per step (train.micro_batch_size x grad_accum = {recipe.train.micro_batch_size} x {accum} = "
+            f"{per_process}), so that every group of completions sits on one process; raise train.grad_accum or "
+            f"train.micro_batch_size, or lower num_generations"
+        )
+    generation = rl.generation_steps(accum)
+    if generation % accum:
+        raise RecipeError(
+            f"finetune.rl.steps_per_generation={generation} must be a multiple of train.grad_accum={accum} "
+            "(a generation batch feeds whole optimizer steps)"
         )
 
 

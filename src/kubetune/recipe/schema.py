@@ -17,6 +17,7 @@ from kubetune.recipe.base import Section
 from kubetune.recipe.comm import CommSection
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.parallel import ParallelSection
+from kubetune.recipe.rl import RLSection
 
 DEFAULT_MODEL = "smollm2-135m-instruct"
 TEMPLATE_FIELDS = ("instruction", "input")
@@ -58,7 +59,8 @@ class ModelSection(Section):
     )
 
 
-Objective = Literal["sft", "dpo", "orpo", "simpo"]
+Objective = Literal["sft", "dpo", "orpo", "simpo", "grpo"]
+PREFERENCE_OBJECTIVES = ("dpo", "orpo", "simpo")  # trained on pairs (kubetune.training.preference)
 # beta when finetune.preference.beta is null: DPO's and ORPO's papers (and TRL) use 0.1; SimPO's
 # reward is a length-normalised log-probability, whose paper scales it by 2.0.
 DEFAULT_BETA: dict[str, float] = {"dpo": 0.1, "orpo": 0.1, "simpo": 2.0}
@@ -98,11 +100,18 @@ class FinetuneSection(Section):
     objective: Objective = Field(
         "sft",
         description="sft = supervised next-token loss on the answers; dpo | orpo | simpo = preference tuning on "
-        "rows of prompt, chosen and rejected answers (docs/preference.md).",
+        "rows of prompt, chosen and rejected answers (docs/preference.md); grpo = online RL: completions "
+        "sampled from the policy and scored by reward functions (docs/rl.md).",
     )
     preference: PreferenceSection = Field(
         default_factory=PreferenceSection, description="Settings of dpo, orpo and simpo."
     )
+    rl: RLSection = Field(default_factory=RLSection, description="Settings of grpo (TRL's GRPOConfig names).")
+
+    @property
+    def on_pairs(self) -> bool:
+        """A preference objective: the data are pairs of answers."""
+        return self.objective in PREFERENCE_OBJECTIVES
 
     @property
     def beta(self) -> float:
@@ -142,6 +151,11 @@ class ColumnsSection(Section):
     output: str | None = Field("output", description="Column holding the target answer.")
     messages: str | None = Field(
         None, description="Column holding chat messages [{role, content}]; replaces the three above."
+    )
+    prompt: str | None = Field(
+        "prompt",
+        description="grpo: column holding TRL's prompt (text, or messages without the answer); a dataset without "
+        "it gives its prompts through the instruction and input (or messages) columns.",
     )
     chosen: str = Field(
         "chosen", description="Preference objectives: column holding the preferred answer (text or messages)."

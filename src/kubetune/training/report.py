@@ -17,8 +17,11 @@ from kubetune.training.step import EvalResult
 
 log = logging.getLogger("kubetune")
 
-EVAL_ACCURACY = "eval_rewards/accuracies"
+# the held-out accuracy each objective reports: the pairs' reward accuracy; GRPO's accuracy reward
+EVAL_ACCURACY = {"grpo": "eval_accuracy"}
+PAIRS_ACCURACY = "eval_rewards/accuracies"
 PREFERENCE_KEYS = ("objective", "reward_accuracy_before", "reward_accuracy_after", "eval_after")
+RL_KEYS = ("reward_before", "reward_after")
 QUIET_LOGGERS = ("transformers", "datasets", "torch.distributed.checkpoint", "httpx")
 
 
@@ -65,6 +68,9 @@ class Summary:
     reward_accuracy_before: float | None = None
     reward_accuracy_after: float | None = None
     eval_after: dict[str, float] = field(default_factory=dict)
+    # grpo: the held-out prompts' mean reward (greedy completions) before and after
+    reward_before: float | None = None
+    reward_after: float | None = None
 
     @classmethod
     def of(
@@ -80,6 +86,7 @@ class Summary:
         objective: str = "sft",
     ) -> Summary:
         before = state.eval_before or {}
+        accuracy = EVAL_ACCURACY.get(objective, PAIRS_ACCURACY)
         before_answers = {a["prompt"]: a["answer"] for a in before.get("answers", [])}
         return cls(
             model=model,
@@ -101,16 +108,18 @@ class Summary:
             kernels=kernels.describe() if kernels else "",
             samples=[{**a, "answer_before": before_answers.get(a["prompt"])} for a in answers],
             objective=objective,
-            reward_accuracy_before=before.get(EVAL_ACCURACY),
-            reward_accuracy_after=after.pairs.get(EVAL_ACCURACY),
+            reward_accuracy_before=before.get(accuracy),
+            reward_accuracy_after=after.pairs.get(accuracy),
             eval_after=after.pairs,
+            reward_before=before.get("eval_reward"),
+            reward_after=after.pairs.get("eval_reward"),
         )
 
     def as_dict(self) -> dict[str, Any]:
         out = asdict(self)
-        if self.objective == "sft":
-            for key in PREFERENCE_KEYS:
-                del out[key]
+        dropped = PREFERENCE_KEYS + RL_KEYS if self.objective == "sft" else () if self.objective == "grpo" else RL_KEYS
+        for key in dropped:
+            del out[key]
         return out
 
     def write(self, run_dir: RunDir) -> None:
@@ -128,7 +137,11 @@ def print_report(summary: Summary, run_dir: RunDir) -> None:
     table.add_column("after", justify="right")
     table.add_row("eval loss", fmt_number(summary.eval_loss_before), fmt_number(summary.eval_loss_after))
     table.add_row("perplexity", fmt_number(summary.perplexity_before), fmt_number(summary.perplexity_after))
-    if summary.objective != "sft":
+    if summary.objective == "grpo":
+        table.add_row("held-out reward", fmt_number(summary.reward_before), fmt_number(summary.reward_after))
+        before, after = summary.reward_accuracy_before, summary.reward_accuracy_after
+        table.add_row("held-out accuracy", fmt_number(before), fmt_number(after))
+    elif summary.objective != "sft":
         before, after = summary.reward_accuracy_before, summary.reward_accuracy_after
         table.add_row("reward accuracy", fmt_number(before), fmt_number(after))
     console.print(table)

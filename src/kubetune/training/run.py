@@ -118,10 +118,13 @@ def fit(parts: TrainParts, state: TrainState) -> None:
         if parts.auto_compile:
             parts.auto_compile.before_step()
         t0 = time.perf_counter()
-        batches = next_micro_batches(parts.batcher, state, recipe.train.grad_accum)
-        data_s = time.perf_counter() - t0
-        result = one_step(parts, batches)
-        result = dataclasses.replace(result, phases={"data": data_s, **result.phases})
+        if parts.rl is not None:  # it takes its prompts when it samples a generation
+            result = parts.rl.train_step(parts.optim, state)
+        else:
+            batches = next_micro_batches(parts.batcher, state, recipe.train.grad_accum)
+            data_s = time.perf_counter() - t0
+            result = one_step(parts, batches)
+            result = dataclasses.replace(result, phases={"data": data_s, **result.phases})
         step_s = time.perf_counter() - t0
         state.train_time_s += step_s
         state.step += 1
@@ -142,7 +145,7 @@ def fit(parts: TrainParts, state: TrainState) -> None:
             state.eval_history.append([state.step, evaluate_and_print(parts, epoch_of(parts, state)).loss])
             telemetry.evaluated(state.eval_history[-1][1])
             parts.runner.train()
-        if recipe.train.save_every and state.step % recipe.train.save_every == 0:
+        if recipe.train.save_every and state.step % recipe.train.save_every == 0 and resumable(parts):
             last_saved = save(parts, state)
         if memory.budget_bytes() is not None:
             last_saved = stop_if_over_budget(parts, state, last_saved, run_log)
@@ -230,6 +233,12 @@ def stop_if_over_budget(parts: TrainParts, state: TrainState, last_saved: int, r
     )
 
 
+def resumable(parts: TrainParts) -> bool:
+    """A checkpoint now resumes exactly: not in the middle of a GRPO generation (whose
+    completions a resumed run could not sample again from the same weights)."""
+    return parts.rl is None or parts.rl.between_generations
+
+
 def one_step(parts: TrainParts, batches: list[Batch]) -> StepResult:
     """The objective's optimizer step: SFT's, or the preference objective's."""
     if parts.preference is not None:
@@ -253,6 +262,8 @@ def evaluate_and_print(parts: TrainParts, epoch: float) -> EvalResult:
     t0 = time.monotonic()
     if parts.preference is not None:
         result = parts.preference.evaluate(parts.eval_batcher, parts.layout, parts.env)
+    elif parts.rl is not None:
+        result = parts.rl.evaluate()
     else:
         result = evaluate(parts.runner, parts.eval_batcher, parts.layout, parts.env)
     samples = len(parts.data.eval) if parts.data.eval else 0

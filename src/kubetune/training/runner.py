@@ -129,6 +129,23 @@ class LocalRunner:
         assert total is not None
         return total
 
+    def backward_each(
+        self, count: int, loss_of: Callable[[torch.nn.Module, int], tuple[torch.Tensor, torch.Tensor]]
+    ) -> torch.Tensor:
+        """Gradients of `count` micro-batches: `loss_of(module, i)` gives micro-batch i's scaled
+        loss and its metric sums (GRPO's); DDP all-reduces on the last backward only. Returns the
+        sums' total."""
+        total: torch.Tensor | None = None
+        for i in range(count):
+            sync = i == count - 1 or not hasattr(self.module, "no_sync")
+            no_sync = contextlib.nullcontext() if sync else getattr(self.module, "no_sync")()  # noqa: B009 (DDP only)
+            with no_sync, activation_offload(self.offload, self.device):
+                loss, sums = loss_of(self.module, i)
+                (self.scaler.scale(loss) if self.scaler else loss).backward()
+            total = sums if total is None else total + sums
+        assert total is not None
+        return total
+
     @torch.no_grad()
     def loss_sum(self, batches: list[Batch]) -> float:
         return sum(float(self._loss(self.eval_module, b)) for b in batches)

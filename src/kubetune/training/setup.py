@@ -36,13 +36,14 @@ from kubetune.models.kernels import choose as choose_kernels
 from kubetune.models.load import DTYPES, load_config, load_tokenizer, resolve_model
 from kubetune.models.stages import Stage
 from kubetune.recipe import Recipe
-from kubetune.recipe.layout import Layout, check_model, check_recipe, global_batch, with_grad_accum
+from kubetune.recipe.layout import Layout, check_model, check_recipe, global_batch, grad_accum_for, with_grad_accum
 from kubetune.recipe.schema import OFFLOADS
 from kubetune.rundir import RunDir
 from kubetune.training import checkpoint as ckpt
 from kubetune.training import preference
 from kubetune.training.auto_compile import AutoCompile
 from kubetune.training.dist import DistEnv, gather_objects
+from kubetune.training.grpo import GRPOTraining
 from kubetune.training.optim import Optimization, build_optimization
 from kubetune.training.parallel import MeshLayout
 from kubetune.training.parallel import wrap as wrap_parallel
@@ -75,6 +76,7 @@ class TrainParts:
     telemetry: Telemetry  # Prometheus metrics (monitor.port) and Kubeflow progress
     auto_compile: AutoCompile | None  # train.compile=auto: decided on the first steps
     preference: PreferenceTraining | None = None  # finetune.objective = dpo | orpo | simpo (None: sft)
+    rl: GRPOTraining | None = None  # finetune.objective = grpo
 
 
 def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, started_at: float) -> TrainParts:
@@ -85,7 +87,10 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     source = resolve_model(given.model.name_or_path)
     tokenizer = load_tokenizer(source, given.model.revision, given.model.trust_remote_code)
     data = prepare_data(given, tokenizer)
-    batcher = train_batcher(given, data, tokenizer.pad_token_id, layout, env.device.type)
+    if given.finetune.objective == "grpo":
+        batcher = prompt_batcher(given, data, tokenizer.pad_token_id, layout)
+    else:
+        batcher = train_batcher(given, data, tokenizer.pad_token_id, layout, env.device.type)
     config = load_config(source, given.model.revision, given.model.trust_remote_code)
     check_model(layout, config, given)
     kernels = resolve_kernels(given, config, batcher, env)
@@ -112,6 +117,8 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         offload=recipe.train.gradient_checkpointing in OFFLOADS,
     )
     trainable = sum(p.numel() for p in optim.params)
+    rl_run = recipe.finetune.objective == "grpo"
+    compiles_later = recipe.train.compile == "auto" and not rl_run
     telemetry = start_telemetry(metrics, recipe, env, config, trainable, total_steps, wrapped)
     parts = TrainParts(
         recipe=recipe,
@@ -127,14 +134,20 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         runner=runner,
         optim=optim,
         batcher=batcher,
-        eval_batcher=eval_batcher(recipe, data, tokenizer.pad_token_id, layout, env.device.type),
+        eval_batcher=None if rl_run else eval_batcher(recipe, data, tokenizer.pad_token_id, layout, env.device.type),
         autocast=autocast,
         total_steps=total_steps,
         resume_from=resume_from,
         started_at=started_at,
         telemetry=telemetry,
-        auto_compile=auto_compile(recipe, model, env, config) if recipe.train.compile == "auto" else None,
+        # GRPO's rollouts run the same layers under another attention and shapes: compiled
+        # regions would recompile around every generation, so `auto` leaves them eager
+        auto_compile=auto_compile(recipe, model, env, config)
+        if recipe.train.compile == "auto" and not rl_run
+        else None,
     )
+    if rl_run:
+        return dataclasses.replace(parts, rl=grpo_training(parts, start))
     return dataclasses.replace(parts, preference=preference_training(parts, start, precompute))
 
 
@@ -294,6 +307,10 @@ def plan_steps(recipe: Recipe, batcher: Batcher, resume_from: Path | None) -> in
 
 
 def steps_per_epoch(recipe: Recipe, batcher: Batcher) -> int:
+    if recipe.finetune.objective == "grpo":  # a micro-batch of prompts is one generation
+        rl = recipe.finetune.rl
+        steps = rl.generation_steps(recipe.train.grad_accum) // recipe.train.grad_accum * rl.num_iterations
+        return batcher.micro_batches_left(0, 0) * steps
     return math.ceil(batcher.micro_batches_left(0, 0) / recipe.train.grad_accum)
 
 
@@ -317,10 +334,53 @@ def resume_path(mode: str, run_dir: RunDir) -> Path | None:
     return path
 
 
+def prompt_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout) -> Batcher:
+    """GRPO's prompts: one micro-batch is one generation's prompts of this process."""
+    rl, accum = recipe.finetune.rl, grad_accum_for(recipe.train, layout.data_parallel_size)
+    per_generation = recipe.train.micro_batch_size * rl.generation_steps(accum) // rl.num_generations
+    batcher = Batcher(
+        data.train,
+        max_seq_len=recipe.data.max_seq_len,
+        micro_batch_size=per_generation,
+        packing=False,
+        seed=recipe.train.seed,
+        pad_id=pad_id,
+        dp_rank=layout.data_parallel_rank,
+        dp_size=layout.data_parallel_size,
+    )
+    if batcher.micro_batches_left(0, 0) == 0:
+        raise DataError(
+            f"data.train: {len(data.train)} prompts cannot give {layout.data_parallel_size} process(es) "
+            f"{per_generation} prompts each per generation; use more prompts or fewer processes"
+        )
+    return batcher
+
+
+def grpo_training(parts: TrainParts, start: torch.nn.Module | None) -> GRPOTraining:
+    runner = parts.runner
+    assert isinstance(runner, LocalRunner)  # the recipe check refuses pipelines for grpo
+    return GRPOTraining(
+        parts.recipe,
+        runner,
+        parts.model,
+        parts.tokenizer,
+        parts.data,
+        parts.batcher,
+        parts.layout,
+        parts.env,
+        parts.autocast,
+        parts.run_dir.path,
+        start,
+    )
+
+
 def preference_start(recipe: Recipe, model: ModelParts, precompute: bool, env: DistEnv) -> torch.nn.Module | None:
     """DPO's reference as a frozen copy of the starting weights, when the run needs one: reference=copy
     (auto under full fine-tuning) with the log-probs computed on the fly. Precomputed, the reference
     is the model itself before step 1, and no copy is made."""
+    if recipe.finetune.objective == "grpo":  # full fine-tuning's KL reference
+        wanted = recipe.finetune.rl.beta > 0 and recipe.finetune.method == "full"
+        return preference.frozen_copy(model.loss) if wanted else None
     if recipe.finetune.objective != "dpo" or preference.reference_kind(recipe) != "copy" or precompute:
         return None
     preference.check_copy_fits(model.loss, env)
