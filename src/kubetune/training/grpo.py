@@ -76,28 +76,29 @@ class MicroBatch:
 
 def pack_completions(completions: list[Completion], max_seq_len: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
     """Prompt + completion of each, packed into rows of <= max_seq_len tokens (each its own
-    attention segment); targets on the completion tokens only. Returns the batch and each
-    target token's completion."""
-    lengths = np.asarray([len(c.prompt) + len(c.tokens) for c in completions])
+    attention segment); targets on the completion tokens only. The target tokens are numbered
+    in completion order (completion 0's tokens first), wherever packing put them; returns the
+    batch and each target token's completion."""
+    counts = [len(c.tokens) for c in completions]
+    first = np.concatenate([[0], np.cumsum(counts)])
+    lengths = np.asarray([len(c.prompt) + n for c, n in zip(completions, counts)])
     rows = pack_rows(lengths, np.arange(len(completions)), max_seq_len)
     t = max(sum(int(lengths[i]) for i in row) for row in rows)
     ids = np.full((len(rows), t), pad_id, dtype=np.int64)
     pos = np.zeros((len(rows), t), dtype=np.int64)
     tgt = np.full((len(rows), t), IGNORE, dtype=np.int64)
     owner = np.full((len(rows), t), -1, dtype=np.int64)
-    cu, seq_of_token, counter = [0], np.zeros(sum(len(c.tokens) for c in completions), dtype=np.int64), 0
+    cu = [0]
     for r, row in enumerate(rows):
         cur = 0
         for i in row:
-            c = completions[i]
-            seq, p, n = [*c.prompt, *c.tokens], len(c.prompt), len(c.tokens)
+            c, n = completions[i], counts[i]
+            seq, p = [*c.prompt, *c.tokens], len(c.prompt)
             ids[r, cur : cur + len(seq)] = seq
             pos[r, cur : cur + len(seq)] = np.arange(len(seq))
             # the target at position j is token j + 1: the completion's tokens are the targets of p-1 .. p+n-2
             tgt[r, cur + p - 1 : cur + p + n - 1] = c.tokens
-            owner[r, cur + p - 1 : cur + p + n - 1] = np.arange(counter, counter + n)
-            seq_of_token[counter : counter + n] = i
-            counter += n
+            owner[r, cur + p - 1 : cur + p + n - 1] = np.arange(first[i], first[i] + n)
             cur += len(seq)
             cu.append(r * t + cur)
         if cur < t:
@@ -109,10 +110,10 @@ def pack_completions(completions: list[Completion], max_seq_len: int, pad_id: in
         targets=torch.from_numpy(tgt),
         cu_seqlens=cu,
         real_tokens=int(lengths.sum()),
-        target_tokens=counter,
+        target_tokens=int(first[-1]),
         target_sample=torch.from_numpy(owner),
     )
-    return batch, torch.from_numpy(seq_of_token)
+    return batch, torch.repeat_interleave(torch.arange(len(completions)), torch.tensor(counts))
 
 
 @dataclass(frozen=True)
@@ -250,7 +251,7 @@ class GRPOTraining:
         pairs = [(i, prompt_ids(prompt_set, i)) for i in indices]
         completions = self.rollouts.sample(pairs, self.rl.num_generations, settings, generation=state.step)
         self.rollout_s = time.perf_counter() - t0
-        scored = self._score(completions, prompt_set)
+        scored = self._score(completions, prompt_set, self.rl.num_generations, self.rl.scale_rewards)
         micro = self._micro_batches(scored)
         self.generation_metrics = self._generation_metrics(scored, self.rollout_s)
         self._log_completions(scored, state.step + 1)
@@ -258,7 +259,7 @@ class GRPOTraining:
         for _ in range(self.rl.num_iterations):
             self.buffer.extend(steps)
 
-    def _score(self, completions: list[Completion], prompt_set: PromptSet) -> Scored:
+    def _score(self, completions: list[Completion], prompt_set: PromptSet, group: int, scale: str) -> Scored:
         texts = self.tokenizer.batch_decode([c.tokens for c in completions], skip_special_tokens=True)
         rows = [c.prompt_index for c in completions]
         columns = {k: [prompt_set.columns[r].get(k) for r in rows] for k in prompt_set.columns[0]}
@@ -266,8 +267,8 @@ class GRPOTraining:
         scores = score(self.rewards, prompts, texts, columns, rows, [c.tokens for c in completions])
         per_function = torch.tensor(scores.per_function, dtype=torch.float64).reshape(len(completions), -1)
         rewards = torch.tensor(scores.total, dtype=torch.float64)
-        batch_std = self._batch_std(rewards) if self.rl.scale_rewards == "batch" else None
-        advantages, std_zero = group_advantages(rewards, self.rl.num_generations, self.rl.scale_rewards, batch_std)
+        batch_std = self._batch_std(rewards) if scale == "batch" else None
+        advantages, std_zero = group_advantages(rewards, group, scale, batch_std)
         return Scored(completions, texts, per_function, rewards, advantages.float(), std_zero)
 
     def _batch_std(self, rewards: torch.Tensor) -> torch.Tensor:
@@ -368,7 +369,8 @@ class GRPOTraining:
         names = [r.name for r in self.rewards]
         local = [0.0] * (len(_reward_keys(names)) + len(LENGTH_KEYS))
         if completions:
-            local = _reward_sums(_eval_scored(self, completions, prompt_set), names) + _length_sums(completions)
+            scored = self._score(completions, prompt_set, group=1, scale="none")  # groups of one: no advantages
+            local = _reward_sums(scored, names) + _length_sums(completions)
         totals = dict(zip(_reward_keys(names) + LENGTH_KEYS, all_reduce_sums(local, self.env)))
         means = _reward_means(totals, names)
         metrics = {f"eval_{k}": round(v, 6) for k, v in means.items() if not k.endswith("/std") and k != "reward_std"}
@@ -376,18 +378,6 @@ class GRPOTraining:
         if ACCURACY_REWARD in names:
             metrics["eval_accuracy"] = metrics[f"eval_rewards/{ACCURACY_REWARD}/mean"]
         return EvalResult(loss=None, perplexity=None, tokens=int(totals["length"]), pairs=metrics)
-
-
-def _eval_scored(training: GRPOTraining, completions: list[Completion], prompt_set: PromptSet) -> Scored:
-    """Evaluation's completions scored (groups of one: no advantages to speak of)."""
-    texts = training.tokenizer.batch_decode([c.tokens for c in completions], skip_special_tokens=True)
-    rows = [c.prompt_index for c in completions]
-    columns = {k: [prompt_set.columns[r].get(k) for r in rows] for k in prompt_set.columns[0]}
-    scores = score(training.rewards, [prompt_set.texts[r] for r in rows], texts, columns, rows)
-    per_function = torch.tensor(scores.per_function, dtype=torch.float64).reshape(len(completions), -1)
-    rewards = torch.tensor(scores.total, dtype=torch.float64)
-    zeros = torch.zeros(len(completions))
-    return Scored(completions, texts, per_function, rewards, zeros, zeros.bool())
 
 
 def take_prompts(batcher: Batcher, state: TrainState) -> list[int]:

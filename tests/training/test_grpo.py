@@ -1,0 +1,297 @@
+"""GRPO (finetune.objective = grpo): TRL's formulas against values worked out by hand, the
+engine's log-probabilities against the training forward's, and whole runs on the tiny model:
+TRL's metrics, a reward that raises, step-exact resume after SIGKILL, two processes as one,
+and the refused recipes."""
+
+import json
+import math
+
+import pytest
+import torch
+
+from kubetune.errors import UserError
+from kubetune.recipe import load_recipe
+from kubetune.training.grpo_loss import Reduction, group_advantages, nanstd, token_loss
+from kubetune.training.run import train_from_recipe
+from tests.kit.cli import run_cli_subprocess
+from tests.kit.processes import base_env, finish, kill_after_checkpoint, start_kubetune
+
+TRL_KEYS = {
+    "loss",
+    "reward",
+    "reward_std",
+    "frac_reward_zero_std",
+    "completions/mean_length",
+    "completions/clipped_ratio",
+    "entropy",
+    "clip_ratio/low_mean",
+    "clip_ratio/high_mean",
+    "clip_ratio/region_mean",
+}
+EVEN = "tests.training.rl_rewards:even_tokens"
+
+# ------------------------------------------------------------------ advantages
+
+
+def test_advantages_are_normalised_within_each_group():
+    rewards = torch.tensor([1.0, 0.0, 0.0, 0.0, 2.0, 2.0, 2.0, 2.0], dtype=torch.float64)
+    adv, zero = group_advantages(rewards, group=4, scale="group")
+    std = math.sqrt(((0.75**2) + 3 * (0.25**2)) / 3)  # Bessel's correction, as TRL's nanstd
+    assert adv[:4].tolist() == pytest.approx([0.75 / (std + 1e-4), *[-0.25 / (std + 1e-4)] * 3])
+    # a group whose rewards are all equal teaches nothing: advantage 0, counted in frac_reward_zero_std
+    assert adv[4:].tolist() == [0.0] * 4
+    assert zero.tolist() == [False] * 4 + [True] * 4
+
+
+def test_unscorable_completions_get_no_advantage_and_leave_the_mean():
+    rewards = torch.tensor([1.0, float("nan"), 3.0, 5.0], dtype=torch.float64)
+    adv, _ = group_advantages(rewards, group=4, scale="none")
+    assert adv.tolist() == pytest.approx([-2.0, 0.0, 0.0, 2.0])  # the mean of 1, 3, 5 is 3
+
+
+def test_batch_scaling_divides_by_the_whole_step_std():
+    rewards = torch.tensor([0.0, 1.0, 2.0, 4.0], dtype=torch.float64)
+    adv, _ = group_advantages(rewards, group=2, scale="batch")
+    assert adv.tolist() == pytest.approx(
+        [
+            -0.5 / (float(nanstd(rewards)) + 1e-4),
+            0.5 / (float(nanstd(rewards)) + 1e-4),
+            -1 / (float(nanstd(rewards)) + 1e-4),
+            1 / (float(nanstd(rewards)) + 1e-4),
+        ]
+    )
+
+
+# ------------------------------------------------------------------ the token loss
+
+
+def test_the_ratio_is_clipped_at_both_ends():
+    old = torch.zeros(4)
+    logps = torch.log(torch.tensor([1.5, 1.5, 0.5, 0.5])).requires_grad_()
+    adv = torch.tensor([1.0, -1.0, 1.0, -1.0])
+    terms = token_loss(logps, old, adv, eps_low=0.2, eps_high=0.28)
+    # A > 0 above 1 + eps_high: the clipped 1.28; A < 0 below 1 - eps: the clipped 0.8
+    assert terms.loss.tolist() == pytest.approx([-1.28, 1.5, -0.5, 0.8])
+    assert terms.high_clipped.tolist() == [True, False, False, False]
+    assert terms.low_clipped.tolist() == [False, False, False, True]
+    terms.loss.sum().backward()
+    # a clipped token passes no gradient; the others d(-ratio A)/dlogp = -ratio A
+    assert logps.grad.tolist() == pytest.approx([0.0, 1.5, -0.5, 0.0])
+
+
+def test_the_kl_term_is_k3_against_the_reference():
+    logps, ref = torch.tensor([-1.0, -2.0]), torch.tensor([-1.5, -1.0])
+    terms = token_loss(logps, logps, torch.zeros(2), 0.2, 0.2, beta=0.5, ref_logps=ref)
+    k3 = [math.exp(d) - d - 1 for d in (-0.5, 1.0)]
+    assert terms.kl.tolist() == pytest.approx(k3)
+    assert terms.loss.tolist() == pytest.approx([0.5 * k for k in k3])  # A = 0: only the KL term
+
+
+@pytest.mark.parametrize(
+    "loss_type, expected",
+    [
+        # two completions: tokens (1, 2) and (3, 4, 5, 6); grad_accum 2
+        ("grpo", ((1 + 2) / 2 + (3 + 4 + 5 + 6) / 4) / 2 / 2),
+        ("bnpo", (1 + 2 + 3 + 4 + 5 + 6) / 6 / 2),
+        ("dr_grpo", (1 + 2 + 3 + 4 + 5 + 6) / (2 * 10) / 2),
+        # dapo: the generation's tokens per process (12), x grad_accum 2 / steps_per_generation 4
+        ("dapo", (1 + 2 + 3 + 4 + 5 + 6) / (12 * 2 / 4)),
+    ],
+)
+def test_each_loss_type_sums_tokens_as_trl(loss_type, expected):
+    losses = torch.arange(1.0, 7.0)
+    seq = torch.tensor([0, 0, 1, 1, 1, 1])
+    reduce = Reduction(loss_type, accum=2, max_completion_length=10, tokens_per_process=12, generation_steps=4)
+    assert reduce(losses, torch.ones(6), seq, 2).item() == pytest.approx(expected)
+
+
+def test_masked_tokens_add_nothing():
+    losses, seq = torch.arange(1.0, 7.0), torch.tensor([0, 0, 1, 1, 1, 1])
+    mask = torch.tensor([1.0, 1.0, 0.0, 0.0, 0.0, 0.0])  # the second completion was truncated
+    reduce = Reduction("grpo", accum=1, max_completion_length=10, tokens_per_process=6, generation_steps=1)
+    assert reduce(losses, mask, seq, 2).item() == pytest.approx((1 + 2) / 2 / 2)
+
+
+# ------------------------------------------------------------------ the engine samples what training scores
+
+
+@pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-4), ("bf16", 0.1)])
+def test_engine_logprobs_equal_the_training_forwards(tiny_model_dir, tokenizer, precision, tolerance):
+    from kubetune.models.finetune import build_model
+    from kubetune.models.kernels import autocast_context
+    from kubetune.training.grpo import pack_completions
+    from kubetune.training.rollout import LocalRollouts, RolloutSettings
+
+    recipe = load_recipe(
+        None,
+        [f"model.name_or_path={tiny_model_dir}", f"train.precision={precision}", "lora.dropout=0.0"],
+    ).recipe
+    torch.manual_seed(0)
+    parts = build_model(recipe, str(tiny_model_dir), torch.device("cpu"))
+    with torch.no_grad():  # LoRA's B starts at zero: give the adapter a say in the log-probs
+        for name, p in parts.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    autocast = autocast_context(precision, torch.device("cpu"))
+    rollouts = LocalRollouts(parts.lm, tokenizer.eos_token_id, autocast, max_sequence=64, rows=6)
+    prompts = [(0, tokenizer("What is 2 + 2?")["input_ids"]), (1, tokenizer("Name a colour.")["input_ids"])]
+    completions = rollouts.sample(prompts, 3, RolloutSettings(max_tokens=12, temperature=1.0, seed=7), generation=0)
+    assert len(completions) == 6 and all(c.tokens for c in completions)
+    assert len({tuple(c.tokens) for c in completions}) > 1  # each its own random stream
+    batch, _ = pack_completions(completions, 64, tokenizer.pad_token_id)
+    parts.model.eval()
+    with torch.no_grad(), autocast():
+        trained = parts.loss(
+            batch.input_ids,
+            batch.position_ids,
+            batch.targets,
+            batch.cu_seqlens,
+            batch.target_sample,
+            batch.target_tokens,
+        )
+    sampled = torch.tensor([lp for c in completions for lp in c.logprobs])
+    torch.testing.assert_close(trained, sampled, rtol=0, atol=tolerance)
+    assert parts.lm.config._attn_implementation != "kubetune_slots"  # switched back for training
+
+
+def test_rollouts_are_a_function_of_where_they_sit_in_the_run(tiny_model_dir, tokenizer):
+    from kubetune.models.finetune import build_model
+    from kubetune.training.rollout import LocalRollouts, RolloutSettings
+
+    recipe = load_recipe(None, [f"model.name_or_path={tiny_model_dir}", "train.precision=fp32"]).recipe
+    parts = build_model(recipe, str(tiny_model_dir), torch.device("cpu"))
+    rollouts = LocalRollouts(parts.lm, tokenizer.eos_token_id, lambda: torch.autocast("cpu", enabled=False), 64, 4)
+    prompt = [(3, tokenizer("Say something.")["input_ids"])]
+    settings = RolloutSettings(max_tokens=8, temperature=1.0, seed=1)
+    first, again = (rollouts.sample(prompt, 2, settings, generation=5) for _ in range(2))
+    other = rollouts.sample(prompt, 2, settings, generation=6)
+    assert [c.tokens for c in first] == [c.tokens for c in again]
+    assert [c.tokens for c in first] != [c.tokens for c in other]
+
+
+# ------------------------------------------------------------------ whole runs on the tiny model
+
+
+@pytest.fixture
+def prompts_file(tmp_path):
+    rows = [{"prompt": f"Count to {i}.", "answer": " ".join(str(k) for k in range(1, i + 1))} for i in range(1, 41)]
+    path = tmp_path / "prompts.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return path
+
+
+@pytest.fixture
+def grpo_overrides(tiny_overrides, prompts_file):
+    keep = ("data.train=", "eval.generate", "train.max_steps", "train.micro_batch_size", "train.grad_accum")
+    return [o for o in tiny_overrides if not o.startswith(keep)] + [
+        f"data.train={prompts_file}",
+        "data.eval=0.2",
+        "eval.generate=0",
+        "finetune.objective=grpo",
+        "finetune.rl.num_generations=4",
+        "finetune.rl.max_completion_length=8",
+        f"finetune.rl.reward_funcs=[{EVEN},accuracy]",
+        "train.micro_batch_size=4",
+        "train.grad_accum=2",
+        "train.log_every=1",
+        "train.max_steps=4",
+    ]
+
+
+def records(run):
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.process
+def test_a_grpo_run_reports_trls_metrics_and_the_held_out_reward(tmp_path, grpo_overrides):
+    out = tmp_path / "run"
+    summary = train_from_recipe(None, [*grpo_overrides, "train.max_steps=8", "train.save_every=0", f"output_dir={out}"])
+    rows = records(out)
+    assert [r["step"] for r in rows] == list(range(1, 9))
+    for r in rows:
+        assert set(r) >= TRL_KEYS | {"rewards/even_tokens/mean", "rewards/accuracy/mean"}, sorted(r)
+        assert math.isfinite(r["loss"]) and 0 <= r["completions/clipped_ratio"] <= 1
+    early = sum(r["reward"] for r in rows[:2]) / 2
+    late = sum(r["reward"] for r in rows[-2:]) / 2
+    assert late > early  # the tiny model learns to say even token ids
+    assert summary.reward_before is not None and summary.reward_after is not None
+    saved = json.loads((out / "summary.json").read_text())
+    assert saved["objective"] == "grpo" and "eval_accuracy" in saved["eval_after"]
+    logged = [json.loads(ln) for ln in (out / "completions.jsonl").read_text().splitlines()]
+    assert logged and {"step", "prompt", "completion", "rewards", "advantage"} <= set(logged[0])
+    assert (out / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.process
+def test_a_reward_that_raises_stops_with_one_line_and_keeps_the_checkpoints(tmp_path, grpo_overrides):
+    out = tmp_path / "run"
+    args = [o for o in grpo_overrides if not o.startswith("finetune.rl.reward_funcs")]
+    args += ["finetune.rl.reward_funcs=[tests.training.rl_rewards:raises_later]", "train.save_every=1"]
+    env = {**base_env(), "KUBETUNE_TEST_RAISE_AT": "4"}  # eval before, steps 1 and 2, then it raises
+    done = run_cli_subprocess(["train", "--nproc-per-node", "1", *args, f"output_dir={out}"], env=env)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [ln for ln in done.stderr.splitlines() if "error" in ln.lower()]
+    assert len(lines) == 1 and "raises_later" in lines[0] and "row" in lines[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert (out / "checkpoints" / "step-2").is_dir()
+
+
+@pytest.mark.process
+def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, grpo_overrides):
+    common = [*grpo_overrides, "train.max_steps=6", "train.save_every=2"]
+    straight = tmp_path / "straight"
+    train_from_recipe(None, [*common, f"output_dir={straight}"])
+    out = tmp_path / "killed"
+    kill_after_checkpoint(start_kubetune(["train", "--nproc-per-node", "1", *common, f"output_dir={out}"]), out, 4)
+    finish(start_kubetune(["train", "--nproc-per-node", "1", *common, f"output_dir={out}"]))
+    a, b = records(straight), records(out)
+    assert [r["step"] for r in b] == list(range(1, 7))
+    for x, y in zip(a, b):
+        for key in ("loss", "reward", "completions/mean_length", "entropy"):
+            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (key, x["step"])
+
+
+@pytest.mark.multiproc
+def test_two_processes_train_grpo_as_one(tmp_path, grpo_overrides):
+    common = [o for o in grpo_overrides if not o.startswith(("train.grad_accum", "train.num_threads"))]
+    common += ["train.max_steps=3", "train.save_every=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_from_recipe(None, [*common, "train.grad_accum=2", f"output_dir={one}"])
+    out = finish(start_kubetune(["train", "--nproc-per-node", "2", *common, "train.grad_accum=1", f"output_dir={two}"]))
+    assert "2 process(es)" in out
+    for x, y in zip(records(one), records(two), strict=True):
+        for key in ("loss", "reward", "reward_std", "completions/mean_length", "entropy", "grad_norm"):
+            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-5), (key, x["step"])
+
+
+# ------------------------------------------------------------------ refused recipes
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["finetune.rl.num_generations=1"], "num_generations"),
+        (["finetune.rl.reward_weights=[1.0,2.0]"], "one weight per"),
+        (["finetune.rl.rollout=server"], "server_url"),
+    ],
+)
+def test_bad_rl_settings_are_one_line(overrides, says):
+    with pytest.raises(UserError) as e:
+        load_recipe(None, ["finetune.objective=grpo", *overrides])
+    assert says in str(e.value) and "\n" not in str(e.value).strip()
+
+
+@pytest.mark.parametrize(
+    "processes, overrides, says",
+    [
+        ("1", ["train.micro_batch_size=3"], "must divide"),
+        ("2", ["parallel.tp=2"], "parallel.tp=1"),
+        ("2", ["parallel.fsdp=2"], "parallel.fsdp=1"),
+        ("1", ["finetune.rl.reward_funcs=[acuracy]"], "accuracy"),
+    ],
+)
+def test_refused_grpo_runs_exit_2_with_one_line(tmp_path, grpo_overrides, processes, overrides, says):
+    args = ["train", "--nproc-per-node", processes, *grpo_overrides, *overrides, f"output_dir={tmp_path}/r"]
+    done = run_cli_subprocess(args)
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
