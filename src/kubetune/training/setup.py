@@ -142,9 +142,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         telemetry=telemetry,
         # GRPO's rollouts run the same layers under another attention and shapes: compiled
         # regions would recompile around every generation, so `auto` leaves them eager
-        auto_compile=auto_compile(recipe, model, env, config)
-        if recipe.train.compile == "auto" and not rl_run
-        else None,
+        auto_compile=auto_compile(recipe, model, env, config) if compiles_later else None,
     )
     if rl_run:
         return dataclasses.replace(parts, rl=grpo_training(parts, start))
