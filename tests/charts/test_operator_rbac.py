@@ -16,8 +16,8 @@ from typing import Any
 
 import pytest
 
-from kubetune.k8s.client import Conflict, kind_of
 from kubetune.k8s.names import trainer_selector
+from kubetune.kubeapi import Conflict, kind_of
 
 from ..k8s.fakes import FakeClient
 from .helm import OPERATOR_CHART, objects

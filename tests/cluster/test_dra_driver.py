@@ -79,17 +79,11 @@ class Node:
                 }
             )
         )
-        from kubernetes import client
-
-        cfg = client.Configuration()
-        cfg.host = self.kube.url
-        self.api = client.ApiClient(cfg)
-        client.CoreV1Api(self.api).create_node({"metadata": {"name": NODE, "uid": "node-uid-1"}})
+        self.api = self.kube.client()
+        self.api.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": NODE, "uid": "node-uid-1"}})
         self.proc: subprocess.Popen | None = None
 
     def add_claim(self, name: str, uid: str, devices: list[str]) -> None:
-        from kubernetes import client
-
         results = [{"request": "cards", "driver": GAUDI.driver, "pool": NODE, "device": d} for d in devices]
         claim = {
             "apiVersion": dra.RESOURCE_API_VERSION,
@@ -98,20 +92,15 @@ class Node:
             "spec": {"devices": {"requests": [{"name": "cards", "exactly": {"deviceClassName": GAUDI.device_class}}]}},
             "status": {"allocation": {"devices": {"results": results}}},
         }
-        client.ResourceV1Api(self.api).create_namespaced_resource_claim("team", claim)
+        self.api.create(claim)
 
     def delete_slices(self) -> None:
         """What a starting kubelet does to its node's slices."""
-        from kubernetes import client
-
         for s in self.slices():
-            client.ResourceV1Api(self.api).delete_resource_slice(s["metadata"]["name"])
+            self.api.delete(dra.RESOURCE_API_VERSION, "ResourceSlice", s["metadata"]["name"])
 
     def slices(self) -> list[dict]:
-        from kubernetes import client
-
-        raw = client.ResourceV1Api(self.api).list_resource_slice(_preload_content=False)
-        return json.loads(raw.data)["items"]
+        return self.api.list(dra.RESOURCE_API_VERSION, "ResourceSlice")
 
     @property
     def reg_socket(self) -> Path:

@@ -64,10 +64,10 @@ def watching_cache():
     server = KmockServer(("v1/pods",))  # an empty pod list, not a 404
     cache = PodCache(CONFIG.resources, CONFIG.leaf_labels)
     try:
-        api = server.core_api()
+        kube = server.client()
         for node in ALL_NODES:
-            api.create_node(node)
-        cache.start(core_api=api, relist_seconds=0.2)
+            kube.create(node)
+        cache.start(kube, relist_seconds=0.2)
         assert cache.synced.wait(10)
         assert wait_for(lambda: all(cache.leaf_of(node_name(n)) for n in ALL_NODES), 10)
         yield cache

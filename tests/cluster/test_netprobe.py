@@ -110,9 +110,13 @@ def api_server():
     from tests.kit.kube import KmockServer
 
     server = KmockServer()
-    server.core_api().create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
+    server.client().create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
     yield server
     server.stop()
+
+
+def _annotations(kube) -> dict:
+    return kube.get("v1", "Node", "hls-0")["metadata"]["annotations"]
 
 
 def test_prober_measures_across_namespaces_and_annotates_the_node(peers, api_server, tmp_path):
@@ -145,7 +149,7 @@ def test_prober_measures_across_namespaces_and_annotates_the_node(peers, api_ser
     assert latencies[f"{silent_a}:{PORT}"] is None  # no host at that address: the connect timed out
     assert measured["method"] == "tcp"
 
-    annotations = api_server.core_api().read_node("hls-0").metadata.annotations
+    annotations = _annotations(api_server.client())
     assert annotations[keys.RDMA_LATENCY_US] == f"{measured['latency_us']:.2f}"
     assert annotations[keys.LATENCY_METHOD] == "tcp" and annotations[keys.LATENCY_PEERS] == "2/4"
     assert keys.LATENCY_UPDATED in annotations
@@ -156,44 +160,43 @@ def _the_extender_reads_it(api_server, latency_us: float) -> None:
     from kubetune.cluster.extender.facts import facts_of
     from kubetune.cluster.extender.protocol import Node
 
-    api = api_server.core_api()
-    raw = api.api_client.sanitize_for_serialization(api.read_node("hls-0"))
+    raw = api_server.client().get("v1", "Node", "hls-0")
     facts = facts_of(Node.model_validate(raw), "habana.ai/gaudi", (keys.LEAF_LABEL,))
     assert facts.rdma_latency_us == pytest.approx(latency_us, abs=0.01)
 
 
 def test_a_link_going_down_takes_the_latency_off_the_node(peers, api_server):
     (_, a, _, _), (_, b, _, _) = peers
-    api = api_server.core_api()
-    prober = Prober("hls-0", [Peer("a", a, PORT), Peer("b", b, PORT)], None, {}, PORT, timeout=0.3, core_api=api)
+    kube = api_server.client()
+    prober = Prober("hls-0", [Peer("a", a, PORT), Peer("b", b, PORT)], None, {}, PORT, timeout=0.3, kube=kube)
     first = prober.round()
     assert first.latencies["a"] and first.latencies["b"]
-    assert api.read_node("hls-0").metadata.annotations[keys.LATENCY_PEERS] == "2/2"
+    assert _annotations(kube)[keys.LATENCY_PEERS] == "2/2"
 
     for ns, _, _, link in peers:  # every peer's link down: no answer from anyone
         _ip("netns", "exec", ns, "ip", "link", "set", link, "down")
     second = prober.round()
     assert second.latencies == {"a": None, "b": None}
-    annotations = api.read_node("hls-0").metadata.annotations
+    annotations = _annotations(kube)
     assert keys.RDMA_LATENCY_US not in annotations  # no stale figure for the extender to score on
     assert annotations[keys.LATENCY_PEERS] == "0/2"
 
 
 def test_peers_come_from_the_daemonsets_running_pods_through_the_api(api_server):
-    api = api_server.core_api()
+    kube = api_server.client()
     selector = {"app.kubernetes.io/name": "kubetune-netprobe"}
 
     def pod(name, node, ip, phase="Running", labels=selector):
         meta = {"name": name, "namespace": "kubetune-system", "labels": labels}
         body = {"apiVersion": "v1", "kind": "Pod", "metadata": meta, "spec": {"nodeName": node, "containers": []}}
-        api.create_namespaced_pod("kubetune-system", dict(body, status={"phase": phase, "podIP": ip}))
+        kube.create(dict(body, status={"phase": phase, "podIP": ip}))
 
     pod("p0", "hls-0", "10.0.0.10")  # this node's own prober
     pod("p1", "hls-1", "10.0.1.10")
     pod("p2", "hls-2", "10.0.2.10")
     pod("p3", "hls-3", None, phase="Pending")  # not up yet
     pod("other", "hls-4", "10.0.4.10", labels={"app.kubernetes.io/name": "something-else"})
-    prober = Prober("hls-0", [], "kubetune-system", selector, PORT, core_api=api)
+    prober = Prober("hls-0", [], "kubetune-system", selector, PORT, kube=kube)
     assert prober.peers() == [Peer("hls-1", "10.0.1.10", PORT), Peer("hls-2", "10.0.2.10", PORT)]
 
 

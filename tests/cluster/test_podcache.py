@@ -47,17 +47,17 @@ def test_cache_lists_and_follows_a_real_api_server():
     server = KmockServer()
     cache = _cache()
     try:
-        api = server.core_api()
-        api.create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {LEAF: "leaf-1"}}})
-        api.create_namespaced_pod("kubetune", training_pod("j", 0, cards=8, node_name="n1", phase="Running"))
-        cache.start(core_api=api, relist_seconds=0.2)
+        kube = server.client()
+        kube.create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "n1", "labels": {LEAF: "leaf-1"}}})
+        kube.create(training_pod("j", 0, cards=8, node_name="n1", phase="Running"))
+        cache.start(kube, relist_seconds=0.2)
         assert cache.synced.wait(10)
         assert wait_for(lambda: cache.leaf_of("n1") == "leaf-1", 10)
         assert cache.used_cards("n1", "habana.ai/gaudi") == 8 and dict(cache.peers("kubetune", "j")) == {"n1": 1}
         # a pod appearing later is seen (by the watch, or by the next list if the watch fails)
-        api.create_namespaced_pod("kubetune", training_pod("j", 2, cards=4, node_name="n1", phase="Running"))
+        kube.create(training_pod("j", 2, cards=4, node_name="n1", phase="Running"))
         assert wait_for(lambda: cache.used_cards("n1", "habana.ai/gaudi") == 12, 10)
-        api.delete_namespaced_pod("j-master-0", "kubetune")
+        kube.delete("v1", "Pod", "j-master-0", "kubetune")
         assert wait_for(lambda: cache.used_cards("n1", "habana.ai/gaudi") == 4, 10)
     finally:
         cache.stop()

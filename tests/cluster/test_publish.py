@@ -69,8 +69,8 @@ def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_pa
     api_server = KmockServer()
     kubelet = FakePodResources(tmp_path / "pr.sock")
     try:
-        api = api_server.core_api()
-        api.create_node(
+        kube = api_server.client()
+        kube.create(
             {
                 "apiVersion": "v1",
                 "kind": "Node",
@@ -84,28 +84,27 @@ def test_publisher_patches_the_node_and_the_extender_reads_it_back(cards, tmp_pa
             "habana.ai/gaudi",
             "example.com/leaf",
             PodResourcesClient(tmp_path / "pr.sock"),
-            core_api=api,
+            kube=kube,
             free_memory=lambda: measured,
         )
         health = {c.id: HEALTHY for c in cards}
         assert publisher.publish(cards, health) is True
         assert publisher.publish(cards, health) is False  # nothing changed: no patch
 
-        node = api.read_node("hls-0")
-        assert node.metadata.annotations[keys.CARDS_FREE] == "5"
-        assert node.metadata.labels[keys.LEAF_LABEL] == "leaf-3"
-        assert keys.FACTS_UPDATED in node.metadata.annotations
+        node = kube.get("v1", "Node", "hls-0")
+        assert node["metadata"]["annotations"][keys.CARDS_FREE] == "5"
+        assert node["metadata"]["labels"][keys.LEAF_LABEL] == "leaf-3"
+        assert keys.FACTS_UPDATED in node["metadata"]["annotations"]
 
         # what the extender makes of that Node (allocatable as the kubelet would report it)
-        raw = api.api_client.sanitize_for_serialization(node)
-        raw["status"] = {"allocatable": {"habana.ai/gaudi": "8"}}
+        raw = dict(node, status={"allocatable": {"habana.ai/gaudi": "8"}})
         facts = facts_of(Node.model_validate(raw), "habana.ai/gaudi", (keys.LEAF_LABEL,))
         assert (facts.cards_total, facts.cards_free, facts.leaf, facts.hbm_per_card_mib) == (8, 5, "leaf-3", 96 * 1024)
         assert facts.hbm_free_mib == (96 * 1024,) * 4 + (39 * 1024,)  # the free cards 3..7, card 3 measured
 
         health[cards[4].id] = UNHEALTHY
         assert publisher.publish(cards, health) is True
-        assert api.read_node("hls-0").metadata.annotations[keys.CARDS_FREE] == "4"
+        assert kube.get("v1", "Node", "hls-0")["metadata"]["annotations"][keys.CARDS_FREE] == "4"
     finally:
         kubelet.stop()
         api_server.stop()
@@ -117,13 +116,14 @@ def test_publisher_without_an_api_finds_the_cluster_through_kubeconfig(cards, tm
 
     api_server = KmockServer()
     try:
-        api_server.core_api().create_node({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
+        api_server.client().create({"apiVersion": "v1", "kind": "Node", "metadata": {"name": "hls-0"}})
         kubeconfig = tmp_path / "kubeconfig"
         kubeconfig.write_text(api_server.kubeconfig("plugin"))
         monkeypatch.setenv("KUBECONFIG", str(kubeconfig))
         monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-        publisher = NodePublisher("hls-0", "habana.ai/gaudi", None, None)  # core_api from kube.load_config
+        publisher = NodePublisher("hls-0", "habana.ai/gaudi", None, None)  # a KubeClient from $KUBECONFIG
         assert publisher.publish(cards, {c.id: HEALTHY for c in cards}) is True
-        assert api_server.core_api().read_node("hls-0").metadata.annotations[keys.CARDS_HEALTHY] == "8"
+        node = api_server.client().get("v1", "Node", "hls-0")
+        assert node["metadata"]["annotations"][keys.CARDS_HEALTHY] == "8"
     finally:
         api_server.stop()

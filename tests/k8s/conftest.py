@@ -72,7 +72,7 @@ class Kube:
     def client(self):
         from kubernetes import client as kc
 
-        from kubetune.k8s.client import KubeClient
+        from kubetune.kubeapi import KubeClient
 
         return KubeClient(kc.Configuration(host=self.url))
 

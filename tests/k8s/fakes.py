@@ -1,4 +1,4 @@
-"""A stand-in for `kubetune.k8s.client.KubeClient`, the project's own API boundary.
+"""A stand-in for `kubetune.kubeapi.KubeClient`, the project's own API boundary.
 
 It holds objects in a dict and answers only what a test scripted: a log or exec nobody
 scripted, or any method KubeClient does not have, fails the test at once (kopf's rule:
@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import copy
 
-from kubetune.k8s.client import ClusterError, KubeClient, _subset
+from kubetune.kubeapi import ClusterError, KubeClient
+from kubetune.kubeapi.client import _subset
 
 
 class UnexpectedCall(AssertionError):

@@ -122,7 +122,7 @@ def test_download_streams_binary_files_through_exec(cli, api, tmp_path):
 
 
 def test_a_failing_command_is_one_line_with_its_stderr(api):
-    from kubetune.k8s.client import ClusterError, connect
+    from kubetune.kubeapi import ClusterError, connect
 
     with pytest.raises(ClusterError) as err:
         connect().exec_to(f"{JOB}-data", NS, ["tail", "/x"], io.BytesIO(), container="data")

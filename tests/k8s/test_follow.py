@@ -10,8 +10,8 @@ import pytest
 
 from kubetune.errors import UserError
 from kubetune.k8s import follow
-from kubetune.k8s.client import ClusterError
 from kubetune.k8s.render import render
+from kubetune.kubeapi import ClusterError
 from kubetune.recipe.loader import load_recipe
 
 from .fakes import FakeClient, UnexpectedCall

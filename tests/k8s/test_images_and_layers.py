@@ -53,7 +53,7 @@ def test_dockerignore_keeps_the_context_small():
 def test_k8s_layer_imports_neither_training_nor_torch():
     code = (
         "import sys, kubetune.k8s.cli, kubetune.k8s.render, kubetune.k8s.follow, kubetune.k8s.doctor, "
-        "kubetune.k8s.validate, kubetune.k8s.client, kubetune.k8s.serve.render; "
+        "kubetune.k8s.validate, kubetune.kubeapi, kubetune.k8s.serve.render; "
         "bad = sorted(m for m in sys.modules if m == 'torch' or m.startswith(('torch.', 'kubetune.training'))); "
         "print(','.join(bad))"
     )

@@ -1,17 +1,15 @@
-"""kubetune.contracts.kube: the quantity grammar, the common labels and the kubeconfig loader
-that k8s and cluster share."""
+"""kubetune.contracts.kube: the quantity grammar and the common labels that k8s and cluster share."""
 
 from __future__ import annotations
 
 from decimal import Decimal
 
 import pytest
-import yaml
 from hypothesis import given
 from hypothesis import strategies as st
 
 from kubetune.contracts import kube
-from kubetune.contracts.kube import ClusterError, common_labels, load_config, parse_quantity, quantity_or_none
+from kubetune.contracts.kube import common_labels, parse_quantity, quantity_or_none
 
 SUFFIXES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"]
 
@@ -96,72 +94,3 @@ def test_job_and_component_objects_use_the_common_labels():
     for obj in manifests.render(manifests.ComponentSettings()):
         labels = obj["metadata"]["labels"]
         assert labels[kube.PART_OF] == "kubetune" and labels[kube.NAME].startswith("kubetune-"), obj["kind"]
-
-
-# ------------------------------------------------------------------------------ load_config
-
-
-def _kubeconfig(path, server):
-    path.write_text(
-        yaml.safe_dump(
-            {
-                "apiVersion": "v1",
-                "kind": "Config",
-                "current-context": "c",
-                "clusters": [{"name": "c", "cluster": {"server": server}}],
-                "users": [{"name": "u", "user": {"token": "t0ken"}}],
-                "contexts": [{"name": "c", "context": {"cluster": "c", "user": "u"}}],
-            }
-        )
-    )
-    return path
-
-
-def test_kubeconfig_is_read_at_call_time_and_wins_inside_a_cluster(tmp_path, monkeypatch):
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "a", "https://a.example:6443")))
-    assert load_config().host == "https://a.example:6443"
-    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "b", "https://b.example:6443")))
-    configuration = load_config()
-    assert configuration.host == "https://b.example:6443"
-    assert configuration.api_key["authorization"] == "Bearer t0ken"
-
-
-def test_in_cluster_service_account(tmp_path, monkeypatch):
-    from kubernetes.client import Configuration
-    from kubernetes.config import incluster_config
-
-    (tmp_path / "token").write_text("sa-token")
-    (tmp_path / "ca.crt").write_text("not a real CA")
-    monkeypatch.setattr(incluster_config, "SERVICE_TOKEN_FILENAME", str(tmp_path / "token"))
-    monkeypatch.setattr(incluster_config, "SERVICE_CERT_FILENAME", str(tmp_path / "ca.crt"))
-    monkeypatch.delenv("KUBECONFIG", raising=False)
-    monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
-    monkeypatch.setenv("KUBERNETES_SERVICE_PORT", "443")
-    default_before = Configuration.get_default_copy().host
-    configuration = load_config()
-    assert configuration.host == "https://10.0.0.1:443"
-    assert configuration.api_key["authorization"].lower() == "bearer sa-token"  # the library writes "bearer"
-    assert configuration.ssl_ca_cert == str(tmp_path / "ca.crt")
-    assert Configuration.get_default_copy().host == default_before  # the library's global default is left alone
-
-
-def test_no_configuration_is_a_cluster_error(tmp_path, monkeypatch):
-    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "absent"))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    with pytest.raises(ClusterError, match="no Kubernetes configuration"):
-        load_config()
-    monkeypatch.delenv("KUBECONFIG")
-    monkeypatch.setenv("HOME", str(tmp_path))  # no ~/.kube/config either
-    with pytest.raises(ClusterError, match="no Kubernetes configuration"):
-        load_config()
-
-
-def test_the_job_client_and_the_components_share_the_loader(tmp_path, monkeypatch):
-    from kubetune.k8s import client
-
-    monkeypatch.setenv("KUBECONFIG", str(_kubeconfig(tmp_path / "k", "https://k.example:6443")))
-    monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
-    assert client.load_config is kube.load_config and client.ClusterError is kube.ClusterError
-    assert client.connect().host == "https://k.example:6443"
-    assert kube.core_v1_api().api_client.configuration.host == "https://k.example:6443"

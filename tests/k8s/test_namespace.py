@@ -7,8 +7,8 @@ from __future__ import annotations
 import pytest
 import yaml
 
-from kubetune.k8s import client
-from kubetune.k8s.client import ClusterError, resolve_namespace
+from kubetune.kubeapi import ClusterError, resolve_namespace
+from kubetune.kubeapi import config as kubeapi_config
 
 RECIPE = "smollm2-135m-lora-cpu"  # sets no k8s.namespace
 JOB = RECIPE
@@ -48,7 +48,7 @@ def test_the_context_namespace_unless_the_recipe_or_n_says_otherwise(team_contex
 
 
 def test_a_kubeconfig_list_gives_the_namespace_of_the_context_the_client_connects_to(tmp_path, monkeypatch):
-    from kubetune.contracts.kube import load_config
+    from kubetune.kubeapi import load_config
 
     monkeypatch.delenv("KUBERNETES_SERVICE_HOST", raising=False)
     first = _kubeconfig(tmp_path / "first", "team-b", context="b", server="http://127.0.0.1:2")
@@ -71,7 +71,7 @@ def test_default_when_nothing_names_a_namespace(tmp_path, monkeypatch, setup):
 def test_in_a_pod_the_service_accounts_namespace(tmp_path, monkeypatch):
     namespace_file = tmp_path / "namespace"
     namespace_file.write_text("team-pod\n")
-    monkeypatch.setattr(client, "SERVICE_ACCOUNT_NAMESPACE", namespace_file)
+    monkeypatch.setattr(kubeapi_config, "SERVICE_ACCOUNT_NAMESPACE", namespace_file)
     monkeypatch.setenv("KUBERNETES_SERVICE_HOST", "10.0.0.1")
     monkeypatch.delenv("KUBECONFIG", raising=False)
     assert resolve_namespace(None) == "team-pod"

@@ -70,12 +70,13 @@ class KmockServer:
             }
         )
 
-    def core_api(self):
-        from kubernetes import client
+    def client(self):
+        """kubetune's `KubeClient` on this server, as the commands and the cluster components use it."""
+        from kubernetes.client import Configuration
 
-        cfg = client.Configuration()
-        cfg.host = self.url
-        return client.CoreV1Api(client.ApiClient(cfg))
+        from kubetune.kubeapi import KubeClient
+
+        return KubeClient(Configuration(host=self.url))
 
     def stop(self) -> None:
         if "loop" in self._box:

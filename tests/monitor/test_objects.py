@@ -10,11 +10,11 @@ import yaml
 
 from kubetune.contracts.metrics import DEFAULT_TRAIN_PORT
 from kubetune.k8s import follow
-from kubetune.k8s.client import NotFound
 from kubetune.k8s.render import render
 from kubetune.k8s.serve import ServeSettings
 from kubetune.k8s.serve.render import render_serve
 from kubetune.k8s.validate import validate_objects
+from kubetune.kubeapi import NotFound
 from kubetune.recipe.loader import load_recipe
 from tests.kit.cli import run_cli_redirected
 

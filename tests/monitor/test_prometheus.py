@@ -196,7 +196,7 @@ def test_every_dashboard_renders_to_png(cluster, tmp_path):
 
 def test_check_reads_the_clusters_monitors_and_prometheus_selector(cluster, monkeypatch):
     # the cluster through kubetune's own API boundary: its Prometheus selects release=prom
-    from kubetune.k8s import client
+    from kubetune import kubeapi
 
     from ..k8s.fakes import FakeClient
 
@@ -206,7 +206,7 @@ def test_check_reads_the_clusters_monitors_and_prometheus_selector(cluster, monk
     selector = {"podMonitorSelector": {"matchLabels": {"release": "prom"}}}
     prometheus = {"apiVersion": "monitoring.coreos.com/v1", "kind": "Prometheus", "spec": selector}
     prometheus["metadata"] = {"name": "k8s", "namespace": "monitoring"}
-    monkeypatch.setattr(client, "connect", lambda: FakeClient([*monitors, other, prometheus]))
+    monkeypatch.setattr(kubeapi, "connect", lambda: FakeClient([*monitors, other, prometheus]))
     monkeypatch.setenv("COLUMNS", "1000")
     result = run_cli_redirected("monitor", "check", "--prometheus", prom.url, "-n", NS)
     text = " ".join(result.out.split())

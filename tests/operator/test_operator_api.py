@@ -14,8 +14,8 @@ import kopf
 import pytest
 
 from kubetune.contracts.progress_line import ProgressLine, format_line
-from kubetune.k8s.client import ClusterError
 from kubetune.k8s.names import TOKEN_KEY
+from kubetune.kubeapi import ClusterError
 from kubetune.operator import handlers
 
 from .conftest import NAMESPACE, wait_for

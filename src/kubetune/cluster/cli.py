@@ -122,29 +122,27 @@ def dra_driver(s: DraDriverSettings):
         raise UserError(*problems)
     assert s.node_name is not None  # (checked above)
     if s.kubeconfig is not None:
-        os.environ["KUBECONFIG"] = str(s.kubeconfig)  # kubetune.contracts.kube.load_config reads it
-
-    from kubernetes import client
+        os.environ["KUBECONFIG"] = str(s.kubeconfig)  # kubetune.kubeapi.load_config reads it
 
     from kubetune.cluster.devices.factory import make_discovery
     from kubetune.cluster.dra.prepare import claim_reader
-    from kubetune.cluster.dra.publish import SliceApi, SlicePublisher
+    from kubetune.cluster.dra.publish import SlicePublisher
     from kubetune.cluster.dra.server import DraDriver
     from kubetune.contracts import dra
-    from kubetune.contracts.kube import load_config
+    from kubetune.kubeapi import KubeClient
 
     first_guess = dra.VENDORS["nvidia" if s.discovery == "nvml" else "gaudi"]
     backend = make_discovery(
         s.discovery, first_guess.extended_resource, s.sysfs_root, s.dev_root, wait_for_driver=s.health_interval
     )
     vendor = dra.VENDORS[_dra_vendor(s.discovery, backend)]
-    api_client = client.ApiClient(load_config())
+    kube = KubeClient()
     driver = DraDriver(
         vendor,
         s.node_name,
         backend,
-        SlicePublisher(s.node_name, vendor, SliceApi(api_client)),
-        claim_reader(api_client),
+        SlicePublisher(s.node_name, vendor, kube),
+        claim_reader(kube),
         s.registry_dir,
         s.plugins_dir,
         s.cdi_dir,

@@ -14,7 +14,7 @@ components). Each prober
   answered (`kubetune.io/latency-peers`: `answered/asked`). No peer answering removes the latency
   (the extender then scores the node neutrally rather than on a stale figure).
 
-Standard library at module level; the kubernetes client only where the API is used.
+Standard library and `KubeClient` at module level; the kubernetes library only where the API is used.
 """
 
 from __future__ import annotations
@@ -34,6 +34,7 @@ from pathlib import Path
 
 from kubetune.cluster import nodefacts as keys
 from kubetune.errors import UserError
+from kubetune.kubeapi import KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -283,7 +284,7 @@ class Prober:
         timeout: float = 1.0,
         max_peers: int = 16,
         annotate: bool = True,
-        core_api=None,
+        kube: KubeClient | None = None,
     ):
         self.node_name = node_name
         self.static_peers = static_peers
@@ -295,25 +296,20 @@ class Prober:
         self.timeout = timeout
         self.max_peers = max_peers
         self.annotate = annotate
-        self._api = core_api
+        self._kube = kube
         self._last: Round | None = None
         self._stop = threading.Event()
 
     @property
-    def api(self):
-        if self._api is None:
-            from kubetune.contracts.kube import core_v1_api
-
-            self._api = core_v1_api()
-        return self._api
+    def kube(self) -> KubeClient:
+        if self._kube is None:  # connected at first use: `--once` with static peers and no annotation needs no API
+            self._kube = KubeClient()
+        return self._kube
 
     def peers(self) -> list[Peer]:
         if self.static_peers:
             return self.static_peers
-        body = self.api.list_namespaced_pod(
-            self.namespace, label_selector=",".join(f"{k}={v}" for k, v in self.selector.items())
-        )
-        pods = self.api.api_client.sanitize_for_serialization(body).get("items") or []
+        pods = self.kube.list("v1", "Pod", self.namespace, labels=self.selector)
         return peers_from_pods(pods, self.node_name, self.selector, self.port)
 
     def round(self) -> Round:
@@ -329,7 +325,8 @@ class Prober:
     def publish(self, result: Round) -> None:
         stamp = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
         annotations = dict(result.annotations(), **{keys.LATENCY_UPDATED: stamp})
-        self.api.patch_node(self.node_name, {"metadata": {"annotations": annotations}})
+        meta = {"name": self.node_name, "annotations": annotations}
+        self.kube.patch({"apiVersion": "v1", "kind": "Node", "metadata": meta})
         self._last = result
 
     def run(self, interval: float) -> None:

@@ -6,24 +6,16 @@
   (the scheduler extender reading Node and Pod objects, where bad data means "unknown").
 - Labels: the `app.kubernetes.io/*` keys, and `common_labels`, which builds the set that
   every job object and every cluster component carries (always in the same key order).
-- `load_config`: the one kubeconfig loader (and `core_v1_api` on top of it).
 
-Standard library and `kubetune.errors` only at module level; the kubernetes client is imported
-inside the functions that talk to a cluster. No torch, no `kubetune.training`, so every layer
-may import it.
+Talking to an API server (the kubeconfig, the client) is `kubetune.kubeapi`'s, above this.
+Standard library only: no torch, no `kubetune.training`, so every layer may import it.
 """
 
 from __future__ import annotations
 
-import os
 import re
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
-
-from kubetune.errors import UserError
-
-if TYPE_CHECKING:
-    from kubernetes.client import Configuration
+from typing import Any
 
 __all__ = [
     "COMPONENT",
@@ -32,11 +24,8 @@ __all__ = [
     "MANAGED_BY",
     "NAME",
     "PART_OF",
-    "ClusterError",
     "KubeObject",
     "common_labels",
-    "core_v1_api",
-    "load_config",
     "parse_quantity",
     "quantity_or_none",
 ]
@@ -115,39 +104,3 @@ def common_labels(
         if value is not None:
             labels[key] = value
     return labels
-
-
-# ------------------------------------------------------------------------------ kubeconfig
-
-
-class ClusterError(UserError):
-    """The cluster cannot be reached, refuses, or lacks what kubetune needs."""
-
-
-def load_config() -> Configuration:
-    """Client configuration: $KUBECONFIG if set, else the pod's service account inside a cluster, else ~/.kube/config.
-
-    $KUBECONFIG is read on every call (the kubernetes library freezes its default path when it
-    is first imported) and may list several files (`a:b`). No configuration -> ClusterError.
-    """
-    from kubernetes import client, config
-
-    configuration = client.Configuration()
-    try:
-        if os.environ.get("KUBERNETES_SERVICE_HOST") and not os.environ.get("KUBECONFIG"):
-            config.load_incluster_config(client_configuration=configuration)
-        else:
-            path = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-            config.load_kube_config(config_file=path, client_configuration=configuration)
-    except config.ConfigException as e:
-        raise ClusterError(
-            f"no Kubernetes configuration ({e}): set KUBECONFIG, create ~/.kube/config, or run inside a cluster"
-        ) from None
-    return configuration
-
-
-def core_v1_api(configuration: Configuration | None = None) -> Any:
-    """A `kubernetes.client.CoreV1Api` on `configuration` (default: `load_config()`)."""
-    from kubernetes import client
-
-    return client.CoreV1Api(client.ApiClient(configuration or load_config()))

@@ -36,8 +36,8 @@ def _with_namespace(args: list[str], flag: str | None, serve: bool) -> list[str]
     `render` keeps the recipe's (default `kubetune`), a submit goes where kubectl would."""
     if not args or "=" in args[0]:
         return args  # the render that follows says what is missing
-    from kubetune.k8s.client import resolve_namespace
     from kubetune.k8s.serve.plan import load_source
+    from kubetune.kubeapi import resolve_namespace
 
     recipe = load_source(args[0], args[1:])[0] if serve else _load(args, None, None)
     chosen = recipe.k8s.namespace if "namespace" in recipe.k8s.model_fields_set else None
@@ -317,7 +317,8 @@ def submit_cmd(
     serving: dict[str, Any] | None = None,
 ):
     """Create or update every rendered object in the cluster (idempotent), after validating them."""
-    from kubetune.k8s import client, follow
+    from kubetune import kubeapi
+    from kubetune.k8s import follow
 
     serving = serving or {}
     token = _read_token(hf_token_file)
@@ -338,14 +339,15 @@ def submit_cmd(
     _check(rendered.objects)
     if token is None:
         _note("no Hugging Face token (--hf-token-file or HF_TOKEN): fine for public models, gated ones will fail")
-    for line in follow.submit(client.connect(), rendered):
+    for line in follow.submit(kubeapi.connect(), rendered):
         typer.echo(line)
     typer.echo(f"follow it: kubetune k8s status {rendered.names.job} -n {rendered.names.namespace}")
 
 
 def _submit_finetune(args, profile, api, token, with_runtime, serve: bool, serving: dict[str, Any]) -> None:
     """Validate the recipe here (one line per problem, as submit does), then create the FineTune."""
-    from kubetune.k8s import client, finetune
+    from kubetune import kubeapi
+    from kubetune.k8s import finetune
     from kubetune.k8s.render import job_name, render
 
     if with_runtime:
@@ -362,7 +364,7 @@ def _submit_finetune(args, profile, api, token, with_runtime, serve: bool, servi
     _check(render(recipe, hf_token=token).objects)  # what the operator will create, validated now
     spec_serve = spec_given(serving) if serve else None
     ft = finetune.finetune_object(recipe, job_name(recipe), with_token=token is not None, serve=spec_serve)
-    for line in finetune.submit(client.connect(), ft, token):
+    for line in finetune.submit(kubeapi.connect(), ft, token):
         typer.echo(line)
     typer.echo(f"follow it: kubectl get finetune {ft['metadata']['name']} -n {recipe.k8s.namespace} -w")
 
@@ -373,10 +375,11 @@ def status_cmd(
 ):
     """Job conditions, each replica's pod, and training progress (step, loss, tokens/s, ETA); for
     serving objects the Deployment's ready replicas, its autoscaler, its pods and its endpoint."""
-    from kubetune.k8s import client, finetune, follow
+    from kubetune import kubeapi
+    from kubetune.k8s import finetune, follow
 
-    namespace = client.resolve_namespace(namespace)
-    api = client.connect()
+    namespace = kubeapi.resolve_namespace(namespace)
+    api = kubeapi.connect()
     ft = api.get(finetune.API_VERSION, finetune.KIND, name, namespace)
     if ft is not None:  # run by the operator: its status first, then the job's while there is one
         for line in finetune.status_lines(ft):
@@ -395,10 +398,11 @@ def logs_cmd(
     tail: int | None = typer.Option(None, "--tail", help="Only the last N lines."),
 ):
     """Print a replica's log (rank 0 by default)."""
-    from kubetune.k8s import client, follow
+    from kubetune import kubeapi
+    from kubetune.k8s import follow
 
-    namespace = client.resolve_namespace(namespace)
-    for line in follow.logs(client.connect(), name, namespace, rank=rank, follow=follow_, tail_lines=tail):
+    namespace = kubeapi.resolve_namespace(namespace)
+    for line in follow.logs(kubeapi.connect(), name, namespace, rank=rank, follow=follow_, tail_lines=tail):
         typer.echo(line)
 
 
@@ -408,10 +412,11 @@ def download_cmd(
     output: Path = typer.Option(Path("."), "-o", "--output", help="Local directory to copy into."),
 ):
     """Copy the run's output directory (adapter, checkpoints, metrics) out of the data-access pod."""
-    from kubetune.k8s import client, follow
+    from kubetune import kubeapi
+    from kubetune.k8s import follow
 
-    namespace = client.resolve_namespace(namespace)
-    typer.echo(str(follow.download(client.connect(), name, namespace, output)))
+    namespace = kubeapi.resolve_namespace(namespace)
+    typer.echo(str(follow.download(kubeapi.connect(), name, namespace, output)))
 
 
 def delete_cmd(
@@ -420,10 +425,11 @@ def delete_cmd(
     purge: bool = typer.Option(False, "--purge", help="Also the PVC (data, checkpoints!), data pod and quota."),
 ):
     """Delete the job and its pods (the PVC only with --purge), and the serving objects of that name."""
-    from kubetune.k8s import client, follow
+    from kubetune import kubeapi
+    from kubetune.k8s import follow
 
-    namespace = client.resolve_namespace(namespace)
-    for line in follow.delete(client.connect(), name, namespace, purge=purge):
+    namespace = kubeapi.resolve_namespace(namespace)
+    for line in follow.delete(kubeapi.connect(), name, namespace, purge=purge):
         typer.echo(line)
 
 
@@ -432,11 +438,12 @@ def doctor_cmd(
     namespace: str | None = _namespace_opt,
 ):
     """Explain why the job is Pending, crashing or hanging, with the fix for each finding."""
+    from kubetune import kubeapi
     from kubetune.contracts.findings import has_errors
-    from kubetune.k8s import client, doctor
+    from kubetune.k8s import doctor
 
-    namespace = client.resolve_namespace(namespace)
-    findings = doctor.diagnose(doctor.collect(client.connect(), name, namespace))
+    namespace = kubeapi.resolve_namespace(namespace)
+    findings = doctor.diagnose(doctor.collect(kubeapi.connect(), name, namespace))
     for line in doctor.report(findings):
         typer.echo(line)
     if has_errors(findings):

@@ -612,9 +612,9 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
     """Everything `diagnose` looks at, read through the client."""
     import yaml
 
-    from kubetune.k8s.client import ClusterError
     from kubetune.k8s.follow import JOB_KINDS, trainer_pods
     from kubetune.k8s.names import CONTAINER, RECIPE_KEY
+    from kubetune.kubeapi import ClusterError
 
     job = next((j for av, kind, _ in JOB_KINDS if (j := client.get(av, kind, name, namespace)) is not None), None)
     names = Names.for_job(name, namespace)
@@ -648,7 +648,7 @@ def collect(client, name: str, namespace: str, log_lines: int = 200) -> Snapshot
 
 def _collect_queue(client, snap: Snapshot, job: dict, queue: str) -> None:
     """The job's Kueue Workload and whether its LocalQueue exists (nothing when Kueue's API is not readable)."""
-    from kubetune.k8s.client import ClusterError
+    from kubetune.kubeapi import ClusterError
 
     with contextlib.suppress(ClusterError):
         snap.workload = kueue.workload_of(client.list(kueue.API_VERSION, "Workload", snap.namespace), job)

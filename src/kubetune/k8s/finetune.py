@@ -67,8 +67,8 @@ def status_lines(ft: dict[str, Any]) -> list[str]:
 def submit(client: Any, ft: dict[str, Any], token: str | None) -> list[str]:
     """Create the FineTune, then its token Secret owned by it (the operator waits for the Secret:
     a missing one is a temporary error it retries). One line per object."""
-    from kubetune.k8s.client import Conflict
     from kubetune.k8s.objects import secret
+    from kubetune.kubeapi import Conflict
 
     meta = ft["metadata"]
     try:

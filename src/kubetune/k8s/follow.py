@@ -24,7 +24,6 @@ import yaml
 from kubetune.contracts.kube import COMPONENT, INSTANCE, KUBETUNE, MANAGED_BY
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import kueue, progress, quota
-from kubetune.k8s.client import KubeClient, NotFound
 from kubetune.k8s.names import (
     CONTAINER,
     DATA_DIR,
@@ -38,6 +37,7 @@ from kubetune.k8s.names import (
 from kubetune.k8s.objects import config_map_recipe
 from kubetune.k8s.render import Rendered
 from kubetune.k8s.scrape import pod_monitor_name
+from kubetune.kubeapi import KubeClient, NotFound
 from kubetune.recipe.loader import _flatten
 from kubetune.recipe.schema import Recipe
 from kubetune.rundir import changed_keys
@@ -159,7 +159,7 @@ def _is_namespace_quota(obj: dict) -> bool:
 
 def check_quotas(client: KubeClient, rendered: Rendered) -> list[str]:
     """Raise a UserError when the job does not fit beside the namespace's other pods; notes otherwise."""
-    from kubetune.k8s.client import ClusterError
+    from kubetune.kubeapi import ClusterError
 
     ns, job = rendered.names.namespace, rendered.names.job
     try:
@@ -185,7 +185,7 @@ def check_quotas(client: KubeClient, rendered: Rendered) -> list[str]:
 
 
 def _ensure_namespace(client: KubeClient, obj: dict) -> str:
-    from kubetune.k8s.client import ClusterError
+    from kubetune.kubeapi import ClusterError
 
     try:
         if client.get("v1", "Namespace", obj["metadata"]["name"]) is not None:
@@ -286,7 +286,7 @@ def read_progress(
     client: KubeClient, name: str, namespace: str, job: dict, pods: list[dict]
 ) -> progress.Progress | None:
     """From the rank-0 log tail; else from metrics.jsonl on the PVC through the data-access pod."""
-    from kubetune.k8s.client import ClusterError
+    from kubetune.kubeapi import ClusterError
 
     api = job_api(job)
     rank0 = next((p for p in pods if pod_rank(p, has_master(job)) == 0), None)

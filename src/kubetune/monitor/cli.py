@@ -102,7 +102,7 @@ def _read_objects(directory: Path) -> list[KubeObject]:
 
 def _cluster_monitors(namespace: str | None) -> tuple[list[KubeObject] | None, str, str | None]:
     """(monitors, note, the release the cluster's Prometheus selects) through the kube API."""
-    from kubetune.k8s.client import ClusterError, connect
+    from kubetune.kubeapi import ClusterError, connect
 
     api = "monitoring.coreos.com/v1"
     try:

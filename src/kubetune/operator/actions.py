@@ -13,13 +13,13 @@ from typing import Any
 
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import doctor, follow
-from kubetune.k8s.client import ClusterError, Conflict, KubeClient
 from kubetune.k8s.export_job import export_job
 from kubetune.k8s.names import Names, trainer_selector
 from kubetune.k8s.objects import config_map_recipe, recipe_text_data
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
+from kubetune.kubeapi import ClusterError, Conflict, KubeClient
 from kubetune.operator import metrics_page, plan
 from kubetune.recipe.gated import missing_token_problem
 from kubetune.recipe.schema import Recipe

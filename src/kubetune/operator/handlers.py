@@ -26,9 +26,9 @@ from typing import Any
 import kopf
 
 from kubetune.errors import RecipeError, UserError
-from kubetune.k8s.client import ClusterError, KubeClient, connect, load_config
 from kubetune.k8s.names import Names
 from kubetune.k8s.objects import config_map
+from kubetune.kubeapi import ClusterError, KubeClient, connect, load_config
 from kubetune.operator import actions, plan
 from kubetune.operator.crd import GROUP, PLURAL, VERSION
 from kubetune.rundir import changed_keys

@@ -3,8 +3,8 @@
 `node_facts()` is pure: cards + health + which cards are in use -> annotations and labels
 (keys in `kubetune.cluster.nodefacts`). `PodResourcesClient` asks the kubelet which device
 ids running containers hold (PodResources API v1, gRPC on a unix socket). `NodePublisher`
-merges the two and patches the Node through the kubernetes client, only when something
-changed. The ServiceAccount needs `get` and `patch` on nodes (see manifests.py).
+merges the two and patches the Node through `KubeClient` (a merge patch of its metadata), only
+when something changed. The ServiceAccount needs `get` and `patch` on nodes (see manifests.py).
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ from pathlib import Path
 from kubetune.cluster import nodefacts as keys
 from kubetune.cluster.deviceplugin import DEFAULT_POD_RESOURCES_SOCKET
 from kubetune.cluster.devices.discovery import HEALTHY, Card
+from kubetune.kubeapi import KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -128,7 +129,7 @@ class NodePublisher:
         resource: str,
         leaf_label: str | None,
         pod_resources: PodResourcesClient | None,
-        core_api=None,
+        kube: KubeClient | None = None,
         interval: float = 30.0,
         free_memory: Callable[[], dict[str, int]] | None = None,
     ):
@@ -138,24 +139,22 @@ class NodePublisher:
         self.pod_resources = pod_resources
         self.interval = interval
         self.free_memory = free_memory  # the backend's free_memory_mib
-        self._api = core_api
+        self._kube = kube
         self._last: tuple[dict, dict] | None = None
         self._lock = threading.Lock()
         self._stop = threading.Event()
 
     @property
-    def api(self):
-        if self._api is None:
-            from kubetune.contracts.kube import core_v1_api
-
-            self._api = core_v1_api()
-        return self._api
+    def kube(self) -> KubeClient:
+        if self._kube is None:  # connected at the first publish: the plugin serves devices without an API server
+            self._kube = KubeClient()
+        return self._kube
 
     def _leaf(self) -> str | None:
         if not self.leaf_label:
             return None
-        node = self.api.read_node(self.node_name)
-        return (node.metadata.labels or {}).get(self.leaf_label)
+        node = self.kube.get("v1", "Node", self.node_name) or {}
+        return ((node.get("metadata") or {}).get("labels") or {}).get(self.leaf_label)
 
     def publish(self, cards: list[Card], health: dict[str, str]) -> bool:
         """Patch the Node if the facts changed; True when a patch was sent."""
@@ -168,7 +167,8 @@ class NodePublisher:
             stamped = dict(
                 annotations, **{keys.FACTS_UPDATED: datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
             )
-            self.api.patch_node(self.node_name, {"metadata": {"annotations": stamped, "labels": labels}})
+            meta = {"name": self.node_name, "annotations": stamped, "labels": labels}
+            self.kube.patch({"apiVersion": "v1", "kind": "Node", "metadata": meta})
             self._last = (annotations, labels)
             log.info("published node facts on %s: %s", self.node_name, annotations)
             return True

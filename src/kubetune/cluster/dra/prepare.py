@@ -10,18 +10,17 @@ to nothing.
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from kubetune.cluster.devices.discovery import HEALTHY, AllocateSpec, Card, Discovery
 from kubetune.cluster.dra import cdi
 from kubetune.cluster.dra.slices import device_name
 from kubetune.contracts import dra
 from kubetune.fsutil import atomic_write_json
+from kubetune.kubeapi import ClusterError, KubeClient
 
 log = logging.getLogger(__name__)
 
@@ -37,25 +36,14 @@ class ClaimError(Exception):
     """What goes into one claim's `error` string."""
 
 
-def claim_reader(api_client: Any) -> Callable[[str, str], dict | None]:
+def claim_reader(kube: KubeClient) -> Callable[[str, str], dict | None]:
     """(namespace, name) -> the ResourceClaim as a dict, None when it does not exist."""
-    import urllib3
-    from kubernetes import client
-
-    typed = client.ResourceV1Api(api_client) if hasattr(client, "ResourceV1Api") else None
-    custom = client.CustomObjectsApi(api_client)
 
     def read(namespace: str, name: str) -> dict | None:
         try:
-            if typed is not None:
-                return json.loads(typed.read_namespaced_resource_claim(name, namespace, _preload_content=False).data)
-            return custom.get_namespaced_custom_object("resource.k8s.io", "v1", namespace, "resourceclaims", name)
-        except client.ApiException as e:
-            if e.status == 404:
-                return None
-            raise ClaimError(f"reading ResourceClaim {namespace}/{name}: API status {e.status} {e.reason}") from None
-        except urllib3.exceptions.HTTPError as e:
-            raise ClaimError(f"reading ResourceClaim {namespace}/{name}: the API server did not answer ({e})") from None
+            return kube.get(dra.RESOURCE_API_VERSION, "ResourceClaim", name, namespace)
+        except ClusterError as e:  # the API refused, or did not answer
+            raise ClaimError(f"reading ResourceClaim {namespace}/{name}: {e}") from None
 
     return read
 

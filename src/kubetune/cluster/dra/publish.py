@@ -12,7 +12,6 @@ get/list/watch/create/update/patch/delete and nodes get (manifests.py renders it
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 from typing import Any
@@ -20,63 +19,12 @@ from typing import Any
 from kubetune.cluster.devices.discovery import Card
 from kubetune.cluster.dra.slices import build_slices
 from kubetune.contracts import dra
+from kubetune.kubeapi import ClusterError, KubeClient
 
 log = logging.getLogger(__name__)
 
-GROUP, VERSION, PLURAL = "resource.k8s.io", "v1", "resourceslices"
 
-
-class SliceApi:
-    """ResourceSlice calls on plain dicts: `ResourceV1Api` where the installed kubernetes client
-    has it (35.x on), else the custom-objects API on the same URLs."""
-
-    def __init__(self, api_client: Any):
-        from kubernetes import client
-
-        self._typed = client.ResourceV1Api(api_client) if hasattr(client, "ResourceV1Api") else None
-        self._custom = client.CustomObjectsApi(api_client)
-        self._core = client.CoreV1Api(api_client)
-
-    def list(self, node_name: str, driver: str) -> list[dict]:
-        selector = f"spec.nodeName={node_name},spec.driver={driver}"
-        if self._typed is not None:
-            raw = self._typed.list_resource_slice(field_selector=selector, _preload_content=False)
-            items = json.loads(raw.data).get("items", [])
-        else:
-            items = self._custom.list_cluster_custom_object(GROUP, VERSION, PLURAL, field_selector=selector)["items"]
-        # not every API server (or test double) applies the field selector: check again here
-        return [s for s in items if s["spec"].get("nodeName") == node_name and s["spec"].get("driver") == driver]
-
-    def create(self, body: dict) -> None:
-        if self._typed is not None:
-            self._typed.create_resource_slice(body, _preload_content=False)
-        else:
-            self._custom.create_cluster_custom_object(GROUP, VERSION, PLURAL, body)
-
-    def replace_spec(self, name: str, spec: dict) -> None:
-        # A JSON patch: a merge patch would keep attributes the new spec no longer has.
-        patch = [{"op": "replace", "path": "/spec", "value": spec}]
-        if self._typed is not None:
-            self._typed.patch_resource_slice(name, patch, _preload_content=False)
-        else:
-            self._custom.patch_cluster_custom_object(GROUP, VERSION, PLURAL, name, patch)
-
-    def delete(self, name: str) -> None:
-        if self._typed is not None:
-            self._typed.delete_resource_slice(name, _preload_content=False)
-        else:
-            self._custom.delete_cluster_custom_object(GROUP, VERSION, PLURAL, name)
-
-    def node_uid(self, node_name: str) -> str | None:
-        """The Node's uid, for the slices' owner reference; None when it cannot be read."""
-        from kubernetes.client import ApiException
-
-        try:
-            node = json.loads(self._core.read_node(node_name, _preload_content=False).data)
-        except ApiException as e:
-            log.warning("cannot read Node %s (%s): slices get no owner reference", node_name, e.status)
-            return None
-        return node.get("metadata", {}).get("uid")
+SLICE = (dra.RESOURCE_API_VERSION, "ResourceSlice")
 
 
 def _content(slices: list[dict]) -> list[tuple[str, Any, int]]:
@@ -91,10 +39,10 @@ def _generations(specs: dict[str, dict]) -> dict[str, int]:
 class SlicePublisher:
     """Writes the node's slices when the cards or their health change (thread-safe)."""
 
-    def __init__(self, node_name: str, vendor: dra.DraVendor, api: SliceApi):
+    def __init__(self, node_name: str, vendor: dra.DraVendor, kube: KubeClient):
         self.node_name = node_name
         self.vendor = vendor
-        self.api = api
+        self.kube = kube
         self.generation: int | None = None  # None until the first publish has read the API
         self._node_uid: str | None = None
         self._written: dict[str, dict] = {}  # slice name -> spec last written
@@ -105,10 +53,22 @@ class SlicePublisher:
         """First call: take over the slices a previous run left, and continue their generation."""
         self._written = self._existing()
         self.generation = max((spec["pool"].get("generation", 0) for spec in self._written.values()), default=-1)
-        self._node_uid = self.api.node_uid(self.node_name)
+        self._node_uid = self._read_node_uid()
+
+    def _read_node_uid(self) -> str | None:
+        """The Node's uid, for the slices' owner reference; None when it cannot be read."""
+        try:
+            node = self.kube.get("v1", "Node", self.node_name)
+        except ClusterError as e:
+            log.warning("cannot read Node %s (%s): slices get no owner reference", self.node_name, e)
+            return None
+        if node is None:
+            log.warning("Node %s does not exist: slices get no owner reference", self.node_name)
+        return (node or {}).get("metadata", {}).get("uid")
 
     def _existing(self) -> dict[str, dict]:
-        return {s["metadata"]["name"]: s["spec"] for s in self.api.list(self.node_name, self.vendor.driver)}
+        fields = {"spec.nodeName": self.node_name, "spec.driver": self.vendor.driver}
+        return {s["metadata"]["name"]: s["spec"] for s in self.kube.list(*SLICE, fields=fields)}
 
     def resync(self, cards: list[Card], health: dict[str, str]) -> bool:
         """Write again if the API no longer holds the slices last written (deleted, or a pool of
@@ -150,9 +110,10 @@ class SlicePublisher:
         for s in desired:
             name = s["metadata"]["name"]
             if name in self._written:
-                self.api.replace_spec(name, s["spec"])
+                # A JSON patch: a merge patch would keep attributes the new spec no longer has.
+                self.kube.json_patch(*SLICE, name, [{"op": "replace", "path": "/spec", "value": s["spec"]}])
             else:
-                self.api.create(s)
+                self.kube.create(s)
         for name in set(self._written) - {s["metadata"]["name"] for s in desired}:
-            self.api.delete(name)
+            self.kube.delete(*SLICE, name)
         self._written = {s["metadata"]["name"]: s["spec"] for s in desired}

@@ -5,7 +5,7 @@ this cache it also knows (a) how many cards the pods bound to each node hold, wh
 than the plugin's `cards-free` annotation, (b) where the other workers of a training job run,
 which the `closeness` score needs, and (c) every node's facts, so that the scheduler can send
 node names only (`nodeCacheCapable: true`). The state is plain dicts updated by
-`apply_pod` / `apply_node`; the watch threads (kubernetes client, imported lazily) only feed it.
+`apply_pod` / `apply_node`; the watch threads (`KubeClient.watch`) only feed it.
 """
 
 from __future__ import annotations
@@ -13,16 +13,19 @@ from __future__ import annotations
 import logging
 import threading
 from collections import Counter
+from contextlib import closing
 from dataclasses import dataclass
 
 from pydantic import ValidationError
 
 from kubetune.cluster.extender.facts import JOB_LABELS, RawNode, pod_cards, raw_node
 from kubetune.cluster.extender.protocol import Node, Pod
+from kubetune.kubeapi import KubeClient, Listed
 
 log = logging.getLogger(__name__)
 
 _DONE_PHASES = ("Succeeded", "Failed")
+_KINDS = {"pods": "Pod", "nodes": "Node"}  # what `replace` is told -> the kind watched
 
 
 @dataclass(frozen=True)
@@ -125,39 +128,31 @@ class PodCache:
             get = self._nodes.get
             return [get(name) for name in names]
 
-    # -- watching (kubernetes client) ----------------------------------------------------
-    def start(self, core_api=None, relist_seconds: float = 2.0) -> None:
-        """List, then watch pods and nodes in two daemon threads (relisting after any failure)."""
-        if core_api is None:
-            from kubetune.contracts.kube import core_v1_api
-
-            core_api = core_v1_api()
-        for kind, lister in (("pods", core_api.list_pod_for_all_namespaces), ("nodes", core_api.list_node)):
+    # -- watching ------------------------------------------------------------------------
+    def start(self, kube: KubeClient | None = None, relist_seconds: float = 2.0) -> None:
+        """Follow pods and nodes in two daemon threads (list, then watch; see `_follow`)."""
+        kube = kube or KubeClient()
+        for kind in _KINDS:
             threading.Thread(
-                target=self._watch,
-                args=(kind, lister, core_api.api_client, relist_seconds),
-                name=f"watch-{kind}",
-                daemon=True,
+                target=self._follow, args=(kube, kind, relist_seconds), name=f"watch-{kind}", daemon=True
             ).start()
 
-    def _watch(self, kind, lister, api_client, relist_seconds: float) -> None:
-        import json
-
-        from kubernetes import watch
-
+    def _follow(self, kube: KubeClient, kind: str, relist_seconds: float) -> None:
+        """Keep `kind` equal to the API's: each listing replaces it, each event updates it. The
+        client lists again itself when the server drops the version it follows; after any other
+        failure (the API server away, a watch that broke off) this starts over `relist_seconds` later."""
         apply = self.apply_pod if kind == "pods" else self.apply_node
         while not self._stop.is_set():
             try:
-                body = json.loads(lister(_preload_content=False).data)
-                self.replace(kind, body.get("items") or [])
-                version = (body.get("metadata") or {}).get("resourceVersion")
-                w = watch.Watch()
-                for event in w.stream(lister, resource_version=version, timeout_seconds=300):
-                    apply(event["type"], api_client.sanitize_for_serialization(event["object"]))
-                    if self._stop.is_set():
-                        w.stop()
-                        break
-            except Exception as e:  # the API server went away or the watch expired: list again
+                with closing(kube.watch("v1", _KINDS[kind])) as events:
+                    for event in events:
+                        if isinstance(event, Listed):
+                            self.replace(kind, event.items)
+                        else:
+                            apply(event.type, event.object)
+                        if self._stop.is_set():
+                            return
+            except Exception as e:
                 log.warning("watch of %s failed (%s); relisting in %.0f s", kind, e, relist_seconds)
             self._stop.wait(relist_seconds)
 
