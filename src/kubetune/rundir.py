@@ -19,6 +19,7 @@ from typing import Any
 from kubetune.errors import RunDirError
 from kubetune.fsutil import atomic_write_json, atomic_write_text
 from kubetune.recipe.loader import _flatten, load_recipe, recipe_to_yaml
+from kubetune.recipe.rl import RLSection
 from kubetune.recipe.schema import Recipe
 
 # Fields that don't change what is learned: changing them keeps the run resumable.
@@ -50,7 +51,12 @@ NEUTRAL: dict[str, set[str] | None] = {
 
 # Keys added after runs were recorded, at the value that means what recipes meant before them:
 # left out of the fingerprint at that value, so that a run recorded before them stays resumable.
-ADDED_LATER: dict[tuple[str, str], object] = {("train", "global_batch_size"): None}
+# A path of keys -> the value it is dropped at (a section added later: its defaults).
+ADDED_LATER: dict[tuple[str, ...], object] = {
+    ("train", "global_batch_size"): None,
+    ("finetune", "rl"): RLSection().model_dump(mode="json"),
+    ("data", "columns", "prompt"): "prompt",
+}
 # data.template's default was `chat` before `auto`, which is chat wherever chat could train (it is
 # alpaca only for a tokenizer without a chat template, which chat refused): they fingerprint alike.
 FORMERLY = {("data", "template"): ("auto", "chat")}
@@ -58,9 +64,12 @@ FORMERLY = {("data", "template"): ("auto", "chat")}
 
 def fingerprint(recipe: Recipe) -> str:
     d = recipe.model_dump(mode="json")
-    for (section, key), unset in ADDED_LATER.items():
-        if d.get(section, {}).get(key) == unset:
-            d[section].pop(key, None)
+    for path, unset in ADDED_LATER.items():
+        parent = d
+        for key in path[:-1]:
+            parent = parent.get(key, {})
+        if parent.get(path[-1]) == unset:
+            parent.pop(path[-1], None)
     for (section, key), (now, before) in FORMERLY.items():
         if d.get(section, {}).get(key) == now:
             d[section][key] = before

@@ -103,6 +103,8 @@ def test_runs_recorded_before_global_batch_size_and_template_auto_stay_resumable
     def recorded_before(recipe) -> str:
         d = recipe.model_dump(mode="json")
         del d["train"]["global_batch_size"]  # the key did not exist
+        del d["finetune"]["rl"]  # nor GRPO's section
+        del d["data"]["columns"]["prompt"]  # nor its prompt column
         d["data"]["template"] = "chat"  # the default was chat
         for section, keys in NEUTRAL.items():  # as fingerprint() leaves out what does not change the math
             if keys is None:
@@ -115,6 +117,7 @@ def test_runs_recorded_before_global_batch_size_and_template_auto_stay_resumable
     assert fingerprint(recipe) == recorded_before(recipe)
     # a global batch, or another template, is another recipe
     assert fingerprint(load_recipe(None, ["data.template=alpaca"]).recipe) != fingerprint(recipe)
+    assert fingerprint(load_recipe(None, ["finetune.rl.beta=0.1"]).recipe) != fingerprint(recipe)
     assert fingerprint(load_recipe(None, ["train.global_batch_size=8", "train.grad_accum=1"]).recipe) != fingerprint(
         recipe
     )

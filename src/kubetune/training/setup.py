@@ -87,10 +87,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     source = resolve_model(given.model.name_or_path)
     tokenizer = load_tokenizer(source, given.model.revision, given.model.trust_remote_code)
     data = prepare_data(given, tokenizer)
-    if given.finetune.objective == "grpo":
-        batcher = prompt_batcher(given, data, tokenizer.pad_token_id, layout)
-    else:
-        batcher = train_batcher(given, data, tokenizer.pad_token_id, layout, env.device.type)
+    batcher = batcher_for(given, data, tokenizer.pad_token_id, layout, env.device.type)
     config = load_config(source, given.model.revision, given.model.trust_remote_code)
     check_model(layout, config, given)
     kernels = resolve_kernels(given, config, batcher, env)
@@ -117,8 +114,6 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         offload=recipe.train.gradient_checkpointing in OFFLOADS,
     )
     trainable = sum(p.numel() for p in optim.params)
-    rl_run = recipe.finetune.objective == "grpo"
-    compiles_later = recipe.train.compile == "auto" and not rl_run
     telemetry = start_telemetry(metrics, recipe, env, config, trainable, total_steps, wrapped)
     parts = TrainParts(
         recipe=recipe,
@@ -134,19 +129,29 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         runner=runner,
         optim=optim,
         batcher=batcher,
-        eval_batcher=None if rl_run else eval_batcher(recipe, data, tokenizer.pad_token_id, layout, env.device.type),
+        eval_batcher=eval_batcher(recipe, data, tokenizer.pad_token_id, layout, env.device.type),
         autocast=autocast,
         total_steps=total_steps,
         resume_from=resume_from,
         started_at=started_at,
         telemetry=telemetry,
-        # GRPO's rollouts run the same layers under another attention and shapes: compiled
-        # regions would recompile around every generation, so `auto` leaves them eager
-        auto_compile=auto_compile(recipe, model, env, config) if compiles_later else None,
+        auto_compile=auto_compile(recipe, model, env, config),
     )
-    if rl_run:
+    return with_objective(parts, start, precompute)
+
+
+def with_objective(parts: TrainParts, start: torch.nn.Module | None, precompute: bool) -> TrainParts:
+    """The parts with their objective's trainer: GRPO's, a preference objective's, or none (SFT)."""
+    if parts.recipe.finetune.objective == "grpo":
         return dataclasses.replace(parts, rl=grpo_training(parts, start))
     return dataclasses.replace(parts, preference=preference_training(parts, start, precompute))
+
+
+def batcher_for(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout, device_type: str) -> Batcher:
+    """What a step reads: GRPO's prompts, or the training rows."""
+    if recipe.finetune.objective == "grpo":
+        return prompt_batcher(recipe, data, pad_id, layout)
+    return train_batcher(recipe, data, pad_id, layout, device_type)
 
 
 def batch_warnings(recipe: Recipe, batcher: Batcher, layout: MeshLayout) -> list[str]:
@@ -167,8 +172,12 @@ def batch_warnings(recipe: Recipe, batcher: Batcher, layout: MeshLayout) -> list
     return [line]
 
 
-def auto_compile(recipe: Recipe, model: ModelParts, env: DistEnv, config: Any) -> AutoCompile:
-    """What `train.compile=auto` compiles, and what its measurements depend on."""
+def auto_compile(recipe: Recipe, model: ModelParts, env: DistEnv, config: Any) -> AutoCompile | None:
+    """What `train.compile=auto` compiles, and what its measurements depend on (None: nothing
+    to decide). GRPO's rollouts run the same layers under another attention and other shapes:
+    compiled regions would recompile around every generation, so `auto` leaves them eager."""
+    if recipe.train.compile != "auto" or recipe.finetune.objective == "grpo":
+        return None
     mlp, backend = compiles_mlp(recipe), COMPILE_BACKENDS.get(env.device.type, "inductor")
     key = {
         "device": env.device.type,
@@ -264,7 +273,7 @@ def train_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layou
 def eval_batcher(
     recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout, device_type: str = "cpu"
 ) -> Batcher | None:
-    if data.eval is None or len(data.eval) == 0:
+    if data.eval is None or len(data.eval) == 0 or recipe.finetune.objective == "grpo":  # GRPO evaluates by sampling
         return None
     ev = data.eval
     if recipe.eval.max_samples and len(ev) > recipe.eval.max_samples:
