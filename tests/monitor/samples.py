@@ -172,11 +172,19 @@ class Training:
         }  # fmt: skip
         for metric, value in preference.items():
             m["kubetune_train_preference"].labels(*who, metric).set(value)
+        # and a GRPO job's (the Online RL row reads them)
+        rl = {
+            "reward": 0.2 + n / 200, "eval_reward": 0.15 + n / 200, "eval_accuracy": 0.1 + n / 200, "kl": 0.01,
+            "entropy": 1.2, "clip_ratio/region_mean": 0.02, "completions/mean_length": 40.0,
+            "completions/clipped_ratio": 0.1, "frac_reward_zero_std": 0.3,
+        }  # fmt: skip
+        for metric, value in rl.items():
+            m["kubetune_train_rl"].labels(*who, metric).set(value)
         m["kubetune_train_tokens_total"].labels(*who).inc(4900)
         m["kubetune_train_nonfinite_steps_total"].labels(*who).inc(0)
         m["kubetune_train_restarts_total"].labels(*who).inc(0)
         m["kubetune_checkpoint_seconds"].labels(*who).observe(4.2)
-        for phase, seconds in zip(STEP_PHASES, (0.02, 0.9, 0.2, 0.05)):
+        for phase, seconds in zip(STEP_PHASES, (0.02, 0.0, 0.9, 0.2, 0.05)):
             m["kubetune_train_step_seconds"].labels(*who, phase).observe(seconds)
         for op, size, seconds in (("all_reduce", 1 << 24, 0.012), ("all_gather", 1 << 20, 0.002)):
             m["kubetune_collective_seconds"].labels(*who, op, size_bucket(size)).observe(seconds)

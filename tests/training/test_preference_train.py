@@ -322,7 +322,7 @@ def test_the_exporter_serves_trl_metrics_by_name():
 
     metrics = TrainMetrics(Identity(job="run", rank=0, node="n"), multiprocess=False)
     telemetry = Telemetry(metrics, None, total_steps=10, world_size=1, flops_per_token=0.0, peak_flops=0.0)
-    telemetry.preference({"loss": 0.6, "rewards/accuracies": 0.75, "eval_rewards/margins": 0.5})
+    telemetry.objective({"loss": 0.6, "rewards/accuracies": 0.75, "eval_rewards/margins": 0.5})
     text = generate_latest(metrics.registry).decode()
     assert 'kubetune_train_preference{job="run",metric="rewards/accuracies",node="n",rank="0"} 0.75' in text
     assert 'metric="eval_rewards/margins"' in text and 'metric="loss"' not in text

@@ -36,7 +36,8 @@ DEFAULT_RELEASE = "kube-prometheus-stack"
 DASHBOARD_LABEL = ("grafana_dashboard", "1")
 
 TRAIN_LABELS = ("job", "rank", "node")
-STEP_PHASES = ("data", "compute", "communication", "optimizer")
+# a GRPO step samples its generation (rollout) where the others read their data
+STEP_PHASES = ("data", "rollout", "compute", "communication", "optimizer")
 COLLECTIVE_OPS = ("all_reduce", "all_gather", "reduce_scatter", "barrier", "broadcast")
 # size_bucket label values of kubetune_collective_seconds: the message size rounded up to one of
 # these (bytes), so that latency is compared between messages of like size.
@@ -71,6 +72,14 @@ TRAIN_METRICS: tuple[Metric, ...] = (
         "gauge",
         "Preference objectives (dpo, orpo, simpo): TRL's metrics, by their names, of the last logged step "
         "(metric=rewards/accuracies, rewards/margins, ...) and of the last evaluation (eval_rewards/accuracies, ...).",
+        ("metric",),
+    ),
+    _train(
+        "kubetune_train_rl",
+        "gauge",
+        "GRPO: TRL's metrics, by their names, of the last logged step (metric=reward, rewards/<func>/mean, kl, "
+        "entropy, clip_ratio/region_mean, completions/mean_length, ...) and of the last evaluation (eval_reward, "
+        "eval_accuracy, ...).",
         ("metric",),
     ),
     _train("kubetune_train_learning_rate", "gauge", "Learning rate of the last step."),

@@ -103,6 +103,31 @@ def _preference() -> Row:
     )  # fmt: skip
 
 
+def _rl() -> Row:
+    rl = "kubetune_train_rl"
+
+    def series(metric: str, legend: str) -> Any:
+        return _t(f'avg by (job) ({rl}{{metric="{metric}",{TRAIN[1:]})', f"{legend} {{{{job}}}}")
+
+    return Row(
+        "Online RL (grpo)",
+        (
+            _p("Reward (train, held out)", series("reward", "train"), series("eval_reward", "eval"),
+               series("eval_accuracy", "eval accuracy"),
+               description="TRL's reward: the mean weighted reward of the last logged step's completions; eval_reward "
+               "and eval_accuracy: greedy completions of the held-out prompts at each evaluation.", width=8),
+            _p("KL, entropy, clipped", series("kl", "kl"), series("entropy", "entropy"),
+               series("clip_ratio/region_mean", "clipped"),
+               description="KL to the reference (beta > 0), the policy's entropy and the share of clipped tokens.",
+               width=8),
+            _p("Completions", series("completions/mean_length", "mean length"),
+               series("completions/clipped_ratio", "cut at max length"), series("frac_reward_zero_std", "no signal"),
+               description="Mean completion length in tokens; the shares cut at max_completion_length and of groups "
+               "whose rewards were all equal (no advantage).", width=8),
+        ),
+    )  # fmt: skip
+
+
 def _speed() -> Row:
     step = "kubetune_train_step_seconds"
     seconds, steps = (f"sum by (job, phase) (rate({step}_{part}{TRAIN}[{RATE}]))" for part in ("sum", "count"))
@@ -175,7 +200,7 @@ def training() -> Dashboard:
         "kubetune / Training",
         "A fine-tune's progress, loss, speed, communication and health (kubetune_* metrics of the training pods).",
         (DATASOURCE, NAMESPACE, job),
-        (_progress(), _learning(), _preference(), _speed(), _communication(), _health()),
+        (_progress(), _learning(), _preference(), _rl(), _speed(), _communication(), _health()),
     )
 
 

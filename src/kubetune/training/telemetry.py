@@ -108,8 +108,9 @@ class Telemetry:
         world_size: int,
         flops_per_token: float,
         peak_flops: float,
+        objective_gauge: str = "kubetune_train_preference",
     ):
-        self.metrics, self.kubeflow = metrics, kubeflow
+        self.metrics, self.kubeflow, self.objective_gauge = metrics, kubeflow, objective_gauge
         self.total_steps, self.world_size = total_steps, world_size
         self.flops_per_token, self.peak_flops = flops_per_token, peak_flops
         self._first: tuple[int, float] | None = None  # (step, time) of this process's first step
@@ -178,13 +179,13 @@ class Telemetry:
         if self.kubeflow is not None:
             self.kubeflow.update(100 * step / max(1, self.total_steps), eta, self._kubeflow_metrics(step, epoch, loss))
 
-    def preference(self, values: dict[str, float]) -> None:
-        """A preference run's TRL metrics (a logged step's, an evaluation's with `eval_`)."""
+    def objective(self, values: dict[str, float]) -> None:
+        """A preference or GRPO run's TRL metrics (a logged step's, an evaluation's with `eval_`)."""
         if self.metrics is None:
             return
         for name, value in values.items():
-            if name not in ("loss", "eval_loss"):
-                self.metrics["kubetune_train_preference"].labels(metric=name).set(value)
+            if name not in ("loss", "eval_loss") and math.isfinite(value):
+                self.metrics[self.objective_gauge].labels(metric=name).set(value)
 
     def evaluated(self, loss: float | None) -> None:
         if loss is None:
@@ -298,6 +299,7 @@ def start_telemetry(
         env.world_size,
         flops_per_token(config, recipe.finetune.method, trainable),
         peak,
+        "kubetune_train_rl" if recipe.finetune.objective == "grpo" else "kubetune_train_preference",
     )
     if metrics is not None:
         observe_collectives(telemetry.collective)
