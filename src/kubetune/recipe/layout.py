@@ -236,6 +236,11 @@ def check_recipe(layout: Layout, recipe: Recipe) -> None:
 def check_grpo(layout: Layout, recipe: Recipe, accum: int) -> None:
     """GRPO samples with each process's whole model, in whole groups per process."""
     rl = recipe.finetune.rl
+    if rl.rollout == "server":
+        raise RecipeError(
+            "finetune.rl.rollout=server (sampling from a separate kubetune serve) is not available yet; use "
+            "finetune.rl.rollout=local (the engine in the training process)"
+        )
     if layout.fsdp > 1:
         raise RecipeError(
             "finetune.objective=grpo samples its completions with each process's whole model; set parallel.fsdp=1 "
