@@ -282,16 +282,34 @@ def test_bad_rl_settings_are_one_line(overrides, says):
 
 
 @pytest.mark.parametrize(
-    "processes, overrides, says",
+    "overrides, processes, says",
     [
-        ("1", ["train.micro_batch_size=3"], "must divide"),
-        ("2", ["parallel.tp=2"], "parallel.tp=1"),
-        ("2", ["parallel.fsdp=2"], "parallel.fsdp=1"),
-        ("1", ["finetune.rl.reward_funcs=[acuracy]"], "accuracy"),
+        (["parallel.tp=2"], 2, "parallel.tp=1"),
+        (["parallel.fsdp=2"], 2, "parallel.fsdp=1"),
+        (["train.micro_batch_size=6", "finetune.rl.num_generations=4"], 1, "must divide"),
+        (["finetune.rl.steps_per_generation=3", "train.grad_accum=2"], 1, "multiple of train.grad_accum"),
+        (["finetune.rl.rollout=server", "finetune.rl.server_url=http://127.0.0.1:8000"], 1, "not available yet"),
     ],
 )
-def test_refused_grpo_runs_exit_2_with_one_line(tmp_path, grpo_overrides, processes, overrides, says):
-    args = ["train", "--nproc-per-node", processes, *grpo_overrides, *overrides, f"output_dir={tmp_path}/r"]
+def test_layouts_grpo_cannot_run_are_refused_in_one_line(overrides, processes, says):
+    from kubetune.recipe.layout import check_recipe, layout_for
+
+    base = ["finetune.objective=grpo", "train.global_batch_size=null", "train.grad_accum=1", "train.micro_batch_size=8"]
+    recipe = load_recipe(None, [*base, *overrides]).recipe
+    with pytest.raises(UserError) as e:
+        check_recipe(layout_for(recipe.parallel, processes), recipe)
+    assert says in str(e.value) and "\n" not in str(e.value).strip()
+
+
+@pytest.mark.parametrize(
+    "overrides, says",
+    [
+        (["train.micro_batch_size=3"], "must divide"),  # before any model loads
+        (["finetune.rl.reward_funcs=[acuracy]"], "accuracy"),  # the nearest built-in named
+    ],
+)
+def test_refused_grpo_runs_exit_2_with_one_line(tmp_path, grpo_overrides, overrides, says):
+    args = ["train", "--nproc-per-node", "1", *grpo_overrides, *overrides, f"output_dir={tmp_path}/r"]
     done = run_cli_subprocess(args)
     assert done.returncode == 2, done.stderr[-2000:]
     assert says in done.stderr and "Traceback" not in done.stderr, done.stderr[-2000:]
