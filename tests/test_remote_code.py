@@ -1,7 +1,8 @@
 """A model whose class lives in its own code (`auto_map` in config.json, `model.trust_remote_code=true`)
 through every command a user runs on it, each a real process started as from a shell:
 `kubetune train` on its default path (the planner's memory check and its measurement in probe
-processes, the launcher, two ranks), then `kubetune eval`, `generate` and `serve` on the run.
+processes, the launcher, two ranks), then `kubetune eval`, `generate` and `serve` on the run;
+and `kubetune serve DIR` of the model directory itself, which has no recipe: `--trust-remote-code`.
 
 Every one of them must read the model through kubetune.models.load with the flag: a read
 without it makes transformers ask on stdin, which these processes close (EOF: a traceback)."""
@@ -22,6 +23,7 @@ import pytest
 from kubetune.errors import ModelError
 from kubetune.models.load import load_config
 from kubetune.training.processes import DIST_ENV
+from tests.kit.cli import run_cli_subprocess
 from tests.kit.models import give_own_code
 from tests.kit.processes import communicate_or_fail
 
@@ -107,7 +109,8 @@ def test_only_models_load_reads_a_model_with_transformers():
 
 
 def test_a_model_with_its_own_code_is_refused_in_one_line_without_the_flag(remote_code_model):
-    with pytest.raises(ModelError, match=r"its own code \(auto_map\).*model\.trust_remote_code=true"):
+    names_both = r"its own code \(auto_map\).*model\.trust_remote_code=true in the recipe .*--trust-remote-code\)"
+    with pytest.raises(ModelError, match=names_both):
         load_config(str(remote_code_model))
     assert type(load_config(str(remote_code_model), trust_remote_code=True)).__name__ == "TinyRemoteConfig"
 
@@ -141,3 +144,23 @@ def test_a_remote_code_model_trains_on_processes_evaluates_generates_and_serves(
                 p.kill()
     assert "perplexity" in evaluated
     assert answer.strip() == generated.strip()
+
+
+@pytest.mark.process
+def test_serving_the_model_directory_without_the_flag_says_which_flag_in_one_line(remote_code_model):
+    r = run_cli_subprocess(["serve", str(remote_code_model), "--engine", "native", "--threads", "1"], timeout=120)
+    assert r.returncode == 2, r.stderr
+    lines = [ln for ln in r.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and "(kubetune serve DIR: --trust-remote-code)" in lines[0], r.stderr
+
+
+@pytest.mark.process
+def test_trust_remote_code_serves_the_model_directory(remote_code_model):
+    server = ServerProcess([str(remote_code_model), "--dtype", "fp32", "--trust-remote-code"])
+    try:
+        body = {"model": remote_code_model.name, "prompt": PROMPT, "max_tokens": 4, "temperature": 0}
+        answer = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    finally:
+        server.stop()
+    assert answer.status_code == 200, answer.text
+    assert answer.json()["usage"]["completion_tokens"] >= 1

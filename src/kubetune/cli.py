@@ -233,6 +233,11 @@ _chat_template_opt = typer.Option(
 _trust_request_chat_template_opt = typer.Option(
     False, "--trust-request-chat-template", help="Let requests send their own `chat_template` (Jinja)."
 )
+_trust_remote_code_opt = typer.Option(
+    False,
+    "--trust-remote-code",
+    help="Run an HF model directory's own code (auto_map). A run directory uses its recipe's model.trust_remote_code.",
+)
 
 
 @app.command()
@@ -259,6 +264,7 @@ def serve(
     served_model_name: list[str] = _served_model_name_opt,
     chat_template: str | None = _chat_template_opt,
     trust_request_chat_template: bool = _trust_request_chat_template_opt,
+    trust_remote_code: bool = _trust_remote_code_opt,
 ):
     """Serve a run behind an OpenAI-compatible API (continuous batching, many LoRA adapters)."""
     import os
@@ -276,7 +282,7 @@ def serve(
     if _picked_engine(engine, target) == "vllm":
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options, with_api_options
 
-        vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs)
+        vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs, trust_remote_code)
         exec_vllm(with_api_options(vllm, names, chat_template, trust_request_chat_template), api_keys)
     from kubetune.serve.http.state import ApiOptions
     from kubetune.serve.server import ServeOptions
@@ -291,8 +297,8 @@ def serve(
         trust_request_chat_template=trust_request_chat_template,
         allow_runtime_adapters=allow_runtime_adapters,
     )
-    opts = ServeOptions(target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
-    run_server(opts)
+    options = (target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
+    run_server(ServeOptions(*options, trust_remote_code=trust_remote_code))
 
 
 def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:

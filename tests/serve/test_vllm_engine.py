@@ -33,6 +33,15 @@ def test_a_lora_run_maps_to_the_base_with_every_adapter(tiny_runs, tiny_model_di
     assert argv[argv.index("--max-model-len") + 1] == "1024" and argv[argv.index("--max-num-seqs") + 1] == "32"
 
 
+def test_trust_remote_code_reaches_vllm_for_a_model_directory_and_a_run_keeps_its_recipes(tiny_runs, tiny_model_dir):
+    def argv(target: str, flag: bool) -> list[str]:
+        return vllm_argv(vllm_options(target, [], "0.0.0.0", 8000, None, None, trust_remote_code=flag))
+
+    assert "--trust-remote-code" in argv(str(tiny_model_dir), True)
+    assert "--trust-remote-code" not in argv(str(tiny_model_dir), False)
+    assert "--trust-remote-code" not in argv(str(tiny_runs[0]), True)  # its recipe: model.trust_remote_code=false
+
+
 def test_max_lora_rank_is_the_smallest_vllm_accepts_above_its_default():
     assert [vllm_lora_rank(r) for r in (1, 8, 16, 17, 32, 33, 300, 321, 512)] == [
         None,

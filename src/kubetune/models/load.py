@@ -276,5 +276,6 @@ def _refused_code(source: str, e: ValueError) -> Exception:
         return e
     return ModelError(
         f"model.name_or_path={source}: the model's class is in its own code (auto_map); "
-        "read that code, then set model.trust_remote_code=true to run it"
+        "read that code, then set model.trust_remote_code=true in the recipe to run it "
+        "(kubetune serve DIR: --trust-remote-code)"
     )

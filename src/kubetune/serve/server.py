@@ -40,13 +40,18 @@ class ServeOptions:
     drain_seconds: float = float(DRAIN_TIMEOUT_S)
     served_model_names: tuple[str, ...] = ()  # the base model's names (default: its recipe's)
     api: ApiOptions = field(default_factory=ApiOptions)  # the HTTP side's: body limit, API keys, chat template
+    trust_remote_code: bool = False  # an HF model directory's own code (a run's recipe decides for the run)
 
 
 def serve(opts: ServeOptions) -> None:
     from kubetune.serve.native.build import check_dtype
     from kubetune.serve.native.models import plan_served
 
-    plan_served(opts.target, list(opts.adapters))  # a bad target or adapter fails here, in one line
+    # A bad target or adapter fails here, in one line, before the server starts; so does an HF model
+    # directory's config (its own code without --trust-remote-code), a local read, unlike a run's base.
+    plan = plan_served(opts.target, list(opts.adapters), opts.trust_remote_code)
+    if plan.main.recipe is None:
+        plan.base_config()
     check_dtype(opts.dtype)
     _say(describe(opts.api.api_keys))
     state = ServerState(opts.api)

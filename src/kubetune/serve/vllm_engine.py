@@ -30,18 +30,34 @@ def vllm_python() -> str | None:
 
 
 def vllm_options(
-    target: str, adapters: list[Adapter], host_addr: str, port: int, max_model_len: int | None, max_num_seqs: int | None
+    target: str,
+    adapters: list[Adapter],
+    host_addr: str,
+    port: int,
+    max_model_len: int | None,
+    max_num_seqs: int | None,
+    trust_remote_code: bool = False,
 ) -> VllmOptions:
     """What vLLM serves for TARGET (`vllm_run_options` for a run; any other directory as it is),
     under the native engine's names: the run directory's for its adapter or model, the base's last
-    path component. The embedded GGUF default becomes the HF directory it converts to."""
+    path component. The embedded GGUF default becomes the HF directory it converts to.
+    `trust_remote_code` (--trust-remote-code) is an HF model directory's; a run's recipe decides its own."""
     from kubetune.models.load import resolve_model
     from kubetune.rundir import RunDir
 
     name = Path(target).resolve().name
     run = RunDir(Path(target))
     if not run.is_run():
-        return VllmOptions(str(target), name, tuple(adapters), host_addr, port, max_model_len, max_num_seqs)
+        return VllmOptions(
+            str(target),
+            name,
+            tuple(adapters),
+            host_addr,
+            port,
+            max_model_len,
+            max_num_seqs,
+            trust_remote_code=trust_remote_code,
+        )
     recipe = run.recipe()
     run.finished_weights(recipe)
     base = resolve_model(recipe.model.name_or_path) if recipe.finetune.method == "lora" else ""

@@ -59,9 +59,10 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     threads = opts.threads or host.threads()
     torch.set_num_threads(threads)
     os.environ.setdefault("OMP_NUM_THREADS", str(threads))
-    plan = plan_served(opts.target, list(opts.adapters))
+    remote = opts.trust_remote_code
+    plan = plan_served(opts.target, list(opts.adapters), remote)
     dtype = pick_dtype(opts.dtype, plan.base_config())
-    served = load_served(opts.target, list(opts.adapters), dtype, register())
+    served = load_served(opts.target, list(opts.adapters), dtype, register(), trust_remote_code=remote)
     if getattr(opts, "served_model_names", ()):
         name_base(served, opts.served_model_names)
     config = served.lm.config

@@ -6,7 +6,9 @@ prompt template each answers with.
 `--adapter NAME=RUN_DIR` adds one more adapter, which must have been trained on the same base.
 A full fine-tune's run directory, or an HF model directory, is served as the base itself.
 A run renders prompts with the template and system prompt it was trained with, exactly as
-`kubetune generate` does, so both give the same greedy answer.
+`kubetune generate` does, so both give the same greedy answer. A model with its own code
+(`auto_map`) runs it as its recipe's `model.trust_remote_code` says, or, for an HF model
+directory, which has no recipe, as `--trust-remote-code` says.
 """
 
 from __future__ import annotations
@@ -140,6 +142,7 @@ class ModelSource:
     path: Path
     recipe: Recipe | None
     weights: Path
+    trust_remote_code: bool  # run the model's own code: a run's recipe decides, else --trust-remote-code
 
     @property
     def is_lora(self) -> bool:
@@ -154,18 +157,20 @@ class ModelSource:
         """(model, tokenizer): a run's through `load_run`, an HF model directory as it is."""
         if self.recipe is not None:
             return load_run(RunDir(self.path), self.recipe, dtype, attn, with_adapter)
-        weights = str(self.weights)
-        return load_causal_lm(weights, dtype, attn), load_tokenizer(weights)
+        weights, remote = str(self.weights), self.trust_remote_code
+        return load_causal_lm(weights, dtype, attn, None, remote), load_tokenizer(weights, None, remote)
 
 
-def model_source(target: str | Path) -> ModelSource:
+def model_source(target: str | Path, trust_remote_code: bool = False) -> ModelSource:
+    """`target` as served; `trust_remote_code` (--trust-remote-code) applies to an HF model
+    directory alone: a run directory keeps its recipe's `model.trust_remote_code`."""
     path = Path(target)
     run = RunDir(path)
     if run.is_run():
         recipe = run.recipe()
-        return ModelSource(path, recipe, run.finished_weights(recipe))
+        return ModelSource(path, recipe, run.finished_weights(recipe), recipe.model.trust_remote_code)
     if (path / "config.json").is_file():
-        return ModelSource(path, None, path)
+        return ModelSource(path, None, path, trust_remote_code)
     raise RunDirError(f"{target}: neither a kubetune run directory nor an HF model directory (config.json)")
 
 
@@ -182,13 +187,13 @@ class Plan:
         recipe = self.main.recipe
         if recipe is not None and self.main.is_lora:
             return model_config(recipe.model)
-        remote = recipe is not None and recipe.model.trust_remote_code
-        return load_config(str(self.main.weights), trust_remote_code=remote)
+        return load_config(str(self.main.weights), trust_remote_code=self.main.trust_remote_code)
 
 
-def plan_served(target: str, adapters: list[Adapter]) -> Plan:
-    """Check the target and the adapters (one clear line each) before anything is loaded."""
-    main = model_source(target)
+def plan_served(target: str, adapters: list[Adapter], trust_remote_code: bool = False) -> Plan:
+    """Check the target and the adapters (one clear line each) before anything is loaded.
+    The adapters are LoRA runs, each read by its own recipe: only the target takes the flag."""
+    main = model_source(target, trust_remote_code)
     extra = [(a.name, model_source(a.path)) for a in adapters]
     if main.is_lora:
         assert main.recipe is not None
@@ -200,8 +205,15 @@ def plan_served(target: str, adapters: list[Adapter]) -> Plan:
     return Plan(main, base_name, extra)
 
 
-def load_served(target: str, adapters: list[Adapter], dtype: torch.dtype, attn: str, fuse: bool = True) -> ServedSet:
-    plan = plan_served(target, adapters)
+def load_served(
+    target: str,
+    adapters: list[Adapter],
+    dtype: torch.dtype,
+    attn: str,
+    fuse: bool = True,
+    trust_remote_code: bool = False,
+) -> ServedSet:
+    plan = plan_served(target, adapters, trust_remote_code)
     main, base_name, extra = plan.main, plan.base_name, plan.adapters
     lm, tokenizer = main.load(dtype, attn, with_adapter=False)  # serving installs every adapter itself
     lm.eval()
