@@ -79,7 +79,7 @@ class RLSection(Section):
         False, description="Completions cut at max_completion_length add nothing to the loss."
     )
     reward_funcs: list[str | RewardSpec] = Field(
-        default_factory=lambda: ["accuracy"],
+        default_factory=lambda: list[str | RewardSpec](["accuracy"]),
         min_length=1,
         description="Reward functions, summed with reward_weights: built-in names, `module:function` paths, or "
         "{name, options} for a built-in's options.",

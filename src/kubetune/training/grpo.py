@@ -310,7 +310,8 @@ class GRPOTraining:
     def _reference_logps(self, b: Batch) -> torch.Tensor:
         if self.reference is not None:  # full fine-tuning: a frozen copy of the starting weights
             return self._logps(self.reference, b)
-        with self.model.model.disable_adapter():  # LoRA: the same base with the adapter off
+        peft_model: Any = self.model.model
+        with peft_model.disable_adapter():  # LoRA: the same base with the adapter off
             return self._logps(self.runner.eval_module, b)
 
     def _generation_metrics(self, scored: Scored, rollout_s: float) -> dict[str, float]:
