@@ -15,12 +15,12 @@ import platform
 import re
 import signal
 import subprocess
-import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from bench.common.processes import TreePeakRss
 from kubetune.netutil import NotReadyError, wait_ready
 
 REPO = Path(__file__).resolve().parents[2]
@@ -255,33 +255,18 @@ class Server:
             argv, env=env, stdout=self._log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
         )
         self.started = time.perf_counter()
-        self.peak_rss = 0
-        self.phase_peak = 0
-        self._stop = threading.Event()
-        self._sampler = threading.Thread(target=self._sample, daemon=True)
-        self._sampler.start()
+        self._rss = TreePeakRss(self.proc.pid)
 
-    def _sample(self) -> None:
-        import psutil
+    @property
+    def peak_rss(self) -> int:
+        return self._rss.peak
 
-        try:
-            root = psutil.Process(self.proc.pid)
-        except psutil.NoSuchProcess:
-            return
-        while not self._stop.is_set():
-            total = 0
-            try:
-                for p in [root, *root.children(recursive=True)]:
-                    with contextlib.suppress(psutil.NoSuchProcess, psutil.AccessDenied):
-                        total += p.memory_info().rss
-            except psutil.NoSuchProcess:
-                return
-            self.peak_rss = max(self.peak_rss, total)
-            self.phase_peak = max(self.phase_peak, total)
-            self._stop.wait(0.25)
+    @property
+    def phase_peak(self) -> int:
+        return self._rss.phase_peak
 
     def reset_phase_peak(self) -> None:
-        self.phase_peak = 0
+        self._rss.reset_phase()
 
     def log_tail(self, n: int = 40) -> list[str]:
         if not self._log.closed:
@@ -337,7 +322,6 @@ class Server:
                 with contextlib.suppress(ProcessLookupError):
                     os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(10)
-        self._stop.set()
-        self._sampler.join(2)
+        self._rss.stop()
         self._log.close()
         return self.proc.returncode
