@@ -198,6 +198,12 @@ def grpo_overrides(tiny_overrides, prompts_file):
     ]
 
 
+def tiny_qa(where):
+    from tests.conftest import write_qa_file
+
+    return write_qa_file(where / "qa.jsonl")
+
+
 def records(run):
     return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
 
@@ -220,6 +226,12 @@ def test_a_grpo_run_reports_trls_metrics_and_the_held_out_reward(tmp_path, grpo_
     logged = [json.loads(ln) for ln in (out / "completions.jsonl").read_text().splitlines()]
     assert logged and {"step", "prompt", "completion", "rewards", "advantage"} <= set(logged[0])
     assert (out / "adapter" / "adapter_config.json").is_file()
+    from kubetune.training.evaluate import eval_target
+
+    with pytest.raises(UserError, match=r"summary\.json"):  # `kubetune eval` says where the reward is
+        eval_target(str(out), [])
+    sft = eval_target(str(out), ["finetune.objective=sft", f"data.train={tiny_qa(tmp_path)}"])
+    assert sft.perplexity is not None and sft.perplexity > 1  # the adapter's perplexity on other answers
 
 
 @pytest.mark.process

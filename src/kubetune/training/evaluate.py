@@ -8,6 +8,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from kubetune.data import prepare_data
+from kubetune.errors import RecipeError
 from kubetune.models.attention import register as register_attention
 from kubetune.models.finetune import ModelParts
 from kubetune.models.kernels import autocast_context, compute_precision
@@ -29,6 +30,11 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     setup_logging(env)
     run = RunDir(Path(target))
     recipe = run.recipe(overrides) if run.is_run() else load_recipe(target, overrides).recipe
+    if recipe.finetune.objective == "grpo":
+        raise RecipeError(
+            f"{target}: a grpo run's held-out reward and accuracy are in its summary.json (sampled at the end of "
+            "training); for the perplexity of a dataset's answers, add finetune.objective=sft data.train=FILE"
+        )
     configure_threads(recipe.train.num_threads, env)  # before the precision: threads change the answer
     precision = compute_precision(
         recipe.train.precision, model_config(recipe.model), env.device
@@ -40,7 +46,7 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     layout = data_parallel_only(env.world_size, env.rank)
     batcher = eval_batcher(recipe, data, tokenizer.pad_token_id, layout, env.device.type)
     runner = LocalRunner(parts.loss, parts.loss, env.device, autocast_context(precision, env.device))
-    if recipe.finetune.objective != "sft":
+    if recipe.finetune.on_pairs:
         reference = pair_reference(recipe, run if run.is_run() else None, parts, runner, env)
         result = PreferenceTraining(Objective.of(recipe), runner, reference, reference).evaluate(batcher, layout, env)
     else:
