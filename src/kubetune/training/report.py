@@ -135,8 +135,9 @@ def print_report(summary: Summary, run_dir: RunDir) -> None:
     table.add_column("")
     table.add_column("before", justify="right")
     table.add_column("after", justify="right")
-    table.add_row("eval loss", fmt_number(summary.eval_loss_before), fmt_number(summary.eval_loss_after))
-    table.add_row("perplexity", fmt_number(summary.perplexity_before), fmt_number(summary.perplexity_after))
+    if summary.objective != "grpo":  # GRPO scores sampled completions, not the data's answers
+        table.add_row("eval loss", fmt_number(summary.eval_loss_before), fmt_number(summary.eval_loss_after))
+        table.add_row("perplexity", fmt_number(summary.perplexity_before), fmt_number(summary.perplexity_after))
     if summary.objective == "grpo":
         table.add_row("held-out reward", fmt_number(summary.reward_before), fmt_number(summary.reward_after))
         before, after = summary.reward_accuracy_before, summary.reward_accuracy_after
