@@ -16,17 +16,12 @@ from kubetune.recipe import load_recipe
 from tests.k8s.conftest import TOKEN
 from tests.k8s.conftest import cli as cli  # fixtures shared with tests/k8s and tests/operator
 from tests.k8s.conftest import kube as kube
+from tests.kit.kube import pod_recipe
 from tests.operator.conftest import cluster as cluster
 from tests.operator.conftest import operator as operator
 from tests.operator.conftest import wait_for
 
 RECIPE = "smollm2-135m-dpo-cpu"
-
-
-def _recipe_in(objects: list[dict]) -> dict:
-    """The recipe the pods read: the job's ConfigMap."""
-    config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "recipe.yaml" in o.get("data", {}))
-    return yaml.safe_load(config_map["data"]["recipe.yaml"])
 
 
 def test_the_shipped_dpo_recipe_is_lora_dpo_on_pairs_with_held_out_pairs():
@@ -44,9 +39,9 @@ def test_the_dpo_recipe_renders_as_a_valid_cluster_job_on_every_profile(cli, pro
     assert "all valid" in result.err
     objects = [d for d in yaml.safe_load_all(result.out) if d]
     assert {"PyTorchJob", "ConfigMap", "PersistentVolumeClaim"} <= {o["kind"] for o in objects}
-    pod_recipe = _recipe_in(objects)
-    assert pod_recipe["finetune"]["objective"] == "dpo" and pod_recipe["finetune"]["preference"]["beta"] == 0.1
-    assert pod_recipe["data"]["train"] == "/data/pairs.jsonl"
+    rendered = pod_recipe(objects)
+    assert rendered["finetune"]["objective"] == "dpo" and rendered["finetune"]["preference"]["beta"] == 0.1
+    assert rendered["data"]["train"] == "/data/pairs.jsonl"
 
 
 def test_submit_creates_the_dpo_job_against_an_api_server(cli, kube, tmp_path):
@@ -56,7 +51,7 @@ def test_submit_creates_the_dpo_job_against_an_api_server(cli, kube, tmp_path):
     assert result.code == 0, result.err
     assert f"created PyTorchJob kubetune/{RECIPE}" in result.out
     config_maps = list(kube.objects("v1/configmaps").values())
-    assert _recipe_in(config_maps)["finetune"]["objective"] == "dpo"
+    assert pod_recipe(config_maps)["finetune"]["objective"] == "dpo"
 
 
 def _dpo_finetune_spec() -> dict:
@@ -84,8 +79,8 @@ def test_the_operator_creates_the_job_of_a_dpo_finetune(operator):
     operator.apply_finetune("prefs", _dpo_finetune_spec())
     wait_for(lambda: operator.get("kubeflow.org/v1", "PyTorchJob", "prefs"), message="the PyTorchJob")
     config_map = wait_for(lambda: operator.get("v1", "ConfigMap", "prefs-recipe"), message="the recipe ConfigMap")
-    pod_recipe = _recipe_in([config_map])
-    assert pod_recipe["finetune"]["objective"] == "dpo" and pod_recipe["finetune"]["preference"]["beta"] == 0.2
+    rendered = pod_recipe([config_map])
+    assert rendered["finetune"]["objective"] == "dpo" and rendered["finetune"]["preference"]["beta"] == 0.2
     valid = wait_for(lambda: operator.condition("prefs", "Valid"), message="the Valid condition")
     assert valid["status"] == "True", valid
 

@@ -54,6 +54,10 @@ from dataclasses import asdict, dataclass
 from itertools import pairwise
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: bench.common from this checkout
+
+from bench.common.matched import lora_overrides, schedule_overrides
+
 REPO = Path(__file__).resolve().parents[2]
 SHARED = REPO.parent / "shared" / "data" / "medical_flashcards"
 MODEL = "smollm2-135m-instruct"
@@ -140,26 +144,13 @@ def kubetune_overrides(plan: Plan, pairs_file: Path, tmp: str, precision: str) -
         "data.truncate=false",  # TRL truncates differently (the whole sequence): refuse instead
         "data.packing=false",  # packed rows hold a varying number of pairs: not TRL's steps
         f"data.cache_dir={tmp}/cache",
-        "finetune.method=lora",
+        *lora_overrides(LORA["r"], LORA["alpha"], LORA["dropout"], LORA["targets"]),
         "finetune.objective=dpo",
         f"finetune.preference.beta={BETA}",
-        f"lora.r={LORA['r']}",
-        f"lora.alpha={LORA['alpha']}",
-        f"lora.dropout={LORA['dropout']}",
-        f"lora.target_modules=[{','.join(LORA['targets'])}]",
         f"train.max_steps={plan.steps}",
         f"train.micro_batch_size={plan.pairs_per_step}",
         "train.grad_accum=1",
-        f"train.lr={LR}",
-        "train.lr_schedule=constant",
-        "train.warmup_steps=0",
-        "train.weight_decay=0.0",
-        "train.max_grad_norm=1.0",
-        f"train.precision={precision}",
-        f"train.seed={SEED}",
-        "train.save_every=0",
-        "train.log_every=1",
-        "eval.generate=0",
+        *schedule_overrides(LR, precision, SEED),
         f"output_dir={tmp}/run",
     ]
 

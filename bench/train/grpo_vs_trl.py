@@ -75,6 +75,7 @@ from typing import NoReturn
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: bench.common from this checkout
 
+from bench.common.matched import lora_overrides, schedule_overrides
 from bench.common.processes import TreePeakRss
 
 MODEL = "smollm2-135m-instruct"
@@ -203,7 +204,7 @@ def kubetune_overrides(plan: Plan, data: Path, tmp: str, precision: str, steps: 
         "data.template=chat",
         f"data.max_seq_len={plan.max_prompt_tokens + plan.max_completion_length}",
         f"data.cache_dir={tmp}/cache",
-        "finetune.method=lora",
+        *lora_overrides(LORA["r"], LORA["alpha"], LORA["dropout"], LORA["targets"]),
         "finetune.objective=grpo",
         f"finetune.rl.num_generations={plan.num_generations}",
         f"finetune.rl.max_completion_length={plan.max_completion_length}",
@@ -211,25 +212,12 @@ def kubetune_overrides(plan: Plan, data: Path, tmp: str, precision: str, steps: 
         *(f"finetune.rl.{key}={value}" for key, value in RL.items()),
         f"finetune.rl.reward_funcs=[{REWARD}]",
         "finetune.rl.log_completions=false",  # TRL's default: no completions table
-        f"lora.r={LORA['r']}",
-        f"lora.alpha={LORA['alpha']}",
-        f"lora.dropout={LORA['dropout']}",
-        f"lora.target_modules=[{','.join(LORA['targets'])}]",
         f"train.max_steps={steps}",
         f"train.micro_batch_size={plan.num_generations}",
         f"train.global_batch_size={plan.completions_per_step}",
         "train.grad_accum=1",  # derived from the global batch (1 is the value that says so)
-        f"train.lr={plan.lr}",
-        "train.lr_schedule=constant",
-        "train.warmup_steps=0",
-        "train.weight_decay=0.0",
-        "train.max_grad_norm=1.0",
-        f"train.precision={precision}",
-        f"train.seed={SEED}",
-        "train.save_every=0",
-        "train.log_every=1",  # every step's row: its phases and rollout figures
+        *schedule_overrides(plan.lr, precision, SEED),  # every step logged: its phases and rollout figures
         "train.resume=never",
-        "eval.generate=0",
         f"output_dir={tmp}/run",
     ]
 

@@ -82,3 +82,11 @@ class KmockServer:
         if "loop" in self._box:
             self._box["loop"].call_soon_threadsafe(self._box["stop"].set)
         self._thread.join(timeout=5)
+
+
+def pod_recipe(objects: Iterable[dict]) -> dict:
+    """The recipe a rendered job's pods read: the `recipe.yaml` of its ConfigMap."""
+    import yaml
+
+    config_map = next(o for o in objects if o["kind"] == "ConfigMap" and "recipe.yaml" in o.get("data", {}))
+    return yaml.safe_load(config_map["data"]["recipe.yaml"])

@@ -74,7 +74,7 @@ class LocalRollouts:
         self.cache = SlotCache.for_config(config, dtype, budget)
         limits = Limits(
             max_num_seqs=rows,
-            max_waiting=max(rows, 1) * 4,
+            max_waiting=1 << 30,  # a batch is submitted whole (an evaluation's prompts too); `rows` run at once
             max_model_len=max_sequence,
             max_prompt_tokens=max_sequence - 1,
             prefix_caching=True,  # a group's G prompts are one prompt: its K/V are read once
