@@ -6,6 +6,8 @@
   (the scheduler extender reading Node and Pod objects, where bad data means "unknown").
 - Labels: the `app.kubernetes.io/*` keys, and `common_labels`, which builds the set that
   every job object and every cluster component carries (always in the same key order).
+- Objects: `KubeObject`, a plain dict in the API server's shape; `drop_none` leaves out the
+  optional fields a renderer did not set.
 - `load_config`: the one kubeconfig loader (and `core_v1_api` on top of it).
 
 Standard library and `kubetune.errors` only at module level; the kubernetes client is imported
@@ -36,6 +38,7 @@ __all__ = [
     "KubeObject",
     "common_labels",
     "core_v1_api",
+    "drop_none",
     "load_config",
     "parse_quantity",
     "quantity_or_none",
@@ -43,6 +46,13 @@ __all__ = [
 
 KubeObject = dict[str, Any]
 """A Kubernetes object, or a part of one, as plain JSON data (what render makes and the API returns)."""
+
+
+def drop_none(fields: KubeObject) -> KubeObject:
+    """`fields` without the ones set to None: an optional field left unset is left out of the
+    object, as the API server writes it (an empty list or mapping stays)."""
+    return {key: value for key, value in fields.items() if value is not None}
+
 
 # ------------------------------------------------------------------------------ quantities
 
