@@ -96,5 +96,5 @@ def test_the_comm_example_is_a_valid_comm_section_and_renders_the_seed_table(tmp
 
 def test_comm_doc_calls_nothing_the_seeds_it_cannot_source():
     text = " ".join(COMM.read_text().split())
-    assert "issue 11" in text and "the seed documents themselves are not in this repository" in text
+    assert "issue 11" in text and "that setup's own documents are not in this repository" in text
     assert "Ring" not in text.split("## Every kind")[0]  # the old, unsourced "seed's table"

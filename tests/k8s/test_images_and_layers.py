@@ -72,6 +72,28 @@ def test_registering_the_k8s_commands_does_not_import_kubernetes():
     assert result.stdout.strip() == "False", result.stderr
 
 
+def test_rendering_every_job_kind_loads_no_client_librarys_models():
+    # one manifest idiom (docs/ARCHITECTURE.md, Habits): every object is written as a dict, so the
+    # PyTorchJob, the TrainJob with its runtime and the operator's export Job load neither the
+    # kubernetes client nor the Kubeflow training SDK (only the Trainer SDK, the TrainJob's check)
+    code = (
+        "import sys\n"
+        "from kubetune.k8s import render\n"
+        "from kubetune.k8s.export_job import export_job\n"
+        "from kubetune.k8s.names import Names\n"
+        "from kubetune.recipe.loader import load_recipe\n"
+        "for api in ('pytorchjob', 'trainjob'):\n"
+        "    overrides = [f'k8s.api={api}', 'k8s.network.host_network=true', 'k8s.gang=coscheduling']\n"
+        "    recipe = load_recipe('llama2-13b-gaudi-tp4-pp8', overrides).recipe\n"
+        "    render.render(recipe, with_runtime=True)\n"
+        "export_job(recipe, Names.for_job('ft', 'team'), 'ft-export')\n"
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'kubernetes', 'kubeflow'}))"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.strip() == "[]"
+
+
 # ------------------------------------------------------------------ layers that hold without torch
 # The import-time check above misses an import made while rendering. These run the real
 # commands in a fresh interpreter where the training side cannot be imported at all: a

@@ -1,4 +1,5 @@
-"""kubetune.contracts.kube: the quantity grammar and the common labels that k8s and cluster share."""
+"""kubetune.contracts.kube: the quantity grammar, the common labels and `drop_none` that k8s and
+cluster share."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from kubetune.contracts import kube
-from kubetune.contracts.kube import common_labels, parse_quantity, quantity_or_none
+from kubetune.contracts.kube import common_labels, drop_none, parse_quantity, quantity_or_none
 
 SUFFIXES = ["", "Ki", "Mi", "Gi", "Ti", "Pi", "Ei", "n", "u", "m", "k", "M", "G", "T", "P", "E"]
 
@@ -79,6 +80,13 @@ def test_common_labels_keep_one_order_and_leave_unset_ones_out():
         kube.COMPONENT,
         kube.PART_OF,
     ]
+
+
+def test_drop_none_leaves_out_only_the_fields_set_to_none_in_the_literals_order():
+    # what the kubernetes client's sanitize_for_serialization did with a model's unset fields: an
+    # empty list, an empty mapping, false, 0 and "" are values the API server keeps
+    fields = {"z": [], "y": None, "x": {}, "w": False, "v": 0, "u": "", "t": None}
+    assert list(drop_none(fields).items()) == [("z", []), ("x", {}), ("w", False), ("v", 0), ("u", "")]
 
 
 def test_job_and_component_objects_use_the_common_labels():

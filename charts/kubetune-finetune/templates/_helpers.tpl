@@ -35,7 +35,7 @@ helm.sh/chart: {{ printf "%s-%s" .Chart.Name .Chart.Version | replace "+" "_" | 
 {{- end }}
 
 {{/*
-Seed 002's values layout (Intel's huggingface-llm chart) as recipe keys, as JSON:
+The values layout of Intel's huggingface-llm chart as recipe keys, as JSON:
 {"recipe": the recipe (`recipe:` with the mapped keys), "mapped": [[key, recipe key]], "unused": [[key, why]],
 "unset": [[key, recipe key, kubetune's default, Intel's chart's default]]: with the layout in use, the keys with a
 `seed` default that the values leave unset, their recipe key too, so that kubetune's default applies}.

@@ -6,6 +6,8 @@
   (the scheduler extender reading Node and Pod objects, where bad data means "unknown").
 - Labels: the `app.kubernetes.io/*` keys, and `common_labels`, which builds the set that
   every job object and every cluster component carries (always in the same key order).
+- Objects: `KubeObject`, a plain dict in the API server's shape; `drop_none` leaves out the
+  optional fields a renderer did not set.
 
 Talking to an API server (the kubeconfig, the client) is `kubetune.kubeapi`'s, above this.
 Standard library only: no torch, no `kubetune.training`, so every layer may import it.
@@ -26,12 +28,20 @@ __all__ = [
     "PART_OF",
     "KubeObject",
     "common_labels",
+    "drop_none",
     "parse_quantity",
     "quantity_or_none",
 ]
 
 KubeObject = dict[str, Any]
 """A Kubernetes object, or a part of one, as plain JSON data (what render makes and the API returns)."""
+
+
+def drop_none(fields: KubeObject) -> KubeObject:
+    """`fields` without the ones set to None: an optional field left unset is left out of the
+    object, as the API server writes it (an empty list or mapping stays)."""
+    return {key: value for key, value in fields.items() if value is not None}
+
 
 # ------------------------------------------------------------------------------ quantities
 

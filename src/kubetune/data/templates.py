@@ -57,9 +57,10 @@ def custom_fields(template: str, row: Row) -> dict[str, str]:
     """What a custom template's placeholders receive, so that no text of the row is lost.
 
     With both placeholders each gets its column. A template naming only `{input}` brings its
-    own instruction (seed 002's `...问题:{input}\n回答:`), so `{input}` is the row's input, or
-    its instruction where the row has none (instruction-only data, and `kubetune generate`,
-    which passes the prompt as the instruction). A template naming only `{instruction}` has
+    own instruction (the medical flashcards template of Intel's Xeon guide,
+    `...问题:{input}\n回答:`), so `{input}` is the row's input, or its instruction where the row
+    has none (instruction-only data, and `kubetune generate`, which passes the prompt as the
+    instruction). A template naming only `{instruction}` has
     no place for the input, so the input follows the instruction as in a chat user turn.
     """
     instruction: str = row.get("instruction", "")

@@ -344,7 +344,7 @@ def _log_findings(pod: str, lines: list[str], recipe: dict) -> list[Finding]:
 
 
 def _oneccl_findings(snap: Snapshot) -> list[Finding]:
-    """oneCCL / Intel MPI variables (a oneCCL habit: seed 002's troubleshooting checks them) do
+    """oneCCL / Intel MPI variables (a oneCCL habit: the troubleshooting of Intel's Xeon guide checks them) do
     nothing in a kubetune job: say what sets the same thing here."""
     names = set(_get(snap.recipe, "comm.extra_env", {}) or {})
     for pod in snap.pods:

@@ -1,19 +1,15 @@
 """The training job: PyTorchJob (kubeflow.org/v1), TrainJob and ClusterTrainingRuntime
-(trainer.kubeflow.org/v1alpha1), built with the Kubeflow SDK models where they fit."""
+(trainer.kubeflow.org/v1alpha1), as plain dicts; the TrainJob and runtime are round-tripped
+through the Trainer SDK's models as a check of their shape."""
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
-from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.k8s import kueue
 from kubetune.k8s.names import CONTAINER, KUEUE_LABEL, TRAIN_COMMAND, Names
-from kubetune.k8s.objects import object_meta, to_dict, worker_pod_template
+from kubetune.k8s.objects import object_meta, worker_pod_template
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
-
-if TYPE_CHECKING:  # the Kubeflow SDK is untyped: the name documents intent (it is Any to mypy)
-    from kubeflow.training.models import KubeflowOrgV1ReplicaSpec
 
 # ------------------------------------------------------------------------------------- jobs
 
@@ -23,63 +19,59 @@ def _job_labels(k8s: K8sSection, names: Names) -> dict[str, str]:
     return {KUEUE_LABEL: str(k8s.queue)} if kueue.queued(k8s) else {}
 
 
-def pytorchjob(recipe: Recipe, names: Names) -> KubeObject:
-    from kubeflow.training.models import (
-        KubeflowOrgV1ElasticPolicy,
-        KubeflowOrgV1PyTorchJob,
-        KubeflowOrgV1PyTorchJobSpec,
-        KubeflowOrgV1ReplicaSpec,
-        KubeflowOrgV1RunPolicy,
-        KubeflowOrgV1SchedulingPolicy,
-    )
-
+def _replica_specs(recipe: Recipe, names: Names) -> KubeObject:
+    """Elastic: Workers only; else one Master and k8s.replicas - 1 Workers."""
     k8s = recipe.k8s
-    template = worker_pod_template(recipe, names, CONTAINER["pytorchjob"])
 
-    def replicas(n: int) -> KubeflowOrgV1ReplicaSpec:
+    def replicas(n: int) -> KubeObject:
         # OnFailure: a crashed container restarts in place and resumes from the last checkpoint.
-        return KubeflowOrgV1ReplicaSpec(replicas=n, restart_policy="OnFailure", template=template)
+        template = worker_pod_template(recipe, names, CONTAINER["pytorchjob"])
+        return {"replicas": n, "restartPolicy": "OnFailure", "template": template}
 
-    elastic = None
     if k8s.elastic.enabled:
-        lo, hi = k8s.elastic_range()
-        specs = {"Worker": replicas(k8s.replicas)}
-        elastic = KubeflowOrgV1ElasticPolicy(
-            min_replicas=lo, max_replicas=hi, rdzv_backend="c10d", max_restarts=k8s.elastic.max_restarts
-        )
-    else:
-        specs = {"Master": replicas(1)}
-        if k8s.replicas > 1:
-            specs["Worker"] = replicas(k8s.replicas - 1)
+        return {"Worker": replicas(k8s.replicas)}
+    specs = {"Master": replicas(1)}
+    if k8s.replicas > 1:
+        specs["Worker"] = replicas(k8s.replicas - 1)
+    return specs
+
+
+def _elastic_policy(k8s: K8sSection) -> KubeObject | None:
+    if not k8s.elastic.enabled:
+        return None
+    lo, hi = k8s.elastic_range()
+    return {"maxReplicas": hi, "maxRestarts": k8s.elastic.max_restarts, "minReplicas": lo, "rdzvBackend": "c10d"}
+
+
+def _run_policy(k8s: K8sSection) -> KubeObject:
     scheduling = None
     if k8s.gang == "volcano":
-        scheduling = KubeflowOrgV1SchedulingPolicy(
-            min_available=k8s.elastic_range()[0] if elastic else k8s.replicas,
-            queue=k8s.queue,
-            priority_class=k8s.priority_class,
-        )
+        min_available = k8s.elastic_range()[0] if k8s.elastic.enabled else k8s.replicas
+        scheduling = drop_none({"minAvailable": min_available, "priorityClass": k8s.priority_class, "queue": k8s.queue})
     # cleanPodPolicy Running: finished and failed pods stay for `logs` and `doctor`, while
     # pods still running when the job ends give their nodes back.
-    run_policy = KubeflowOrgV1RunPolicy(
-        clean_pod_policy="Running", backoff_limit=k8s.backoff_limit, scheduling_policy=scheduling
-    )
-    job = KubeflowOrgV1PyTorchJob(
-        api_version="kubeflow.org/v1",
-        kind="PyTorchJob",
-        metadata=object_meta(names, names.job, "job", labels=_job_labels(k8s, names)),
-        spec=KubeflowOrgV1PyTorchJobSpec(
-            pytorch_replica_specs=specs,
-            run_policy=run_policy,
-            elastic_policy=elastic,
-            nproc_per_node=str(k8s.processes_per_pod()),
-        ),
-    )
-    return to_dict(job)
+    return drop_none({"backoffLimit": k8s.backoff_limit, "cleanPodPolicy": "Running", "schedulingPolicy": scheduling})
+
+
+def pytorchjob(recipe: Recipe, names: Names) -> KubeObject:
+    k8s = recipe.k8s
+    spec = {
+        "elasticPolicy": _elastic_policy(k8s),
+        "nprocPerNode": str(k8s.processes_per_pod()),
+        "pytorchReplicaSpecs": _replica_specs(recipe, names),
+        "runPolicy": _run_policy(k8s),
+    }
+    return {
+        "apiVersion": "kubeflow.org/v1",
+        "kind": "PyTorchJob",
+        "metadata": object_meta(names, names.job, "job", labels=_job_labels(k8s, names)),
+        "spec": drop_none(spec),
+    }
 
 
 def _runtime_patch(recipe: Recipe, names: Names) -> KubeObject:
     """What the TrainJob adds to the runtime's `node` pods: volumes, mounts, placement, security."""
-    pod = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))
+    pod = worker_pod_template(recipe, names, CONTAINER["trainjob"])
     spec = pod["spec"]
     container = spec["containers"][0]
     # Only the fields a v2.3 runtime patch accepts; image, command, env and resources travel
@@ -101,7 +93,7 @@ def trainjob(recipe: Recipe, names: Names, runtime_name: str) -> KubeObject:
 
     k8s = recipe.k8s
     # the whole worker pod's container: its resources carry k8s.network's RDMA devices too
-    container = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))["spec"]["containers"][0]
+    container = worker_pod_template(recipe, names, CONTAINER["trainjob"])["spec"]["containers"][0]
     trainer = {
         "image": k8s.container_image(),
         "command": container["command"],
@@ -111,7 +103,7 @@ def trainjob(recipe: Recipe, names: Names, runtime_name: str) -> KubeObject:
     }
     if k8s.nproc_per_node != "auto":
         trainer["numProcPerNode"] = int(k8s.nproc_per_node)
-    meta = to_dict(object_meta(names, names.job, "job", labels=_job_labels(k8s, names)))
+    meta = object_meta(names, names.job, "job", labels=_job_labels(k8s, names))
     job = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "TrainJob",
@@ -132,7 +124,7 @@ def cluster_runtime(recipe: Recipe, names: Names) -> KubeObject:
     from kubeflow_trainer_api.models import TrainerV1alpha1ClusterTrainingRuntime
 
     k8s = recipe.k8s
-    pod = to_dict(worker_pod_template(recipe, names, CONTAINER["trainjob"]))["spec"]
+    pod = worker_pod_template(recipe, names, CONTAINER["trainjob"])["spec"]
     pod_spec = {"containers": [{"name": "node", "image": k8s.container_image(), "command": list(TRAIN_COMMAND)}]}
     # resourceClaims (k8s.devices=dra): a runtime patch cannot add them; spec.trainer's
     # resourcesPerNode.claims names them for the container
@@ -159,11 +151,8 @@ def cluster_runtime(recipe: Recipe, names: Names) -> KubeObject:
         spec["podGroupPolicy"] = {"coscheduling": {"scheduleTimeoutSeconds": 600}}
     elif k8s.gang == "volcano":
         spec["podGroupPolicy"] = {"volcano": {}}
-    meta = to_dict(
-        object_meta(
-            names, names.runtime, "runtime", namespaced=False, labels={"trainer.kubeflow.org/framework": "torch"}
-        )
-    )
+    framework = {"trainer.kubeflow.org/framework": "torch"}
+    meta = object_meta(names, names.runtime, "runtime", namespaced=False, labels=framework)
     obj = {
         "apiVersion": "trainer.kubeflow.org/v1alpha1",
         "kind": "ClusterTrainingRuntime",

@@ -1,18 +1,19 @@
-"""Kubernetes objects of a job, built with the kubernetes client models (pure, no API calls).
+"""Kubernetes objects of a job, as plain dicts (`KubeObject`; pure, no API calls).
 
 `worker_pod_template` is the training pod every job kind shares; the rest are the plain
 objects around it: Namespace, ConfigMap, Secret, PVC, data-access Pod, PriorityClass,
-ResourceQuota, PodGroup. Models are turned into dicts with `sanitize_for_serialization`.
+ResourceQuota, PodGroup. Keys are in alphabetical order where the object has always been
+rendered so (the snapshots compare the YAML text); `drop_none` leaves out unset fields.
 """
 
 from __future__ import annotations
 
 from decimal import Decimal
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import yaml
 
-from kubetune.contracts.kube import KUBETUNE, NAME, KubeObject, common_labels, parse_quantity
+from kubetune.contracts.kube import KUBETUNE, NAME, KubeObject, common_labels, drop_none, parse_quantity
 from kubetune.contracts.metrics import METRICS_PORT_NAME
 from kubetune.errors import RecipeError
 from kubetune.k8s import claims, profiles
@@ -35,105 +36,94 @@ from kubetune.recipe.gated import needs_token
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
 
-if TYPE_CHECKING:  # the kubernetes client is untyped: these names document intent (they are Any to mypy)
-    from kubernetes.client import V1Container, V1EnvVar, V1ObjectMeta, V1PodTemplateSpec, V1Volume, V1VolumeMount
-
 
 def object_meta(
     names: Names, name: str, component: str, namespaced: bool = True, labels: dict[str, str] | None = None
-) -> V1ObjectMeta:
-    from kubernetes.client import V1ObjectMeta
-
-    return V1ObjectMeta(
-        name=name,
-        namespace=names.namespace if namespaced else None,
-        labels={**standard_labels(names, component), **(labels or {})},
+) -> KubeObject:
+    return drop_none(
+        {
+            "labels": {**standard_labels(names, component), **(labels or {})},
+            "name": name,
+            "namespace": names.namespace if namespaced else None,
+        }
     )
-
-
-def to_dict(model: object) -> KubeObject:
-    from kubernetes.client import ApiClient
-
-    data: KubeObject = ApiClient().sanitize_for_serialization(model)
-    return data
 
 
 # ---------------------------------------------------------------------------------- worker pod
 
 
-def worker_env(recipe: Recipe, names: Names) -> list[V1EnvVar]:
-    from kubernetes.client import V1EnvVar, V1EnvVarSource, V1SecretKeySelector
+def _env(name: str, value: str) -> KubeObject:
+    return {"name": name, "value": value}
 
+
+def worker_env(recipe: Recipe, names: Names) -> list[KubeObject]:
     k8s = recipe.k8s
+    # optional for a public model (the pod starts without the Secret); a gated one's pods wait
+    # for the Secret (CreateContainerConfigError names it) instead of failing with the Hub's 401.
+    token = {"key": TOKEN_KEY, "name": names.secret, "optional": not needs_token(recipe)}
     env = [
-        V1EnvVar(name="KUBETUNE_CACHE", value=f"{DATA_DIR}/cache"),
-        V1EnvVar(name="HF_HOME", value=f"{DATA_DIR}/hf"),
-        # optional for a public model (the pod starts without the Secret); a gated one's pods wait
-        # for the Secret (CreateContainerConfigError names it) instead of failing with the Hub's 401.
-        V1EnvVar(
-            name=TOKEN_KEY,
-            value_from=V1EnvVarSource(
-                secret_key_ref=V1SecretKeySelector(name=names.secret, key=TOKEN_KEY, optional=not needs_token(recipe))
-            ),
-        ),
-        V1EnvVar(name="KUBETUNE_MEMORY_BUDGET", value=str(profiles.memory_budget_bytes(k8s))),
-        V1EnvVar(name="PYTHONUNBUFFERED", value="1"),
+        _env("KUBETUNE_CACHE", f"{DATA_DIR}/cache"),
+        _env("HF_HOME", f"{DATA_DIR}/hf"),
+        {"name": TOKEN_KEY, "valueFrom": {"secretKeyRef": token}},
+        _env("KUBETUNE_MEMORY_BUDGET", str(profiles.memory_budget_bytes(k8s))),
+        _env("PYTHONUNBUFFERED", "1"),
     ]
-    env += [V1EnvVar(name=k, value=v) for k, v in profiles.comm_environment(recipe).items()]
-    return env
+    return env + [_env(k, v) for k, v in profiles.comm_environment(recipe).items()]
 
 
-def worker_volumes(k8s: K8sSection, names: Names) -> list[V1Volume]:
-    from kubernetes.client import (
-        V1ConfigMapVolumeSource,
-        V1EmptyDirVolumeSource,
-        V1KeyToPath,
-        V1PersistentVolumeClaimVolumeSource,
-        V1Volume,
-    )
+def data_volume(names: Names) -> KubeObject:
+    """The job's volume claim (the workers', the data pod's and the export Job's /data)."""
+    return {"name": "data", "persistentVolumeClaim": {"claimName": names.pvc}}
 
+
+def data_mount() -> KubeObject:
+    return {"mountPath": DATA_DIR, "name": "data"}
+
+
+def worker_volumes(k8s: K8sSection, names: Names) -> list[KubeObject]:
     shm = k8s.worker_resources()["shm_size"]
+    recipe_items = [{"key": RECIPE_KEY, "path": RECIPE_KEY}]
     return [
-        V1Volume(
-            name="recipe",
-            config_map=V1ConfigMapVolumeSource(name=names.recipe, items=[V1KeyToPath(key=RECIPE_KEY, path=RECIPE_KEY)]),
-        ),
-        V1Volume(name="data", persistent_volume_claim=V1PersistentVolumeClaimVolumeSource(claim_name=names.pvc)),
+        {"configMap": {"items": recipe_items, "name": names.recipe}, "name": "recipe"},
+        data_volume(names),
         # The container runtime's default /dev/shm is 64Mi: too small for data-loader workers
         # and shared-memory collectives. Memory-backed, so it counts against the memory limit.
-        V1Volume(name="dshm", empty_dir=V1EmptyDirVolumeSource(medium="Memory", size_limit=str(shm))),
+        {"emptyDir": {"medium": "Memory", "sizeLimit": str(shm)}, "name": "dshm"},
     ]
 
 
-def worker_mounts() -> list[V1VolumeMount]:
-    from kubernetes.client import V1VolumeMount
-
+def worker_mounts() -> list[KubeObject]:
     return [
-        V1VolumeMount(name="recipe", mount_path=RECIPE_DIR, read_only=True),
-        V1VolumeMount(name="data", mount_path=DATA_DIR),
-        V1VolumeMount(name="dshm", mount_path="/dev/shm"),
+        {"mountPath": RECIPE_DIR, "name": "recipe", "readOnly": True},
+        data_mount(),
+        {"mountPath": "/dev/shm", "name": "dshm"},
     ]
 
 
-def worker_container(recipe: Recipe, names: Names, container_name: str) -> V1Container:
-    from kubernetes.client import V1Container, V1ContainerPort
+def _worker_ports(recipe: Recipe, container_name: str) -> list[KubeObject] | None:
+    if container_name != "pytorch":  # a TrainJob's runtime patch takes no ports (its PodMonitor copes)
+        return None
+    ports = [{"containerPort": PYTORCHJOB_PORT, "name": "pytorchjob-port"}]
+    if recipe.monitor.in_cluster and recipe.monitor.port:
+        ports.append({"containerPort": recipe.monitor.port, "name": METRICS_PORT_NAME})
+    return ports
 
+
+def worker_container(recipe: Recipe, names: Names, container_name: str) -> KubeObject:
     k8s = recipe.k8s
-    ports = None
-    if container_name == "pytorch":  # a TrainJob's runtime patch takes no ports (its PodMonitor copes)
-        ports = [V1ContainerPort(name="pytorchjob-port", container_port=PYTORCHJOB_PORT)]
-        if recipe.monitor.in_cluster and recipe.monitor.port:
-            ports.append(V1ContainerPort(name=METRICS_PORT_NAME, container_port=recipe.monitor.port))
-    return V1Container(
-        name=container_name,
-        image=k8s.container_image(),
-        image_pull_policy=k8s.image_pull_policy,
-        command=list(TRAIN_COMMAND),
-        env=worker_env(recipe, names),
-        ports=ports,
-        resources=profiles.worker_resources(k8s),
-        volume_mounts=worker_mounts(),
-        security_context=profiles.container_security(k8s),
+    # RDMA devices and IPC_LOCK: the scale-out settings, as in the pod (`worker_pod_template`)
+    return drop_none(
+        {
+            "command": list(TRAIN_COMMAND),
+            "env": worker_env(recipe, names),
+            "image": k8s.container_image(),
+            "imagePullPolicy": k8s.image_pull_policy,
+            "name": container_name,
+            "ports": _worker_ports(recipe, container_name),
+            "resources": profiles.worker_resources(k8s, profiles.rdma_devices(recipe)),
+            "securityContext": profiles.container_security(k8s, profiles.scale_out_capabilities(recipe)),
+            "volumeMounts": worker_mounts(),
+        }
     )
 
 
@@ -150,55 +140,52 @@ def _scheduler(k8s: K8sSection) -> str | None:
     return k8s.scheduler_name or DEFAULT_GANG_SCHEDULER.get(k8s.gang)
 
 
-def worker_pod_template(recipe: Recipe, names: Names, container_name: str) -> V1PodTemplateSpec:
-    from kubernetes.client import V1ObjectMeta, V1PodSpec, V1PodTemplateSpec
-
+def worker_pod_template(recipe: Recipe, names: Names, container_name: str) -> KubeObject:
+    """A new pod template on every call: no two objects share its dicts."""
     k8s = recipe.k8s
     gang_labels, gang_annotations = _gang_labels(k8s, names)
-    spec = V1PodSpec(
-        containers=[worker_container(recipe, names, container_name)],
-        volumes=worker_volumes(k8s, names),
-        node_selector=dict(k8s.node_selector) or None,
-        tolerations=profiles.tolerations(k8s),
-        affinity=profiles.node_affinity(k8s),
-        security_context=profiles.pod_security(k8s),
-        host_ipc=True if profiles.PROFILES[k8s.profile].host_ipc else None,
-        priority_class_name=k8s.priority_class,
-        scheduler_name=_scheduler(k8s),
-        service_account_name=k8s.service_account,
-        resource_claims=claims.pod_claims(k8s, names),  # k8s.devices=dra: the cards, claimed
-    )
-    meta = V1ObjectMeta(
-        labels={**standard_labels(names, "trainer"), **gang_labels}, annotations=gang_annotations or None
-    )
-    profiles.apply_scale_out(recipe, spec, meta)  # host network, RDMA, Multus, IPC_LOCK, scale-out nodes
-    return V1PodTemplateSpec(metadata=meta, spec=spec)
+    # dnsPolicy, hostNetwork, the nodeSelector's scale-out label and the Multus annotation: the
+    # scale-out settings (profiles, "scale-out networking")
+    spec = {
+        "affinity": profiles.node_affinity(k8s),
+        "containers": [worker_container(recipe, names, container_name)],
+        "dnsPolicy": profiles.dns_policy(recipe),
+        "hostIPC": True if profiles.PROFILES[k8s.profile].host_ipc else None,
+        "hostNetwork": True if k8s.network.host_network else None,
+        "nodeSelector": profiles.worker_node_selector(recipe),
+        "priorityClassName": k8s.priority_class,
+        "resourceClaims": claims.pod_claims(k8s, names),  # k8s.devices=dra: the cards, claimed
+        "schedulerName": _scheduler(k8s),
+        "securityContext": profiles.pod_security(k8s),
+        "serviceAccountName": k8s.service_account,
+        "tolerations": profiles.tolerations(k8s),
+        "volumes": worker_volumes(k8s, names),
+    }
+    meta = {
+        "annotations": {**gang_annotations, **profiles.network_annotations(recipe)} or None,
+        "labels": {**standard_labels(names, "trainer"), **gang_labels},
+    }
+    return {"metadata": drop_none(meta), "spec": drop_none(spec)}
 
 
 # ------------------------------------------------------------------------------- plain objects
 
 
 def namespace(names: Names) -> KubeObject:
-    from kubernetes.client import V1Namespace, V1ObjectMeta
-
     # Namespace labels only: the namespace may outlive (and predate) this job.
-    meta = V1ObjectMeta(name=names.namespace, labels={NAME: KUBETUNE})
-    return to_dict(V1Namespace(api_version="v1", kind="Namespace", metadata=meta))
+    meta = {"labels": {NAME: KUBETUNE}, "name": names.namespace}
+    return {"apiVersion": "v1", "kind": "Namespace", "metadata": meta}
 
 
 def config_map(recipe: Recipe, names: Names) -> KubeObject:
-    from kubernetes.client import V1ConfigMap
-
     from kubetune.recipe.loader import recipe_to_yaml
 
-    return to_dict(
-        V1ConfigMap(
-            api_version="v1",
-            kind="ConfigMap",
-            metadata=object_meta(names, names.recipe, "recipe"),
-            data={RECIPE_KEY: recipe_to_yaml(recipe)},
-        )
-    )
+    return {
+        "apiVersion": "v1",
+        "data": {RECIPE_KEY: recipe_to_yaml(recipe)},
+        "kind": "ConfigMap",
+        "metadata": object_meta(names, names.recipe, "recipe"),
+    }
 
 
 def recipe_text_data(text: str, where: str) -> dict[str, Any]:
@@ -223,77 +210,61 @@ def config_map_recipe(recipe_config_map: KubeObject) -> Recipe:
 def secret(names: Names, token: str) -> KubeObject:
     import base64
 
-    from kubernetes.client import V1Secret
-
     # `data`, not `stringData`: the same bytes whether applied by kubectl or by submit.
-    data = {TOKEN_KEY: base64.b64encode(token.encode()).decode()}
-    return to_dict(
-        V1Secret(
-            api_version="v1",
-            kind="Secret",
-            type="Opaque",
-            metadata=object_meta(names, names.secret, "credentials"),
-            data=data,
-        )
-    )
+    return {
+        "apiVersion": "v1",
+        "data": {TOKEN_KEY: base64.b64encode(token.encode()).decode()},
+        "kind": "Secret",
+        "metadata": object_meta(names, names.secret, "credentials"),
+        "type": "Opaque",
+    }
 
 
 def pvc(k8s: K8sSection, names: Names) -> KubeObject:
-    from kubernetes.client import V1PersistentVolumeClaim, V1PersistentVolumeClaimSpec, V1VolumeResourceRequirements
-
-    spec = V1PersistentVolumeClaimSpec(
-        access_modes=[k8s.storage.access_mode],
-        storage_class_name=k8s.storage.storage_class,
-        resources=V1VolumeResourceRequirements(requests={"storage": str(k8s.storage.size)}),
-    )
-    return to_dict(
-        V1PersistentVolumeClaim(
-            api_version="v1", kind="PersistentVolumeClaim", metadata=object_meta(names, names.pvc, "data"), spec=spec
-        )
-    )
+    spec = {
+        "accessModes": [k8s.storage.access_mode],
+        "resources": {"requests": {"storage": str(k8s.storage.size)}},
+        "storageClassName": k8s.storage.storage_class,
+    }
+    metadata = object_meta(names, names.pvc, "data")
+    return {"apiVersion": "v1", "kind": "PersistentVolumeClaim", "metadata": metadata, "spec": drop_none(spec)}
 
 
 def data_pod(k8s: K8sSection, names: Names) -> KubeObject:
     """A small long-running pod on the PVC: `kubectl cp` / `kubetune k8s download` go through it."""
-    from kubernetes.client import V1Container, V1Pod, V1PodSpec, V1ResourceRequirements, V1VolumeMount
-
-    volumes = [v for v in worker_volumes(k8s, names) if v.name == "data"]
-    container = V1Container(
-        name="data",
-        image=k8s.container_image(),
-        image_pull_policy=k8s.image_pull_policy,
-        command=["sleep", "infinity"],
-        resources=V1ResourceRequirements(requests=dict(DATA_POD_RESOURCES), limits=dict(DATA_POD_RESOURCES)),
-        volume_mounts=[V1VolumeMount(name="data", mount_path=DATA_DIR)],
+    container = {
+        "command": ["sleep", "infinity"],
+        "image": k8s.container_image(),
+        "imagePullPolicy": k8s.image_pull_policy,
+        "name": "data",
+        "resources": {"limits": dict(DATA_POD_RESOURCES), "requests": dict(DATA_POD_RESOURCES)},
         # Gaudi images run as root; the data pod needs none of the trainer's extra capabilities.
-        security_context=profiles.container_security(k8s) if profiles.PROFILES[k8s.profile].non_root else None,
-    )
+        "securityContext": profiles.container_security(k8s) if profiles.PROFILES[k8s.profile].non_root else None,
+        "volumeMounts": [data_mount()],
+    }
     # Same user as the trainers, so it can read (and clean) what they wrote.
-    spec = V1PodSpec(
-        containers=[container],
-        volumes=volumes,
-        restart_policy="Always",
-        security_context=profiles.pod_security(k8s),
-        service_account_name=k8s.service_account,
-    )
-    return to_dict(V1Pod(api_version="v1", kind="Pod", metadata=object_meta(names, names.data_pod, "data"), spec=spec))
+    spec = {
+        "containers": [drop_none(container)],
+        "restartPolicy": "Always",
+        "securityContext": profiles.pod_security(k8s),
+        "serviceAccountName": k8s.service_account,
+        "volumes": [data_volume(names)],
+    }
+    metadata = object_meta(names, names.data_pod, "data")
+    return {"apiVersion": "v1", "kind": "Pod", "metadata": metadata, "spec": drop_none(spec)}
 
 
 def priority_class(k8s: K8sSection, names: Names) -> KubeObject:
-    from kubernetes.client import V1PriorityClass
-
     if k8s.priority_class is None:  # resource_problems refuses this before render gets here
         raise RecipeError("k8s.priority_value needs k8s.priority_class (the PriorityClass name)")
-    return to_dict(
-        V1PriorityClass(
-            api_version="scheduling.k8s.io/v1",
-            kind="PriorityClass",
-            value=k8s.priority_value,
-            metadata=object_meta(names, k8s.priority_class, "priority", namespaced=False),
-            description=f"kubetune job {names.namespace}/{names.job}",
-            preemption_policy="PreemptLowerPriority",
-        )
-    )
+    return {
+        "apiVersion": "scheduling.k8s.io/v1",
+        "description": f"kubetune job {names.namespace}/{names.job}",
+        "kind": "PriorityClass",
+        "metadata": object_meta(names, k8s.priority_class, "priority", namespaced=False),
+        "preemptionPolicy": "PreemptLowerPriority",
+        "value": k8s.priority_value,  # render adds the PriorityClass only when it is set
+    }
 
 
 def _format_quantity(value: Decimal, binary: bool) -> str:
@@ -309,8 +280,6 @@ def _format_quantity(value: Decimal, binary: bool) -> str:
 
 def resource_quota(k8s: K8sSection, names: Names) -> KubeObject:
     """Exactly this job: the most workers it may run plus the data-access pod."""
-    from kubernetes.client import V1ResourceQuota, V1ResourceQuotaSpec
-
     workers = k8s.elastic_range()[1] if k8s.elastic.enabled else k8s.replicas
     per_worker = profiles.resource_list(k8s)
     hard: dict[str, str] = {}
@@ -327,21 +296,16 @@ def resource_quota(k8s: K8sSection, names: Names) -> KubeObject:
     if names.owns_pvc:
         hard["persistentvolumeclaims"] = "1"
         hard["requests.storage"] = str(k8s.storage.size)
-    return to_dict(
-        V1ResourceQuota(
-            api_version="v1",
-            kind="ResourceQuota",
-            metadata=object_meta(names, names.quota, "quota"),
-            spec=V1ResourceQuotaSpec(hard=hard),
-        )
-    )
+    return _quota(object_meta(names, names.quota, "quota"), hard)
+
+
+def _quota(metadata: KubeObject, hard: dict[str, str]) -> KubeObject:
+    return {"apiVersion": "v1", "kind": "ResourceQuota", "metadata": metadata, "spec": {"hard": hard}}
 
 
 def namespace_quota(k8s: K8sSection, names: Names) -> KubeObject:
     """The team's budget for the namespace (k8s.namespace_quota): shared by every job there,
     so its labels name no job (`delete --purge` of one job leaves it)."""
-    from kubernetes.client import V1ObjectMeta, V1ResourceQuota, V1ResourceQuotaSpec
-
     budget, hard = k8s.namespace_quota, {}
     for resource, value in (("cpu", budget.cpu), ("memory", budget.memory)):
         if value is not None:  # pods are Guaranteed (requests = limits): cap both the same
@@ -351,14 +315,8 @@ def namespace_quota(k8s: K8sSection, names: Names) -> KubeObject:
         hard[f"requests.{accelerator}"] = str(budget.accelerators)
     if budget.pods is not None:
         hard["pods"] = str(budget.pods)
-    meta = V1ObjectMeta(
-        name=NAMESPACE_QUOTA,
-        namespace=names.namespace,
-        labels=common_labels(KUBETUNE, "namespace-quota", managed_by=KUBETUNE),
-    )
-    return to_dict(
-        V1ResourceQuota(api_version="v1", kind="ResourceQuota", metadata=meta, spec=V1ResourceQuotaSpec(hard=hard))
-    )
+    labels = common_labels(KUBETUNE, "namespace-quota", managed_by=KUBETUNE)
+    return _quota({"labels": labels, "name": NAMESPACE_QUOTA, "namespace": names.namespace}, hard)
 
 
 def pod_group(k8s: K8sSection, names: Names) -> KubeObject:

@@ -1,31 +1,21 @@
 """Accelerator profiles: what a worker pod needs on Xeon (cpu), Intel Gaudi or NVIDIA nodes.
 
-Each function returns kubernetes client models for one aspect of the worker pod; `render`
+Each function returns one part of the worker pod as a plain dict (`KubeObject`); `objects`
 assembles them. Requests always equal limits, so every profile gets Guaranteed QoS (and,
-with the static CPU manager policy, exclusive cores).
+with the static CPU manager policy, exclusive cores). Keys are in alphabetical order, the order
+these parts have always been rendered in (the snapshots compare the YAML text).
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 from decimal import ROUND_FLOOR, Decimal
-from typing import TYPE_CHECKING
 
-from kubetune.contracts.kube import parse_quantity
+from kubetune.contracts.kube import KubeObject, drop_none, parse_quantity
 from kubetune.recipe.comm import comm_env
 from kubetune.recipe.k8s import ACCELERATOR_RESOURCE, K8sSection
 from kubetune.recipe.schema import Recipe
-
-if TYPE_CHECKING:  # the kubernetes client is untyped: these names document intent (they are Any to mypy)
-    from kubernetes.client import (
-        V1Affinity,
-        V1ObjectMeta,
-        V1PodSecurityContext,
-        V1PodSpec,
-        V1ResourceRequirements,
-        V1SecurityContext,
-        V1Toleration,
-    )
 
 # The training process may use 95% of the pod's memory limit: the rest is headroom for the
 # page cache of the checkpoint writes, allocator fragmentation and short spikes, so the
@@ -76,12 +66,11 @@ def resource_list(k8s: K8sSection) -> dict[str, str]:
     return limits
 
 
-def worker_resources(k8s: K8sSection) -> V1ResourceRequirements:
-    from kubernetes.client import CoreV1ResourceClaim, V1ResourceRequirements
-
-    limits = resource_list(k8s)
-    claimed = [CoreV1ResourceClaim(name=CLAIM)] if k8s.devices == "dra" else None
-    return V1ResourceRequirements(requests=dict(limits), limits=limits, claims=claimed)
+def worker_resources(k8s: K8sSection, devices: Mapping[str, str] | None = None) -> KubeObject:
+    """The pod's `resources`: `resource_list` plus `devices` (a training worker's RDMA devices)."""
+    limits = {**resource_list(k8s), **(devices or {})}
+    claimed = [{"name": CLAIM}] if k8s.devices == "dra" else None
+    return drop_none({"claims": claimed, "limits": limits, "requests": dict(limits)})
 
 
 def dra_align(k8s: K8sSection) -> str:
@@ -106,61 +95,45 @@ def comm_environment(recipe: Recipe) -> dict[str, str]:
     return comm_env(recipe.comm, k8s.profile, cpus_per_process(k8s), k8s.processes_per_pod())
 
 
-def pod_security(k8s: K8sSection) -> V1PodSecurityContext | None:
-    from kubernetes.client import V1PodSecurityContext, V1SeccompProfile
-
+def pod_security(k8s: K8sSection) -> KubeObject | None:
     if not PROFILES[k8s.profile].non_root:
         return None
     uid = k8s.run_as_user
     # fsGroup makes the shared volume writable for the non-root user on most provisioners.
-    return V1PodSecurityContext(
-        run_as_non_root=True,
-        run_as_user=uid,
-        run_as_group=uid,
-        fs_group=uid,
-        seccomp_profile=V1SeccompProfile(type="RuntimeDefault"),
-    )
+    return {
+        "fsGroup": uid,
+        "runAsGroup": uid,
+        "runAsNonRoot": True,
+        "runAsUser": uid,
+        "seccompProfile": {"type": "RuntimeDefault"},
+    }
 
 
-def container_security(k8s: K8sSection) -> V1SecurityContext:
-    from kubernetes.client import V1Capabilities, V1SecurityContext
-
+def container_security(k8s: K8sSection, extra_capabilities: tuple[str, ...] = ()) -> KubeObject:
+    """The container's securityContext; `extra_capabilities`: a training worker's (`needs_ipc_lock`)."""
     profile = PROFILES[k8s.profile]
+    add = [*profile.capabilities_add, *extra_capabilities]
     if profile.non_root:
-        return V1SecurityContext(allow_privilege_escalation=False, capabilities=V1Capabilities(drop=["ALL"]))
-    return V1SecurityContext(capabilities=V1Capabilities(add=list(profile.capabilities_add)))
+        return {"allowPrivilegeEscalation": False, "capabilities": drop_none({"add": add or None, "drop": ["ALL"]})}
+    return {"capabilities": {"add": add}}
 
 
-def node_affinity(k8s: K8sSection) -> V1Affinity | None:
+def node_affinity(k8s: K8sSection) -> KubeObject | None:
     """cpu: require AMX-capable nodes (bf16 matmuls on AMX tiles), by the configured label."""
-    from kubernetes.client import (
-        V1Affinity,
-        V1NodeAffinity,
-        V1NodeSelector,
-        V1NodeSelectorRequirement,
-        V1NodeSelectorTerm,
-    )
-
     if k8s.profile != "cpu" or not k8s.amx_label:
         return None
-    term = V1NodeSelectorTerm(
-        match_expressions=[V1NodeSelectorRequirement(key=k8s.amx_label, operator="In", values=["true"])]
-    )
-    return V1Affinity(
-        node_affinity=V1NodeAffinity(
-            required_during_scheduling_ignored_during_execution=V1NodeSelector(node_selector_terms=[term])
-        )
-    )
+    term = {"matchExpressions": [{"key": k8s.amx_label, "operator": "In", "values": ["true"]}]}
+    return {"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {"nodeSelectorTerms": [term]}}}
 
 
-def tolerations(k8s: K8sSection) -> list[V1Toleration] | None:
+def tolerations(k8s: K8sSection) -> list[KubeObject] | None:
     """The recipe's tolerations plus the accelerator taint that Gaudi/GPU node pools often carry."""
-    from kubernetes.client import V1Toleration
-
-    out = [V1Toleration(key=t.key, operator=t.operator, value=t.value, effect=t.effect) for t in k8s.tolerations]
+    out = [
+        drop_none({"effect": t.effect, "key": t.key, "operator": t.operator, "value": t.value}) for t in k8s.tolerations
+    ]
     resource = PROFILES[k8s.profile].accelerator_resource
     if resource and not any(t.key == resource for t in k8s.tolerations):
-        out.append(V1Toleration(key=resource, operator="Exists", effect="NoSchedule"))
+        out.append({"effect": "NoSchedule", "key": resource, "operator": "Exists"})
     return out or None
 
 
@@ -181,27 +154,38 @@ def needs_ipc_lock(recipe: Recipe) -> bool:
     return recipe.k8s.network.rdma_resource is not None or (recipe.k8s.profile == "gaudi" and ofi_rdma)
 
 
-def apply_scale_out(recipe: Recipe, spec: V1PodSpec, meta: V1ObjectMeta) -> None:
-    """Add the scale-out settings to a worker pod built by `objects.worker_pod_template`."""
-    net, container = recipe.k8s.network, spec.containers[0]
-    if net.host_network:
-        # with hostNetwork the pod would resolve with the node's DNS: no cluster names, no rendezvous
-        # service (kubernetes.io/docs/concepts/services-networking/dns-pod-service/, "Pod's DNS Policy")
-        spec.host_network, spec.dns_policy = True, "ClusterFirstWithHostNet"
-    if net.rdma_resource:
-        for quantities in (container.resources.limits, container.resources.requests):
-            quantities[net.rdma_resource] = str(net.rdma_per_pod)
-    if net.networks:
-        meta.annotations = {**(meta.annotations or {}), MULTUS_NETWORKS: net.networks}
-    if needs_ipc_lock(recipe):
-        caps = container.security_context.capabilities
-        caps.add = [*(caps.add or []), "IPC_LOCK"]
+def rdma_devices(recipe: Recipe) -> dict[str, str]:
+    """The RDMA devices a worker requests (k8s.network.rdma_resource), beside its cards."""
+    net = recipe.k8s.network
+    return {net.rdma_resource: str(net.rdma_per_pod)} if net.rdma_resource else {}
+
+
+def scale_out_capabilities(recipe: Recipe) -> tuple[str, ...]:
+    return ("IPC_LOCK",) if needs_ipc_lock(recipe) else ()
+
+
+def dns_policy(recipe: Recipe) -> str | None:
+    # with hostNetwork the pod would resolve with the node's DNS: no cluster names, no rendezvous
+    # service (kubernetes.io/docs/concepts/services-networking/dns-pod-service/, "Pod's DNS Policy")
+    return "ClusterFirstWithHostNet" if recipe.k8s.network.host_network else None
+
+
+def network_annotations(recipe: Recipe) -> dict[str, str]:
+    """Multus's extra interfaces (k8s.network.networks)."""
+    networks = recipe.k8s.network.networks
+    return {MULTUS_NETWORKS: networks} if networks else {}
+
+
+def worker_node_selector(recipe: Recipe) -> dict[str, str] | None:
+    """k8s.node_selector, plus the scale-out label where the workers talk over their Gaudi NICs."""
+    k8s, net = recipe.k8s, recipe.k8s.network
     # The Gaudi NICs' RoCE runs on the card, fed through its queues like its compute engines (the
     # habanalabs driver's NIC patches, netdev 2020): the habana.ai/gaudi devices are all a pod needs,
     # on a node whose scale-out ports are up.
-    gaudi_nics = recipe.k8s.profile == "gaudi" and recipe.comm.hccl.scale_out == "gaudi_nics"
-    if gaudi_nics and net.scale_out_label and recipe.k8s.elastic_range()[1] > 1:  # one node: no scale-out
-        spec.node_selector = {**(spec.node_selector or {}), net.scale_out_label: "true"}
+    gaudi_nics = k8s.profile == "gaudi" and recipe.comm.hccl.scale_out == "gaudi_nics"
+    if gaudi_nics and net.scale_out_label and k8s.elastic_range()[1] > 1:  # one node: no scale-out
+        return {**k8s.node_selector, net.scale_out_label: "true"}
+    return dict(k8s.node_selector) or None
 
 
 def scale_out_warnings(recipe: Recipe) -> list[str]:

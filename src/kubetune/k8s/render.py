@@ -45,9 +45,10 @@ TOKEN_REDACTED_NOTE = (
     "# Secret {name}: not printed (it holds the Hugging Face token); use -o DIR or `kubetune k8s submit`"
 )
 # The Prometheus Operator's kinds (PodMonitor, ServiceMonitor, PrometheusRule): kubectl refuses a
-# whole `apply -k` ("no matches for kind") on a cluster without their CRDs, and seed 002 installs
-# kube-prometheus-stack last. So the output holds them only where the user says the cluster has
-# them (`--monitoring prometheus-operator`); `submit` asks the cluster instead.
+# whole `apply -k` ("no matches for kind") on a cluster without their CRDs, and Intel's Xeon guide
+# (Kubeflow and its huggingface-llm Helm chart) installs kube-prometheus-stack last. So the output
+# holds them only where the user says the cluster has them (`--monitoring prometheus-operator`);
+# `submit` asks the cluster instead.
 MONITORING_API = "monitoring.coreos.com/v1"
 MONITORING_FLAG = "--monitoring prometheus-operator"
 MONITOR_LEFT_OUT_NOTE = (
@@ -187,7 +188,7 @@ def batch_notes(recipe: Recipe) -> list[str]:
 
 
 def default_notes(recipe: Recipe) -> list[str]:
-    """What the job takes from kubetune's defaults where a seed's job says otherwise: the workers."""
+    """What the job takes from kubetune's defaults where Intel's huggingface-llm chart says otherwise: the workers."""
     if "replicas" in recipe.k8s.model_fields_set:
         return []
     default = f"{recipe.k8s.replicas} worker pods (kubetune's default; Intel's huggingface-llm chart runs 4)"

@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.errors import RecipeError
 from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
 from kubetune.k8s.progress import Progress, format_eta
@@ -255,7 +255,7 @@ def progress_status(p: Progress, eval_loss: float | None = None) -> dict[str, An
         out.update(etaSeconds=0, eta="done")
     elif p.eta_s is not None and math.isfinite(p.eta_s):
         out.update(etaSeconds=int(p.eta_s), eta=format_eta(p.eta_s))
-    return {k: v for k, v in out.items() if v is not None}
+    return drop_none(out)
 
 
 def _finite(x: float | None) -> float | None:

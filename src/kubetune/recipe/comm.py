@@ -345,7 +345,7 @@ def oneccl_variables(env: dict[str, str] | list[str]) -> list[str]:
 
 
 def oneccl_advice(kind: str = "cpu") -> str:
-    """What to set instead of oneCCL / Intel MPI variables (seed 002's troubleshooting checks them)."""
+    """What to set instead of oneCCL / Intel MPI variables (the troubleshooting of Intel's Xeon guide checks them)."""
     ifname = "GLOO_SOCKET_IFNAME" + {"gaudi": ", HCCL_SOCKET_IFNAME", "nvidia": ", NCCL_SOCKET_IFNAME"}.get(kind, "")
     return (
         f"kubetune's collectives run on {_BACKEND[kind]} (torch.distributed), not oneCCL or Intel MPI, so these do "

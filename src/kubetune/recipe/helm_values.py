@@ -1,4 +1,4 @@
-"""Seed 002's Helm values layout (Intel's huggingface-llm chart) as a kubetune recipe.
+"""The Helm values layout of Intel's huggingface-llm chart (Intel's Xeon fine-tuning guide) as a kubetune recipe.
 
 `ALIASES` is the one table both readers of that layout use: `kubetune recipe from-helm-values` (here) and the
 kubetune-finetune chart, whose `_helpers.tpl` walks the same table from `files/helm-values-aliases.json` and
@@ -330,7 +330,7 @@ ALIAS_ROOTS = (
 
 
 def _leaf_schema(type_: Any) -> dict[str, Any]:
-    # null is always allowed: the seed's file leaves half its keys empty, which means "not set"
+    # null is always allowed: the guide's values file leaves half its keys empty, which means "not set"
     if type_ is None:
         return {}
     types = type_ if isinstance(type_, list) else [type_]
@@ -357,7 +357,7 @@ def alias_schema() -> dict[str, Any]:
 
 
 class _Yaml12Loader(yaml.SafeLoader):
-    """PyYAML reads YAML 1.1, where `2e-5` (the seed's learningRate) is a string; Helm reads it as YAML 1.2
+    """PyYAML reads YAML 1.1, where `2e-5` (the guide's learningRate) is a string; Helm reads it as YAML 1.2
     does, a number. The resolver below is YAML 1.2's float pattern, so both readers agree."""
 
 
@@ -489,7 +489,7 @@ def _converted(entry: Entry, value: Any) -> Any:
 def _apply(entry: Entry, values: dict[str, Any], out: Mapping) -> None:
     source, value = entry["from"], _get(values, entry["from"])
     if value is None or value == "" or value == {}:
-        return  # the seed's file leaves many keys empty: not set
+        return  # the guide's values file leaves many keys empty: not set
     choices = entry.get("values", {})
     if _key(value) in choices:
         value = choices[_key(value)]

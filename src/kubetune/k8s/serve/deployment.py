@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import math
 
-from kubetune.contracts.kube import KubeObject
+from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.contracts.serving import (
     DEFAULT_PORT,
     DRAIN_TIMEOUT_S,
@@ -14,7 +14,7 @@ from kubetune.contracts.serving import (
     READY_PATH,
     VLLM_READY_PATH,
 )
-from kubetune.k8s import claims, objects, profiles
+from kubetune.k8s import claims, profiles
 from kubetune.k8s.serve.argv import CACHE_DIR, server_argv, server_env
 from kubetune.k8s.serve.plan import MODEL_IMAGE_DIR, MODELS_DIR, PORT_NAME, Plan, startup_seconds
 from kubetune.recipe.k8s import VLLM_IMAGES
@@ -61,7 +61,7 @@ def server_container(plan: Plan, startup_s: int) -> KubeObject:
         "command": server_argv(plan),
         "env": server_env(plan),
         "ports": [{"name": PORT_NAME, "containerPort": DEFAULT_PORT, "protocol": "TCP"}],
-        "resources": objects.to_dict(profiles.worker_resources(plan.k8s)),
+        "resources": profiles.worker_resources(plan.k8s),
         "volumeMounts": mounts,
         # Liveness only starts once the model is loaded (startup passed): a busy CPU pod that
         # answers /health slowly gets a minute before it is restarted.
@@ -69,7 +69,7 @@ def server_container(plan: Plan, startup_s: int) -> KubeObject:
         "readinessProbe": _probe(ready, 5, 5, 3),
         "livenessProbe": _probe(HEALTH_PATH, 10, 10, 6),
         "lifecycle": {"preStop": {"exec": {"command": ["sleep", str(PRESTOP_SLEEP_S)]}}},
-        "securityContext": objects.to_dict(profiles.container_security(plan.k8s)),
+        "securityContext": profiles.container_security(plan.k8s),
     }
     return container
 
@@ -109,7 +109,7 @@ def _affinity(plan: Plan) -> KubeObject | None:
     """The profile's CPU-feature requirement (cpu: AMX nodes, for bf16 matmuls) as a preference
     unless --require-cpu-features: on a cluster without such nodes (or without their NFD label) the
     server is scheduled anyway and runs in fp32, where a requirement would leave it Pending."""
-    affinity: KubeObject | None = objects.to_dict(profiles.node_affinity(plan.k8s))
+    affinity = profiles.node_affinity(plan.k8s)
     if not affinity or plan.settings.require_cpu_features:
         return affinity
     node = affinity["nodeAffinity"]
@@ -120,15 +120,11 @@ def _affinity(plan: Plan) -> KubeObject | None:
     return affinity
 
 
-def _drop_none(d: KubeObject) -> KubeObject:
-    return {k: v for k, v in d.items() if v is not None}
-
-
 def deployment(plan: Plan) -> KubeObject:
     k8s, settings = plan.k8s, plan.settings
     startup_s = startup_seconds(plan.params, plan.engine, k8s.profile)
     container = server_container(plan, startup_s)
-    pod_spec: KubeObject = _drop_none(
+    pod_spec: KubeObject = drop_none(
         {
             "initContainers": [_model_copier(plan, container)] if settings.model_image else None,
             "containers": [container],
@@ -136,9 +132,9 @@ def deployment(plan: Plan) -> KubeObject:
             "terminationGracePeriodSeconds": PRESTOP_SLEEP_S + DRAIN_TIMEOUT_S + EXIT_MARGIN_S,
             "automountServiceAccountToken": False,  # the server never talks to the API server
             "nodeSelector": dict(k8s.node_selector) or None,
-            "tolerations": objects.to_dict(profiles.tolerations(k8s)),
+            "tolerations": profiles.tolerations(k8s),
             "affinity": _affinity(plan),
-            "securityContext": objects.to_dict(profiles.pod_security(k8s)),
+            "securityContext": profiles.pod_security(k8s),
             "hostIPC": True if profiles.PROFILES[k8s.profile].host_ipc else None,
             "priorityClassName": k8s.priority_class,
             "serviceAccountName": k8s.service_account,
