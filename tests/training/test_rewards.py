@@ -190,6 +190,9 @@ def exact(prompts, completions, answer, **kwargs):
     return [float(c == a) for c, a in zip(completions, answer)]
 
 count = 3
+
+async def judge(prompts, completions, **kwargs):
+    return [1.0 for _ in completions]
 """
 
 
@@ -219,6 +222,7 @@ def test_a_user_function_is_imported_named_as_trl_names_it_and_called_with_the_c
         ("my_rewards:count", r"`my_rewards:count` is a int, not a function; point it at a function"),
         ("broken_rewards:f", r"importing `broken_rewards` for `broken_rewards:f` failed: ValueError: math domain"),
         ("my_rewards:", r"`my_rewards:` is not `module:function`"),
+        ("my_rewards:judge", r"`my_rewards:judge` is async; kubetune calls reward functions synchronously"),
     ],
 )
 def test_an_import_path_that_does_not_lead_to_a_function_is_one_line_with_the_fix(user_module, path, message):

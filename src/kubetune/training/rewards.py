@@ -30,6 +30,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import inspect
 import json
 import math
 import re
@@ -458,6 +459,8 @@ def import_reward(path: str, where: str = FUNCS_KEY) -> RewardFunc:
             f"{where}: `{path}` is a {type(target).__name__}, not a function; point it at a function "
             "f(prompts, completions, **columns) -> list[float | None]"
         )
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__):
+        raise RecipeError(f"{where}: `{path}` is async; kubetune calls reward functions synchronously, make it a def")
     return typing.cast(RewardFunc, target)
 
 
