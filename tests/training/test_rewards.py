@@ -31,9 +31,9 @@ def same(got, expected):
 
 
 def test_accuracy_compares_numbers_after_commas_and_whitespace_and_text_without_case():
-    completions = ["1,234", " 1234.\n", "1234.0000001", "1235", "The answer is 1234", "paris.", "Lyon", "7"]
-    answers = [1234, "1,234", "1234", "1234", "1234", "Paris", "Paris", None]
-    same(rewards_of("accuracy", completions, answer=answers), [1, 1, 1, 0, 0, 1, 0, math.nan])
+    completions = ["1,234", " 1234.\n", "1234.0000001", "1235", "The answer is 1234", "paris.", "Lyon", "7", "1,2"]
+    answers = [1234, "1,234", "1234", "1234", "1234", "Paris", "Paris", None, "12"]
+    same(rewards_of("accuracy", completions, answer=answers), [1, 1, 1, 0, 0, 1, 0, math.nan, 0])
 
 
 def test_accuracy_reads_the_last_match_of_its_pattern_and_its_answer_group():

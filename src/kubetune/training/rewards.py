@@ -85,12 +85,16 @@ def _reference(columns: Mapping[str, Sequence[Any]], column: str) -> Sequence[An
 
 
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
 
 
 def parse_number(text: str) -> float | None:
-    """A number written plainly ("1,234", " -3.5 ", "42."), else None: whitespace and commas are
-    removed and one trailing period dropped; anything else (words, units, fractions) is not a number."""
-    compact = re.sub(r"[\s,]", "", text).removesuffix(".")
+    """A number written plainly (" -3.5 ", "42.", "1e3", "1,234" with commas between thousands),
+    else None: whitespace is removed and one trailing period dropped; anything else (words, units,
+    fractions, "1,2") is not a number."""
+    compact = re.sub(r"\s", "", text).removesuffix(".")
+    if "," in compact:
+        compact = compact.replace(",", "") if _THOUSANDS.fullmatch(compact) else ""
     return float(compact) if _NUMBER.fullmatch(compact) else None
 
 
