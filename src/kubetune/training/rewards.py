@@ -30,6 +30,7 @@ import dataclasses
 import difflib
 import functools
 import importlib
+import inspect
 import json
 import math
 import re
@@ -84,12 +85,16 @@ def _reference(columns: Mapping[str, Sequence[Any]], column: str) -> Sequence[An
 
 
 _NUMBER = re.compile(r"[+-]?(?:\d+\.?\d*|\.\d+)(?:[eE][+-]?\d+)?")
+_THOUSANDS = re.compile(r"[+-]?\d{1,3}(?:,\d{3})+(?:\.\d*)?")
 
 
 def parse_number(text: str) -> float | None:
-    """A number written plainly ("1,234", " -3.5 ", "42."), else None: whitespace and commas are
-    removed and one trailing period dropped; anything else (words, units, fractions) is not a number."""
-    compact = re.sub(r"[\s,]", "", text).removesuffix(".")
+    """A number written plainly (" -3.5 ", "42.", "1e3", "1,234" with commas between thousands),
+    else None: whitespace is removed and one trailing period dropped; anything else (words, units,
+    fractions, "1,2") is not a number."""
+    compact = re.sub(r"\s", "", text).removesuffix(".")
+    if "," in compact:
+        compact = compact.replace(",", "") if _THOUSANDS.fullmatch(compact) else ""
     return float(compact) if _NUMBER.fullmatch(compact) else None
 
 
@@ -458,6 +463,8 @@ def import_reward(path: str, where: str = FUNCS_KEY) -> RewardFunc:
             f"{where}: `{path}` is a {type(target).__name__}, not a function; point it at a function "
             "f(prompts, completions, **columns) -> list[float | None]"
         )
+    if inspect.iscoroutinefunction(target) or inspect.iscoroutinefunction(type(target).__call__):
+        raise RecipeError(f"{where}: `{path}` is async; kubetune calls reward functions synchronously, make it a def")
     return typing.cast(RewardFunc, target)
 
 
