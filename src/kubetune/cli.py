@@ -479,3 +479,10 @@ def main() -> None:
     except KeyboardInterrupt:
         print("kubetune: interrupted", file=sys.stderr)
         sys.exit(130)
+    except Exception as e:
+        from kubetune.training.launch import peer_user_error, report_to_launcher
+
+        peer = peer_user_error(e)  # this worker's reduction failed because a peer stopped on bad input
+        if peer is None or not report_to_launcher(peer):
+            raise
+        sys.exit(peer.exit_code)

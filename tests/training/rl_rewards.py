@@ -16,8 +16,12 @@ _calls = {"n": 0}
 
 
 def raises_later(prompts: list[Any], completions: list[Any], **_: Any) -> list[float]:
-    """Scores like `even_tokens`' opposite until call KUBETUNE_TEST_RAISE_AT, then raises."""
+    """Scores by length until call KUBETUNE_TEST_RAISE_AT, then raises (on every process, or only
+    on process KUBETUNE_TEST_RAISE_RANK while the others wait for it in the step's reductions)."""
     _calls["n"] += 1
+    only_rank = os.environ.get("KUBETUNE_TEST_RAISE_RANK")  # set: only that process raises
+    if only_rank is not None and os.environ.get("RANK", "0") != only_rank:
+        return [float(len(c) % 3) for c in completions]
     if _calls["n"] >= int(os.environ.get("KUBETUNE_TEST_RAISE_AT", "1")):
         raise ZeroDivisionError("the grader divided by zero")
     return [float(len(c) % 3) for c in completions]

@@ -248,6 +248,23 @@ def test_a_reward_that_raises_stops_with_one_line_and_keeps_the_checkpoints(tmp_
     assert (out / "checkpoints" / "step-2").is_dir()
 
 
+@pytest.mark.multiproc
+def test_a_reward_that_raises_on_one_of_two_processes_stops_both_with_one_line(tmp_path, grpo_overrides):
+    """The default multi-process launch: process 1's grader raises while process 0 waits for it in
+    the step's reductions. The launcher stops both and says the one line; the checkpoints stay."""
+    out = tmp_path / "run"
+    args = [o for o in grpo_overrides if not o.startswith(("finetune.rl.reward_funcs", "train.grad_accum"))]
+    args += ["finetune.rl.reward_funcs=[tests.training.rl_rewards:raises_later]", "train.save_every=1"]
+    args += ["train.grad_accum=1"]
+    env = {**base_env(), "KUBETUNE_TEST_RAISE_AT": "4", "KUBETUNE_TEST_RAISE_RANK": "1"}
+    done = run_cli_subprocess(["train", "--nproc-per-node", "2", *args, f"output_dir={out}"], env=env, timeout=300)
+    assert done.returncode == 2, done.stderr[-3000:]
+    lines = [ln for ln in done.stderr.splitlines() if "error" in ln.lower()]
+    assert len(lines) == 1 and "raises_later" in lines[0] and "row" in lines[0], done.stderr[-3000:]
+    assert "Traceback" not in done.stderr
+    assert (out / "checkpoints" / "step-2").is_dir()
+
+
 @pytest.mark.process
 def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, grpo_overrides):
     common = [*grpo_overrides, "train.max_steps=6", "train.save_every=2"]

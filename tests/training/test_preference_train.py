@@ -215,7 +215,7 @@ def test_dpo_on_the_fly_and_precomputed_reference_train_the_same(tmp_path, pref_
     from kubetune.training.evaluate import eval_target
 
     again = eval_target(str(fly), [])
-    assert again.pairs == pytest.approx(summary["eval_after"], rel=1e-4, abs=1e-5)
+    assert again.objective_metrics == pytest.approx(summary["eval_after"], rel=1e-4, abs=1e-5)
     assert again.perplexity == pytest.approx(summary["perplexity_after"], rel=1e-4)
 
 

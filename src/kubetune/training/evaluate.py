@@ -54,7 +54,7 @@ def eval_target(target: str, overrides: list[str]) -> EvalResult:
     print(
         f"eval loss {fmt_number(result.loss)}  perplexity {fmt_number(result.perplexity)}  "
         f"({result.tokens} target tokens)"
-        + "".join(f"  {name} {fmt_number(value)}" for name, value in result.pairs.items())
+        + "".join(f"  {name} {fmt_number(value)}" for name, value in result.objective_metrics.items())
     )
     return result
 

@@ -157,7 +157,7 @@ class GRPOTraining:
         self.buffer: collections.deque[list[MicroBatch]] = collections.deque()  # the generation's steps to come
         self.generation_metrics: dict[str, float] = {}
         self.rollout_s = 0.0
-        self.tokens_per_process = 1.0  # dapo's normaliser of the current generation
+        self.reduction = self._reduction(1.0)  # the current generation's; set by each _generate
 
     # --- steps --------------------------------------------------------------------------------
     @property
@@ -202,7 +202,7 @@ class GRPOTraining:
         terms = token_loss(
             logps, old, mb.advantages[mb.seq], self.rl.epsilon, self.rl.upper_epsilon, self.rl.beta, mb.ref_logps
         )
-        loss = self._reduction()(terms.loss, mb.mask, mb.seq, mb.n_seqs)
+        loss = self.reduction(terms.loss, mb.mask, mb.seq, mb.n_seqs)
         mask = mb.mask
         kl = (terms.kl.detach() * mask).sum() if terms.kl is not None else torch.zeros(())
         sums = torch.stack(
@@ -217,9 +217,9 @@ class GRPOTraining:
         )
         return loss, sums
 
-    def _reduction(self) -> Reduction:
+    def _reduction(self, tokens_per_process: float) -> Reduction:
         return Reduction(
-            self.rl.loss_type, self.accum, self.rl.max_completion_length, self.tokens_per_process, self.generation_steps
+            self.rl.loss_type, self.accum, self.rl.max_completion_length, tokens_per_process, self.generation_steps
         )
 
     def _logps(self, module: torch.nn.Module, b: Batch, entropy: torch.Tensor | None = None) -> torch.Tensor:
@@ -253,6 +253,8 @@ class GRPOTraining:
         self.rollout_s = time.perf_counter() - t0
         scored = self._score(completions, prompt_set, self.rl.num_generations, self.rl.scale_rewards)
         micro = self._micro_batches(scored)
+        self.reduction = self._reduction(self._generation_tokens(micro))
+        self._old_and_reference(micro)
         self.generation_metrics = self._generation_metrics(scored, self.rollout_s)
         self._log_completions(scored, state.step + 1)
         steps = [micro[i : i + self.accum] for i in range(0, len(micro), self.accum)]
@@ -288,8 +290,6 @@ class GRPOTraining:
             truncated = torch.tensor([c.truncated for c in chunk])
             mask = (~truncated[seq]).float() if rl.mask_truncated_completions else torch.ones(len(seq))
             out.append(MicroBatch(batch, seq, scored.advantages[start : start + size], mask))
-        self.tokens_per_process = self._generation_tokens(out)
-        self._old_and_reference(out)
         return out
 
     def _generation_tokens(self, micro: list[MicroBatch]) -> float:
@@ -378,7 +378,7 @@ class GRPOTraining:
         metrics["eval_completions/mean_length"] = round(totals["length"] / max(totals["n"], 1.0), 3)
         if ACCURACY_REWARD in names:
             metrics["eval_accuracy"] = metrics[f"eval_rewards/{ACCURACY_REWARD}/mean"]
-        return EvalResult(loss=None, perplexity=None, tokens=int(totals["length"]), pairs=metrics)
+        return EvalResult(loss=None, perplexity=None, tokens=int(totals["length"]), objective_metrics=metrics)
 
 
 def take_prompts(batcher: Batcher, state: TrainState) -> list[int]:

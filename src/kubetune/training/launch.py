@@ -51,6 +51,7 @@ USER_ERROR_KEY = "kubetune_user_error"  # in a worker's error file: its problems
 LAUNCHER_PRINTS = "KUBETUNE_LAUNCHER_PRINTS_USER_ERRORS"  # set for the workers of launch_torchrun
 # how the agent ends the other workers once one failed (SIGKILL after its shutdown timeout)
 STOPPED_BY_AGENT = frozenset({-signal.SIGTERM, -signal.SIGKILL})
+PEER_GONE = ("peer", "connection reset", "connection closed", "broken pipe")  # gloo's words for a peer that left
 AGENT_PROCESS_LOGGER = "torch.distributed.elastic.multiprocessing.api"  # "Sending process", "failed (exitcode"
 
 
@@ -274,6 +275,32 @@ def report_to_launcher(error: UserError, env: Mapping[str, str] | None = None) -
     return True
 
 
+def peer_user_error(
+    error: BaseException, env: Mapping[str, str] | None = None, wait_s: float = 5.0
+) -> UserError | None:
+    """In a worker of `launch_torchrun` whose collective failed because a peer left: the
+    UserError a peer on this node recorded before it stopped, else None. A peer that stops on
+    bad input closes its connections, and the processes waiting for it in a reduction fail
+    with gloo's "Connection closed by peer"; their tracebacks would bury the one line. The
+    peer writes its file before it exits; `wait_s` covers a file still being written."""
+    env = os.environ if env is None else env
+    path = env.get("TORCHELASTIC_ERROR_FILE")
+    if not isinstance(error, (RuntimeError, ConnectionError)) or not path or env.get(LAUNCHER_PRINTS) != "1":
+        return None
+    attempt = Path(path).parent.parent  # <log dir>/<run id>/attempt_<n>/<local rank>/error.json
+    if not any(word in str(error).lower() for word in PEER_GONE):
+        wait_s = 0.0  # another failure: only a file already there makes it a consequence
+    deadline = time.monotonic() + wait_s
+    while True:
+        for peer in sorted(attempt.glob("*/error.json")):
+            problems = _recorded_problems(peer)
+            if problems:
+                return UserError(*problems)
+        if time.monotonic() >= deadline:
+            return None
+        time.sleep(0.1)
+
+
 def user_problems(failures: Mapping[int, Any]) -> list[str]:
     """The problems the workers recorded, when bad input is why the group failed: each failed
     worker (torch's ProcessFailure) recorded a UserError, or the agent stopped it after one
@@ -330,7 +357,12 @@ class _QuietAfterUserError(logging.Filter):
 
 
 def _records_user_error(path: Path) -> bool:
+    return bool(_recorded_problems(path))
+
+
+def _recorded_problems(path: Path) -> list[str]:
     try:
-        return bool(json.loads(path.read_text()).get(USER_ERROR_KEY))
+        problems = json.loads(path.read_text()).get(USER_ERROR_KEY)
     except (OSError, ValueError, AttributeError):  # a crash's file, or one being written
-        return False
+        return []
+    return list(problems) if isinstance(problems, list) else []

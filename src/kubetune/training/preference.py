@@ -440,7 +440,11 @@ class PreferenceTraining:
         phases = {"compute": t2 - t1, "optimizer": t3 - t2, "communication": (t1 - t0) + (time.perf_counter() - t3)}
         loss = totals["loss"] / layout.data_parallel_size  # each replica's share was scaled by their count
         return StepResult(
-            loss=loss, grad_norm=grad_norm, tokens=int(totals["tokens"]), phases=phases, pairs=pair_means(totals, loss)
+            loss=loss,
+            grad_norm=grad_norm,
+            tokens=int(totals["tokens"]),
+            phases=phases,
+            objective_metrics=pair_means(totals, loss),
         )
 
     def evaluate(self, batcher: Batcher | None, layout: Layout, env: DistEnv) -> EvalResult:
@@ -473,7 +477,7 @@ class PreferenceTraining:
             loss=round(loss, 6),
             perplexity=round(math.exp(nll / chosen_tokens), 4),
             tokens=int(totals["chosen_tokens"]),
-            pairs={f"eval_{k}": round(v, 6) for k, v in pair_means(totals, loss).items() if k != "loss"},
+            objective_metrics={f"eval_{k}": round(v, 6) for k, v in pair_means(totals, loss).items() if k != "loss"},
         )
 
 

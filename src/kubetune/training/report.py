@@ -109,10 +109,10 @@ class Summary:
             samples=[{**a, "answer_before": before_answers.get(a["prompt"])} for a in answers],
             objective=objective,
             reward_accuracy_before=before.get(accuracy),
-            reward_accuracy_after=after.pairs.get(accuracy),
-            eval_after=after.pairs,
+            reward_accuracy_after=after.objective_metrics.get(accuracy),
+            eval_after=after.objective_metrics,
             reward_before=before.get("eval_reward"),
-            reward_after=after.pairs.get("eval_reward"),
+            reward_after=after.objective_metrics.get("eval_reward"),
         )
 
     def as_dict(self) -> dict[str, Any]:

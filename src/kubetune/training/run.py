@@ -140,7 +140,7 @@ def fit(parts: TrainParts, state: TrainState) -> None:
             run_log.step(state, result, parts.optim.lr, epoch, time.monotonic() - parts.started_at)
             tps = state.tokens / max(state.train_time_s, 1e-9)
             telemetry.logged(state.step, epoch, result.loss, parts.optim.lr, result.grad_norm, tps)
-            telemetry.objective(result.pairs)
+            telemetry.objective(result.objective_metrics)
         if recipe.train.eval_every and state.step % recipe.train.eval_every == 0 and state.step < parts.total_steps:
             state.eval_history.append([state.step, evaluate_and_print(parts, epoch_of(parts, state)).loss])
             telemetry.evaluated(state.eval_history[-1][1])
@@ -270,8 +270,8 @@ def evaluate_and_print(parts: TrainParts, epoch: float) -> EvalResult:
     per_batch = parts.recipe.train.micro_batch_size * parts.layout.data_parallel_size
     steps = -(-samples // per_batch)
     shows = parts.env.local_rank == 0
-    print_eval_line(shows, result.loss, time.monotonic() - t0, samples, steps, epoch, result.pairs)
-    parts.telemetry.objective(result.pairs)
+    print_eval_line(shows, result.loss, time.monotonic() - t0, samples, steps, epoch, result.objective_metrics)
+    parts.telemetry.objective(result.objective_metrics)
     return result
 
 

@@ -205,8 +205,9 @@ class RunLog:
 
     def step(self, state: TrainState, result: StepResult, lr: float, epoch: float, elapsed_s: float) -> None:
         tps = state.tokens / max(state.train_time_s, 1e-9)
-        self.progress.trainer_line({**trainer_log(result.loss, result.grad_norm, lr, epoch), **rounded(result.pairs)})
-        self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch, result.pairs)
+        trainer = trainer_log(result.loss, result.grad_norm, lr, epoch)
+        self.progress.trainer_line({**trainer, **rounded(result.objective_metrics)})
+        self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch, result.objective_metrics)
         if self.metrics is None:
             return
         self.metrics.write(
@@ -221,7 +222,7 @@ class RunLog:
                 "tokens_per_s": round(tps, 2),
                 "elapsed_s": round(elapsed_s, 2),
                 "step_s": {phase: round(seconds, 5) for phase, seconds in result.phases.items()},
-                **{k: v for k, v in result.pairs.items() if k != "loss"},  # preference objectives: TRL's names
+                **{k: v for k, v in result.objective_metrics.items() if k != "loss"},  # TRL's names
             }
         )
 

@@ -30,8 +30,9 @@ class StepResult:
     # all-reduces), optimizer (replica sync where no wrapper did it, clipping, the update) and
     # communication (the step's own reductions: target count, loss, tokens); `fit` adds data
     phases: dict[str, float] = field(default_factory=dict)
-    # preference objectives: TRL's metrics of the step (`rewards/chosen`, ...; kubetune.training.preference)
-    pairs: dict[str, float] = field(default_factory=dict)
+    # the objective's own metrics under TRL's names: preference (`rewards/chosen`, ...;
+    # kubetune.training.preference) and GRPO (`reward`, `kl`, ...; kubetune.training.grpo)
+    objective_metrics: dict[str, float] = field(default_factory=dict)
 
 
 def replica_sum(value: float, env: DistEnv, layout: Layout) -> float:
@@ -79,12 +80,13 @@ class EvalResult:
     loss: float | None  # None: nothing to score (not a perfect perplexity of 1.0)
     perplexity: float | None
     tokens: int
-    # preference objectives: TRL's eval metrics (`eval_rewards/accuracies`, ...); the loss is
-    # the objective's, the perplexity and tokens those of the chosen answers
-    pairs: dict[str, float] = field(default_factory=dict)
+    # the objective's eval metrics under TRL's names: preference (`eval_rewards/accuracies`, ...;
+    # the loss is the objective's, the perplexity and tokens those of the chosen answers) and
+    # GRPO (`eval_reward`, ...; no loss or perplexity)
+    objective_metrics: dict[str, float] = field(default_factory=dict)
 
     def as_dict(self) -> dict[str, float | int | None]:
-        return {"loss": self.loss, "perplexity": self.perplexity, "tokens": self.tokens, **self.pairs}
+        return {"loss": self.loss, "perplexity": self.perplexity, "tokens": self.tokens, **self.objective_metrics}
 
 
 NOTHING_SCORED = EvalResult(loss=None, perplexity=None, tokens=0)
