@@ -97,6 +97,28 @@ def test_logprobs_in_both_formats(client):
     assert all(len(top) <= 2 for top in lp.top_logprobs)
 
 
+def test_tokens_as_token_ids_are_the_ids_sampled_eos_included(client, server, tokenizer):
+    """vLLM's return_tokens_as_token_ids, as GRPO's rollout=server reads it: the same answer as
+    without it, its tokens named "token_id:<id>", and an ending EOS kept with its log-probability."""
+
+    def sample(**extra):
+        kw = {"prompt": [1, 2, 3], "max_tokens": 8, "temperature": 1.0, "seed": 11, "logprobs": 0}
+        return client.completions.create(model="qv", **kw, extra_body=extra).choices[0]
+
+    as_text, as_ids = sample(ignore_eos=True), sample(ignore_eos=True, return_tokens_as_token_ids=True)
+    ids = [int(t.removeprefix("token_id:")) for t in as_ids.logprobs.tokens]
+    assert all(t.startswith("token_id:") for t in as_ids.logprobs.tokens) and len(ids) == 8
+    assert as_ids.logprobs.token_logprobs == as_text.logprobs.token_logprobs and as_ids.text == as_text.text
+    detok = httpx.post(f"{server.url}/detokenize", json={"tokens": ids}, timeout=30).json()["prompt"]
+    assert detok == as_text.text
+    eos = tokenizer.eos_token_id
+    forced = {"logit_bias": {str(eos): 100}}  # the first token is EOS: the answer ends on it
+    plain, with_ids = sample(**forced), sample(**forced, return_tokens_as_token_ids=True)
+    assert plain.finish_reason == with_ids.finish_reason == "stop"
+    assert plain.logprobs.tokens == [] and with_ids.logprobs.tokens == [f"token_id:{eos}"]
+    assert with_ids.logprobs.token_logprobs[0] <= 0
+
+
 def test_echo_logit_bias_and_penalties(client, server):
     assert (
         client.completions.create(model="tiny", prompt="1 2 3", max_tokens=2, echo=True)

@@ -408,6 +408,9 @@ async def _answer(
     choices = new_choices(prompts, body.n, lambda: TextStream(served.tokenizer, body.stops(), engine.eos), rid)
     answer = Answer(rid, model.name, chat, choices, sum(len(p.ids) for p in prompts), body.alternatives, tool_use)
     answer.echo, answer.created = bool(getattr(body, "echo", False)), int(time.time())
+    answer.token_ids = body.return_tokens_as_token_ids
+    for choice in choices:
+        choice.keep_eos = body.return_tokens_as_token_ids
     adapter = (model.adapter, model.name if model.parent else None)
     try:
         submit_all(engine, answer, samplings, adapter, lambda i, ev: mailbox.post(events, (i, ev)), constraint)

@@ -61,6 +61,7 @@ class Choice:
     sent_chars: int = 0  # of the answer's text (completions' text_offset)
     pieces: list[str] = field(default_factory=list)  # the whole text, for an answer sent whole
     finish: str | None = None
+    keep_eos: bool = False  # return_tokens_as_token_ids: EOS's log-probability is reported too
 
 
 @dataclass
@@ -76,6 +77,11 @@ class Answer:
     tool_use: ToolUse = field(default_factory=ToolUse)
     echo: bool = False
     created: int = 0
+    token_ids: bool = False  # return_tokens_as_token_ids: tokens named "token_id:<id>", as vLLM
+
+    def label(self, tokens: Tokens, token: int) -> str:
+        """How a log-probability names its token: its text, or "token_id:<id>"."""
+        return f"token_id:{token}" if self.token_ids else tokens.text(token)
 
     def usage(self) -> dict[str, int]:
         completion = sum(c.tokens for c in self.choices)
@@ -144,7 +150,7 @@ def take(engine: EngineClient, choice: Choice, event: Event) -> str:
         choice.finish = event.finish_reason
         return choice.text.flush()
     choice.tokens += 1
-    if event.logprob is not None and event.token != choice.text.eos:
+    if event.logprob is not None and (event.token != choice.text.eos or choice.keep_eos):
         choice.logprobs.append((event.token, event.logprob, event.top_logprobs))
     delta, stopped = choice.text.push(event.token)
     if stopped:
@@ -172,23 +178,25 @@ def logprobs_body(answer: Answer, choice: Choice, tokens: Tokens, text: str) -> 
         return None
     taken, choice.logprobs = choice.logprobs, []
     if answer.chat:
-        return {"content": [_chat_entry(tokens, t, lp, top) for t, lp, top in taken]}
+        return {"content": [_chat_entry(answer, tokens, t, lp, top) for t, lp, top in taken]}
     offsets, at = [], choice.sent_chars
     for token, _, _ in taken:
         offsets.append(at)
         at += len(tokens.text(token))
     choice.sent_chars += len(text)
     return {
-        "tokens": [tokens.text(t) for t, _, _ in taken],
+        "tokens": [answer.label(tokens, t) for t, _, _ in taken],
         "token_logprobs": [_floor(lp) for _, lp, _ in taken],
-        "top_logprobs": [{tokens.text(i): _floor(v) for i, v in top} for _, _, top in taken],
+        "top_logprobs": [{answer.label(tokens, i): _floor(v) for i, v in top} for _, _, top in taken],
         "text_offset": offsets,
     }
 
 
-def _chat_entry(tokens: Tokens, token: int, logprob: float, top: tuple[tuple[int, float], ...]) -> dict[str, Any]:
+def _chat_entry(
+    answer: Answer, tokens: Tokens, token: int, logprob: float, top: tuple[tuple[int, float], ...]
+) -> dict[str, Any]:
     def entry(t: int, lp: float) -> dict[str, Any]:
-        s = tokens.text(t)
+        s = answer.label(tokens, t)
         return {"token": s, "logprob": _floor(lp), "bytes": list(s.encode("utf-8"))}
 
     return {**entry(token, logprob), "top_logprobs": [entry(i, v) for i, v in top]}

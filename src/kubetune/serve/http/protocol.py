@@ -72,6 +72,10 @@ class _Sampling(BaseModel):
     min_tokens: int = Field(0, ge=0)
     ignore_eos: bool = False
     response_format: ResponseFormat | None = None
+    # vLLM's: each log-probability's token is "token_id:<id>" instead of its text, and a sequence
+    # that ended on EOS keeps EOS's entry, so a client reads back exactly the ids the engine
+    # sampled (GRPO's rollout=server trains on them: text would not round-trip through the tokenizer)
+    return_tokens_as_token_ids: bool = False
 
     def stops(self) -> list[str]:
         if self.stop is None:
