@@ -28,7 +28,6 @@ TRL_KEYS = {
     "clip_ratio/high_mean",
     "clip_ratio/region_mean",
 }
-EVEN = "tests.training.rl_rewards:even_tokens"
 
 # ------------------------------------------------------------------ advantages
 
@@ -172,32 +171,6 @@ def test_rollouts_are_a_function_of_where_they_sit_in_the_run(tiny_model_dir, to
 # ------------------------------------------------------------------ whole runs on the tiny model
 
 
-@pytest.fixture
-def prompts_file(tmp_path):
-    rows = [{"prompt": f"Count to {i}.", "answer": " ".join(str(k) for k in range(1, i + 1))} for i in range(1, 41)]
-    path = tmp_path / "prompts.jsonl"
-    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    return path
-
-
-@pytest.fixture
-def grpo_overrides(tiny_overrides, prompts_file):
-    keep = ("data.train=", "eval.generate", "train.max_steps", "train.micro_batch_size", "train.grad_accum")
-    return [o for o in tiny_overrides if not o.startswith(keep)] + [
-        f"data.train={prompts_file}",
-        "data.eval=0.3",  # more held-out prompts than a generation has completions
-        "eval.generate=0",
-        "finetune.objective=grpo",
-        "finetune.rl.num_generations=4",
-        "finetune.rl.max_completion_length=8",
-        f"finetune.rl.reward_funcs=[{EVEN},accuracy]",
-        "train.micro_batch_size=4",
-        "train.grad_accum=2",
-        "train.log_every=1",
-        "train.max_steps=4",
-    ]
-
-
 def tiny_qa(where):
     from tests.conftest import write_qa_file
 
@@ -301,7 +274,7 @@ def test_two_processes_train_grpo_as_one(tmp_path, grpo_overrides):
     [
         (["finetune.rl.num_generations=1"], "num_generations"),
         (["finetune.rl.reward_weights=[1.0,2.0]"], "one weight per"),
-        (["finetune.rl.rollout=server"], "server_url"),
+        (["finetune.rl.rollout=server", "finetune.rl.server_url=localhost:8000"], "http://"),
     ],
 )
 def test_bad_rl_settings_are_one_line(overrides, says):
@@ -317,7 +290,8 @@ def test_bad_rl_settings_are_one_line(overrides, says):
         (["parallel.fsdp=2"], 2, "parallel.fsdp=1"),
         (["train.micro_batch_size=6", "finetune.rl.num_generations=4"], 1, "must divide"),
         (["finetune.rl.steps_per_generation=3", "train.grad_accum=2"], 1, "multiple of train.grad_accum"),
-        (["finetune.rl.rollout=server", "finetune.rl.server_url=http://127.0.0.1:8000"], 1, "not available yet"),
+        (["finetune.rl.rollout=server"], 1, "finetune.rl.server_url"),
+        (["finetune.rl.rollout=server", "finetune.rl.server_url=http://h:8000", "finetune.method=full"], 1, "lora"),
     ],
 )
 def test_layouts_grpo_cannot_run_are_refused_in_one_line(overrides, processes, says):

@@ -38,7 +38,8 @@ def save_trained(
             model.peft_config["default"].save_pretrained(tmp)
         else:
             lm.save_pretrained(tmp, state_dict=full_state, safe_serialization=True)
-        tokenizer.save_pretrained(tmp)
+        if tokenizer is not None:  # GRPO's rollout adapters go to a server that has its own
+            tokenizer.save_pretrained(tmp)
 
 
 def load_merged(run: RunDir, recipe: Recipe) -> tuple[Any, Any]:

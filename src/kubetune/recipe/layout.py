@@ -237,10 +237,7 @@ def check_grpo(layout: Layout, recipe: Recipe, accum: int) -> None:
     """GRPO samples with each process's whole model, in whole groups per process."""
     rl = recipe.finetune.rl
     if rl.rollout == "server":
-        raise RecipeError(
-            "finetune.rl.rollout=server (sampling from a separate kubetune serve) is not available yet; use "
-            "finetune.rl.rollout=local (the engine in the training process)"
-        )
+        check_rollout_server(recipe)
     if layout.fsdp > 1:
         raise RecipeError(
             "finetune.objective=grpo samples its completions with each process's whole model; set parallel.fsdp=1 "
@@ -259,6 +256,21 @@ def check_grpo(layout: Layout, recipe: Recipe, accum: int) -> None:
         raise RecipeError(
             f"finetune.rl.steps_per_generation={generation} must be a multiple of train.grad_accum={accum} "
             "(a generation batch feeds whole optimizer steps)"
+        )
+
+
+def check_rollout_server(recipe: Recipe) -> None:
+    """rollout=server: a server to ask, and an adapter to push to it after each step."""
+    rl, base = recipe.finetune.rl, recipe.model.name_or_path
+    if not rl.server_url:
+        raise RecipeError(
+            "finetune.rl.rollout=server needs finetune.rl.server_url, the address of a `kubetune serve "
+            f"{base} --allow-runtime-adapters` (`kubetune k8s render` adds one and sets it)"
+        )
+    if recipe.finetune.method != "lora":
+        raise RecipeError(
+            f"finetune.rl.rollout=server pushes the policy's LoRA adapter to the server after each step; "
+            f"finetune.method={recipe.finetune.method} has none: use finetune.method=lora or finetune.rl.rollout=local"
         )
 
 

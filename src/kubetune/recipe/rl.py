@@ -94,7 +94,18 @@ class RLSection(Section):
         description="local = the policy samples its own completions with kubetune's engine in the training "
         "process, on the live adapter weights; server = a `kubetune serve` at server_url samples them.",
     )
-    server_url: str | None = Field(None, description="rollout=server: the base URL of the `kubetune serve` to use.")
+    server_url: str | None = Field(
+        None,
+        description="rollout=server: the base URL (http:// or https://) of a `kubetune serve` of the recipe's base "
+        "model started with --allow-runtime-adapters; `kubetune k8s render` sets it to the rollout Service it adds.",
+    )
+
+    @field_validator("server_url")
+    @classmethod
+    def _http_url(cls, v: str | None) -> str | None:
+        if v is not None and not v.startswith(("http://", "https://")):
+            raise ValueError(f"{v!r} is not an http:// or https:// URL of a `kubetune serve`")
+        return v
 
     @field_validator("reward_weights")
     @classmethod
@@ -110,8 +121,6 @@ class RLSection(Section):
                 f"reward_weights has {len(self.reward_weights)} weights for {len(self.reward_funcs)} reward "
                 "functions; give one weight per function (or null)"
             )
-        if self.rollout == "server" and not self.server_url:
-            raise ValueError("rollout=server needs server_url (the base URL of a `kubetune serve`)")
         return self
 
     @property

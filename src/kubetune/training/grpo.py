@@ -44,7 +44,7 @@ from kubetune.training.grpo_loss import Reduction, group_advantages, token_loss
 from kubetune.training.optim import Optimization
 from kubetune.training.parallel import MeshLayout
 from kubetune.training.rewards import Reward, build_rewards, score
-from kubetune.training.rollout import Completion, LocalRollouts, RolloutSettings
+from kubetune.training.rollout import Completion, LocalRollouts, Rollouts, RolloutSettings
 from kubetune.training.runner import LocalRunner
 from kubetune.training.step import EvalResult, StepResult
 
@@ -153,7 +153,7 @@ class GRPOTraining:
         self.accum = grad_accum_for(recipe.train, layout.data_parallel_size)
         self.generation_steps = self.rl.generation_steps(self.accum)
         rows = recipe.train.micro_batch_size * self.generation_steps  # completions per generation, this process
-        self.rollouts = LocalRollouts(model.lm, tokenizer.eos_token_id, autocast, recipe.data.max_seq_len, rows)
+        self.rollouts = rollouts_for(recipe, model, tokenizer, autocast, rows, run_dir, env)
         self.buffer: collections.deque[list[MicroBatch]] = collections.deque()  # the generation's steps to come
         self.generation_metrics: dict[str, float] = {}
         self.rollout_s = 0.0
@@ -175,6 +175,7 @@ class GRPOTraining:
         sums = self.runner.backward_each(len(micro), lambda module, i: self._micro_loss(module, micro[i]))
         t2 = time.perf_counter()
         grad_norm = optim.step(self.layout)
+        self.rollouts.policy_at(state.step + 1)
         t3 = time.perf_counter()
         real = float(sum(m.batch.real_tokens for m in micro))
         totals = dict(zip((*TOKEN_SUMS, "real"), all_reduce_sums([*sums.tolist(), real], self.env)))
@@ -249,6 +250,7 @@ class GRPOTraining:
             self.rl.max_completion_length, self.rl.temperature, self.rl.top_p, self.rl.top_k, self.recipe.train.seed
         )
         pairs = [(i, prompt_ids(prompt_set, i)) for i in indices]
+        self.rollouts.policy_at(state.step)
         completions = self.rollouts.sample(pairs, self.rl.num_generations, settings, generation=state.step)
         self.rollout_s = time.perf_counter() - t0
         scored = self._score(completions, prompt_set, self.rl.num_generations, self.rl.scale_rewards)
@@ -379,6 +381,19 @@ class GRPOTraining:
         if ACCURACY_REWARD in names:
             metrics["eval_accuracy"] = metrics[f"eval_rewards/{ACCURACY_REWARD}/mean"]
         return EvalResult(loss=None, perplexity=None, tokens=int(totals["length"]), objective_metrics=metrics)
+
+
+def rollouts_for(
+    recipe: Recipe, model: ModelParts, tokenizer: Any, autocast: AutocastFactory, rows: int, run_dir: Path, env: DistEnv
+) -> Rollouts:
+    """finetune.rl.rollout: the engine in this process, or a `kubetune serve` at server_url."""
+    rl = recipe.finetune.rl
+    if rl.rollout == "server":
+        from kubetune.training.rollout_server import ServerRollouts  # httpx only where a server is used
+
+        assert rl.server_url is not None  # the recipe check requires it
+        return ServerRollouts(rl.server_url, run_dir.name, model.model, recipe.model.name_or_path, run_dir, env)
+    return LocalRollouts(model.lm, tokenizer.eos_token_id, autocast, recipe.data.max_seq_len, rows)
 
 
 def take_prompts(batcher: Batcher, state: TrainState) -> list[int]:

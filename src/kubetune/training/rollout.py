@@ -20,7 +20,7 @@ import contextlib
 import zlib
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 import torch
 
@@ -60,6 +60,18 @@ def stream_seed(seed: int, generation: int, prompt_index: int, member: int) -> i
     return zlib.crc32(f"{seed}:{generation}:{prompt_index}:{member}".encode())
 
 
+class Rollouts(Protocol):
+    """Where GRPO's completions come from: this process's engine (LocalRollouts) or a
+    `kubetune serve` (rollout_server.ServerRollouts)."""
+
+    def policy_at(self, version: int) -> None:
+        """The policy's weights now stand after `version` optimizer steps."""
+
+    def sample(
+        self, prompts: list[tuple[int, list[int]]], group: int, settings: RolloutSettings, generation: int
+    ) -> list[Completion]: ...
+
+
 class LocalRollouts:
     """Samples completions with kubetune's engine over the policy `lm` (a transformers *ForCausalLM;
     under LoRA the PEFT layers inside it)."""
@@ -89,6 +101,9 @@ class LocalRollouts:
                 return torch.get_autocast_dtype(device_type)
         dtype: torch.dtype = lm.get_input_embeddings().weight.dtype
         return dtype
+
+    def policy_at(self, version: int) -> None:
+        """Nothing to do: the engine reads the live weights."""
 
     def sample(
         self, prompts: list[tuple[int, list[int]]], group: int, settings: RolloutSettings, generation: int

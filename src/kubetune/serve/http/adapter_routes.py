@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import os
+import sys
 from collections.abc import Callable, Mapping
 from typing import Any
 
@@ -64,6 +65,7 @@ def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
             raise ApiError(e.status, e.message, e.param) from None
         engine = state.engine
         await _on_engine(state, lambda: served.add_adapter(entry, weights, engine.in_flight == 0))
+        _say(f"adapter {body.lora_name} loaded from {body.lora_path}")
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
     @app.post("/v1/unload_lora_adapter")
@@ -71,7 +73,13 @@ def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
         served = served_or_503(state)
         engine = state.engine
         await _on_engine(state, lambda: served.retire_adapter(body.lora_name, engine.in_flight == 0))
+        _say(f"adapter {body.lora_name} unloaded")
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+
+def _say(text: str) -> None:
+    """A line in the server's log: which adapters came and went (GRPO's trainer pushes one per step)."""
+    print(f"kubetune: {text}", file=sys.stderr, flush=True)
 
 
 async def _on_engine(state: ServerState, fn: Callable[[], Any]) -> Any:
