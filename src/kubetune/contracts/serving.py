@@ -18,6 +18,11 @@ LOCAL_HOST = "127.0.0.1"
 POD_HOST = "0.0.0.0"
 HEALTH_PATH = "/health"  # the process is alive (liveness)
 READY_PATH = "/ready"  # the model is loaded and requests are admitted (readiness); 503 before and while draining
+# GRPO's trainer (finetune.rl.rollout=server) waits this many seconds for its rollout server to
+# answer before it gives up (0, the default: at once); a cluster job's pods start beside a server
+# that is still loading its model, so `kubetune k8s render` sets it on them
+ROLLOUT_WAIT_ENV = "KUBETUNE_ROLLOUT_WAIT_S"
+ROLLOUT_WAIT_IN_CLUSTER_S = 1800
 METRICS_PATH = "/metrics"
 # vLLM's OpenAI server has no READY_PATH: it starts listening only once the model is loaded and
 # lists it here, so readiness and start-up probes of `--engine vllm` ask this path instead.

@@ -15,6 +15,7 @@ import yaml
 
 from kubetune.contracts.kube import KUBETUNE, NAME, KubeObject, common_labels, drop_none, parse_quantity
 from kubetune.contracts.metrics import METRICS_PORT_NAME
+from kubetune.contracts.serving import ROLLOUT_WAIT_ENV, ROLLOUT_WAIT_IN_CLUSTER_S
 from kubetune.errors import RecipeError
 from kubetune.k8s import claims, profiles
 from kubetune.k8s.names import (
@@ -68,6 +69,9 @@ def worker_env(recipe: Recipe, names: Names) -> list[KubeObject]:
         _env("KUBETUNE_MEMORY_BUDGET", str(profiles.memory_budget_bytes(k8s))),
         _env("PYTHONUNBUFFERED", "1"),
     ]
+    rl = recipe.finetune.rl
+    if recipe.finetune.objective == "grpo" and rl.rollout == "server":  # the server may still be loading
+        env.append(_env(ROLLOUT_WAIT_ENV, str(ROLLOUT_WAIT_IN_CLUSTER_S)))
     return env + [_env(k, v) for k, v in profiles.comm_environment(recipe).items()]
 
 

@@ -259,7 +259,11 @@ def render(
 ) -> Rendered:
     """All manifests for `recipe` (k8s.profile / k8s.api already applied), in apply order;
     `with_kueue`: also the Kueue queue, quota and topology of k8s.queue (`kueue.team_objects`)."""
-    k8s = recipe.k8s
+    from kubetune.k8s.serve import rollout  # its builders import this module
+
+    k8s, rollout_server = recipe.k8s, rollout.renders_server(recipe)
+    if rollout_server:  # GRPO's rollouts from a server rendered here: the job finds it at its Service
+        recipe = rollout.with_server_url(recipe)
     problems = recipe_problems(recipe) + (kueue.team_problems(k8s) if with_kueue else [])
     if problems:
         raise RecipeError("; ".join(problems))
@@ -288,6 +292,8 @@ def render(
     out.append(objects.data_pod(k8s, names))
     if k8s.devices == "dra":  # before the job: its pods claim their cards from it
         out.append(claims.claim_template(k8s, names, "trainer"))
+    rollout_objects, rollout_warnings = rollout.rollout_objects(resolved) if rollout_server else ([], [])
+    out += rollout_objects  # before the job: the server loads its model while the job's pods start
     job = jobs.pytorchjob(resolved, names) if k8s.api == "pytorchjob" else jobs.trainjob(resolved, names, runtime_name)
     job = kueue.through_queue(job, k8s)  # k8s.queue: suspended until Kueue admits it whole
     if with_kueue:
@@ -303,7 +309,7 @@ def render(
     )
     warnings += recipe.train.loss_scale_warnings() + profiles.scale_out_warnings(recipe)
     warnings += kueue.team_warnings(k8s) if with_kueue else []
-    warnings += claims.device_warnings(k8s)
+    warnings += claims.device_warnings(k8s) + rollout_warnings
     warnings += [] if hf_token else token_warnings(recipe, names)
     notes = batch_notes(recipe) + [note for note in [template_note(recipe)] if note] + default_notes(recipe)
     return Rendered(objects=out, names=names, warnings=warnings, notes=notes)

@@ -18,6 +18,7 @@ for: anything else means the server sampled from another policy, and the run sto
 
 from __future__ import annotations
 
+import os
 import shutil
 import sys
 import time
@@ -27,6 +28,7 @@ from typing import Any
 
 import httpx
 
+from kubetune.contracts.serving import ROLLOUT_WAIT_ENV
 from kubetune.errors import UserError
 from kubetune.export.weights import save_trained
 from kubetune.training.dist import DistEnv, barrier
@@ -37,6 +39,7 @@ CONCURRENT_REQUESTS = 64  # in flight at once; the server queues and batches the
 CONNECT_TIMEOUT_S = 10.0
 ANSWER_TIMEOUT_S = 1800.0  # one completion of a loaded server can wait behind a whole generation
 BUSY_RETRY_S = 0.5  # a 429 (the server's queue is full) is retried after this
+READY_POLL_S = 2.0  # waiting for a server that is still loading (ROLLOUT_WAIT_ENV)
 
 
 class RolloutServerError(UserError):
@@ -164,20 +167,37 @@ class ServerRollouts:
 
     def _check_server(self) -> None:
         """Before step 1: a kubetune serve answers at the URL, with its runtime-adapter routes."""
-        fix = f"start one with `{server_command(self.base_model)}` or set finetune.rl.server_url to its address"
+        self._wait_ready(float(os.environ.get(ROLLOUT_WAIT_ENV) or 0))
         try:
-            self.http.get("/v1/models", timeout=CONNECT_TIMEOUT_S).raise_for_status()
             probe = self.http.post("/v1/unload_lora_adapter", json={"lora_name": f"{self.name}@probe"})
         except httpx.HTTPError as e:
-            raise RolloutServerError(
-                f"finetune.rl.server_url {self.url}: no kubetune serve answers there ({type(e).__name__}); {fix}"
-            ) from None
+            problem = type(e).__name__
+            raise RolloutServerError(f"finetune.rl.server_url {self.url} stopped answering ({problem})") from None
         routed = probe.status_code == 404 and _error_param(probe) == "lora_name"  # "no such adapter": the route is on
         if not routed:
             raise RolloutServerError(
                 f"finetune.rl.server_url {self.url} does not load adapters at run time; start it with "
                 f"`{server_command(self.base_model)}`"
             )
+
+    def _wait_ready(self, wait_s: float) -> None:
+        """Until the server lists its models (503 while it loads), for at most `wait_s` seconds."""
+        deadline = time.monotonic() + wait_s
+        while True:
+            try:
+                r = self.http.get("/v1/models", timeout=CONNECT_TIMEOUT_S)
+                if r.status_code == 200:
+                    return
+                problem = f"GET /v1/models answered {r.status_code}"
+            except httpx.HTTPError as e:
+                problem = type(e).__name__
+            if time.monotonic() >= deadline:
+                waited = f" in {wait_s:.0f} s" if wait_s else ""
+                raise RolloutServerError(
+                    f"finetune.rl.server_url {self.url}: no kubetune serve answers there{waited} ({problem}); start "
+                    f"one with `{server_command(self.base_model)}` or set finetune.rl.server_url to its address"
+                )
+            time.sleep(READY_POLL_S)
 
     def close(self) -> None:
         self.http.close()

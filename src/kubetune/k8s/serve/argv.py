@@ -41,7 +41,10 @@ def _adapters_in_pod(plan: Plan) -> tuple[Adapter, ...]:
 
 
 def native_argv(plan: Plan) -> list[str]:
-    argv = ["kubetune", "serve", plan.run_dir, "--host", POD_HOST, "--port", str(DEFAULT_PORT), "--engine", "native"]
+    served = plan.recipe.model.name_or_path if plan.rollout else plan.run_dir
+    argv = ["kubetune", "serve", served, "--host", POD_HOST, "--port", str(DEFAULT_PORT), "--engine", "native"]
+    if plan.rollout:  # the trainer loads each version of its adapter, and unloads the last
+        argv.append("--allow-runtime-adapters")
     for a in _adapters_in_pod(plan):
         argv += ["--adapter", f"{a.name}={a.path}"]
     return argv
@@ -120,8 +123,9 @@ def _memory_bytes(plan: Plan) -> int:
 
 
 def server_env(plan: Plan) -> list[KubeObject]:
+    caches = CACHE_DIR if plan.rollout else plan.root  # a rollout server's claim is read-only
     env: list[KubeObject] = [
-        {"name": "HF_HOME", "value": f"{plan.root}/hf"},
+        {"name": "HF_HOME", "value": f"{caches}/hf"},
         # The training job's token Secret, one per job. Optional even for a gated model: the job
         # left the base model in HF_HOME on the claim, where the Hub's client falls back to it,
         # and a pod must still start after `kubetune k8s delete JOB` has removed that Secret.
@@ -132,7 +136,7 @@ def server_env(plan: Plan) -> list[KubeObject]:
         {"name": "PYTHONUNBUFFERED", "value": "1"},
     ]
     if plan.engine == "native":
-        env.insert(0, {"name": "KUBETUNE_CACHE", "value": f"{plan.root}/cache"})
+        env.insert(0, {"name": "KUBETUNE_CACHE", "value": f"{caches}/cache"})
     else:
         env += [
             {"name": "VLLM_CACHE_ROOT", "value": f"{CACHE_DIR}/vllm"},

@@ -47,11 +47,11 @@ def _ready_path(plan: Plan) -> str:
 
 def server_container(plan: Plan, startup_s: int) -> KubeObject:
     ready = _ready_path(plan)
-    mounts: list[KubeObject] = [
-        {"name": "models" if plan.settings.model_image else "data", "mountPath": plan.root},
-        {"name": "dshm", "mountPath": "/dev/shm"},
-    ]
-    if plan.engine == "vllm":
+    run: KubeObject = {"name": "models" if plan.settings.model_image else "data", "mountPath": plan.root}
+    if plan.rollout:
+        run["readOnly"] = True
+    mounts: list[KubeObject] = [run, {"name": "dshm", "mountPath": "/dev/shm"}]
+    if plan.engine == "vllm" or plan.rollout:
         mounts.append({"name": "cache", "mountPath": CACHE_DIR})
     container: KubeObject = {
         "name": CONTAINER,
@@ -100,7 +100,7 @@ def _volumes(plan: Plan) -> list[KubeObject]:
         else {"name": "data", "persistentVolumeClaim": {"claimName": plan.job.pvc}},
         {"name": "dshm", "emptyDir": dshm},
     ]
-    if plan.engine == "vllm":
+    if plan.engine == "vllm" or plan.rollout:
         volumes.append({"name": "cache", "emptyDir": {}})
     return volumes
 

@@ -86,6 +86,9 @@ class Plan:
     root: str  # where relative --adapter paths and caches live: /data (claim) or /models (image)
     params: int | None
     warnings: list[str] = field(default_factory=list)
+    # GRPO's rollout server (k8s/serve/rollout.py): the recipe's base model with runtime adapters,
+    # the claim read-only (the trainer writes the adapters there), caches in the pod's own emptyDir
+    rollout: bool = False
 
     @property
     def k8s(self) -> K8sSection:
