@@ -8,11 +8,13 @@ from __future__ import annotations
 import json
 import math
 import re
+import time
 
 import httpx
 import pytest
 import torch
 
+from kubetune.contracts.serving import ROLLOUT_WAIT_ENV
 from kubetune.errors import UserError
 from kubetune.netutil import free_port
 from kubetune.recipe import load_recipe
@@ -90,6 +92,23 @@ def test_the_server_samples_what_the_engine_in_process_samples(tmp_path, tiny_mo
     served = _served(rollout_server.url)
     assert "same@v1" in served and "same@v0" not in served
     remote.close()
+
+
+def test_the_server_serves_a_recipes_base_model_by_its_name(smollm_dir, tmp_path):
+    """`kubetune serve <model.name_or_path>`: the embedded default (or a .gguf, a hub id) as training loads it."""
+    from kubetune.serve.native.models import model_source
+
+    assert model_source("smollm2-135m-instruct").path == smollm_dir
+    with pytest.raises(UserError, match="neither"):
+        model_source(str(tmp_path / "missing"))
+
+
+def test_a_trainer_told_to_wait_waits_then_says_how_long(tmp_path, monkeypatch):
+    monkeypatch.setenv(ROLLOUT_WAIT_ENV, "2")
+    started = time.monotonic()
+    with pytest.raises(RolloutServerError, match=r"no kubetune serve answers there in 2 s"):
+        ServerRollouts(f"http://127.0.0.1:{free_port()}", "p", None, "base", tmp_path, DistEnv())
+    assert time.monotonic() - started >= 2
 
 
 def test_no_server_at_the_url_is_one_line_before_step_1(tmp_path, grpo_overrides):

@@ -30,7 +30,8 @@ from kubetune.engine.lora import (
     read_adapter_files,
     read_adapters,
 )
-from kubetune.errors import RunDirError, UserError
+from kubetune.errors import RunDirError, UserError, first_line
+from kubetune.fsutil import cache_root
 from kubetune.models.load import load_causal_lm, load_config, load_tokenizer, model_config
 from kubetune.models.runs import load_run
 from kubetune.recipe import Recipe
@@ -171,7 +172,32 @@ def model_source(target: str | Path, trust_remote_code: bool = False) -> ModelSo
         return ModelSource(path, recipe, run.finished_weights(recipe), recipe.model.trust_remote_code)
     if (path / "config.json").is_file():
         return ModelSource(path, None, path, trust_remote_code)
+    if not path.exists() and (local := named_model(str(target))) is not None:
+        return ModelSource(local, None, local, trust_remote_code)
     raise RunDirError(f"{target}: neither a kubetune run directory nor an HF model directory (config.json)")
+
+
+def named_model(name: str) -> Path | None:
+    """A recipe's `model.name_or_path` that names a model instead of a directory, as a local HF
+    directory: an embedded model or a .gguf file (converted once, as training loads it), or a hub
+    id, downloaded to `<cache>/hub/<org>/<name>` so that the directory is named as the model (a
+    PEFT adapter trained on the hub id then passes the base check). GRPO's rollout server serves
+    the recipe's base model this way (`kubetune serve smollm2-135m-instruct --allow-runtime-adapters`).
+    None when `name` is no model name at all (a path that does not exist)."""
+    from kubetune.models.load import resolve_model
+
+    try:
+        resolved = resolve_model(name)
+    except UserError:
+        return None
+    if Path(resolved).is_dir():
+        return Path(resolved)
+    from huggingface_hub import snapshot_download
+
+    try:
+        return Path(snapshot_download(resolved, local_dir=cache_root() / "hub" / resolved))
+    except Exception as e:  # the hub's errors have many types: one line naming the model
+        raise RunDirError(f"{name}: cannot download it from the Hugging Face Hub ({first_line(e)})") from None
 
 
 @dataclass(frozen=True)
