@@ -91,3 +91,17 @@ def test_render_check_validates_the_rollout_objects(cli, profile):
     assert "all valid" in result.err
     docs = [d for d in yaml.safe_load_all(cli("k8s", "render", SMOL, *args).out) if d]
     assert {("Deployment", ROLLOUT), ("Service", ROLLOUT)} <= {(d["kind"], d["metadata"]["name"]) for d in docs}
+
+
+def test_submit_creates_the_rollout_server_and_delete_takes_it_with_the_job():
+    from kubetune.k8s import follow
+
+    from .fakes import FakeClient
+
+    fake = FakeClient()
+    lines = follow.submit(fake, rendered())
+    assert any(f"Deployment {NS}/{ROLLOUT}" in line for line in lines), lines
+    assert fake.get("v1", "Service", ROLLOUT, NS) is not None
+    gone = follow.delete(fake, JOB, NS)
+    assert {f"deleted {kind} {NS}/{ROLLOUT}" for kind in ("Deployment", "Service", "NetworkPolicy")} <= set(gone)
+    assert fake.get("apps/v1", "Deployment", ROLLOUT, NS) is None

@@ -29,6 +29,7 @@ from kubetune.k8s.names import (
     DATA_DIR,
     NAMESPACE_QUOTA,
     RECIPE_KEY,
+    ROLLOUT_SUFFIX,
     SERVING_COMPONENTS,
     Names,
     server_selector,
@@ -514,9 +515,10 @@ def serving_targets(client: KubeClient, name: str, namespace: str) -> list[tuple
 
 def delete(client: KubeClient, name: str, namespace: str, purge: bool = False) -> list[str]:
     """Job, its pods, PodGroup, recipe and token; with purge also the data pod, PVC, quota, runtime.
-    Serving objects labelled with this instance (`render-serve`) go too."""
+    Serving objects labelled with this instance (`render-serve`) go too, and the job's GRPO rollout
+    server (`<job>-rollout`), which serves nobody once its trainer is gone."""
     names = Names.for_job(name, namespace)
-    serving = serving_targets(client, name, namespace)
+    serving = serving_targets(client, name, namespace) + serving_targets(client, f"{name}{ROLLOUT_SUFFIX}", namespace)
     targets: list[tuple[str, str, str, str | None]] = [(av, kind, name, namespace) for av, kind, _ in JOB_KINDS]
     targets += [(av, kind, name, namespace) for av, kind in POD_GROUP_KINDS]
     targets += [

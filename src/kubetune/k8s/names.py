@@ -67,6 +67,8 @@ def standard_labels(names: Names, component: str) -> dict[str, str]:
 # `<job>-serve` by default, so that deleting the finished training job leaves serving up and
 # the other way round. Their components: the pods and what routes to them, and autoscaling.
 SERVE_SUFFIX = "-serve"
+# GRPO's rollout server (finetune.rl.rollout=server) is the job's own: `<job>-rollout`, deleted with the job
+ROLLOUT_SUFFIX = "-rollout"
 SERVER_COMPONENT = "server"
 AUTOSCALING_COMPONENT = "autoscaling"
 SERVING_COMPONENTS = (SERVER_COMPONENT, AUTOSCALING_COMPONENT)

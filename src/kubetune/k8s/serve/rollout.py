@@ -17,14 +17,13 @@ from __future__ import annotations
 from kubetune.contracts.kube import KubeObject
 from kubetune.contracts.serving import DEFAULT_PORT
 from kubetune.k8s import profiles
+from kubetune.k8s.names import ROLLOUT_SUFFIX
 from kubetune.k8s.render import job_name
 from kubetune.k8s.serve.deployment import deployment
 from kubetune.k8s.serve.network import network_policy, service
 from kubetune.k8s.serve.plan import plan_for
 from kubetune.k8s.serve.settings import ServeSettings
 from kubetune.recipe.schema import Recipe
-
-ROLLOUT_SUFFIX = "-rollout"
 
 
 def rollout_name(recipe: Recipe) -> str:
