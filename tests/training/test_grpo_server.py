@@ -23,7 +23,7 @@ from kubetune.training.rollout import LocalRollouts, RolloutSettings
 from kubetune.training.rollout_server import ADAPTERS_DIR, RolloutServerError, ServerRollouts
 from kubetune.training.run import train_from_recipe
 from tests.kit.cli import run_cli_subprocess
-from tests.kit.processes import communicate_or_fail, start_kubetune, wait_for_checkpoint
+from tests.kit.processes import communicate_or_fail, finish, kill_after_checkpoint, start_kubetune, wait_for_checkpoint
 from tests.serve.conftest import ServerProcess
 from tests.training.test_grpo import records
 
@@ -92,6 +92,79 @@ def test_the_server_samples_what_the_engine_in_process_samples(tmp_path, tiny_mo
     served = _served(rollout_server.url)
     assert "same@v1" in served and "same@v0" not in served
     remote.close()
+
+
+def test_sigkill_then_rerun_against_the_same_server_matches_the_uninterrupted_run(
+    tmp_path, grpo_overrides, rollout_server
+):
+    """The resumed run samples what the uninterrupted one did: same seeds, same weights (the version
+    a killed run left loaded on the server is replaced, not reused)."""
+    server = ["finetune.rl.rollout=server", f"finetune.rl.server_url={rollout_server.url}"]
+    common = [*grpo_overrides, *server, "train.max_steps=5", "train.save_every=2"]
+    straight = tmp_path / "straight"
+    train_from_recipe(None, [*common, f"output_dir={straight}"])
+    out = tmp_path / "killed"
+    kill_after_checkpoint(start_kubetune(["train", "--nproc-per-node", "1", *common, f"output_dir={out}"]), out, 2)
+    finish(start_kubetune(["train", "--nproc-per-node", "1", *common, f"output_dir={out}"]))
+    a, b = records(straight), records(out)
+    assert [r["step"] for r in b] == list(range(1, 6))
+    for x, y in zip(a, b):
+        for key in ("loss", "reward", "completions/mean_length", "entropy"):
+            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (key, x["step"])
+
+
+def test_an_answer_from_another_policy_stops_the_run(tmp_path):
+    """A server that answers for a model other than the version asked for (a shared server, an
+    alias): one line, not a silent update from the wrong samples. A real HTTP server on loopback
+    plays it: kubetune serve itself never answers for another model."""
+    import http.server
+    import threading
+
+    class Other(http.server.BaseHTTPRequestHandler):
+        def _send(self, status: int, body: dict) -> None:
+            data = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+
+        def do_GET(self):
+            self._send(200, {"object": "list", "data": []})
+
+        def do_POST(self):
+            self.rfile.read(int(self.headers["Content-Length"]))
+            if self.path == "/v1/unload_lora_adapter":
+                return self._send(404, {"error": {"message": "no adapter", "param": "lora_name"}})
+            if self.path == "/v1/load_lora_adapter":
+                return self._send(200, {})
+            logprobs = {"tokens": ["token_id:7"], "token_logprobs": [-1.0]}
+            choice = {"index": 0, "text": "x", "logprobs": logprobs, "finish_reason": "stop"}
+            self._send(200, {"model": "someone-else@v0", "choices": [choice]})
+
+        def log_message(self, *args):
+            pass
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Other)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        model = _AdapterOnly()
+        rollouts = ServerRollouts(f"http://127.0.0.1:{httpd.server_port}", "mine", model, "base", tmp_path, DistEnv())
+        with pytest.raises(RolloutServerError, match="'someone-else@v0' where 'mine@v0'") as e:
+            rollouts.sample([(0, [1, 2])], 1, RolloutSettings(max_tokens=4, temperature=1.0), generation=0)
+        assert "\n" not in str(e.value) and model.saved
+    finally:
+        httpd.shutdown()
+
+
+class _AdapterOnly:
+    """What save_trained asks of a PEFT model, for the fake server above (it reads no files)."""
+
+    saved = False
+
+    def save_pretrained(self, where, safe_serialization):
+        (where / "adapter_config.json").write_text("{}")
+        self.saved = True
 
 
 def test_the_server_serves_a_recipes_base_model_by_its_name(smollm_dir, tmp_path):
