@@ -113,6 +113,23 @@ def test_sigkill_then_rerun_against_the_same_server_matches_the_uninterrupted_ru
             assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (key, x["step"])
 
 
+@pytest.mark.multiproc
+def test_two_processes_sample_from_one_server_as_one_process(tmp_path, grpo_overrides, rollout_server):
+    """Rank 0 pushes each version while rank 1 waits; each samples its own prompts."""
+    server = ["finetune.rl.rollout=server", f"finetune.rl.server_url={rollout_server.url}"]
+    common = [o for o in grpo_overrides if not o.startswith(("train.grad_accum", "train.num_threads"))]
+    common += [*server, "train.max_steps=3", "train.save_every=0"]
+    one, two = tmp_path / "one", tmp_path / "two"
+    train_from_recipe(None, [*common, "train.grad_accum=2", f"output_dir={one}"])
+    out = finish(start_kubetune(["train", "--nproc-per-node", "2", *common, "train.grad_accum=1", f"output_dir={two}"]))
+    assert "2 process(es)" in out
+    for x, y in zip(records(one), records(two), strict=True):
+        for key in ("loss", "reward", "reward_std", "completions/mean_length", "entropy", "grad_norm"):
+            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-5), (key, x["step"])
+    loaded = re.findall(r"adapter (two@v\d+) loaded", rollout_server.log.read_text())
+    assert loaded == [f"two@v{n}" for n in range(4)]  # once per version, not once per process
+
+
 def test_an_answer_from_another_policy_stops_the_run(tmp_path):
     """A server that answers for a model other than the version asked for (a shared server, an
     alias): one line, not a silent update from the wrong samples. A real HTTP server on loopback
