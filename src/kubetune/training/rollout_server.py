@@ -87,14 +87,14 @@ class ServerRollouts:
             save_trained(self.model, None, None, "lora", path)
             self._load(self.model_name(self.version), path)
             if self.served is not None and self.served != self.version:
-                self._post("/v1/unload_lora_adapter", {"lora_name": self.model_name(self.served)}, ok=(200, 404))
+                self._post("/v1/unload_lora_adapter", {"lora_name": self.model_name(self.served)})
                 shutil.rmtree(self.adapters / f"v{self.served}", ignore_errors=True)  # the server read it at load
         barrier(self.env)
         self.served = self.version
 
     def _load(self, lora_name: str, path: Path) -> None:
         body = {"lora_name": lora_name, "lora_path": str(path)}
-        r = self._post("/v1/load_lora_adapter", body, ok=(200, 400))
+        r = self._post("/v1/load_lora_adapter", body)
         if r.status_code == 400 and "already served" in r.text:  # left by an earlier run (a resume): replace it
             self._post("/v1/unload_lora_adapter", {"lora_name": lora_name})
             r = self._post("/v1/load_lora_adapter", body)
@@ -144,7 +144,8 @@ class ServerRollouts:
         return completion_of(answer["choices"][0], index, ids, settings.max_tokens)
 
     # --- HTTP ----------------------------------------------------------------------------------
-    def _post(self, route: str, body: dict[str, Any], ok: tuple[int, ...] = (200,)) -> httpx.Response:
+    def _post(self, route: str, body: dict[str, Any]) -> httpx.Response:
+        """The server's answer to `body` at `route` (a full queue's 429 retried); gone: the run stops."""
         while True:
             try:
                 r = self.http.post(route, json=body)
@@ -154,7 +155,7 @@ class ServerRollouts:
                     "checkpoints written so far are kept: start the server again "
                     f"(`{server_command(self.base_model)}`) and rerun the same command to resume"
                 ) from None
-            if r.status_code != 429 or 429 in ok:
+            if r.status_code != 429:
                 return r
             time.sleep(BUSY_RETRY_S)  # the server's queue is full: it takes the request once a slot frees
 
