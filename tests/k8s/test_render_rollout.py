@@ -76,6 +76,12 @@ def test_a_server_elsewhere_is_used_as_it_is():
     assert named(same.objects, "Deployment", ROLLOUT)
 
 
+def test_the_operator_takes_the_recipe_too():
+    """The FineTune controller checks recipe_problems before it renders: no server_url is no problem."""
+    recipe = load_recipe(SMOL, ["k8s.profile=cpu", *GRPO]).recipe
+    assert recipe.finetune.rl.server_url is None and r.recipe_problems(recipe) == []
+
+
 def test_local_rollouts_render_no_server():
     out = rendered("cpu", "finetune.rl.rollout=local")
     assert not [o for o in out.objects if o["kind"] in ("Deployment", "Service")]

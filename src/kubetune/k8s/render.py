@@ -243,9 +243,20 @@ def quota_problems(rendered: list[KubeObject], k8s: K8sSection) -> list[str]:
     return problems
 
 
+def with_rollout_server(recipe: Recipe) -> tuple[Recipe, bool]:
+    """(the recipe, whether render adds GRPO's rollout server): rollout=server without a server_url
+    (or with its own Service's) gets the rollout Service's address, as the job will see it."""
+    from kubetune.k8s.serve import rollout  # its builders import this module
+
+    if not rollout.renders_server(recipe):
+        return recipe, False
+    return rollout.with_server_url(recipe), True
+
+
 def recipe_problems(recipe: Recipe) -> list[str]:
     """What can be told from the recipe alone never to run (resources, layout, chat template):
     `render` and the operator refuse the same, one line each."""
+    recipe, _ = with_rollout_server(recipe)
     problems = resource_problems(recipe.k8s) + layout_problems(recipe) + kueue.problems(recipe.k8s)
     if template_problem := chat_template_problem(recipe):
         problems.append(template_problem)
@@ -259,11 +270,10 @@ def render(
 ) -> Rendered:
     """All manifests for `recipe` (k8s.profile / k8s.api already applied), in apply order;
     `with_kueue`: also the Kueue queue, quota and topology of k8s.queue (`kueue.team_objects`)."""
-    from kubetune.k8s.serve import rollout  # its builders import this module
+    from kubetune.k8s.serve import rollout
 
-    k8s, rollout_server = recipe.k8s, rollout.renders_server(recipe)
-    if rollout_server:  # GRPO's rollouts from a server rendered here: the job finds it at its Service
-        recipe = rollout.with_server_url(recipe)
+    recipe, rollout_server = with_rollout_server(recipe)  # the job finds a server rendered here at its Service
+    k8s = recipe.k8s
     problems = recipe_problems(recipe) + (kueue.team_problems(k8s) if with_kueue else [])
     if problems:
         raise RecipeError("; ".join(problems))
