@@ -224,6 +224,18 @@ _allow_runtime_adapters_opt = typer.Option(
     "--allow-runtime-adapters",
     help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
 )
+_max_loras_opt = typer.Option(
+    None,
+    "--max-loras",
+    help="Adapters in the model's layers at once; more stay registered and are loaded for their requests, "
+    "evicting the least recently used idle one (as vLLM's --max-loras). Default: all, fused at start.",
+)
+_adapter_registry_opt = typer.Option(
+    None,
+    "--adapter-registry",
+    help="A registry file (JSON: base, adapters with versions and weights): every version and alias is "
+    "served before /ready answers 200.",
+)
 _served_model_name_opt = typer.Option(
     None, "--served-model-name", help="The base model's name in the API (repeatable: aliases; first in metrics)."
 )
@@ -261,6 +273,8 @@ def serve(
     api_key: list[str] = _api_key_opt,
     api_key_file: list[Path] = _api_key_file_opt,
     allow_runtime_adapters: bool = _allow_runtime_adapters_opt,
+    max_loras: int | None = _max_loras_opt,
+    adapter_registry: str | None = _adapter_registry_opt,
     served_model_name: list[str] = _served_model_name_opt,
     chat_template: str | None = _chat_template_opt,
     trust_request_chat_template: bool = _trust_request_chat_template_opt,
@@ -275,6 +289,8 @@ def serve(
     adapters = tuple(parse_adapter(a) for a in adapter or [])
     sizes = {"--max-num-seqs": max_num_seqs, "--max-waiting": max_waiting, "--max-model-len": max_model_len}
     sizes |= {"--prefill-chunk": prefill_chunk, "--port": port, "--max-body-bytes": max_body_bytes}
+    if max_loras is not None:
+        sizes["--max-loras"] = max_loras
     _refuse_bad_serve_values(engine, sizes)
     api_keys = load_api_keys(api_key or [], api_key_file or [], os.environ)
     template = read_chat_template(chat_template) if chat_template else None
@@ -298,7 +314,11 @@ def serve(
         allow_runtime_adapters=allow_runtime_adapters,
     )
     options = (target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
-    run_server(ServeOptions(*options, trust_remote_code=trust_remote_code))
+    run_server(
+        ServeOptions(
+            *options, trust_remote_code=trust_remote_code, max_loras=max_loras, adapter_registry=adapter_registry
+        )
+    )
 
 
 def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:
