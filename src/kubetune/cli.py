@@ -289,9 +289,7 @@ def serve(
     adapters = tuple(parse_adapter(a) for a in adapter or [])
     sizes = {"--max-num-seqs": max_num_seqs, "--max-waiting": max_waiting, "--max-model-len": max_model_len}
     sizes |= {"--prefill-chunk": prefill_chunk, "--port": port, "--max-body-bytes": max_body_bytes}
-    if max_loras is not None:
-        sizes["--max-loras"] = max_loras
-    _refuse_bad_serve_values(engine, sizes)
+    _refuse_bad_serve_values(engine, sizes | ({} if max_loras is None else {"--max-loras": max_loras}))
     api_keys = load_api_keys(api_key or [], api_key_file or [], os.environ)
     template = read_chat_template(chat_template) if chat_template else None
     names = tuple(served_model_name or ())
@@ -314,11 +312,7 @@ def serve(
         allow_runtime_adapters=allow_runtime_adapters,
     )
     options = (target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
-    run_server(
-        ServeOptions(
-            *options, trust_remote_code=trust_remote_code, max_loras=max_loras, adapter_registry=adapter_registry
-        )
-    )
+    run_server(ServeOptions(*options, trust_remote_code, max_loras, adapter_registry))
 
 
 def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:
