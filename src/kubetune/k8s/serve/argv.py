@@ -44,6 +44,8 @@ def native_argv(plan: Plan) -> list[str]:
     argv = ["kubetune", "serve", plan.run_dir, "--host", POD_HOST, "--port", str(DEFAULT_PORT), "--engine", "native"]
     for a in _adapters_in_pod(plan):
         argv += ["--adapter", f"{a.name}={a.path}"]
+    if plan.settings.max_loras:
+        argv += ["--max-loras", str(plan.settings.max_loras)]
     return argv
 
 
@@ -107,6 +109,8 @@ def server_argv(plan: Plan) -> list[str]:
         return native_argv(plan)
     argv = vllm_argv(vllm_options(plan))
     argv[0] = "python3"  # vLLM's images have python3; not every one has `python`
+    if plan.settings.max_loras and "--max-loras" in argv:  # vLLM's default: every declared adapter
+        argv[argv.index("--max-loras") + 1] = str(plan.settings.max_loras)
     return argv
 
 
