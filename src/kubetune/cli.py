@@ -293,7 +293,7 @@ def serve(
     api_keys = load_api_keys(api_key or [], api_key_file or [], os.environ)
     template = read_chat_template(chat_template) if chat_template else None
     names = tuple(served_model_name or ())
-    if _picked_engine(engine, target) == "vllm":
+    if _picked_engine(engine, target, adapter_registry) == "vllm":
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options, with_api_options
 
         vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs, trust_remote_code)
@@ -326,10 +326,13 @@ def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:
             raise UserError(f"{name} {value}: must be at least 1")
 
 
-def _picked_engine(engine: str, target: str) -> str:
-    """--engine, with auto resolved: vLLM where it is installed and serves this target, else native."""
-    if engine != "auto":
-        return engine
+def _picked_engine(engine: str, target: str, registry: str | None = None) -> str:
+    """--engine, with auto resolved: vLLM where it is installed and serves this target, else native.
+    An adapter registry is the native engine's (vLLM reads no such file)."""
+    if registry and engine == "vllm":
+        raise UserError("--adapter-registry: served by --engine native only (vLLM reads no registry file)")
+    if engine != "auto" or registry:
+        return "native" if registry else engine
     from kubetune.serve.vllm_engine import auto_picks_vllm
 
     picked, why = auto_picks_vllm(target)

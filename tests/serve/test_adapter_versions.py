@@ -299,3 +299,14 @@ def test_a_wrong_base_in_the_registry_exits_2_in_one_line(tiny_model_dir, adapte
     assert len(lines) == 1 and "/models/another" in lines[0] and str(tiny_model_dir) in lines[0], lines
     where = "base.name" if wrong == "registry" else "adapters.reg.versions.v2"
     assert where in lines[0]
+
+
+def test_vllm_reads_no_registry(tiny_model_dir, tmp_path, capfd):
+    from tests.kit.cli import run_cli_in_process
+
+    registry = write(tmp_path / "registry.json", str(tiny_model_dir), {"v1": "x"}, {})
+    args = ["serve", str(tiny_model_dir), "--engine", "vllm", "--adapter-registry", str(registry)]
+    done = run_cli_in_process(args, capfd)
+    assert done.returncode == 2 and done.stderr.strip().splitlines() == [
+        "kubetune: error: --adapter-registry: served by --engine native only (vLLM reads no registry file)"
+    ], done.stderr
