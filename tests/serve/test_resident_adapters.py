@@ -64,7 +64,8 @@ def test_one_slot_three_adapters_each_answers_as_with_a_slot_each(tiny_runs):
         cache = SlotCache.for_config(served.lm.config, torch.float32, 64 << 20)
         metrics = ServeMetrics(served.base_name, max_loras, served.adapter_names)
         served.resident.metrics = metrics
-        engine = Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, Limits(), metrics, served.resident)
+        eos = served.tokenizer.eos_token_id
+        engine = Engine(served.lm, eos, cache, served.lora, Limits(), metrics, served.resident)
         engine.start()
         try:
             prompt = served.tokenizer("What is 3 plus 3?")["input_ids"]
