@@ -114,7 +114,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         served = served_or_503(state)
-        model = _model(served, body.model or served.base_name)
+        model = _model(served, body.model or served.base_name, route=False)
         if body.messages is not None:
             as_chat = ChatCompletionRequest(model=model.name, messages=body.messages)
             as_chat.add_generation_prompt = body.add_generation_prompt
@@ -132,7 +132,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         served = served_or_503(state)
-        _model(served, body.model or served.base_name)
+        _model(served, body.model or served.base_name, route=False)
         _check_ids(state, body.tokens, "tokens")
         return {"prompt": served.tokenizer.decode(body.tokens)}
 
@@ -263,10 +263,10 @@ class _TooLarge(Exception):
     pass
 
 
-def _model(served: Any, name: str) -> Any:
+def _model(served: Any, name: str, route: bool = True) -> Any:
     """The model that answers a request naming `name`: an alias picks one of its versions, here,
-    once for the whole request."""
-    model = served.resolve(name)
+    once for the whole request (`route`; /tokenize and /detokenize read one without counting it)."""
+    model = served.resolve(name, route)
     if model is None:
         known = ", ".join([*served.models, *served.aliases])
         raise ApiError(404, f"the model {name!r} does not exist; this server serves: {known}", "model")

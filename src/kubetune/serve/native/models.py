@@ -63,11 +63,14 @@ class ServedSet:
     aliases: dict[str, Alias] = field(default_factory=dict)  # NAME -> its versions by weight (NAME@vN)
     resident: ResidentAdapters | None = None  # --max-loras: adapters come and go from the layers
 
-    def resolve(self, name: str) -> Served | None:
+    def resolve(self, name: str, route: bool = True) -> Served | None:
         """The model a request for `name` is answered by: a served name as it is, an alias one
-        of its versions by weight (picked once per request: every choice and chunk is its)."""
+        of its versions by weight (picked once per request: every choice and chunk is its).
+        `route` False: the alias's heaviest version, without counting a request (tokenizing)."""
         alias = self.aliases.get(name)
-        return self.models.get(alias.pick() if alias else name)
+        if alias is None:
+            return self.models.get(name)
+        return self.models.get(alias.pick() if route else max(alias.weights, key=alias.weights.__getitem__))
 
     def set_alias(self, name: str, weights: dict[str, int]) -> None:
         """Route `name` to served adapters by weight (on the event loop, as requests resolve)."""
