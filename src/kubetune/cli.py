@@ -224,6 +224,18 @@ _allow_runtime_adapters_opt = typer.Option(
     "--allow-runtime-adapters",
     help="POST /v1/load_lora_adapter and /v1/unload_lora_adapter (as vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING).",
 )
+_max_loras_opt = typer.Option(
+    None,
+    "--max-loras",
+    help="Adapters in the model's layers at once; more stay registered and are loaded for their requests, "
+    "evicting the least recently used idle one (as vLLM's --max-loras). Default: all, fused at start.",
+)
+_adapter_registry_opt = typer.Option(
+    None,
+    "--adapter-registry",
+    help="A registry file (JSON: base, adapters with versions and weights): every version and alias is "
+    "served before /ready answers 200.",
+)
 _served_model_name_opt = typer.Option(
     None, "--served-model-name", help="The base model's name in the API (repeatable: aliases; first in metrics)."
 )
@@ -261,6 +273,8 @@ def serve(
     api_key: list[str] = _api_key_opt,
     api_key_file: list[Path] = _api_key_file_opt,
     allow_runtime_adapters: bool = _allow_runtime_adapters_opt,
+    max_loras: int | None = _max_loras_opt,
+    adapter_registry: str | None = _adapter_registry_opt,
     served_model_name: list[str] = _served_model_name_opt,
     chat_template: str | None = _chat_template_opt,
     trust_request_chat_template: bool = _trust_request_chat_template_opt,
@@ -275,11 +289,11 @@ def serve(
     adapters = tuple(parse_adapter(a) for a in adapter or [])
     sizes = {"--max-num-seqs": max_num_seqs, "--max-waiting": max_waiting, "--max-model-len": max_model_len}
     sizes |= {"--prefill-chunk": prefill_chunk, "--port": port, "--max-body-bytes": max_body_bytes}
-    _refuse_bad_serve_values(engine, sizes)
+    _refuse_bad_serve_values(engine, sizes | ({} if max_loras is None else {"--max-loras": max_loras}))
     api_keys = load_api_keys(api_key or [], api_key_file or [], os.environ)
     template = read_chat_template(chat_template) if chat_template else None
     names = tuple(served_model_name or ())
-    if _picked_engine(engine, target) == "vllm":
+    if _picked_engine(engine, target, adapter_registry) == "vllm":
         from kubetune.serve.vllm_engine import exec_vllm, vllm_options, with_api_options
 
         vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs, trust_remote_code)
@@ -298,7 +312,7 @@ def serve(
         allow_runtime_adapters=allow_runtime_adapters,
     )
     options = (target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
-    run_server(ServeOptions(*options, trust_remote_code=trust_remote_code))
+    run_server(ServeOptions(*options, trust_remote_code, max_loras, adapter_registry))
 
 
 def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:
@@ -312,10 +326,13 @@ def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:
             raise UserError(f"{name} {value}: must be at least 1")
 
 
-def _picked_engine(engine: str, target: str) -> str:
-    """--engine, with auto resolved: vLLM where it is installed and serves this target, else native."""
-    if engine != "auto":
-        return engine
+def _picked_engine(engine: str, target: str, registry: str | None = None) -> str:
+    """--engine, with auto resolved: vLLM where it is installed and serves this target, else native.
+    An adapter registry is the native engine's (vLLM reads no such file)."""
+    if registry and engine == "vllm":
+        raise UserError("--adapter-registry: served by --engine native only (vLLM reads no registry file)")
+    if engine != "auto" or registry:
+        return "native" if registry else engine
     from kubetune.serve.vllm_engine import auto_picks_vllm
 
     picked, why = auto_picks_vllm(target)

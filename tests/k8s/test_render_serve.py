@@ -206,6 +206,15 @@ def test_cpu_profile_threads_and_vllm_kv_cache_from_the_limits():
     assert "OMP_NUM_THREADS" not in gpu and "VLLM_CPU_KVCACHE_SPACE" not in gpu
 
 
+def test_max_loras_reaches_either_engines_command():
+    native = server(rendered(adapters=(Adapter("cardio", "runs/cardio"),), max_loras=2).objects)["command"]
+    assert native[-2:] == ["--max-loras", "2"]
+    vllm = rendered(SEED, profile="nvidia", engine="vllm", adapters=(Adapter("cardio", "runs/cardio"),), max_loras=1)
+    command = server(vllm.objects)["command"]
+    assert command[command.index("--max-loras") + 1] == "1"  # not the two adapters declared
+    assert "--max-loras" not in server(rendered().objects)["command"]
+
+
 def test_vllm_serves_a_lora_run_as_its_base_plus_the_runs_adapter():
     out = rendered(SEED, profile="nvidia", engine="vllm", adapters=(Adapter("cardio", "runs/cardio"),))
     container = server(out.objects)
@@ -551,6 +560,7 @@ def test_cli_stdout_redacts_the_token_and_warns_on_stderr(cli, monkeypatch):
         ([SMOL, "--autoscale", "memory"], "--autoscale memory: use queue, cpu or off"),
         ([SMOL, "--adapter", "cardio"], "--adapter 'cardio': expected NAME=RUN_DIR"),
         ([SMOL, "--adapter", "a=x", "--adapter", "a=y"], "--adapter names must be unique (repeated: a)"),
+        ([SMOL, "--max-loras", "0"], "--max-loras 0"),
         ([SMOL, "--min-replicas", "3", "--max-replicas", "2"], "--max-replicas 2 is below --min-replicas 3"),
         ([SMOL, "--replicas", "0"], "--replicas/--min-replicas must be at least 1"),
         ([SMOL, "--name", "9lives"], "--name '9lives': a Service name is a DNS-1035 label"),

@@ -220,6 +220,9 @@ class Serving:
                 seq.last_token, seq.generated = now, seq.generated + 1
             m.finished(seq, "stop")
         m.state(2, 1, 0.3, [_Seq("cardio")], [_Seq(None)])  # a steady queue: no alert may pend
+        m.adapter_loaded(0.02)  # --max-loras: an adapter swapped into the layers each scrape
+        m.adapter_evicted()
+        m.adapters_resident(2)
         return generate_latest(m.registry).decode()
 
 

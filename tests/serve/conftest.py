@@ -7,6 +7,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 
 import httpx
@@ -64,7 +65,8 @@ def tiny_runs(tmp_path_factory, tiny_model_dir) -> tuple[Path, Path]:
 
 
 class ServerProcess:
-    def __init__(self, args: list[str], timeout: float = 180) -> None:
+    def __init__(self, args: list[str], timeout: float = 180, ready: Callable[[str], bool] | None = None) -> None:
+        """`ready(url)`: when the server counts as started (default: /ready answers 200)."""
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         env = {**os.environ, "PYTHONUNBUFFERED": "1"}
@@ -77,7 +79,8 @@ class ServerProcess:
         self.log = Path(log)
         with os.fdopen(fd, "w") as sink:
             self.proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=sink, stderr=subprocess.STDOUT)
-        wait_ready(f"{self.url}/ready", timeout, process=self.proc, log=self.log)
+        url = self.url
+        wait_ready((lambda: ready(url)) if ready else f"{url}/ready", timeout, process=self.proc, log=self.log)
 
     def metrics(self) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         from prometheus_client.parser import text_string_to_metric_families

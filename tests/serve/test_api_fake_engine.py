@@ -18,7 +18,7 @@ from kubetune.contracts.engine import AdmissionError, Event, Limits, Request
 from kubetune.data.templates import PromptRenderer
 from kubetune.serve.http.api import create_app
 from kubetune.serve.http.state import ServerState
-from kubetune.serve.native.models import Served
+from kubetune.serve.native.models import Served, ServedSet
 
 pytestmark = pytest.mark.process
 
@@ -74,8 +74,7 @@ class ScriptedEngine:
 
 def _ask(tokenizer, path: str, body: dict, **engine_kw) -> tuple[httpx.Response, ScriptedEngine]:
     engine = ScriptedEngine(tokenizer, **engine_kw)
-    served = type("ServedSet", (), {})()
-    served.tokenizer, served.base_name = tokenizer, "m"
+    served = ServedSet(None, tokenizer, "m")  # no model: the fake engine answers
     served.models = {"m": Served("m", PromptRenderer("chat", tokenizer))}
     state = ServerState(served=served, engine=engine)
 

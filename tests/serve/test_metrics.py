@@ -207,6 +207,6 @@ def test_the_readme_table_is_the_contract():
     from tests.kit.paths import REPO
 
     section = (REPO / "docs" / "serving.md").read_text().split("## Serving metrics", 1)[1].split("\n## ", 1)[0]
-    rows = set(re.findall(r"^\| `(vllm:[a-z0-9_]+)[^`]*` \| (\w+) \|", section, re.M))
+    rows = set(re.findall(r"^\| `((?:vllm|kubetune):[a-z0-9_]+)[^`]*` \| (\w+) \|", section, re.M))
     promised = {(exposed_names(m)[0] if m.kind == "counter" else m.name, m.kind) for m in SERVE_METRICS}
     assert rows == promised

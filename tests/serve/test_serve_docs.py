@@ -29,7 +29,7 @@ def test_the_readme_client_example_runs(tiny_server):
 
 def test_the_metric_contract_is_what_the_server_exposes(tiny_server):
     section = SERVING.split("## Serving metrics", 1)[1].split("\n## ", 1)[0]
-    documented = set(re.findall(r"^\| `(vllm:[a-z0-9_]+)", section, re.M))
+    documented = set(re.findall(r"^\| `((?:vllm|kubetune):[a-z0-9_]+)", section, re.M))
     exposed = {name for name, _ in tiny_server.metrics()}
     for name in documented:
         kind_suffixes = ("", "_bucket", "_count")

@@ -53,14 +53,14 @@ def test_a_run_pushes_each_version_and_trains_on_the_servers_samples(tmp_path, g
     # v0 (the starting adapter: eval before, step 1), then one version per optimizer step; the
     # server's log names each load, and each version but the last was unloaded after its last use
     log = rollout_server.log.read_text()
-    loaded = re.findall(r"adapter (policy@v\d+) loaded", log)
-    assert loaded == [f"policy@v{n}" for n in range(4)], log[-3000:]
-    assert re.findall(r"adapter (policy@v\d+) unloaded", log) == [f"policy@v{n}" for n in range(3)]
-    assert "policy@v3" in _served(url) and "policy@v2" not in _served(url)
+    loaded = re.findall(r"adapter (policy-step\d+) loaded", log)
+    assert loaded == [f"policy-step{n}" for n in range(4)], log[-3000:]
+    assert re.findall(r"adapter (policy-step\d+) unloaded", log) == [f"policy-step{n}" for n in range(3)]
+    assert "policy-step3" in _served(url) and "policy-step2" not in _served(url)
     assert [p.name for p in (out / ADAPTERS_DIR).iterdir()] == ["v3"]  # earlier versions' files removed
     logged = [json.loads(ln) for ln in (out / "completions.jsonl").read_text().splitlines()]
     assert logged and all("reward" in row for row in logged)
-    httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "policy@v3"}, timeout=30)
+    httpx.post(f"{url}/v1/unload_lora_adapter", json={"lora_name": "policy-step3"}, timeout=30)
 
 
 def test_the_server_samples_what_the_engine_in_process_samples(tmp_path, tiny_model_dir, tokenizer, rollout_server):
@@ -86,11 +86,11 @@ def test_the_server_samples_what_the_engine_in_process_samples(tmp_path, tiny_mo
     ]
     for a, b in zip(got, expected):
         assert a.logprobs == pytest.approx(b.logprobs, abs=1e-4)
-    assert "same@v0" in _served(rollout_server.url)
+    assert "same-step0" in _served(rollout_server.url)
     remote.policy_at(1)  # an optimizer step later: the next sample pushes v1 and drops v0
     remote.sample(prompts[:1], 1, settings, generation=3)
     served = _served(rollout_server.url)
-    assert "same@v1" in served and "same@v0" not in served
+    assert "same-step1" in served and "same-step0" not in served
     remote.close()
 
 
@@ -126,8 +126,8 @@ def test_two_processes_sample_from_one_server_as_one_process(tmp_path, grpo_over
     for x, y in zip(records(one), records(two), strict=True):
         for key in ("loss", "reward", "reward_std", "completions/mean_length", "entropy", "grad_norm"):
             assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-5), (key, x["step"])
-    loaded = re.findall(r"adapter (two@v\d+) loaded", rollout_server.log.read_text())
-    assert loaded == [f"two@v{n}" for n in range(4)]  # once per version, not once per process
+    loaded = re.findall(r"adapter (two-step\d+) loaded", rollout_server.log.read_text())
+    assert loaded == [f"two-step{n}" for n in range(4)]  # once per version, not once per process
 
 
 def test_an_answer_from_another_policy_stops_the_run(tmp_path):
@@ -157,7 +157,7 @@ def test_an_answer_from_another_policy_stops_the_run(tmp_path):
                 return self._send(200, {})
             logprobs = {"tokens": ["token_id:7"], "token_logprobs": [-1.0]}
             choice = {"index": 0, "text": "x", "logprobs": logprobs, "finish_reason": "stop"}
-            self._send(200, {"model": "someone-else@v0", "choices": [choice]})
+            self._send(200, {"model": "someone-else-step0", "choices": [choice]})
 
         def log_message(self, *args):
             pass
@@ -167,7 +167,7 @@ def test_an_answer_from_another_policy_stops_the_run(tmp_path):
     try:
         model = _AdapterOnly()
         rollouts = ServerRollouts(f"http://127.0.0.1:{httpd.server_port}", "mine", model, "base", tmp_path, DistEnv())
-        with pytest.raises(RolloutServerError, match="'someone-else@v0' where 'mine@v0'") as e:
+        with pytest.raises(RolloutServerError, match="'someone-else-step0' where 'mine-step0'") as e:
             rollouts.sample([(0, [1, 2])], 1, RolloutSettings(max_tokens=4, temperature=1.0), generation=0)
         assert "\n" not in str(e.value) and model.saved
     finally:

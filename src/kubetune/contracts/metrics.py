@@ -139,6 +139,7 @@ BUCKETS: dict[str, tuple[float, ...]] = {
     "step_seconds": (0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 25, 60, 120, 300),
     "collective_seconds": (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 1, 5),
     "checkpoint_seconds": (0.1, 0.5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600),
+    "adapter_load_seconds": (0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10),
     "extender_seconds": (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5),
     "request_latency": (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                         120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0),
@@ -223,6 +224,19 @@ SERVE_METRICS: tuple[Metric, ...] = (
     ),
     # adapters (vLLM: only with --enable-lora; value: the time of the last change)
     Metric("vllm:lora_requests_info", "gauge", "Running stats on lora requests.", LORA_INFO_LABELS),
+    # kubetune's own, beside vLLM's: adapters loaded into and evicted from the layers (--max-loras)
+    _serve(
+        "kubetune:lora_adapter_load_seconds",
+        "histogram",
+        "Time to stack one adapter into the model's layers (at registration, or for a request under --max-loras).",
+        "adapter_load_seconds",
+    ),
+    _serve(
+        "kubetune:lora_adapter_evictions",
+        "counter",
+        "Adapters taken out of the layers to make room for another (--max-loras, least recently used first).",
+    ),
+    _serve("kubetune:lora_adapters_resident", "gauge", "Adapters in the model's layers now (at most --max-loras)."),
 )
 
 

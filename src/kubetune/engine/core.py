@@ -28,6 +28,7 @@ import torch
 from kubetune.contracts.engine import AdmissionError, Event, Limits, Request, RequestError
 from kubetune.engine.kvcache import BATCH_KWARG, Batch, PrefixCache, SlotCache
 from kubetune.engine.lora import BASE, LoraBatch
+from kubetune.engine.resident import ResidentAdapters
 from kubetune.engine.sampling import Failed, new_generator, next_tokens
 
 MAX_FAILED_STEPS = 3  # forwards failing one after another: the engine is broken, not one request
@@ -91,6 +92,7 @@ class Engine:
         lora: LoraBatch,
         limits: Limits,
         metrics: EngineMetrics,
+        adapters: ResidentAdapters | None = None,
     ) -> None:
         self.lm, self.eos, self.cache, self.lora, self.limits, self.metrics = (
             lm,
@@ -100,6 +102,7 @@ class Engine:
             limits,
             metrics,
         )
+        self.adapters = adapters  # --max-loras: which adapters are in the layers (None: all of them)
         self.decoder, self.head = lm.get_decoder(), lm.get_output_embeddings()
         self.vocab_size = int(lm.config.vocab_size)
         # a tenth of the KV budget holds prompt prefixes for reuse (0 turns reuse off)
@@ -299,17 +302,28 @@ class Engine:
                 self._finish(seq, reason)
 
     def _admit(self) -> None:
-        while self._waiting and len(self._slots) < self.limits.max_num_seqs:
-            seq = self._waiting[0]
+        if self.adapters is not None:
+            self.adapters.sweep({s.request.adapter for s in [*self._slots, *self._waiting]})
+        for seq in list(self._waiting):
+            if len(self._slots) >= self.limits.max_num_seqs:
+                return
             capacity = max([s.reservation for s in self._slots] + [seq.reservation])
             if not self.cache.fits(len(self._slots) + 1, capacity):
                 return  # waits until running sequences finish and free the cache
+            if not self._resident(seq):
+                continue  # every resident adapter is in use: it waits, the requests behind it may run
             with self._lock:
-                self._waiting.popleft()
+                self._waiting.remove(seq)
             self.cache.reserve(len(self._slots) + 1, capacity, self.limits.max_num_seqs)
             seq.started = time.monotonic()
             seq.slot = len(self._slots)  # free: slots 0..n-1 are taken in order (see _order_slots)
             self._slots.append(seq)  # a prefilling sequence: after every decoding one
+
+    def _resident(self, seq: Sequence) -> bool:
+        """Whether the sequence's adapter is in the layers now (loaded here if it can be)."""
+        if self.adapters is None:
+            return True
+        return self.adapters.ensure(seq.request.adapter, {s.request.adapter for s in self._slots})
 
     # --- one forward per turn ---------------------------------------------------------------
     def _step(self) -> bool:

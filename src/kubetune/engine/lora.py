@@ -331,7 +331,7 @@ def _late_holder(model: nn.Module, path: str, batch: LoraBatch) -> tuple[LateAda
     return adapted.late, slice(None)
 
 
-def _check_fits(model: nn.Module, weights: AdapterWeights) -> None:
+def check_fits(model: nn.Module, weights: AdapterWeights) -> None:
     """Every layer the adapter targets exists and has its shapes, checked before any is changed."""
     names = dict(model.named_modules())
     for path, (a, b, _) in weights.layers.items():
@@ -348,7 +348,7 @@ def _check_fits(model: nn.Module, weights: AdapterWeights) -> None:
 
 def add_late_adapter(model: nn.Module, batch: LoraBatch, weights: AdapterWeights, index: int) -> None:
     """Hold `weights` as adapter `index` in every layer it targets (call between forwards)."""
-    _check_fits(model, weights)
+    check_fits(model, weights)
     embeddings: Any = model.get_input_embeddings()  # type: ignore[operator]
     dtype = embeddings.weight.dtype
     for path, (a, b, scaling) in weights.layers.items():

@@ -271,6 +271,13 @@ def _serve_tokens() -> Row:
                   "running: {{running_lora_adapters}} waiting: {{waiting_lora_adapters}}"),
                description="The LoRA adapters of the running and the waiting requests (kubetune serve --adapter, "
                "vLLM --lora-modules).", width=12),
+            _p("Adapter slots (--max-loras)",
+               _t(f"sum by (model_name) (kubetune:lora_adapters_resident{SERVE})", "resident {{model_name}}"),
+               _t(f"sum by (model_name) (rate(kubetune:lora_adapter_evictions_total{SERVE}[{RATE}]))",
+                  "evictions/s {{model_name}}"),
+               *_quantiles("kubetune:lora_adapter_load_seconds", "model_name", SERVE, "load {{model_name}}"),
+               description="kubetune serve only: adapters in the layers, evictions to make room, and the time "
+               "to load one; many evictions per request: raise --max-loras.", width=12),
         ),
     )  # fmt: skip
 

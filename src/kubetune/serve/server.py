@@ -41,6 +41,8 @@ class ServeOptions:
     served_model_names: tuple[str, ...] = ()  # the base model's names (default: its recipe's)
     api: ApiOptions = field(default_factory=ApiOptions)  # the HTTP side's: body limit, API keys, chat template
     trust_remote_code: bool = False  # an HF model directory's own code (a run's recipe decides for the run)
+    max_loras: int | None = None  # adapters in the layers at once; None: every adapter, fused at start
+    adapter_registry: str | None = None  # a registry file (contracts.adapters): its versions and aliases
 
 
 def serve(opts: ServeOptions) -> None:
@@ -52,6 +54,8 @@ def serve(opts: ServeOptions) -> None:
     plan = plan_served(opts.target, list(opts.adapters), opts.trust_remote_code)
     if plan.main.recipe is None:
         plan.base_config()
+    if opts.adapter_registry:
+        _check_registry(plan, opts.adapter_registry)
     check_dtype(opts.dtype)
     _say(describe(opts.api.api_keys))
     state = ServerState(opts.api)
@@ -67,6 +71,16 @@ def serve(opts: ServeOptions) -> None:
         state.engine.stop()
     if server.load_error is not None:
         raise server.load_error
+
+
+def _check_registry(plan: Any, registry_path: str) -> None:
+    from pathlib import Path
+
+    from kubetune.contracts.adapters import read_registry
+    from kubetune.serve.native.models import check_registry
+
+    path = Path(registry_path)
+    check_registry(plan, read_registry(path), path.parent, f"--adapter-registry {path}")
 
 
 def _load_into(state: ServerState, opts: ServeOptions, server: Any) -> None:

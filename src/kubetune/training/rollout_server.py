@@ -4,7 +4,7 @@ mode, on kubetune's own engine in another process (a pod of its own on a cluster
 The trainer keeps the weights; the server samples. Before a generation is sampled from weights
 the server has not seen (after an optimizer step; the first time), rank 0 writes the policy's
 adapter in PEFT format to `<run>/rollout-adapters/v<N>` (N: the optimizer steps the weights have
-taken), loads it as `<name>@v<N>` through the server's runtime-adapter route
+taken), loads it as `<name>-step<N>` through the server's runtime-adapter route
 (`--allow-runtime-adapters`) and unloads the version before it, whose last request has ended;
 the other processes wait on a barrier. The push is lazy: steps that reuse one generation
 (steps_per_generation, num_iterations) push nothing.
@@ -67,7 +67,7 @@ class ServerRollouts:
         if env.is_main:
             print(
                 f"kubetune: rollouts from {self.url} (finetune.rl.rollout=server); the policy's adapter is pushed "
-                f"through {self.adapters}/ as {name}@v<optimizer steps>",
+                f"through {self.adapters}/ as {name}-step<optimizer steps>",
                 file=sys.stderr,
                 flush=True,
             )
@@ -78,7 +78,7 @@ class ServerRollouts:
         self.version = version
 
     def model_name(self, version: int) -> str:
-        return f"{self.name}@v{version}"
+        return f"{self.name}-step{version}"
 
     def _push(self) -> None:
         """The current adapter onto the server (rank 0), the previous one off; every rank waits."""

@@ -47,6 +47,8 @@ def native_argv(plan: Plan) -> list[str]:
         argv.append("--allow-runtime-adapters")
     for a in _adapters_in_pod(plan):
         argv += ["--adapter", f"{a.name}={a.path}"]
+    if plan.settings.max_loras:
+        argv += ["--max-loras", str(plan.settings.max_loras)]
     return argv
 
 
@@ -110,6 +112,8 @@ def server_argv(plan: Plan) -> list[str]:
         return native_argv(plan)
     argv = vllm_argv(vllm_options(plan))
     argv[0] = "python3"  # vLLM's images have python3; not every one has `python`
+    if plan.settings.max_loras and "--max-loras" in argv:  # vLLM's default: every declared adapter
+        argv[argv.index("--max-loras") + 1] = str(plan.settings.max_loras)
     return argv
 
 

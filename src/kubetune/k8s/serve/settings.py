@@ -81,6 +81,13 @@ class ServeSettings:
         "NAME=RUN_DIR: also serve that run's LoRA adapter as model NAME (repeatable; a relative RUN_DIR is "
         "under the volume's root, e.g. runs/cardio = /data/runs/cardio).",
     )
+    max_loras: int | None = _setting(  # None = every adapter in the layers (kubetune serve fuses them at start)
+        None,
+        "--max-loras",
+        "Adapters in the server's layers at once; more stay registered and load for their requests, evicting the "
+        "least recently used idle one (kubetune serve --max-loras, vLLM --max-loras).",
+        minimum=1,
+    )
     image: str | None = _setting(  # None = kubetune's (native) or vLLM's (vllm) for the profile
         None,
         "--image",
@@ -185,6 +192,8 @@ class ServeSettings:
             out.append(f"--replicas/--min-replicas must be at least 1 (got {min(self.replicas, lo)})")
         elif hi < lo:
             out.append(f"--max-replicas {hi} is below --min-replicas {lo}")
+        if self.max_loras is not None and self.max_loras < 1:
+            out.append(f"--max-loras {self.max_loras}: adapters in the layers at once, at least 1")
         if self.queue_target < 1:
             out.append(f"--queue-target {self.queue_target}: waiting requests per pod must be at least 1")
         if not 1 <= self.cpu_target <= 100:

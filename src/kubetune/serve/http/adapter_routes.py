@@ -12,6 +12,12 @@ adapter. A name already served is a 400; a path that is not a LoRA adapter of th
 400 naming `lora_path`. Unloading takes the name away at once (new requests for it get 404);
 requests already accepted finish with the adapter, whose weights go at a later load or unload
 that finds no request in flight (see engine/models.py, `ServedSet.retire_adapter`).
+
+Versions and aliases: a name `NAME@vN` is version N of NAME; the first version loaded makes
+`NAME` an alias routing to it. `POST /v1/lora_aliases` `{"alias": "NAME", "weights":
+{"NAME@v1": 90, "NAME@v2": 10}}` sets the weights (a canary, a rollout, a rollback with 0);
+`GET /v1/lora_aliases` lists them. A version an alias still routes to cannot be unloaded (400
+naming the alias). Aliases live on the event loop, where requests resolve them.
 """
 
 from __future__ import annotations
@@ -47,6 +53,15 @@ class UnloadLoraAdapter(BaseModel):
     lora_name: Text = Field(min_length=1)
 
 
+class LoraAlias(BaseModel):
+    """`NAME` -> its versions by weight (a weight of 0: listed, sent nothing)."""
+
+    model_config = STRICT
+
+    alias: Text = Field(min_length=1)
+    weights: dict[str, int] = Field(min_length=1)
+
+
 def runtime_adapters_allowed(flag: bool, environ: Mapping[str, str] = os.environ) -> bool:
     """The flag, or vLLM's switch (vLLM reads "true" and "1", in any case)."""
     return flag or environ.get(VLLM_SWITCH, "").strip().lower() in ("true", "1")
@@ -65,6 +80,7 @@ def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
             raise ApiError(e.status, e.message, e.param) from None
         engine = state.engine
         await _on_engine(state, lambda: served.add_adapter(entry, weights, engine.in_flight == 0))
+        served.alias_of_new_version(body.lora_name)
         _say(f"adapter {body.lora_name} loaded from {body.lora_path}")
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' added successfully.")
 
@@ -72,9 +88,30 @@ def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
     async def unload_lora_adapter(body: UnloadLoraAdapter) -> PlainTextResponse:
         served = served_or_503(state)
         engine = state.engine
+        _refused(lambda: served.check_unroutable(body.lora_name))
         await _on_engine(state, lambda: served.retire_adapter(body.lora_name, engine.in_flight == 0))
+        served.forget_routes_to(body.lora_name)
         _say(f"adapter {body.lora_name} unloaded")
         return PlainTextResponse(f"Success: LoRA adapter '{body.lora_name}' removed successfully.")
+
+    @app.post("/v1/lora_aliases")
+    async def set_lora_alias(body: LoraAlias) -> dict[str, Any]:
+        served = served_or_503(state)
+        _refused(lambda: served.set_alias(body.alias, body.weights))
+        return {"alias": body.alias, "weights": served.aliases[body.alias].weights}
+
+    @app.get("/v1/lora_aliases")
+    async def list_lora_aliases() -> dict[str, Any]:
+        served = served_or_503(state)
+        return {"object": "list", "data": [{"alias": n, "weights": a.weights} for n, a in served.aliases.items()]}
+
+
+def _refused(fn: Callable[[], Any]) -> Any:
+    """`fn` on the event loop (aliases change where requests resolve them); its refusal as the API's error."""
+    try:
+        return fn()
+    except AdapterRequestError as e:
+        raise ApiError(e.status, e.message, e.param) from None
 
 
 def _say(text: str) -> None:

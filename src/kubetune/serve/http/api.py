@@ -19,6 +19,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response, StreamingResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from kubetune.contracts.adapters import split_version
 from kubetune.contracts.engine import AdmissionError, Event, Sampling
 from kubetune.contracts.serving import HEALTH_PATH, METRICS_PATH, READY_PATH
 from kubetune.serve.http.adapter_routes import add_adapter_routes
@@ -47,6 +48,7 @@ from kubetune.serve.http.state import ApiError, Mailbox, ServerState, served_or_
 from kubetune.serve.http.text import TextStream
 from kubetune.serve.http.tools import ToolUse, chat_messages, plan_tools
 
+VERSION_HEADER = "x-kubetune-adapter-version"  # the adapter version that answered (NAME@vN), when one did
 SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}  # proxies must not buffer the stream
 MAX_CHARS_PER_TOKEN = 32  # a prompt longer than this many characters per allowed token is refused untokenized
 # a refused body up to this size is read and dropped, so that its client reads the 413 (BodyLimit)
@@ -84,11 +86,16 @@ def create_app(state: ServerState) -> FastAPI:
     @app.get("/v1/models")
     async def models() -> dict[str, Any]:
         served = served_or_503(state)
-        return {"object": "list", "data": [_card(state, m) for m in served.models.values()]}
+        cards = [_card(state, m) for m in served.models.values()]
+        cards += [_alias_card(state, served, name) for name in served.aliases]
+        return {"object": "list", "data": cards}
 
     @app.get("/v1/models/{model_id:path}")
     async def model_card(model_id: str) -> dict[str, Any]:
-        return _card(state, _model(served_or_503(state), model_id))
+        served = served_or_503(state)
+        if model_id in served.aliases:
+            return _alias_card(state, served, model_id)
+        return _card(state, _model(served, model_id))
 
     @app.post("/v1/chat/completions")
     async def chat(body: ChatCompletionRequest, request: Request) -> Response:
@@ -107,7 +114,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/tokenize")
     async def tokenize(body: TokenizeRequest) -> dict[str, Any]:
         served = served_or_503(state)
-        model = _model(served, body.model or served.base_name)
+        model = _model(served, body.model or served.base_name, route=False)
         if body.messages is not None:
             as_chat = ChatCompletionRequest(model=model.name, messages=body.messages)
             as_chat.add_generation_prompt = body.add_generation_prompt
@@ -125,7 +132,7 @@ def create_app(state: ServerState) -> FastAPI:
     @app.post("/detokenize")
     async def detokenize(body: DetokenizeRequest) -> dict[str, Any]:
         served = served_or_503(state)
-        _model(served, body.model or served.base_name)
+        _model(served, body.model or served.base_name, route=False)
         _check_ids(state, body.tokens, "tokens")
         return {"prompt": served.tokenizer.decode(body.tokens)}
 
@@ -133,15 +140,24 @@ def create_app(state: ServerState) -> FastAPI:
 
 
 def _card(state: ServerState, m: Any) -> dict[str, Any]:
+    return _named_card(state, m.name, m.parent)
+
+
+def _named_card(state: ServerState, name: str, parent: str | None) -> dict[str, Any]:
     return {
-        "id": m.name,
+        "id": name,
         "object": "model",
         "created": state.created,
         "owned_by": "kubetune",
-        "root": m.name,
-        "parent": m.parent,
+        "root": name,
+        "parent": parent,
         "max_model_len": state.engine.limits.max_model_len,
     }
+
+
+def _alias_card(state: ServerState, served: Any, name: str) -> dict[str, Any]:
+    """An alias in vLLM's shape of an adapter (parent: the base), with where it routes: `alias_weights`."""
+    return _named_card(state, name, served.base_name) | {"alias_weights": dict(served.aliases[name].weights)}
 
 
 def _errors(app: FastAPI) -> None:
@@ -247,10 +263,12 @@ class _TooLarge(Exception):
     pass
 
 
-def _model(served: Any, name: str) -> Any:
-    model = served.models.get(name)
+def _model(served: Any, name: str, route: bool = True) -> Any:
+    """The model that answers a request naming `name`: an alias picks one of its versions, here,
+    once for the whole request (`route`; /tokenize and /detokenize read one without counting it)."""
+    model = served.resolve(name, route)
     if model is None:
-        known = ", ".join(served.models)
+        known = ", ".join([*served.models, *served.aliases])
         raise ApiError(404, f"the model {name!r} does not exist; this server serves: {known}", "model")
     return model
 
@@ -417,10 +435,11 @@ async def _answer(
     except Refused as e:
         headers = {"Retry-After": "1"} if e.error.status == 429 else None
         raise ApiError(e.error.status, e.error.message, e.error.param, headers) from None
+    version = {VERSION_HEADER: model.name} if split_version(model.name) else {}
     if body.stream:
         sse = stream(engine, answer, events, state.tokens, body.include_usage)
-        return StreamingResponse(sse, media_type="text/event-stream", headers=SSE_HEADERS)
-    return JSONResponse(await _whole(engine, request, answer, events, state.tokens))
+        return StreamingResponse(sse, media_type="text/event-stream", headers=SSE_HEADERS | version)
+    return JSONResponse(await _whole(engine, request, answer, events, state.tokens), headers=version)
 
 
 async def _whole(engine: Any, request: Request, answer: Answer, events: Any, tokens: Tokens) -> dict[str, Any]:

@@ -62,15 +62,24 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
     remote = opts.trust_remote_code
     plan = plan_served(opts.target, list(opts.adapters), remote)
     dtype = pick_dtype(opts.dtype, plan.base_config())
-    served = load_served(opts.target, list(opts.adapters), dtype, register(), trust_remote_code=remote)
+    max_loras = getattr(opts, "max_loras", None)
+    served = load_served(
+        opts.target, list(opts.adapters), dtype, register(), trust_remote_code=remote, max_loras=max_loras
+    )
     if getattr(opts, "served_model_names", ()):
         name_base(served, opts.served_model_names)
     config = served.lm.config
     limits = _limits(opts.limits, config)
     linear = pack(served.lm, rows=min(16, limits.max_num_seqs))
     cache = SlotCache.for_config(config, dtype, kv_budget(opts.kv_cache_bytes))
-    metrics = ServeMetrics(served.base_name, len(served.adapter_names), served.adapter_names, limits.max_model_len)
-    engine = Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, limits, metrics)
+    max_lora = max_loras or len(served.adapter_names)
+    metrics = ServeMetrics(served.base_name, max_lora, served.adapter_names, limits.max_model_len)
+    if served.resident is not None:
+        served.resident.metrics = metrics
+        metrics.adapters_resident(len(served.resident.resident))
+    if getattr(opts, "adapter_registry", None):
+        register_from(served, opts.adapter_registry)
+    engine = Engine(served.lm, served.tokenizer.eos_token_id, cache, served.lora, limits, metrics, served.resident)
     engine.warm_up()
     summary = (
         f"native engine serving {', '.join(served.models)} | "
@@ -79,6 +88,21 @@ def build_engine(opts: Any) -> tuple[ServedSet, Engine, ServeMetrics, str]:
         f"<= {limits.max_num_seqs} running, <= {limits.max_waiting} waiting, context {limits.max_model_len} | {linear}"
     )
     return served, engine, metrics, summary
+
+
+def register_from(served: ServedSet, registry_path: str) -> None:
+    """`--adapter-registry`: its versions and aliases, served before /ready says so (the file was
+    checked when the server started; a version that cannot load now stops the start, in one line)."""
+    from pathlib import Path
+
+    from kubetune.contracts.adapters import read_registry
+    from kubetune.contracts.engine import AdapterRequestError
+
+    path = Path(registry_path)
+    try:
+        served.register_registry(read_registry(path), path.parent)
+    except AdapterRequestError as e:
+        raise UserError(f"--adapter-registry {path}: {e.message}") from None
 
 
 def name_base(served: ServedSet, names: tuple[str, ...]) -> None:

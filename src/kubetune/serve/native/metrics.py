@@ -9,7 +9,8 @@ KEDA) work for both engines. What is recorded when:
 - each prefix-cache lookup: the prompt's tokens queried and those restored (`prefix_lookup`);
 - each token: time to first token and the prompt tokens (both at the first token, when the
   prompt has been read), inter-token latency and one generation token (`first_token`, `inter_token`);
-- each finished request: its finish reason and the per-request histograms (`finished`).
+- each finished request: its finish reason and the per-request histograms (`finished`);
+- each adapter stacked into or taken out of the layers: kubetune's own series (`adapter_loaded`, ...).
 """
 
 from __future__ import annotations
@@ -112,6 +113,16 @@ class ServeMetrics:
                 self._lora_info.clear()
                 self._lora_info.labels(str(self.max_lora), lora[1], lora[0]).set(time.time())
                 self._lora_state = lora
+
+    # --- adapters in the layers (engine.resident, --max-loras) --------------------------------
+    def adapter_loaded(self, seconds: float) -> None:
+        self._m["kubetune:lora_adapter_load_seconds"].observe(seconds)
+
+    def adapter_evicted(self) -> None:
+        self._m["kubetune:lora_adapter_evictions"].inc()
+
+    def adapters_resident(self, count: int) -> None:
+        self._m["kubetune:lora_adapters_resident"].set(count)
 
     def _observe(self, name: str, value: float) -> None:
         self._m[name].observe(value)

@@ -19,6 +19,7 @@ from typing import Any
 
 import torch
 
+from kubetune.contracts.adapters import AdapterRegistry, Alias, check_adapter_name, split_version
 from kubetune.contracts.engine import AdapterRequestError
 from kubetune.contracts.serving import Adapter
 from kubetune.data.templates import PromptRenderer
@@ -30,6 +31,7 @@ from kubetune.engine.lora import (
     read_adapter_files,
     read_adapters,
 )
+from kubetune.engine.resident import ResidentAdapters
 from kubetune.errors import RunDirError, UserError, first_line
 from kubetune.fsutil import cache_root
 from kubetune.models.load import load_causal_lm, load_config, load_tokenizer, model_config
@@ -59,6 +61,63 @@ class ServedSet:
     plan: Plan | None = None
     next_adapter: int = 0  # the index the next adapter loaded while serving gets (never reused)
     retired: set[int] = field(default_factory=set)  # unloaded, columns not yet dropped
+    aliases: dict[str, Alias] = field(default_factory=dict)  # NAME -> its versions by weight (NAME@vN)
+    resident: ResidentAdapters | None = None  # --max-loras: adapters come and go from the layers
+
+    def resolve(self, name: str, route: bool = True) -> Served | None:
+        """The model a request for `name` is answered by: a served name as it is, an alias one
+        of its versions by weight (picked once per request: every choice and chunk is its).
+        `route` False: the alias's heaviest version, without counting a request (tokenizing)."""
+        alias = self.aliases.get(name)
+        if alias is None:
+            return self.models.get(name)
+        return self.models.get(alias.pick() if route else max(alias.weights, key=alias.weights.__getitem__))
+
+    def set_alias(self, name: str, weights: dict[str, int]) -> None:
+        """Route `name` to served adapters by weight (on the event loop, as requests resolve)."""
+        if name in self.models:
+            raise AdapterRequestError(400, f"alias: {name!r} is already a served model's name; pick another", "alias")
+        if "@" in name or not name:
+            why = f"alias: {name!r}: an alias is a plain NAME (its versions: NAME@vN)"
+            raise AdapterRequestError(400, why, "alias")
+        unknown = sorted(t for t in weights if t not in self.models or self.models[t].parent is None)
+        if unknown:
+            known = ", ".join(self.adapter_names) or "none"
+            raise AdapterRequestError(
+                400, f"weights: {unknown[0]!r} is not a served adapter (adapters: {known}); load it first", "weights"
+            )
+        try:
+            alias = Alias(weights)
+        except ValueError as e:
+            raise AdapterRequestError(400, f"weights: {e}", "weights") from None
+        self.aliases[name] = alias
+
+    def alias_of_new_version(self, name: str) -> None:
+        """A version NAME@vN just loaded: NAME routes to it at 100 if NAME has no route yet."""
+        parts = split_version(name)
+        if parts and parts[0] not in self.aliases and parts[0] not in self.models:
+            self.aliases[parts[0]] = Alias({name: 100})
+
+    def check_unroutable(self, name: str) -> None:
+        """Refuse to unload a version an alias still sends requests to (set its weight to 0 first)."""
+        for alias_name, alias in self.aliases.items():
+            if alias.weights.get(name, 0) > 0:
+                raise AdapterRequestError(
+                    400,
+                    f"the alias {alias_name!r} still routes to {name!r} (weight {alias.weights[name]}); "
+                    f"set its weight to 0 with POST /v1/lora_aliases first",
+                    "lora_name",
+                )
+
+    def forget_routes_to(self, name: str) -> None:
+        """An unloaded version leaves the aliases (at weight 0, or it could not be unloaded)."""
+        for alias_name, alias in list(self.aliases.items()):
+            if name in alias.weights:
+                rest = {t: w for t, w in alias.weights.items() if t != name}
+                if any(w > 0 for w in rest.values()):
+                    self.aliases[alias_name] = Alias(rest)
+                else:
+                    del self.aliases[alias_name]
 
     @property
     def adapter_names(self) -> list[str]:
@@ -74,28 +133,15 @@ class ServedSet:
     def read_adapter(self, name: str, lora_path: str) -> tuple[Served, AdapterWeights]:
         """Check and read an adapter to load while serving (off the engine's thread): a kubetune LoRA
         run directory, or a PEFT adapter directory, trained on this server's base."""
-        if name in self.models:
-            raise AdapterRequestError(
-                400, f"the name {name!r} is already served; unload it first or pick another", "lora_name"
-            )
-        path = Path(lora_path)
+        if name in self.models or name in self.aliases:
+            what = "an alias" if name in self.aliases else "already served"
+            raise AdapterRequestError(400, f"the name {name!r} is {what}; unload it first or pick another", "lora_name")
+        why = check_adapter_name(name)
+        if why:
+            raise AdapterRequestError(400, f"lora_name {why}", "lora_name")
         assert self.plan is not None
-        if RunDir(path).is_run():
-            try:
-                src = model_source(path)
-                _check_adapters(self.plan.main, [(name, src)], self.base_name)
-            except UserError as e:
-                raise AdapterRequestError(400, str(e).replace("--adapter ", "lora_path: ", 1), "lora_path") from None
-            weights_dir, renderer = src.weights, src.renderer(self.tokenizer)
-        elif (path / "adapter_config.json").is_file():
-            _check_peft_base(self.plan, path)
-            weights_dir, renderer = path, self.models[self.base_name].renderer
-        else:
-            raise AdapterRequestError(
-                400,
-                f"lora_path {lora_path}: neither a kubetune run directory nor a PEFT adapter directory",
-                "lora_path",
-            )
+        weights_dir, src = adapter_dir(self.plan, self.base_name, name, lora_path)
+        renderer = src.renderer(self.tokenizer) if src else self.models[self.base_name].renderer
         try:
             weights = read_adapter_files(name, str(weights_dir))
         except (UserError, OSError, ValueError) as e:
@@ -110,7 +156,10 @@ class ServedSet:
         self._drop_retired(idle)
         entry.adapter = self.next_adapter  # given here, on one thread: two loads never share an index
         try:
-            add_late_adapter(self.lm, self.lora, weights, entry.adapter)
+            if self.resident is not None:
+                self.resident.register(entry.adapter, weights)
+            else:
+                add_late_adapter(self.lm, self.lora, weights, entry.adapter)
         except UserError as e:
             raise AdapterRequestError(400, f"lora_path: {e}", "lora_path") from None
         self.models[entry.name] = entry
@@ -127,8 +176,19 @@ class ServedSet:
             known = ", ".join(self.adapter_names) or "none"
             raise AdapterRequestError(404, f"no adapter named {name!r} is served (adapters: {known})", "lora_name")
         del self.models[name]
+        if self.resident is not None:  # it goes once no running or waiting request uses it
+            self.resident.retire(entry.adapter)
+            return
         self._drop_retired(idle)  # earlier ones; this one may still have a request on its way in
         self.retired.add(entry.adapter)
+
+    def register_registry(self, registry: AdapterRegistry, folder: Path) -> None:
+        """Every version and alias of `--adapter-registry` (before the engine runs, on its thread)."""
+        for name, path in registry.versions(folder):
+            entry, weights = self.read_adapter(name, str(path))
+            self.add_adapter(entry, weights, idle=True)
+        for alias, route in registry.aliases().items():
+            self.set_alias(alias, route)
 
     def _drop_retired(self, idle: bool) -> None:
         if idle and self.retired:
@@ -238,7 +298,10 @@ def load_served(
     attn: str,
     fuse: bool = True,
     trust_remote_code: bool = False,
+    max_loras: int | None = None,
 ) -> ServedSet:
+    """The model and its adapters. With `max_loras`, no adapter is fused into the start-up
+    weights: each is registered with `ResidentAdapters`, which keeps at most that many in the layers."""
     plan = plan_served(target, adapters, trust_remote_code)
     main, base_name, extra = plan.main, plan.base_name, plan.adapters
     lm, tokenizer = main.load(dtype, attn, with_adapter=False)  # serving installs every adapter itself
@@ -246,9 +309,13 @@ def load_served(
     served = ServedSet(lm, tokenizer, base_name)
     served.models[base_name] = Served(base_name, main.renderer(tokenizer))
     weights = read_adapters(lm, [(name, str(src.weights)) for name, src in extra])
-    served.lora = install(lm, weights, fuse)
+    served.lora = install(lm, [] if max_loras else weights, fuse)
+    if max_loras:
+        served.resident = ResidentAdapters(lm, served.lora, max_loras)
     for i, (name, src) in enumerate(extra):
         served.models[name] = Served(name, src.renderer(tokenizer), i, base_name)
+        if served.resident is not None:
+            served.resident.register(i, weights[i])
     served.max_rank = max((w.rank for w in weights), default=0)
     served.plan, served.next_adapter = plan, len(extra)
     return served
@@ -271,13 +338,61 @@ def _check_adapters(main: ModelSource, extra: list[tuple[str, ModelSource]], bas
             )
 
 
+def adapter_dir(plan: Plan, base_name: str, name: str, lora_path: str) -> tuple[Path, ModelSource | None]:
+    """(the PEFT weights' directory, the run when it is one) of an adapter to serve over `plan`'s
+    base: a kubetune LoRA run directory or a PEFT adapter directory trained on that base; else a
+    400 naming `lora_path`."""
+    path = Path(lora_path)
+    if RunDir(path).is_run():
+        try:
+            src = model_source(path)
+            _check_adapters(plan.main, [(name, src)], base_name)
+        except UserError as e:
+            raise AdapterRequestError(400, str(e).replace("--adapter ", "lora_path: ", 1), "lora_path") from None
+        return src.weights, src
+    if (path / "adapter_config.json").is_file():
+        _check_peft_base(plan, path)
+        return path, None
+    raise AdapterRequestError(
+        400, f"lora_path {lora_path}: neither a kubetune run directory nor a PEFT adapter directory", "lora_path"
+    )
+
+
+def served_base(plan: Plan) -> str:
+    """The base model the adapters must have been trained on, as their configs name it."""
+    return plan.main.recipe.model.name_or_path if plan.main.is_lora and plan.main.recipe else str(plan.main.path)
+
+
+def same_base(a: str, b: str) -> bool:
+    """The same model, named as a hub id or as a local copy's path (compared by their last part)."""
+    return a == b or Path(a).name == Path(b).name
+
+
+def check_registry(plan: Plan, registry: AdapterRegistry, folder: Path, where: str) -> None:
+    """Everything of `--adapter-registry` that can be checked before a model loads: its base
+    against the served one, each version's directory and the base it was trained on, names."""
+    base = served_base(plan)
+    if not same_base(registry.base.name, base):
+        raise UserError(f"{where}: base.name is {registry.base.name}, but this server's base is {base}")
+    served = {plan.base_name, *(n for n, _ in plan.adapters)}
+    for name in registry.adapters:
+        if name in served:
+            raise UserError(f"{where}: adapters.{name}: the name is already served (--adapter); pick another")
+    for name, path in registry.versions(folder):
+        alias, _, version = name.partition("@")
+        try:
+            adapter_dir(plan, plan.base_name, name, str(path))
+        except AdapterRequestError as e:
+            why = e.message.removeprefix("lora_path: ").removeprefix("lora_path ")
+            raise UserError(f"{where}: adapters.{alias}.versions.{version}: {why}") from None
+
+
 def _check_peft_base(plan: Plan, path: Path) -> None:
     import json
 
     trained_on = json.loads((path / "adapter_config.json").read_text()).get("base_model_name_or_path") or ""
-    base = plan.main.recipe.model.name_or_path if plan.main.is_lora and plan.main.recipe else str(plan.main.path)
-    same = trained_on == base or Path(trained_on).name == Path(base).name
-    if not same:
+    base = served_base(plan)
+    if not same_base(trained_on, base):
         raise AdapterRequestError(
             400,
             f"lora_path {path}: trained on {trained_on or 'an unnamed model'}, but this server's base is {base}; "
