@@ -44,6 +44,15 @@ def native_argv(plan: Plan) -> list[str]:
     argv = ["kubetune", "serve", plan.run_dir, "--host", POD_HOST, "--port", str(DEFAULT_PORT), "--engine", "native"]
     for a in _adapters_in_pod(plan):
         argv += ["--adapter", f"{a.name}={a.path}"]
+    shared = plan.adapter_serving
+    if shared is not None:  # a ModelServer: adapters arrive at run time and from the registry at start
+        argv += [
+            "--allow-runtime-adapters",
+            "--adapter-registry",
+            shared.registry,
+            "--max-loras",
+            str(shared.max_loras),
+        ]
     return argv
 
 

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kubetune.contracts.adapters import REGISTRY_FILE
+from kubetune.contracts.adapters import ROOT as ADAPTER_ROOT
 from kubetune.contracts.kube import KubeObject
 from kubetune.errors import UserError
 from kubetune.k8s.names import DATA_DIR, SERVE_SUFFIX, SERVER_COMPONENT, Names, server_selector, standard_labels
@@ -74,6 +76,16 @@ def is_gguf(name_or_path: str) -> bool:
     return name_or_path == DEFAULT_MODEL or name_or_path.lower().endswith(".gguf")
 
 
+@dataclass(frozen=True)
+class AdapterServing:
+    """A shared server (a ModelServer): the base model served with runtime adapters, which it
+    reads from the adapter volume (`kubetune.contracts.adapters`) mounted at /adapters."""
+
+    max_loras: int
+    registry: str = REGISTRY_FILE
+    root: str = ADAPTER_ROOT
+
+
 @dataclass
 class Plan:
     """What the objects share, worked out once."""
@@ -86,6 +98,7 @@ class Plan:
     root: str  # where relative --adapter paths and caches live: /data (claim) or /models (image)
     params: int | None
     warnings: list[str] = field(default_factory=list)
+    adapter_serving: AdapterServing | None = None  # a ModelServer's replicas
 
     @property
     def k8s(self) -> K8sSection:
