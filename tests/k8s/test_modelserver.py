@@ -9,7 +9,9 @@ import copy
 
 import kubernetes_validate
 import pytest
+import yaml
 
+from kubetune.contracts.serving import parse_adapter
 from kubetune.k8s.modelserver import ModelServerSpec, render_model_server
 from kubetune.k8s.validate import validate_objects
 from kubetune.operator.modelserver_crd import check_model_server, crd, printer_columns
@@ -105,3 +107,21 @@ def test_kubectl_get_shows_the_base_ready_replicas_and_adapter_count(column):
     paths = {c["name"]: c["jsonPath"] for c in printer_columns()}
     assert paths[column] in (".spec.base.model", ".status.readyReplicas", ".status.adapterCount")
     assert crd()["spec"]["versions"][0]["additionalPrinterColumns"] == printer_columns()
+
+
+def test_render_serve_gateway_routes_the_run_and_each_adapter(cli, tmp_path):
+    """`render-serve --gateway`: the same pool and objectives for a run's own server."""
+    from .test_render_serve import SMOL, rendered
+
+    plain = rendered()
+    objects = rendered(gateway=True, adapters=(parse_adapter("qv=runs/qv"),))
+    assert [o["kind"] for o in objects.objects][len(plain.objects) :] == [
+        "InferencePool", "InferenceObjective", "InferenceObjective"
+    ]  # fmt: skip
+    served = [o["metadata"]["annotations"]["kubetune.io/served-model"] for o in objects.objects[-2:]]
+    assert served == [objects.names.job.removesuffix("-serve"), "qv"]
+    assert validate_objects(objects.objects) == []
+    result = cli("k8s", "render-serve", SMOL, "--gateway", "--profile", "cpu", "-o", str(tmp_path))
+    assert result.code == 0, result.err
+    kinds = [yaml.safe_load(p.read_text())["kind"] for p in sorted(tmp_path.glob("*.yaml"))]
+    assert kinds.count("InferencePool") == 1 and kinds.count("InferenceObjective") == 1
