@@ -107,7 +107,9 @@ def reconcile(client: KubeClient, ms: dict[str, Any], patch: kopf.Patch, memo: k
     pods = client.list("v1", "Pod", namespace, server_selector(name))
     wanted = {served: entry["path"] for served, entry in registry.items()}
     failures: dict[tuple[str, str], serverplan.LoadFailure] = memo.setdefault("load_failures", {})
+    aliases = serverplan.alias_weights(registry, spec.weights)
     rows = [_sync_replica(ms, r, wanted, failures, base_s) for r in replicas.ready_replicas(pods)]
+    _sync_aliases(ms, memo, rows, aliases)
     live = {(row["pod"], f["adapter"]) for row in rows for f in row["failed"]}
     for key in [k for k in failures if k not in live]:  # a replica gone, an adapter loaded or unregistered
         failures.pop(key)
@@ -123,7 +125,8 @@ def _sync_replica(
 ) -> dict[str, Any]:
     loaded = replicas.loaded_adapters(replica)
     if isinstance(loaded, str):
-        return {"pod": replica.pod, "ip": replica.ip, "loaded": [], "failed": [], "unreachable": loaded}
+        return {"pod": replica.pod, "ip": replica.ip, "port": replica.port, "loaded": [], "failed": [],
+                "unreachable": loaded}  # fmt: skip
     to_load, to_unload = serverplan.replica_changes(wanted, loaded)
     for served in to_unload:
         reason = replicas.unload(replica, served)
@@ -150,7 +153,24 @@ def _sync_replica(
         failed.append({"adapter": served, "reason": reason, "attempts": failure.attempts})
         wait = failure.next_try - now
         _say(ms, f"loading {served} on {replica.pod} failed: {reason}; retrying in {wait:.0f}s", logging.WARNING)
-    return {"pod": replica.pod, "ip": replica.ip, "loaded": sorted(loaded), "failed": failed}
+    return {"pod": replica.pod, "ip": replica.ip, "port": replica.port, "loaded": sorted(loaded), "failed": failed}
+
+
+def _sync_aliases(
+    ms: dict[str, Any], memo: kopf.Memo, rows: list[dict[str, Any]], aliases: dict[str, dict[str, int]]
+) -> None:
+    """Send each replica the aliases' weights when they changed for it (a replica that restarted
+    reads the registry file's). A replica without the alias route (404) serves the versions by
+    their own names only: said once."""
+    sent: dict[str, dict[str, dict[str, int]]] = memo.setdefault("aliases_sent", {})
+    for row in rows:
+        if "unreachable" in row or sent.get(row["pod"]) == aliases:
+            continue
+        replica = replicas.Replica(row["pod"], row["ip"], row["port"])
+        reasons = [r for alias, w in aliases.items() if (r := replicas.set_alias(replica, alias, w))]
+        sent[row["pod"]] = aliases  # tried: a refusal is said once, not every tick
+        for reason in reasons:
+            _say(ms, f"setting the adapter aliases on {row['pod']} failed: {reason}", logging.WARNING)
 
 
 def _write_status(

@@ -96,6 +96,7 @@ def status_schema() -> Schema:
         {
             "pod": _str("The pod."),
             "ip": _str("Its IP."),
+            "port": _int("Its `http` port."),
             "loaded": {"type": "array", "items": {"type": "string"}},
             "failed": {"type": "array", "items": failure},
             "unreachable": _str("Why the replica did not answer."),

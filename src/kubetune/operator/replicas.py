@@ -77,6 +77,11 @@ def unload(replica: Replica, name: str) -> str | None:
     return _post(replica, "/v1/unload_lora_adapter", {"lora_name": name}, MODELS_TIMEOUT_S)
 
 
+def set_alias(replica: Replica, alias: str, weights: dict[str, int]) -> str | None:
+    """Route the plain adapter name to its versions by weight (the serving side's alias route)."""
+    return _post(replica, "/v1/lora_aliases", {"alias": alias, "weights": weights}, MODELS_TIMEOUT_S)
+
+
 def _post(replica: Replica, path: str, body: dict[str, Any], timeout: float) -> str | None:
     try:
         response = httpx.post(f"{replica.url}{path}", json=body, timeout=timeout)

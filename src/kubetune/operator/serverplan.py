@@ -141,3 +141,18 @@ def loaded_condition_text(server: str, served: str, pods: list[dict[str, Any]]) 
             lines.append(f"{pod['pod']}: loading")
     failed = any("load failed" in line for line in lines)
     return ok, "Loaded" if ok else ("LoadFailed" if failed else "Loading"), "\n".join(lines)
+
+
+def alias_weights(registry: dict[str, dict[str, Any]], weights: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
+    """alias NAME -> {NAME@vN: percent}: the ModelServer's spec.weights where it names registered
+    versions, else (as the registry file says) the first registered version takes it all."""
+    versions: dict[str, list[str]] = {}
+    for entry in registry.values():
+        versions.setdefault(entry["name"], []).append(entry["version"])
+    out = {}
+    for alias, registered in sorted(versions.items()):
+        wanted = {v: w for v, w in weights.get(alias, {}).items() if v in registered and w > 0}
+        if not wanted:
+            wanted = {min(registered, key=lambda v: int(v[1:]) if v[1:].isdigit() else 0): 100}
+        out[alias] = {served_name(alias, v): w for v, w in sorted(wanted.items())}
+    return out
