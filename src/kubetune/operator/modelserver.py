@@ -125,8 +125,8 @@ def _sync_replica(
 ) -> dict[str, Any]:
     loaded = replicas.loaded_adapters(replica)
     if isinstance(loaded, str):
-        return {"pod": replica.pod, "ip": replica.ip, "port": replica.port, "loaded": [], "failed": [],
-                "unreachable": loaded}  # fmt: skip
+        row = {"pod": replica.pod, "ip": replica.ip, "port": replica.port, "restarts": replica.restarts}
+        return {**row, "loaded": [], "failed": [], "unreachable": loaded}
     to_load, to_unload = serverplan.replica_changes(wanted, loaded)
     for served in to_unload:
         reason = replicas.unload(replica, served)
@@ -153,7 +153,8 @@ def _sync_replica(
         failed.append({"adapter": served, "reason": reason, "attempts": failure.attempts})
         wait = failure.next_try - now
         _say(ms, f"loading {served} on {replica.pod} failed: {reason}; retrying in {wait:.0f}s", logging.WARNING)
-    return {"pod": replica.pod, "ip": replica.ip, "port": replica.port, "loaded": sorted(loaded), "failed": failed}
+    row = {"pod": replica.pod, "ip": replica.ip, "port": replica.port, "restarts": replica.restarts}
+    return {**row, "loaded": sorted(loaded), "failed": failed}
 
 
 def _sync_aliases(
@@ -162,13 +163,14 @@ def _sync_aliases(
     """Send each replica the aliases' weights when they changed for it (a replica that restarted
     reads the registry file's). A replica without the alias route (404) serves the versions by
     their own names only: said once."""
-    sent: dict[str, dict[str, dict[str, int]]] = memo.setdefault("aliases_sent", {})
+    sent: dict[tuple[str, int], dict[str, dict[str, int]]] = memo.setdefault("aliases_sent", {})
     for row in rows:
-        if "unreachable" in row or sent.get(row["pod"]) == aliases:
+        key = (row["pod"], row["restarts"])  # a restarted server holds the registry file's weights again
+        if "unreachable" in row or sent.get(key) == aliases:
             continue
         replica = replicas.Replica(row["pod"], row["ip"], row["port"])
         reasons = [r for alias, w in aliases.items() if (r := replicas.set_alias(replica, alias, w))]
-        sent[row["pod"]] = aliases  # tried: a refusal is said once, not every tick
+        sent[key] = aliases  # tried: a refusal is said once, not every tick
         for reason in reasons:
             _say(ms, f"setting the adapter aliases on {row['pod']} failed: {reason}", logging.WARNING)
 

@@ -97,6 +97,7 @@ def status_schema() -> Schema:
             "pod": _str("The pod."),
             "ip": _str("Its IP."),
             "port": _int("Its `http` port."),
+            "restarts": _int("Its containers' restarts."),
             "loaded": {"type": "array", "items": {"type": "string"}},
             "failed": {"type": "array", "items": failure},
             "unreachable": _str("Why the replica did not answer."),

@@ -23,6 +23,7 @@ class Replica:
     pod: str
     ip: str
     port: int
+    restarts: int = 0  # its containers' restarts: a restarted server starts from the registry file again
 
     @property
     def url(self) -> str:
@@ -44,8 +45,12 @@ def _port(pod: dict[str, Any]) -> int:
     return DEFAULT_PORT
 
 
+def _restarts(pod: dict[str, Any]) -> int:
+    return sum(cs.get("restartCount", 0) for cs in (pod.get("status") or {}).get("containerStatuses") or [])
+
+
 def ready_replicas(pods: list[dict[str, Any]]) -> list[Replica]:
-    out = [Replica(p["metadata"]["name"], p["status"]["podIP"], _port(p)) for p in pods if _ready(p)]
+    out = [Replica(p["metadata"]["name"], p["status"]["podIP"], _port(p), _restarts(p)) for p in pods if _ready(p)]
     return sorted(out, key=lambda r: r.pod)
 
 
