@@ -138,19 +138,28 @@ def test_a_finetune_ends_serving_its_adapter_on_every_replica_then_delete_unload
         wait_for(lambda: _ms_status(cluster).get("adapterCount") == 0, message="the registry without it")
 
 
-def test_an_adapter_of_another_base_is_refused_naming_both(cluster, replicas, tiny_run, tiny_model_dir, tmp_path):
-    _model_server(cluster, "org/another-base", str(tmp_path / "adapters"))
+def test_an_adapter_of_another_base_is_refused_naming_both(cluster, tiny_model_dir, tmp_path):
+    recipe = {"model": {"name_or_path": str(tiny_model_dir)}, "k8s": {"amx_label": None}}
     with running_operator(cluster):
-        recipe = {"model": {"name_or_path": str(tiny_model_dir)}, "k8s": {"amx_label": None}}
-        cluster.apply_finetune("wrong", {"recipe": recipe, "serve": {"server": "shared"}})
-        wait_for(lambda: cluster.get(*PYTORCHJOB, "wrong"), message="the PyTorchJob")
-        cluster.set_status(*PYTORCHJOB, "wrong", {"conditions": [{"type": "Succeeded", "status": "True"}]})
-        failed = wait_for(lambda: cluster.condition("wrong", "Failed"), message="the Failed condition")
-        assert failed["reason"] == "WrongBase"
-        assert f"trained on {tiny_model_dir}@default" in failed["message"]
-        assert "ModelServer shared serves org/another-base@default" in failed["message"]
-        assert cluster.status("wrong")["phase"] == "Failed"
-        assert cluster.get("batch/v1", "Job", "wrong-adapter-export") is None  # nothing exported
+        # the server exists: refused before any training
+        _model_server(cluster, "org/another-base", str(tmp_path / "adapters"))
+        cluster.apply_finetune("early", {"recipe": recipe, "serve": {"server": "shared"}})
+        valid = wait_for(lambda: cluster.condition("early", "Valid"), message="the Valid condition")
+        assert (valid["status"], valid["reason"]) == ("False", "WrongBase")
+        assert f"trained on {tiny_model_dir}@default" in valid["message"]
+        assert "ModelServer shared serves org/another-base@default" in valid["message"]
+        assert cluster.get(*PYTORCHJOB, "early") is None
+        # the server appears after the FineTune: refused when training has succeeded, before the export
+        cluster.apply_finetune("late", {"recipe": recipe, "serve": {"server": "later"}})
+        wait_for(lambda: cluster.get(*PYTORCHJOB, "late"), message="the PyTorchJob")
+        meta = {"name": "later", "namespace": NAMESPACE, "uid": "uid-later", "resourceVersion": "1"}
+        cluster.client.create({"apiVersion": MS[0], "kind": MS[1], "metadata": meta,
+                               "spec": {"base": {"model": "org/another-base"}}})  # fmt: skip
+        cluster.set_status(*PYTORCHJOB, "late", {"conditions": [{"type": "Succeeded", "status": "True"}]})
+        failed = wait_for(lambda: cluster.condition("late", "Failed"), message="the Failed condition")
+        assert failed["reason"] == "WrongBase" and "ModelServer later serves org/another-base" in failed["message"]
+        assert cluster.status("late")["phase"] == "Failed"
+        assert cluster.get("batch/v1", "Job", "late-adapter-export") is None  # nothing exported
 
 
 def test_a_replica_that_cannot_load_is_named_and_the_other_serves(cluster, tiny_run, tiny_model_dir, tmp_path):

@@ -115,3 +115,19 @@ def test_the_alias_routes_by_the_servers_weights_else_to_the_first_version():
     assert serverplan.alias_weights(registry, {}) == {"cardio": {"cardio@v1": 100}, "radio": {"radio@v3": 100}}
     split = serverplan.alias_weights(registry, {"cardio": {"v1": 90, "v2": 10}, "radio": {"v9": 100}})
     assert split == {"cardio": {"cardio@v1": 90, "cardio@v2": 10}, "radio": {"radio@v3": 100}}  # v9: not registered
+
+
+def test_a_version_is_claimed_once_through_the_api_servers_409(cluster):
+    """Two FineTunes that finish together both see no version taken: the claim's create decides."""
+    from kubetune.operator import actions
+
+    server = {"apiVersion": "kubetune.io/v1alpha1", "kind": "ModelServer",
+              "metadata": {"name": "shared", "namespace": "kubetune", "uid": "uid-shared"},
+              "spec": {"base": {"model": SERVER.base}}}  # fmt: skip
+    first = actions.claim_version(cluster.client, server, "cardio-a", "cardio", [])
+    second = actions.claim_version(cluster.client, server, "cardio-b", "cardio", [])
+    again = actions.claim_version(cluster.client, server, "cardio-a", "cardio", [])  # a retry finds its own
+    assert (first.version, second.version, again.version) == ("v1", "v2", "v1")
+    claim = cluster.get("v1", "ConfigMap", "shared-adapter-cardio-v2")
+    assert claim["data"]["finetune"] == "cardio-b"
+    assert claim["metadata"]["ownerReferences"][0]["kind"] == "ModelServer"  # outlives the FineTune

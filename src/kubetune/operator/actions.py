@@ -129,6 +129,29 @@ def model_server(client: KubeClient, name: str, namespace: str) -> dict[str, Any
     return client.get(MS_API_VERSION, MS_KIND, name, namespace)
 
 
+def claim_version(
+    client: KubeClient, server_body: dict[str, Any], finetune: str, adapter: str, taken: list[str]
+) -> serverplan.AdapterRef:
+    """The next free version of `adapter` on the server, reserved atomically: a ConfigMap per
+    version, owned by the ModelServer (so a version is never given out twice while the server
+    lives, even when two FineTunes finish at once or one was deleted with its files kept); the
+    API server's 409 on create is the lock. A FineTune finds its own claim again on a retry."""
+    server_name, namespace = meta(server_body)
+    spec = ModelServerSpec.from_dict(server_body.get("spec") or {})
+    versions = list(taken)
+    while True:
+        ref = serverplan.new_adapter(server_name, adapter, versions, spec)
+        claim = serverplan.version_claim(server_name, namespace, ref, finetune)
+        try:
+            client.create(plan.owned([claim], server_body, delete_claim=False)[0])
+            return ref
+        except Conflict:
+            held = client.get("v1", "ConfigMap", claim["metadata"]["name"], namespace)
+            if ((held or {}).get("data") or {}).get("finetune") == finetune:
+                return ref
+        versions.append(ref.version)
+
+
 def create_adapter_export(
     client: KubeClient, body: dict[str, Any], recipe: Recipe, ref: serverplan.AdapterRef, server: ModelServerSpec
 ) -> list[str]:

@@ -122,7 +122,10 @@ def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int = 0
     generation = ft["metadata"].get("generation")
     try:
         recipe = actions.applied_recipe(client, ft) or actions.spec_recipe(client, ft, spec)
+        _refuse_another_base(client, ft, spec, recipe)
         created = actions.create_training(client, ft, spec, recipe)
+    except WrongBase as e:
+        raise _refuse(patch, ft, "WrongBase", "wrong base", e.problems) from None
     except RecipeError as e:
         raise _refuse(patch, ft, "InvalidRecipe", "invalid recipe", e.problems) from None
     except actions.TokenSecretMissing as e:
@@ -144,6 +147,24 @@ def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int = 0
         phase = patch.status.get("phase") or ft["status"]["phase"]
         _say(ft, f"accepted: the recipe is valid; {kind} {name}, {recipe.k8s.replicas} replicas; phase {phase}")
         _say_created(ft, created)
+
+
+class WrongBase(UserError):
+    """spec.serve.server serves another base than the recipe trains on."""
+
+
+def _refuse_another_base(client: KubeClient, ft: dict[str, Any], spec: plan.FineTuneSpec, recipe: Any) -> None:
+    """Before any training: an adapter of this run could never be served on spec.serve.server.
+    (A server created later is checked when training has succeeded, before the export.)"""
+    if not spec.serve.server:
+        return
+    server = actions.model_server(client, spec.serve.server, actions.meta(ft)[1])
+    if server is None:
+        return
+    server_spec = ModelServerSpec.from_dict(server.get("spec") or {})
+    mismatch = serverplan.base_mismatch(recipe, spec.serve.server, server_spec)
+    if mismatch:
+        raise WrongBase(mismatch)
 
 
 def _refuse(patch: kopf.Patch, ft: dict[str, Any], reason: str, what: str, problems: list[str]) -> kopf.PermanentError:
@@ -348,7 +369,7 @@ def _act_on_server(
             adapter = spec.serve.adapter_name or name
             listed = (seen.server.get("status") or {}).get("adapters") or []
             taken = serverplan.taken_versions(adapter, spec.serve.server, finetunes, listed)
-            current = serverplan.new_adapter(spec.serve.server, adapter, taken, server)
+            current = actions.claim_version(client, seen.server, name, adapter, taken)
         patch.status["adapter"] = current.status()
         _say_created(ft, actions.create_adapter_export(client, ft, recipe, current, server))
         job = name + serverplan.ADAPTER_EXPORT_SUFFIX

@@ -55,6 +55,18 @@ def new_adapter(server: str, name: str, taken: list[str], spec: ModelServerSpec)
     return AdapterRef(server, name, version, adapter_dir(name, version, spec.mount_path))
 
 
+def version_claim(server: str, namespace: str, ref: AdapterRef, finetune: str) -> dict[str, Any]:
+    """The ConfigMap that reserves `ref`'s version for `finetune` (its name is the lock)."""
+    name = re.sub(r"[^a-z0-9-]+", "-", f"{server}-adapter-{ref.name}-{ref.version}".lower())[:253].strip("-")
+    labels = {"kubetune.io/model-server": server, "app.kubernetes.io/part-of": "kubetune"}
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "data": {"finetune": finetune, "adapter": ref.name, "version": ref.version, "path": ref.path},
+    }
+
+
 def base_mismatch(recipe: Recipe, server: str, spec: ModelServerSpec) -> str | None:
     """Why the run's adapter cannot be served on `server`, naming both bases; None when it can."""
     trained = (recipe.model.name_or_path, recipe.model.revision or None)
