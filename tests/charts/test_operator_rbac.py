@@ -236,6 +236,10 @@ def server_lifecycle(client: RecordingClient) -> None:
     op.call(modelserver._make_follow(1.0), ms)
     assert ms["status"]["adapterCount"] == 1, ms["status"]
     op.call(handlers._deleted, ft)
+    ft["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # held by kopf's finalizer until then
+    client._put(ft)
+    op.call(modelserver._make_follow(1.0), ms)  # its InferenceObjective goes
+    assert ms["status"]["adapterCount"] == 0, ms["status"]
 
 
 SEED_LIKE = {
@@ -293,6 +297,7 @@ def recorded(monkeypatch_module) -> dict[bool, set[Request]]:
     monkeypatch_module.setattr(replicas, "loaded_adapters", lambda replica: set())
     monkeypatch_module.setattr(replicas, "load", lambda replica, name, path: None)
     monkeypatch_module.setattr(replicas, "unload", lambda replica, name: None)
+    monkeypatch_module.setattr(replicas, "set_alias", lambda replica, alias, weights: None)
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NAMESPACE},
               "data": {"HF_TOKEN": base64.b64encode(TOKEN.encode()).decode()}}  # fmt: skip
     client = RecordingClient([secret])

@@ -136,6 +136,8 @@ def test_a_finetune_ends_serving_its_adapter_on_every_replica_then_delete_unload
         ]  # fmt: skip
         assert (root / "cardio" / "v1" / "adapter_config.json").is_file()  # Retain: the files stay
         wait_for(lambda: _ms_status(cluster).get("adapterCount") == 0, message="the registry without it")
+        objective = ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "cardio-v1")
+        wait_for(lambda: cluster.get(*objective) is None, message="its InferenceObjective gone")
 
 
 def test_an_adapter_of_another_base_is_refused_naming_both(cluster, tiny_model_dir, tmp_path):

@@ -109,13 +109,14 @@ through whole lifecycles, records every request, and fails on a rule missing or 
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors, servicemonitors]
   verbs: [create]
-# a ModelServer's gateway routing: the InferencePool over its pods, an InferenceObjective per adapter
+# a ModelServer's gateway routing: the InferencePool over its pods, an InferenceObjective per adapter (deleted
+# when its adapter is no longer registered)
 - apiGroups: [inference.networking.k8s.io]
   resources: [inferencepools]
   verbs: [create]
 - apiGroups: [inference.networking.x-k8s.io]
   resources: [inferenceobjectives]
-  verbs: [create]
+  verbs: [list, create, delete]
 # k8s.devices=dra: the ResourceClaimTemplate the job's and the server's pods claim their cards from
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]

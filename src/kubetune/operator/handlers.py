@@ -10,10 +10,14 @@
   Job and the serving Deployment, take the next step (`plan.next_step`), write status. After
   creation it is the only writer of status.conditions (a list: two writers would lose updates).
 
+- spec.serve.server: after training the adapter goes to that ModelServer (`serverplan`: a
+  version, the adapter-export Job, registered in status.adapter); the ModelServer's timer
+  (`modelserver.py`) loads it on the replicas, and this timer reports it per replica.
+
 Cluster errors (unreachable, 409 on our own writes, a Kubeflow CRD not installed yet: 404)
 are temporary: kopf retries after a delay. Deleting a FineTune deletes what it owns through
-Kubernetes' garbage collector (ownerReferences): no delete handler; kopf's finalizer only
-holds the deletion until the timer has stopped.
+Kubernetes' garbage collector (ownerReferences); the delete handler only unloads a served
+adapter from its ModelServer's replicas and unregisters it (a Job the server owns).
 """
 
 from __future__ import annotations

@@ -25,6 +25,7 @@ from kubetune.k8s.finetune import API_VERSION as FT_API_VERSION
 from kubetune.k8s.finetune import KIND as FT_KIND
 from kubetune.k8s.modelserver import GROUP, PLURAL, VERSION, ModelServerSpec, render_model_server, served_adapters
 from kubetune.k8s.names import server_selector
+from kubetune.k8s.serve.gateway import OBJECTIVE_API
 from kubetune.kubeapi import ClusterError, KubeClient
 from kubetune.operator import actions, plan, replicas, serverplan
 
@@ -102,8 +103,10 @@ def reconcile(client: KubeClient, ms: dict[str, Any], patch: kopf.Patch, memo: k
     registry = serverplan.registry_of(name, finetunes)
     # the gateway's objectives follow the registry (new adapters); the rest exists already
     ms_now = {**ms, "status": {**(ms.get("status") or {}), "adapters": list(registry.values())}}
-    for what in actions.create_all(client, _objects(ms_now, spec)):
+    objects = _objects(ms_now, spec)
+    for what in actions.create_all(client, objects):
         _say(ms, f"created {what}")
+    _delete_stale_objectives(client, ms, objects)
     pods = client.list("v1", "Pod", namespace, server_selector(name))
     wanted = {served: entry["path"] for served, entry in registry.items()}
     failures: dict[tuple[str, str], serverplan.LoadFailure] = memo.setdefault("load_failures", {})
@@ -114,6 +117,18 @@ def reconcile(client: KubeClient, ms: dict[str, Any], patch: kopf.Patch, memo: k
     for key in [k for k in failures if k not in live]:  # a replica gone, an adapter loaded or unregistered
         failures.pop(key)
     _write_status(ms, patch, spec, registry, rows)
+
+
+def _delete_stale_objectives(client: KubeClient, ms: dict[str, Any], wanted: list[dict[str, Any]]) -> None:
+    """The gateway's InferenceObjectives of adapters no longer registered go (those this server owns)."""
+    name, namespace = actions.meta(ms)
+    keep = {o["metadata"]["name"] for o in wanted if o["kind"] == "InferenceObjective"}
+    uid = ms["metadata"].get("uid")
+    for obj in client.list(OBJECTIVE_API, "InferenceObjective", namespace, server_selector(name)):
+        owners = {ref.get("uid") for ref in obj["metadata"].get("ownerReferences") or []}
+        stale = obj["metadata"]["name"]
+        if uid in owners and stale not in keep and client.delete(OBJECTIVE_API, "InferenceObjective", stale, namespace):
+            _say(ms, f"deleted InferenceObjective/{stale} (its adapter is no longer registered)")
 
 
 def _sync_replica(
