@@ -60,6 +60,7 @@ def test_unregister_keeps_the_files_unless_asked(tmp_path):
     assert registry is not None and registry.adapters == {}
 
 
+@pytest.mark.process
 def test_the_jobs_command_as_a_process(tmp_path):
     root = tmp_path / "adapters"
     cmd = [sys.executable, "-m", "kubetune.export.adapter_install"]
