@@ -10,11 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from kubetune.contracts.adapters import AdapterRegistry, BaseModelId, read_registry, register
-from kubetune.export.adapter_install import install, uninstall
+from kubetune.contracts.adapters import AdapterRegistry, BaseModelRef, read_registry
+from kubetune.errors import UserError
+from kubetune.export.adapter_install import install, register, uninstall, unregister
 from tests.kit.paths import REPO
 
-BASE = BaseModelId(name="org/base", revision="main")
+BASE = BaseModelRef(name="org/base", revision="main")
 
 
 def _run(tmp_path: Path, name: str = "run") -> Path:
@@ -25,26 +26,26 @@ def _run(tmp_path: Path, name: str = "run") -> Path:
     return tmp_path / name
 
 
-def test_versions_install_side_by_side_and_the_first_takes_the_alias(tmp_path):
+def test_versions_install_side_by_side_and_the_newest_takes_the_alias(tmp_path):
     root = tmp_path / "adapters"
     install(_run(tmp_path, "a"), "cardio", "v1", BASE, root)
     install(_run(tmp_path, "b"), "cardio", "v2", BASE, root)
     registry = read_registry(root / "registry.json")
-    assert registry is not None
-    versions = {"v1": {"path": "/adapters/cardio/v1"}, "v2": {"path": "/adapters/cardio/v2"}}
+    versions = {"v1": {"path": f"{root}/cardio/v1"}, "v2": {"path": f"{root}/cardio/v2"}}
     assert registry.model_dump(exclude_none=True) == {
         "base": {"name": "org/base", "revision": "main"},
-        "adapters": {"cardio": {"versions": versions, "weights": {"v1": 100}}},
+        "adapters": {"cardio": {"versions": versions, "weights": {}}},
     }
     assert (root / "cardio" / "v2" / "adapter_model.safetensors").read_bytes() == b"weights"
-    assert registry.served_names() == {"cardio@v1": "/adapters/cardio/v1", "cardio@v2": "/adapters/cardio/v2"}
+    assert registry.versions(root) == [("cardio@v1", root / "cardio" / "v1"), ("cardio@v2", root / "cardio" / "v2")]
+    assert registry.aliases() == {"cardio": {"cardio@v2": 100}}
 
 
 def test_another_base_is_refused_and_the_registry_kept(tmp_path):
     root = tmp_path / "adapters"
     install(_run(tmp_path), "cardio", "v1", BASE, root)
-    with pytest.raises(ValueError, match="org/base@main, not org/other@main"):
-        register(root / "registry.json", BaseModelId(name="org/other", revision="main"), "x", "v1", "/adapters/x/v1")
+    with pytest.raises(UserError, match="org/base@main, not org/other@main"):
+        register(root / "registry.json", BaseModelRef(name="org/other", revision="main"), "x", "v1", "/adapters/x/v1")
     assert list(AdapterRegistry.model_validate_json((root / "registry.json").read_text()).adapters) == ["cardio"]
 
 
@@ -56,8 +57,18 @@ def test_unregister_keeps_the_files_unless_asked(tmp_path):
     assert (root / "cardio" / "v1").is_dir()
     uninstall("radio", "v1", root, delete_files=True)
     assert not (root / "radio" / "v1").exists()
+    assert read_registry(root / "registry.json").adapters == {}
+
+
+def test_unregistering_a_weighted_version_leaves_a_valid_route(tmp_path):
+    root = tmp_path / "adapters"
+    for version in ("v1", "v2"):
+        install(_run(tmp_path, version), "cardio", version, BASE, root)
     registry = read_registry(root / "registry.json")
-    assert registry is not None and registry.adapters == {}
+    entry = registry.adapters["cardio"].model_copy(update={"weights": {"v1": 0, "v2": 100}})
+    (root / "registry.json").write_text(registry.model_copy(update={"adapters": {"cardio": entry}}).model_dump_json())
+    unregister(root / "registry.json", "cardio", "v2")  # v1's weight 0 alone would route nowhere
+    assert read_registry(root / "registry.json").aliases() == {"cardio": {"cardio@v1": 100}}
 
 
 @pytest.mark.process

@@ -107,12 +107,12 @@ def test_the_condition_names_each_replica_and_why():
     assert serverplan.loaded_condition_text("shared", "x", [])[1] == "NoReadyReplica"
 
 
-def test_the_alias_routes_by_the_servers_weights_else_to_the_first_version():
+def test_the_alias_routes_by_the_servers_weights_else_to_the_newest_version():
     registry = serverplan.registry_of(
         "shared",
         [_ft("a", _adapter("cardio", "v1")), _ft("b", _adapter("cardio", "v2")), _ft("c", _adapter("radio", "v3"))],
     )
-    assert serverplan.alias_weights(registry, {}) == {"cardio": {"cardio@v1": 100}, "radio": {"radio@v3": 100}}
+    assert serverplan.alias_weights(registry, {}) == {"cardio": {"cardio@v2": 100}, "radio": {"radio@v3": 100}}
     split = serverplan.alias_weights(registry, {"cardio": {"v1": 90, "v2": 10}, "radio": {"v9": 100}})
     assert split == {"cardio": {"cardio@v1": 90, "cardio@v2": 10}, "radio": {"radio@v3": 100}}  # v9: not registered
 

@@ -1,119 +1,186 @@
-"""The adapter registry of a shared server (a ModelServer): one JSON file on the adapter volume,
-`/adapters/registry.json`, that the operator's export Jobs write and every replica reads at start
-(`kubetune serve BASE --adapter-registry /adapters/registry.json`) to load each registered adapter
-before it reports ready.
+"""Versions of a LoRA adapter, the alias that routes between them, and the registry file that lists
+them: what the operator writes and `kubetune serve --adapter-registry` reads, without torch.
 
-    {"base": {"name": "...", "revision": "..."},
-     "adapters": {"NAME": {"versions": {"v1": {"path": "/adapters/NAME/v1"}}, "weights": {"v1": 100}}}}
+A served adapter name may carry a version, `NAME@vN` (N >= 1). The plain `NAME` is then an
+alias: a request for it is answered by one of its versions, picked by weight (serve.native.models,
+`Alias`). The registry is one JSON file on the adapter storage volume:
 
-A version's served name is `NAME@vN`; the plain NAME is an alias that routes to the versions by
-`weights`. Writes are atomic (a replica never reads half a file) and made under a lock beside
-the file (two export Jobs finishing together must not lose each other's entry).
+    {"base": {"name": "HuggingFaceTB/SmolLM2-135M-Instruct", "revision": "main"},
+     "adapters": {"support": {"versions": {"v1": {"path": "/adapters/support/v1"},
+                                           "v2": {"path": "support/v2"}},
+                              "weights": {"v1": 90, "v2": 10}}}}
+
+A relative path is under the file's folder. `weights` may be left out: the highest version then
+takes every request. It is written whole with `write_registry` (a temporary file, then a rename),
+so a server starting while the operator writes reads the old file or the new one, never half.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from kubetune.fsutil import atomic_write_text, file_lock
+from kubetune.errors import UserError
+from kubetune.fsutil import atomic_write_text
 
-ROOT = "/adapters"  # where the adapter volume is mounted in replicas and export Jobs
-REGISTRY_FILE = f"{ROOT}/registry.json"
-
-
-class _Closed(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+VERSION_KEY = re.compile(r"^v([1-9][0-9]*)$")
+VERSIONED_NAME = re.compile(r"^(?P<alias>[^@]+)@(?P<version>v[1-9][0-9]*)$")
+_CLOSED = ConfigDict(extra="forbid", frozen=True)
 
 
-class BaseModelId(_Closed):
-    name: str
+def version_name(alias: str, version: str) -> str:
+    """("support", "v2") -> "support@v2", the name a version is served under."""
+    return f"{alias}@{version}"
+
+
+def split_version(name: str) -> tuple[str, str] | None:
+    """ "support@v2" -> ("support", "v2"); None for a name without a version."""
+    match = VERSIONED_NAME.match(name)
+    return (match["alias"], match["version"]) if match else None
+
+
+def check_adapter_name(name: str) -> str | None:
+    """Why `name` cannot name an adapter (an '@' that is not a version), None when it can."""
+    if "@" in name and split_version(name) is None:
+        return f"{name!r}: an '@' in an adapter name starts its version, NAME@vN with N >= 1 (e.g. support@v2)"
+    return None
+
+
+def check_weights(weights: dict[str, int]) -> str | None:
+    """Why these alias weights route nowhere or are not weights, None when they are good."""
+    negative = sorted(k for k, w in weights.items() if w < 0)
+    if negative:
+        return f"{negative[0]}: a weight is a non-negative integer (got {weights[negative[0]]})"
+    if not any(w > 0 for w in weights.values()):
+        return "at least one weight must be above 0 (a weight of 0 takes a version out of the route)"
+    return None
+
+
+class Alias:
+    """A name that routes requests to served adapters by weight, with smooth weighted round robin
+    (nginx's): of every sum(weights) requests in a row, each target answers exactly its weight's
+    share, spread out (90/10 sends one in ten to the second, not ten in a row). Exact rather
+    than a random draw, so a canary's share does not wander at low traffic, and a test can
+    count it. A weight of 0 keeps a target listed but sends it nothing (a rollback)."""
+
+    def __init__(self, weights: dict[str, int]) -> None:
+        why = check_weights(weights) if weights else "no targets"
+        if why:
+            raise ValueError(why)
+        self.weights = dict(weights)
+        self._current = dict.fromkeys(weights, 0)
+
+    def pick(self) -> str:
+        live = {t: w for t, w in self.weights.items() if w > 0}
+        for target, weight in live.items():
+            self._current[target] += weight
+        chosen = max(live, key=lambda t: self._current[t])
+        self._current[chosen] -= sum(live.values())
+        return chosen
+
+
+class BaseModelRef(BaseModel):
+    """The base model every adapter of the registry was trained on."""
+
+    model_config = _CLOSED
+
+    name: str = Field(min_length=1)  # an HF id or a path; compared by its last part too
     revision: str | None = None
 
 
-class AdapterVersion(_Closed):
-    path: str
+class AdapterVersion(BaseModel):
+    model_config = _CLOSED
+
+    path: str = Field(min_length=1)  # an adapter directory (PEFT) or a kubetune LoRA run directory
 
 
-class RegisteredAdapter(_Closed):
-    versions: dict[str, AdapterVersion] = Field(default_factory=dict)
-    weights: dict[str, int] = Field(default_factory=dict)  # version -> percent of the alias's traffic
+class RegisteredAdapter(BaseModel):
+    model_config = _CLOSED
+
+    versions: dict[str, AdapterVersion] = Field(min_length=1)
+    weights: dict[str, int] = Field(default_factory=dict)  # version key -> weight; empty: the newest takes all
+
+    @field_validator("versions")
+    @classmethod
+    def _version_keys(cls, versions: dict[str, AdapterVersion]) -> dict[str, AdapterVersion]:
+        bad = [k for k in versions if not VERSION_KEY.match(k)]
+        if bad:
+            raise ValueError(f"{bad[0]!r} is not a version; versions are v1, v2, ...")
+        return versions
+
+    @model_validator(mode="after")
+    def _weights_name_versions(self) -> RegisteredAdapter:
+        unknown = sorted(set(self.weights) - set(self.versions))
+        if unknown:
+            raise ValueError(f"weights: {unknown[0]!r} is not one of its versions ({', '.join(self.versions)})")
+        why = check_weights(self.weights) if self.weights else None
+        if why:
+            raise ValueError(f"weights: {why}")
+        return self
+
+    def route(self) -> dict[str, int]:
+        """Version key -> weight, with the newest version at 100 where no weights are given."""
+        if self.weights:
+            return dict(self.weights)
+        newest = max(self.versions, key=lambda k: int(k[1:]))
+        return {newest: 100}
 
 
-class AdapterRegistry(_Closed):
-    base: BaseModelId
+class AdapterRegistry(BaseModel):
+    model_config = _CLOSED
+
+    base: BaseModelRef
     adapters: dict[str, RegisteredAdapter] = Field(default_factory=dict)
 
-    def served_names(self) -> dict[str, str]:
-        """Every registered version as its served name (`NAME@vN`) -> its path."""
+    @field_validator("adapters")
+    @classmethod
+    def _names(cls, adapters: dict[str, RegisteredAdapter]) -> dict[str, RegisteredAdapter]:
+        bad = [n for n in adapters if not n or "@" in n]
+        if bad:
+            raise ValueError(f"{bad[0]!r}: an adapter's name has no '@' (its versions are NAME@v1, ...)")
+        return adapters
+
+    def versions(self, folder: Path) -> list[tuple[str, Path]]:
+        """(served name NAME@vN, its directory) of every version, relative paths under `folder`."""
+        return [
+            (version_name(name, key), _under(folder, v.path))
+            for name, entry in self.adapters.items()
+            for key, v in sorted(entry.versions.items(), key=lambda kv: int(kv[0][1:]))
+        ]
+
+    def aliases(self) -> dict[str, dict[str, int]]:
+        """Alias NAME -> {NAME@vN: weight}."""
         return {
-            served_name(name, version): entry.path
-            for name, adapter in self.adapters.items()
-            for version, entry in adapter.versions.items()
+            name: {version_name(name, k): w for k, w in entry.route().items()} for name, entry in self.adapters.items()
         }
 
 
-def served_name(name: str, version: str) -> str:
-    return f"{name}@{version}"
+def _under(folder: Path, path: str) -> Path:
+    p = Path(path)
+    return p if p.is_absolute() else folder / p
 
 
-def adapter_dir(name: str, version: str, root: str = ROOT) -> str:
-    return f"{root}/{name}/{version}"
-
-
-def next_version(versions: list[str]) -> str:
-    """v1, v2, ...: one more than the highest version given."""
-    numbers = [int(v[1:]) for v in versions if v.startswith("v") and v[1:].isdigit()]
-    return f"v{max(numbers, default=0) + 1}"
-
-
-def read_registry(path: Path) -> AdapterRegistry | None:
-    """The registry, None when the file does not exist yet."""
+def read_registry(path: str | Path) -> AdapterRegistry:
+    """The registry at `path`; one line naming the file and the field when it is not one."""
     path = Path(path)
-    if not path.exists():
-        return None
-    return AdapterRegistry.model_validate_json(path.read_text())
+    try:
+        data = json.loads(path.read_text())
+    except OSError as e:
+        raise UserError(f"--adapter-registry {path}: cannot read it ({e.strerror or e})") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"--adapter-registry {path}: not JSON ({e})") from None
+    try:
+        return AdapterRegistry.model_validate(data)
+    except ValidationError as e:
+        first = e.errors()[0]
+        where = ".".join(str(p) for p in first["loc"])
+        why = str(first["msg"]).removeprefix("Value error, ")
+        raise UserError(f"--adapter-registry {path}: {where}: {why}") from None
 
 
-def write_registry(path: Path, registry: AdapterRegistry) -> None:
+def write_registry(path: str | Path, registry: AdapterRegistry) -> None:
+    """Write the registry whole: a temporary file in the same folder, then a rename over `path`."""
     atomic_write_text(Path(path), registry.model_dump_json(indent=2, exclude_none=True) + "\n")
-
-
-def _lock_path(path: Path) -> Path:
-    return path.with_name(f".{path.name}.lock")
-
-
-def register(path: Path, base: BaseModelId, name: str, version: str, adapter_path: str) -> AdapterRegistry:
-    """Add NAME@version to the registry at `path` (created for `base` when missing); a first
-    version takes all of the alias's traffic. Refuses an adapter of another base."""
-    path = Path(path)
-    with file_lock(_lock_path(path)):
-        registry = read_registry(path) or AdapterRegistry(base=base)
-        if registry.base.name != base.name or (base.revision or None) != (registry.base.revision or None):
-            raise ValueError(
-                f"the registry serves base {registry.base.name}@{registry.base.revision or 'default'}, "
-                f"not {base.name}@{base.revision or 'default'}"
-            )
-        adapter = registry.adapters.setdefault(name, RegisteredAdapter())
-        adapter.versions[version] = AdapterVersion(path=adapter_path)
-        if not adapter.weights:
-            adapter.weights = {version: 100}
-        write_registry(path, registry)
-        return registry
-
-
-def unregister(path: Path, name: str, version: str) -> AdapterRegistry | None:
-    """Remove NAME@version (its files stay); its alias weight goes with it."""
-    path = Path(path)
-    with file_lock(_lock_path(path)):
-        registry = read_registry(path)
-        if registry is None or name not in registry.adapters:
-            return registry
-        adapter = registry.adapters[name]
-        adapter.versions.pop(version, None)
-        adapter.weights.pop(version, None)
-        if not adapter.versions:
-            del registry.adapters[name]
-        write_registry(path, registry)
-        return registry

@@ -13,7 +13,7 @@ server's own claim when the FineTune goes.
 
 from __future__ import annotations
 
-from kubetune.contracts.adapters import ROOT as ADAPTER_ROOT
+from kubetune.contracts.adapter_volume import ROOT as ADAPTER_ROOT
 from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.k8s import objects, profiles
 from kubetune.k8s.names import DATA_DIR, Names

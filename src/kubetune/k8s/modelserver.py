@@ -16,7 +16,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from kubetune.contracts.adapters import ROOT as ADAPTER_ROOT
+from kubetune.contracts.adapter_volume import ROOT as ADAPTER_ROOT
 from kubetune.contracts.kube import KubeObject
 from kubetune.k8s import objects
 from kubetune.k8s.finetune import API_VERSION, GROUP, VERSION

@@ -9,7 +9,8 @@ import re
 from dataclasses import dataclass
 from typing import Any
 
-from kubetune.contracts.adapters import adapter_dir, next_version, served_name
+from kubetune.contracts.adapter_volume import adapter_dir, next_version
+from kubetune.contracts.adapters import version_name as served_name
 from kubetune.k8s.modelserver import ModelServerSpec
 from kubetune.recipe.schema import Recipe
 
@@ -157,7 +158,7 @@ def loaded_condition_text(server: str, served: str, pods: list[dict[str, Any]]) 
 
 def alias_weights(registry: dict[str, dict[str, Any]], weights: dict[str, dict[str, int]]) -> dict[str, dict[str, int]]:
     """alias NAME -> {NAME@vN: percent}: the ModelServer's spec.weights where it names registered
-    versions, else (as the registry file says) the first registered version takes it all."""
+    versions, else (as the registry file reads without weights) the newest version takes it all."""
     versions: dict[str, list[str]] = {}
     for entry in registry.values():
         versions.setdefault(entry["name"], []).append(entry["version"])
@@ -165,6 +166,6 @@ def alias_weights(registry: dict[str, dict[str, Any]], weights: dict[str, dict[s
     for alias, registered in sorted(versions.items()):
         wanted = {v: w for v, w in weights.get(alias, {}).items() if v in registered and w > 0}
         if not wanted:
-            wanted = {min(registered, key=lambda v: int(v[1:]) if v[1:].isdigit() else 0): 100}
+            wanted = {max(registered, key=lambda v: int(v[1:]) if v[1:].isdigit() else 0): 100}
         out[alias] = {served_name(alias, v): w for v, w in sorted(wanted.items())}
     return out

@@ -9,8 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
-from kubetune.contracts.adapters import REGISTRY_FILE
-from kubetune.contracts.adapters import ROOT as ADAPTER_ROOT
+from kubetune.contracts.adapter_volume import REGISTRY_FILE
+from kubetune.contracts.adapter_volume import ROOT as ADAPTER_ROOT
 from kubetune.contracts.kube import KubeObject
 from kubetune.errors import UserError
 from kubetune.k8s.names import DATA_DIR, SERVE_SUFFIX, SERVER_COMPONENT, Names, server_selector, standard_labels
