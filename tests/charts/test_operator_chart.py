@@ -92,10 +92,14 @@ def test_every_rendered_object_validates(case):
     assert validate_objects(objects(OPERATOR_CHART, CASES[case])) == []
 
 
-def test_the_crd_is_kubetunes_generated_crd():
-    (shipped,) = chart(OPERATOR_CHART).crds
-    assert shipped["filename"] == f"kubetune-operator/crds/{CRD_FILE}"
-    assert helm_python.values_from_yaml(shipped["data"]) == crd()
+def test_the_crds_are_kubetunes_generated_crds():
+    from kubetune.operator import modelserver_crd
+
+    shipped = {c["filename"]: helm_python.values_from_yaml(c["data"]) for c in chart(OPERATOR_CHART).crds}
+    assert shipped == {
+        f"kubetune-operator/crds/{CRD_FILE}": crd(),
+        f"kubetune-operator/crds/{modelserver_crd.CRD_FILE}": modelserver_crd.crd(),
+    }
 
 
 def test_every_copied_file_equals_the_code_that_makes_it():
@@ -127,9 +131,9 @@ def test_the_rules_and_dashboards_are_what_kubetune_monitor_render_renders(names
     assert by_key(without_helm_labels(rendered)) == by_key(without_helm_labels(expected))
 
 
-def test_the_crd_validates_as_a_custom_resource_definition():
-    (shipped,) = chart(OPERATOR_CHART).crds
-    kubernetes_validate.validate(helm_python.values_from_yaml(shipped["data"]), KUBERNETES_VERSION, strict=True)
+def test_the_crds_validate_as_custom_resource_definitions():
+    for shipped in chart(OPERATOR_CHART).crds:
+        kubernetes_validate.validate(helm_python.values_from_yaml(shipped["data"]), KUBERNETES_VERSION, strict=True)
 
 
 def test_the_operator_watches_every_namespace_by_default():

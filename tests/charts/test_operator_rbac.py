@@ -28,6 +28,8 @@ CLUSTER_ROLE = "kt-kubetune-operator-cluster"
 
 kopf = pytest.importorskip("kopf")
 handlers = pytest.importorskip("kubetune.operator.handlers")
+modelserver = pytest.importorskip("kubetune.operator.modelserver")
+replicas = pytest.importorskip("kubetune.operator.replicas")
 
 Request = tuple[str, str, str]  # (API group, resource[/subresource], verb)
 
@@ -37,6 +39,10 @@ KOPF_NAMESPACED: set[Request] = {
     ("kubetune.io", "finetunes", "watch"),
     ("kubetune.io", "finetunes", "patch"),  # the finalizer, handler progress and diff-base annotations
     ("kubetune.io", "finetunes/status", "patch"),  # status is a subresource: kopf patches it there
+    ("kubetune.io", "modelservers", "list"),  # the same for ModelServers
+    ("kubetune.io", "modelservers", "watch"),
+    ("kubetune.io", "modelservers", "patch"),
+    ("kubetune.io", "modelservers/status", "patch"),
     ("", "events", "create"),  # kopf posts an Event per handler outcome (core v1 events)
 }
 KOPF_CLUSTER: set[Request] = {
@@ -48,7 +54,10 @@ KOPF_CLUSTER: set[Request] = {
 # What the API server asks for what the operator does, beyond the call itself: an owner reference with
 # blockOwnerDeletion needs `update` on the owner's finalizers (the OwnerReferencesPermissionEnforcement
 # admission plugin, on in OpenShift and many hardened clusters).
-ADMISSION: set[Request] = {("kubetune.io", "finetunes/finalizers", "update")}
+ADMISSION: set[Request] = {
+    ("kubetune.io", "finetunes/finalizers", "update"),
+    ("kubetune.io", "modelservers/finalizers", "update"),
+}
 
 NAMESPACE = "team-a"
 TOKEN = "hf_TESTtoken0123456789abcdefghijklmnopq"
@@ -198,6 +207,41 @@ def lifecycle(client: RecordingClient, ft: dict, edit: dict | None = None) -> No
     op.tick(ft)
 
 
+def server_lifecycle(client: RecordingClient) -> None:
+    """A ModelServer created and followed; a FineTune of spec.serve.server trained, its adapter exported,
+    registered and loaded on the server's replica, then deleted (unloaded, unregistered)."""
+    from kubetune.k8s.names import server_selector
+
+    op = Operator(client)
+    ms = {
+        "apiVersion": "kubetune.io/v1alpha1",
+        "kind": "ModelServer",
+        "metadata": {"name": "shared", "namespace": NAMESPACE, "uid": "uid-shared", "generation": 1},
+        "spec": {"base": {"model": "smollm2-135m-instruct"}, "autoscaling": {"metric": "queue"}},
+    }
+    op.call(modelserver._created, ms)
+    ft = finetune("fifth", {"recipe": copy.deepcopy(SEED_LIKE), "serve": {"server": "shared"}})
+    op.call(handlers._created, ft)
+    job = client.job(ft)
+    client.set_condition(job, "Succeeded")
+    op.tick(ft)
+    assert ft["status"]["phase"] == "Exporting", ft["status"]
+    export = client.objects[client._key("batch/v1", "Job", "fifth-adapter-export", NAMESPACE)]
+    export["status"] = {"succeeded": 1}
+    op.tick(ft)
+    assert ft["status"]["phase"] == "Serving", ft["status"]
+    pod = {"apiVersion": "v1", "kind": "Pod", "metadata": {"name": "shared-0", "namespace": NAMESPACE,
+           "labels": server_selector("shared")}, "status": {"phase": "Running", "podIP": "10.0.0.9"}}  # fmt: skip
+    client._put(pod)
+    op.call(modelserver._make_follow(1.0), ms)
+    assert ms["status"]["adapterCount"] == 1, ms["status"]
+    op.call(handlers._deleted, ft)
+    ft["metadata"]["deletionTimestamp"] = "2026-01-01T00:00:00Z"  # held by kopf's finalizer until then
+    client._put(ft)
+    op.call(modelserver._make_follow(1.0), ms)  # its InferenceObjective goes
+    assert ms["status"]["adapterCount"] == 0, ms["status"]
+
+
 SEED_LIKE = {
     "model": {"name_or_path": "smollm2-135m-instruct"},
     "train": {"max_steps": 20},
@@ -239,6 +283,8 @@ def scenarios(client: RecordingClient) -> None:
     recipe["k8s"].update(devices="dra", dra={"min_memory": "40Gi"})
     recipe["k8s"]["resources"].update(accelerators=1, shm_size="1Gi")
     lifecycle(client, finetune("fourth", {"recipe": recipe, "profile": "nvidia"}))
+    # 5. a shared ModelServer, and a FineTune whose adapter it serves
+    server_lifecycle(client)
 
 
 @pytest.fixture(scope="module")
@@ -247,6 +293,11 @@ def recorded(monkeypatch_module) -> dict[bool, set[Request]]:
 
     # rank 0's metrics endpoint is plain HTTP to the pod (no RBAC): the pods here serve none
     monkeypatch_module.setattr(metrics_page, "fetch_metrics", lambda url: None)
+    # the replicas' adapter routes are plain HTTP to the pods (no RBAC): every call works, nothing is loaded yet
+    monkeypatch_module.setattr(replicas, "loaded_adapters", lambda replica: set())
+    monkeypatch_module.setattr(replicas, "load", lambda replica, name, path: None)
+    monkeypatch_module.setattr(replicas, "unload", lambda replica, name: None)
+    monkeypatch_module.setattr(replicas, "set_alias", lambda replica, alias, weights: None)
     secret = {"apiVersion": "v1", "kind": "Secret", "metadata": {"name": "hf-token", "namespace": NAMESPACE},
               "data": {"HF_TOKEN": base64.b64encode(TOKEN.encode()).decode()}}  # fmt: skip
     client = RecordingClient([secret])

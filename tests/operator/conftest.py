@@ -23,6 +23,7 @@ these tests stand in for it:
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -138,6 +139,15 @@ def cluster(kube: Kube) -> Cluster:
         kind=KIND, namespaced=True, subresources=["status"], verbs=VERBS
     )
     kube.emulator.resources["batch/v1/jobs"] = kmock.ResourceInfo(kind="Job", namespaced=True)
+    # the shared servers: kopf watches them too; a ModelServer's gateway objects
+    kube.emulator.resources[f"{API_VERSION}/modelservers"] = kmock.ResourceInfo(
+        kind="ModelServer", namespaced=True, subresources=["status"], verbs=VERBS
+    )
+    for plural, kind in (
+        ("inference.networking.k8s.io/v1/inferencepools", "InferencePool"),
+        ("inference.networking.x-k8s.io/v1alpha2/inferenceobjectives", "InferenceObjective"),
+    ):
+        kube.emulator.resources[plural] = kmock.ResourceInfo(kind=kind, namespaced=True)
     finetunes = kmock.resource(*API_VERSION.split("/"), "finetunes")
 
     def assign_uid(request: Any) -> dict[str, Any]:
@@ -157,6 +167,13 @@ def cluster(kube: Kube) -> Cluster:
 @pytest.fixture
 def operator(cluster: Cluster) -> Iterator[Cluster]:
     """The operator (kopf) running against the emulated API in its own thread, for one test."""
+    with running_operator(cluster):
+        yield cluster
+
+
+@contextlib.contextmanager
+def running_operator(cluster: Cluster) -> Iterator[Cluster]:
+    """The operator for the length of a `with` (a test that restarts it uses two)."""
     import kopf
     from kopf.testing import KopfRunner
 

@@ -67,12 +67,13 @@ def test_checked_in_crd_is_what_the_recipe_schema_generates():
     )
 
 
-def test_cli_prints_the_crd():
+def test_cli_prints_the_crds():
     from kubetune.cli import app
+    from kubetune.operator import modelserver_crd
 
     result = CliRunner().invoke(app, ["operator", "crd"])
     assert result.exit_code == 0, result.output
-    assert yaml.safe_load(result.output) == crd()
+    assert list(yaml.safe_load_all(result.output)) == [crd(), modelserver_crd.crd()]
 
 
 def test_crd_validates_strictly_as_a_custom_resource_definition():

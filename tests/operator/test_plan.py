@@ -117,7 +117,9 @@ def test_spec_serve_holds_the_settings_that_name_a_spec_key_and_the_crd_declares
         ),
     )
     assert plan.ServeSpec.from_dict({}) == plan.ServeSpec(False, ServeSettings())
-    assert set(serve_schema()["properties"]) == set(spec)
+    shared = plan.ServeSpec.from_dict({"server": "llama", "adapterName": "cardio"})
+    assert (shared.server, shared.adapter_name) == ("llama", "cardio")
+    assert set(serve_schema()["properties"]) == set(spec) | {"server", "adapterName"}
 
 
 def test_recipe_text_errors_are_one_line():

@@ -30,10 +30,17 @@ through whole lifecycles, records every request, and fails on a rule missing or 
 - apiGroups: [kubetune.io]
   resources: [finetunes/status]
   verbs: [patch]
+# ModelServers: kopf's watch and bookkeeping as for FineTunes; a FineTune reads its spec.serve.server (get)
+- apiGroups: [kubetune.io]
+  resources: [modelservers]
+  verbs: [get, list, watch, patch]
+- apiGroups: [kubetune.io]
+  resources: [modelservers/status]
+  verbs: [patch]
 # owned objects carry blockOwnerDeletion: the OwnerReferencesPermissionEnforcement admission plugin then
 # requires update on the owner's finalizers
 - apiGroups: [kubetune.io]
-  resources: [finetunes/finalizers]
+  resources: [finetunes/finalizers, modelservers/finalizers]
   verbs: [update]
 # kopf posts an Event per handler outcome; the doctor reads the namespace's events (FailedScheduling, ...)
 - apiGroups: [""]
@@ -102,6 +109,14 @@ through whole lifecycles, records every request, and fails on a rule missing or 
 - apiGroups: [monitoring.coreos.com]
   resources: [podmonitors, servicemonitors]
   verbs: [create]
+# a ModelServer's gateway routing: the InferencePool over its pods, an InferenceObjective per adapter (deleted
+# when its adapter is no longer registered)
+- apiGroups: [inference.networking.k8s.io]
+  resources: [inferencepools]
+  verbs: [create]
+- apiGroups: [inference.networking.x-k8s.io]
+  resources: [inferenceobjectives]
+  verbs: [list, create, delete]
 # k8s.devices=dra: the ResourceClaimTemplate the job's and the server's pods claim their cards from
 - apiGroups: [resource.k8s.io]
   resources: [resourceclaimtemplates]

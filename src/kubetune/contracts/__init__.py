@@ -13,6 +13,9 @@
 - `engine`: what an inference engine and its callers say to each other (requests, sampling,
   token events, limits): the HTTP side (`kubetune.serve.http`), GRPO's rollouts and the engine
   (`kubetune.engine`) read it.
+- `adapters` (the registry file's schema, versions and aliases) and `adapter_volume` (where a
+  shared server's adapters and registry live): what the operator's export Jobs write, the
+  ModelServer's renderer mounts and `kubetune serve --adapter-registry` reads.
 - `findings`: the `Finding` that `kubetune k8s doctor` and `kubetune monitor check` report,
   the order of severities and when a command exits 1.
 

@@ -1,55 +1,89 @@
-"""Render (pure): the merged-export Job the operator runs when training succeeded.
+"""Render (pure): the export Jobs the operator runs when training succeeded.
 
 One pod with the training image, the run's volume claim at /data and the trainers'
 environment (caches, Hugging Face token), running `kubetune export RUN_DIR --merged`. It asks
 for the CPU and memory of one worker (merging holds the base model in memory) and no
 accelerator. No gang labels: it is one pod, scheduled alone.
+
+For a FineTune served by a ModelServer the same Job copies the adapter instead (not merged) into
+the server's adapter volume, mounted at /adapters, and registers it there
+(`python -m kubetune.export.adapter_install`); the unregister Job runs the same module on the
+server's own claim when the FineTune goes.
 """
 
 from __future__ import annotations
 
+from kubetune.contracts.adapter_volume import ROOT as ADAPTER_ROOT
 from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.k8s import objects, profiles
-from kubetune.k8s.names import Names
+from kubetune.k8s.names import DATA_DIR, Names
 from kubetune.recipe.schema import Recipe
 
 CONTAINER = "export"
 BACKOFF_LIMIT = 2
+ADAPTERS_SUBPATH = "adapters"  # where a ModelServer's claim keeps its adapters (its replicas mount it there too)
+INSTALL = ["python", "-m", "kubetune.export.adapter_install"]
 
 
 def export_command(recipe: Recipe) -> list[str]:
     return ["kubetune", "export", recipe.output_dir, "--merged"]
 
 
-def _container(recipe: Recipe, names: Names) -> KubeObject:
+def adapter_install_command(
+    recipe: Recipe, name: str, version: str, base: str, revision: str | None, root: str = ADAPTER_ROOT
+) -> list[str]:
+    """Copy the run's adapter to ROOT/NAME/VERSION and register it for the server's base."""
+    command = [*INSTALL, recipe.output_dir, "--name", name, "--version", version, "--base", base, "--root", root]
+    return command + (["--revision", revision] if revision else [])
+
+
+def adapter_uninstall_command(name: str, version: str, delete_files: bool) -> list[str]:
+    """Unregister NAME@VERSION from the registry on the server's claim (mounted at /data)."""
+    root = f"{DATA_DIR}/{ADAPTERS_SUBPATH}"
+    command = [*INSTALL, "--unregister", "--name", name, "--version", version, "--root", root]
+    return command + (["--delete-files"] if delete_files else [])
+
+
+def _container(recipe: Recipe, names: Names, command: list[str], adapters: tuple[str, str] | None) -> KubeObject:
     k8s = recipe.k8s
     worker = k8s.worker_resources()
     resources = {"cpu": str(worker["cpu"]), "memory": str(worker["memory"])}
     non_root = profiles.PROFILES[k8s.profile].non_root
     container = {
-        "command": export_command(recipe),
+        "command": command,
         "env": objects.worker_env(recipe, names),
         "image": k8s.container_image(),
         "imagePullPolicy": k8s.image_pull_policy,
         "name": CONTAINER,
         "resources": {"limits": resources, "requests": dict(resources)},
         "securityContext": profiles.container_security(k8s) if non_root else None,
-        "volumeMounts": [objects.data_mount()],
+        "volumeMounts": [objects.data_mount()]
+        + ([{"name": "adapters", "mountPath": adapters[1], "subPath": ADAPTERS_SUBPATH}] if adapters else []),
     }
     return drop_none(container)
 
 
-def export_job(recipe: Recipe, names: Names, job_name: str) -> KubeObject:
-    """`recipe` is the applied (resolved) recipe: its output_dir is on the claim."""
+def export_job(
+    recipe: Recipe,
+    names: Names,
+    job_name: str,
+    command: list[str] | None = None,
+    adapters: tuple[str, str] | None = None,
+) -> KubeObject:
+    """`recipe` is the applied (resolved) recipe: its output_dir is on the claim. `command`: the
+    merged export unless given; `adapters`: (a ModelServer's claim, where to mount its adapters)."""
     k8s = recipe.k8s
+    volumes = [objects.data_volume(names)]
+    if adapters:
+        volumes.append({"name": "adapters", "persistentVolumeClaim": {"claimName": adapters[0]}})
     pod = {
-        "containers": [_container(recipe, names)],
+        "containers": [_container(recipe, names, command or export_command(recipe), adapters)],
         "nodeSelector": dict(k8s.node_selector) or None,
         "restartPolicy": "Never",
         "securityContext": profiles.pod_security(k8s),
         "serviceAccountName": k8s.service_account,
         "tolerations": profiles.tolerations(k8s),
-        "volumes": [objects.data_volume(names)],
+        "volumes": volumes,
     }
     meta = objects.object_meta(names, job_name, CONTAINER)
     template = {"metadata": {"labels": dict(meta["labels"])}, "spec": drop_none(pod)}

@@ -35,6 +35,10 @@ CRD_FILES = {
     ("monitoring.coreos.com/v1", "PodMonitor"): "monitoring.coreos.com_podmonitors.yaml",
     ("monitoring.coreos.com/v1", "ServiceMonitor"): "monitoring.coreos.com_servicemonitors.yaml",
     ("monitoring.coreos.com/v1", "PrometheusRule"): "monitoring.coreos.com_prometheusrules.yaml",
+    ("inference.networking.k8s.io/v1", "InferencePool"): "inference.networking.k8s.io_inferencepools.yaml",
+    ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective"): (
+        "inference.networking.x-k8s.io_inferenceobjectives.yaml"
+    ),
     **{
         ("kueue.x-k8s.io/v1beta2", kind): f"kueue.x-k8s.io_{plural}.yaml"
         for kind, plural in (
@@ -45,8 +49,8 @@ CRD_FILES = {
         )
     },
 }
-# Checked against the package's copies whatever `crd_dir` says (the project's ../shared/schemas lacks them).
-VENDORED_ONLY = {key for key in CRD_FILES if key[0] == "monitoring.coreos.com/v1"}
+# Checked against the package's copies whatever `crd_dir` says (the monitoring ones: ../shared/schemas lacks them).
+VENDORED_ONLY = {key for key in CRD_FILES if key[0].startswith(("monitoring.coreos.com/", "inference.networking."))}
 # Whose `x-kubernetes-validations` CEL rules are evaluated too (cel-python): they say what the
 # schemas cannot (Kueue: a Topology's hostname level comes last, a flavor of a Topology has node
 # labels, every flavor quotas each covered resource; Trainer v2: a TrainJob's name is an RFC 1035

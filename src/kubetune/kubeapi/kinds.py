@@ -74,6 +74,21 @@ KINDS = {
             )
         ),
         Kind("kubetune.io/v1alpha1", "FineTune", "finetunes", True, "kubetune's FineTune CRD and operator"),
+        Kind("kubetune.io/v1alpha1", "ModelServer", "modelservers", True, "kubetune's ModelServer CRD and operator"),
+        Kind(
+            "inference.networking.k8s.io/v1",
+            "InferencePool",
+            "inferencepools",
+            True,
+            "the Gateway API Inference Extension (v1.0 or newer)",
+        ),
+        Kind(
+            "inference.networking.x-k8s.io/v1alpha2",
+            "InferenceObjective",
+            "inferenceobjectives",
+            True,
+            "the Gateway API Inference Extension (v1.0 to v1.5)",
+        ),
         *(
             Kind("kueue.x-k8s.io/v1beta2", kind, plural, namespaced, "Kueue (v0.19 or newer)")
             for kind, plural, namespaced in (

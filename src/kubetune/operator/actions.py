@@ -13,14 +13,17 @@ from typing import Any
 
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import doctor, follow
-from kubetune.k8s.export_job import export_job
+from kubetune.k8s.export_job import adapter_install_command, adapter_uninstall_command, export_job
+from kubetune.k8s.modelserver import API_VERSION as MS_API_VERSION
+from kubetune.k8s.modelserver import KIND as MS_KIND
+from kubetune.k8s.modelserver import ModelServerSpec, server_recipe
 from kubetune.k8s.names import Names, trainer_selector
 from kubetune.k8s.objects import config_map_recipe, recipe_text_data
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
 from kubetune.k8s.serve.render import render_serve
 from kubetune.kubeapi import ClusterError, Conflict, KubeClient
-from kubetune.operator import metrics_page, plan
+from kubetune.operator import metrics_page, plan, serverplan
 from kubetune.recipe.gated import missing_token_problem
 from kubetune.recipe.schema import Recipe
 
@@ -122,6 +125,64 @@ def create_export(client: KubeClient, body: dict[str, Any], recipe: Recipe) -> l
     return create_all(client, plan.owned([job], body, delete_claim=False))
 
 
+def model_server(client: KubeClient, name: str, namespace: str) -> dict[str, Any] | None:
+    return client.get(MS_API_VERSION, MS_KIND, name, namespace)
+
+
+def claim_version(
+    client: KubeClient, server_body: dict[str, Any], finetune: str, adapter: str, taken: list[str]
+) -> serverplan.AdapterRef:
+    """The next free version of `adapter` on the server, reserved atomically: a ConfigMap per
+    version, owned by the ModelServer (so a version is never given out twice while the server
+    lives, even when two FineTunes finish at once or one was deleted with its files kept); the
+    API server's 409 on create is the lock. A FineTune finds its own claim again on a retry."""
+    server_name, namespace = meta(server_body)
+    spec = ModelServerSpec.from_dict(server_body.get("spec") or {})
+    versions = list(taken)
+    while True:
+        ref = serverplan.new_adapter(server_name, adapter, versions, spec)
+        claim = serverplan.version_claim(server_name, namespace, ref, finetune)
+        try:
+            client.create(plan.owned([claim], server_body, delete_claim=False)[0])
+            return ref
+        except Conflict:
+            held = client.get("v1", "ConfigMap", claim["metadata"]["name"], namespace)
+            if ((held or {}).get("data") or {}).get("finetune") == finetune:
+                return ref
+        versions.append(ref.version)
+
+
+def create_adapter_export(
+    client: KubeClient, body: dict[str, Any], recipe: Recipe, ref: serverplan.AdapterRef, server: ModelServerSpec
+) -> list[str]:
+    """The Job that copies the run's adapter (not merged) into the server's volume and registers it."""
+    name, namespace = meta(body)
+    command = adapter_install_command(recipe, ref.name, ref.version, server.base, server.revision, server.mount_path)
+    claim = Names.for_job(ref.server, namespace).pvc
+    job = export_job(
+        recipe,
+        Names.for_job(name, namespace),
+        name + serverplan.ADAPTER_EXPORT_SUFFIX,
+        command=command,
+        adapters=(claim, server.mount_path),
+    )
+    return create_all(client, plan.owned([job], body, delete_claim=False))
+
+
+def create_unregister(
+    client: KubeClient, server_body: dict[str, Any], ref: serverplan.AdapterRef, finetune: str
+) -> list[str]:
+    """The Job that takes a deleted FineTune's adapter out of the server's registry (and, with
+    adapterStorage.retention Delete, its files): owned by the ModelServer, which outlives it."""
+    server_name, namespace = meta(server_body)
+    spec = ModelServerSpec.from_dict(server_body.get("spec") or {})
+    recipe = server_recipe(server_name, namespace, spec)
+    command = adapter_uninstall_command(ref.name, ref.version, delete_files=spec.retention == "Delete")
+    job_name = f"{finetune}-{ref.version}{serverplan.UNREGISTER_SUFFIX}"[:63].rstrip("-")
+    job = export_job(recipe, Names.for_job(server_name, namespace), job_name, command=command)
+    return create_all(client, plan.owned([job], server_body, delete_claim=False))
+
+
 def serving_objects(body: dict[str, Any], spec: plan.FineTuneSpec, recipe: Recipe) -> list[dict[str, Any]]:
     """What `kubetune k8s render-serve` makes for the run, owned by the FineTune. No token: the
     serving pods read the training job's Secret, which `training_objects` made."""
@@ -138,6 +199,8 @@ class Observation:
     pods: list[dict[str, Any]] = field(default_factory=list)
     export_job: dict[str, Any] | None = None
     serving: dict[str, Any] | None = None  # the serving Deployment
+    server: dict[str, Any] | None = None  # spec.serve.server's ModelServer
+    adapter_export_job: dict[str, Any] | None = None
 
     @property
     def restarts(self) -> int:
@@ -148,7 +211,7 @@ class Observation:
         )
 
 
-def observe(client: KubeClient, body: dict[str, Any], recipe: Recipe) -> Observation:
+def observe(client: KubeClient, body: dict[str, Any], recipe: Recipe, server: str | None = None) -> Observation:
     name, namespace = meta(body)
     api_version, kind = JOB_KINDS[recipe.k8s.api]
     job = client.get(api_version, kind, name, namespace)
@@ -159,6 +222,10 @@ def observe(client: KubeClient, body: dict[str, Any], recipe: Recipe) -> Observa
         pods=pods,
         export_job=client.get("batch/v1", "Job", name + plan.EXPORT_SUFFIX, namespace),
         serving=client.get("apps/v1", "Deployment", f"{name}-serve", namespace),
+        server=model_server(client, server, namespace) if server else None,
+        adapter_export_job=client.get("batch/v1", "Job", name + serverplan.ADAPTER_EXPORT_SUFFIX, namespace)
+        if server
+        else None,
     )
 
 

@@ -51,10 +51,11 @@ def old_spelling(
 
 
 def crd_cmd() -> None:
-    """Print the FineTune CustomResourceDefinition (kubectl apply -f -)."""
+    """Print the FineTune and ModelServer CustomResourceDefinitions (kubectl apply -f -)."""
+    from kubetune.operator import modelserver_crd
     from kubetune.operator.crd import crd_yaml
 
-    typer.echo(crd_yaml(), nl=False)
+    typer.echo(crd_yaml() + "---\n" + modelserver_crd.crd_yaml(), nl=False)
 
 
 def register(app: typer.Typer, pod_app: typer.Typer) -> None:

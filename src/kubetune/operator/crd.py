@@ -42,6 +42,7 @@ PHASES = ("Pending", "Running", "Suspended", "Exporting", "Serving", "Succeeded"
 PROFILES = ("cpu", "gaudi", "nvidia")
 APIS = ("pytorchjob", "trainjob")
 CLAIM_POLICIES = ("Retain", "Delete")
+ADAPTER_NAME_PATTERN = "^[a-z0-9]([-a-z0-9_.]*[a-z0-9])?$"  # a served name; `@` is the version's
 
 Schema = dict[str, Any]
 _DROPPED = ("title", "default", "propertyNames", "$defs")
@@ -173,6 +174,14 @@ def serve_schema() -> Schema:
         else:
             choices = {"enum": list(option.choices)} if option.choices else {}
             properties[option.spec_key] = _str(option.spec_help, **choices)
+    properties["server"] = _str(
+        "A ModelServer in this namespace: export the LoRA adapter (not merged) into it and serve it there, "
+        "instead of a Deployment of this run's own."
+    )
+    properties["adapterName"] = _str(
+        "The adapter's name on the server (default: the FineTune's name); versions are NAME@v1, NAME@v2, ...",
+        pattern=ADAPTER_NAME_PATTERN,
+    )
     what = "Serve the trained model when training succeeds: the objects of `kubetune k8s render-serve`."
     return _obj(what, properties)
 
@@ -209,8 +218,8 @@ def spec_schema() -> Schema:
     return spec
 
 
-def status_schema() -> Schema:
-    condition = _obj(
+def condition_schema() -> Schema:
+    return _obj(
         "One observation (metav1.Condition's fields).",
         {
             "type": _str("Valid, Training, Suspended, Exported, Serving, Ready, Restarted, RecipeChange, ..."),
@@ -222,6 +231,10 @@ def status_schema() -> Schema:
         },
         ["type", "status"],
     )
+
+
+def status_schema() -> Schema:
+    condition = condition_schema()
     progress = _obj(
         "Rank 0's progress (the job's log line or its metrics).",
         {
@@ -260,6 +273,17 @@ def status_schema() -> Schema:
                 },
             ),
             "endpoint": _str("The served OpenAI-compatible base URL."),
+            "adapter": _obj(
+                "spec.serve.server: the adapter as the ModelServer serves it.",
+                {
+                    "server": _str("The ModelServer."),
+                    "name": _str("The adapter (its alias)."),
+                    "version": _str("This FineTune's version, vN."),
+                    "servedName": _str("NAME@vN: the model name requests use (the alias NAME routes by weight)."),
+                    "path": _str("Its directory on the server's adapter volume."),
+                    "registered": {"type": "boolean", "description": "Exported and in the server's registry."},
+                },
+            ),
             "restarts": _int("Training pod restarts seen."),
             "observedGeneration": _int("The spec generation last acted on."),
         },
@@ -383,9 +407,14 @@ def _drop_pruned_nulls(obj: Any, schema: Schema) -> Any:
 def check_finetune(obj: dict[str, Any]) -> list[str]:
     """Problems the API server would report for this FineTune under strict field validation
     (CEL rules are not evaluated here), one line each; empty = it would be accepted."""
+    return schema_problems(obj, openapi_schema())
+
+
+def schema_problems(obj: dict[str, Any], schema: Schema) -> list[str]:
+    """Problems the API server would report for `obj` under strict field validation against this
+    structural schema (CEL rules are not evaluated here), one line each."""
     import jsonschema
 
-    schema = openapi_schema()
     problems = [f'unknown field "{p}"' for p in unknown_fields(obj, schema)]
     pruned = _drop_pruned_nulls(obj, schema)
     validator = jsonschema.Draft4Validator(draft4(schema))

@@ -10,10 +10,14 @@
   Job and the serving Deployment, take the next step (`plan.next_step`), write status. After
   creation it is the only writer of status.conditions (a list: two writers would lose updates).
 
+- spec.serve.server: after training the adapter goes to that ModelServer (`serverplan`: a
+  version, the adapter-export Job, registered in status.adapter); the ModelServer's timer
+  (`modelserver.py`) loads it on the replicas, and this timer reports it per replica.
+
 Cluster errors (unreachable, 409 on our own writes, a Kubeflow CRD not installed yet: 404)
 are temporary: kopf retries after a delay. Deleting a FineTune deletes what it owns through
-Kubernetes' garbage collector (ownerReferences): no delete handler; kopf's finalizer only
-holds the deletion until the timer has stopped.
+Kubernetes' garbage collector (ownerReferences); the delete handler only unloads a served
+adapter from its ModelServer's replicas and unregisters it (a Job the server owns).
 """
 
 from __future__ import annotations
@@ -26,11 +30,12 @@ from typing import Any
 import kopf
 
 from kubetune.errors import RecipeError, UserError
-from kubetune.k8s.names import Names
+from kubetune.k8s.modelserver import ModelServerSpec
+from kubetune.k8s.names import Names, server_selector
 from kubetune.k8s.objects import config_map
 from kubetune.kubeapi import ClusterError, KubeClient, connect, load_config
-from kubetune.operator import actions, plan
-from kubetune.operator.crd import GROUP, PLURAL, VERSION
+from kubetune.operator import actions, modelserver, plan, replicas, serverplan
+from kubetune.operator.crd import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from kubetune.rundir import changed_keys
 
 RESOURCE = (GROUP, VERSION, PLURAL)
@@ -51,6 +56,8 @@ def register(registry: kopf.OperatorRegistry, interval: float = 15.0) -> None:
     kopf.on.resume(*RESOURCE, registry=registry)(_created)
     kopf.on.update(*RESOURCE, field="spec", registry=registry)(_spec_changed)
     kopf.timer(*RESOURCE, interval=interval, registry=registry)(_follow)
+    kopf.on.delete(*RESOURCE, registry=registry, optional=True)(_deleted)
+    modelserver.register(registry, interval)
 
 
 def _startup(settings: kopf.OperatorSettings, memo: kopf.Memo, **_: Any) -> None:
@@ -119,7 +126,10 @@ def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int = 0
     generation = ft["metadata"].get("generation")
     try:
         recipe = actions.applied_recipe(client, ft) or actions.spec_recipe(client, ft, spec)
+        _refuse_another_base(client, ft, spec, recipe)
         created = actions.create_training(client, ft, spec, recipe)
+    except WrongBase as e:
+        raise _refuse(patch, ft, "WrongBase", "wrong base", e.problems) from None
     except RecipeError as e:
         raise _refuse(patch, ft, "InvalidRecipe", "invalid recipe", e.problems) from None
     except actions.TokenSecretMissing as e:
@@ -141,6 +151,24 @@ def _created(body: kopf.Body, patch: kopf.Patch, memo: kopf.Memo, retry: int = 0
         phase = patch.status.get("phase") or ft["status"]["phase"]
         _say(ft, f"accepted: the recipe is valid; {kind} {name}, {recipe.k8s.replicas} replicas; phase {phase}")
         _say_created(ft, created)
+
+
+class WrongBase(UserError):
+    """spec.serve.server serves another base than the recipe trains on."""
+
+
+def _refuse_another_base(client: KubeClient, ft: dict[str, Any], spec: plan.FineTuneSpec, recipe: Any) -> None:
+    """Before any training: an adapter of this run could never be served on spec.serve.server.
+    (A server created later is checked when training has succeeded, before the export.)"""
+    if not spec.serve.server:
+        return
+    server = actions.model_server(client, spec.serve.server, actions.meta(ft)[1])
+    if server is None:
+        return
+    server_spec = ModelServerSpec.from_dict(server.get("spec") or {})
+    mismatch = serverplan.base_mismatch(recipe, spec.serve.server, server_spec)
+    if mismatch:
+        raise WrongBase(mismatch)
 
 
 def _refuse(patch: kopf.Patch, ft: dict[str, Any], reason: str, what: str, problems: list[str]) -> kopf.PermanentError:
@@ -272,8 +300,9 @@ def _advance(
     spec = plan.FineTuneSpec.from_dict(ft.get("spec") or {})
     status = ft.get("status") or {}
     recipe = actions.applied_recipe(client, ft) or actions.spec_recipe(client, ft, spec)
-    seen = actions.observe(client, ft, recipe)
+    seen = actions.observe(client, ft, recipe, spec.serve.server)
     trained = status.get("phase") in plan.TRAINED_PHASES
+    server_spec = ModelServerSpec.from_dict(seen.server.get("spec") or {}) if seen.server else None
     observed = plan.Observed(
         suspend=spec.suspend,
         trained=trained,
@@ -284,9 +313,13 @@ def _advance(
         export_state=plan.export_state(seen.export_job),
         serve_enabled=spec.serve.enabled,
         serving=seen.serving is not None,
+        adapter_server=spec.serve.server,
+        server_found=seen.server is not None,
+        base_mismatch=serverplan.base_mismatch(recipe, spec.serve.server or "", server_spec) if server_spec else None,
+        adapter_export_state=plan.export_state(seen.adapter_export_job),
     )
     step = plan.next_step(observed)
-    _act(client, ft, spec, recipe, step.actions, patch)
+    _act(client, ft, spec, recipe, step.actions, patch, seen)
     return seen, observed, step
 
 
@@ -297,9 +330,12 @@ def _act(
     recipe: Any,
     todo: tuple[str, ...],
     patch: kopf.Patch,
+    seen: actions.Observation | None = None,
 ) -> None:
     name, namespace = actions.meta(ft)
     for action in todo:
+        if action in ("create-adapter-export", "register-adapter") and seen is not None:
+            _act_on_server(client, ft, spec, recipe, action, patch, seen)
         if action == "create-training":
             _say_created(ft, actions.create_training(client, ft, spec, recipe))
         elif action == "delete-training" and actions.delete_training(client, name, namespace):
@@ -314,6 +350,61 @@ def _act(
             _say_created(ft, created)
             if created:
                 _say(ft, f"the OpenAI endpoint is {patch.status['endpoint']}")
+
+
+def _act_on_server(
+    client: KubeClient,
+    ft: dict[str, Any],
+    spec: plan.FineTuneSpec,
+    recipe: Any,
+    action: str,
+    patch: kopf.Patch,
+    seen: actions.Observation,
+) -> None:
+    """spec.serve.server: export the adapter into the server (a new version), then register it:
+    status.adapter.registered, which the ModelServer's timer reads as its registry."""
+    assert seen.server is not None and spec.serve.server is not None
+    name, namespace = actions.meta(ft)
+    server = ModelServerSpec.from_dict(seen.server.get("spec") or {})
+    current = serverplan.AdapterRef.from_status((ft.get("status") or {}).get("adapter"))
+    if action == "create-adapter-export":
+        if current is None or current.server != spec.serve.server:
+            finetunes = client.list(API_VERSION, KIND, namespace)
+            adapter = spec.serve.adapter_name or name
+            listed = (seen.server.get("status") or {}).get("adapters") or []
+            taken = serverplan.taken_versions(adapter, spec.serve.server, finetunes, listed)
+            current = actions.claim_version(client, seen.server, name, adapter, taken)
+        patch.status["adapter"] = current.status()
+        _say_created(ft, actions.create_adapter_export(client, ft, recipe, current, server))
+        job = name + serverplan.ADAPTER_EXPORT_SUFFIX
+        patch.status["exportJobRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": job}
+    elif current is not None and not current.registered:
+        patch.status["adapter"] = {**current.status(), "registered": True}
+        _say(ft, f"registered {current.served_name} on ModelServer {current.server} ({current.path})")
+
+
+def _write_server_status(
+    ft: dict[str, Any], seen: actions.Observation, observed: plan.Observed, patch: kopf.Patch
+) -> None:
+    """Conditions of a FineTune served by a ModelServer: the server missing, another base, and
+    per replica whether the adapter is loaded (and why not); the endpoint and served name."""
+    server = observed.adapter_server
+    if not observed.server_found:
+        msg = f"ModelServer {server} does not exist in this namespace (yet); create it, or fix spec.serve.server"
+        _set_condition(patch, ft, plan.condition("AdapterLoaded", False, "ServerNotFound", msg))
+        return
+    if observed.base_mismatch:
+        _set_condition(patch, ft, plan.condition("AdapterLoaded", False, "WrongBase", observed.base_mismatch))
+        return
+    ref = serverplan.AdapterRef.from_status(patch.status.get("adapter") or (ft.get("status") or {}).get("adapter"))
+    if ref is None or seen.server is None or observed.adapter_export_state != "Complete":
+        return
+    status = seen.server.get("status") or {}
+    ok, reason, message = serverplan.loaded_condition_text(server or "", ref.served_name, status.get("pods") or [])
+    _set_condition(patch, ft, plan.condition("AdapterLoaded", ok, reason, message))
+    _set_condition(patch, ft, plan.condition("Ready", ok, "AdapterServed" if ok else reason, message))
+    if status.get("endpoint"):
+        patch.status["endpoint"] = status["endpoint"]
 
 
 def _write_status(
@@ -347,7 +438,9 @@ def _write_status(
     failed = _write_failure(client, ft, observed, step, patch)
     if observed.export_state == "Complete":
         _set_condition(patch, ft, plan.condition("Exported", True, "MergedExport"))
-    if step.phase == "Serving":
+    if observed.adapter_server:
+        _write_server_status(ft, seen, observed, patch)
+    elif step.phase == "Serving":
         _set_condition(patch, ft, plan.condition("Ready", True, "ServingObjectsCreated", status.get("endpoint", "")))
     return failed
 
@@ -359,11 +452,15 @@ def _write_failure(
     if step.phase != "Failed" or (ft.get("status") or {}).get("phase") == "Failed":
         return None
     name, namespace = actions.meta(ft)
+    if observed.base_mismatch:
+        _set_condition(patch, ft, plan.condition("Failed", True, "WrongBase", observed.base_mismatch))
+        return observed.base_mismatch
     if observed.job_state == "Failed":
         why = "\n".join(actions.diagnosis(client, name, namespace)) or "the training job failed"
         _set_condition(patch, ft, plan.condition("Failed", True, "TrainingFailed", why))
         return why
-    job = name + plan.EXPORT_SUFFIX
+    suffix = serverplan.ADAPTER_EXPORT_SUFFIX if observed.adapter_export_state == "Failed" else plan.EXPORT_SUFFIX
+    job = name + suffix
     msg = f"Job {job} failed: `kubectl logs job/{job} -n {namespace}` says why"
     _set_condition(patch, ft, plan.condition("Failed", True, "ExportFailed", msg))
     return msg
@@ -403,9 +500,45 @@ def _why(ft: dict[str, Any], observed: plan.Observed, step: plan.Step) -> str:
         return f"waiting for {job} {name} to run"
     if step.phase == "Running":
         return f"{job} {name} is {observed.job_state}"
+    server = observed.adapter_server
+    if step.phase == "Exporting" and server and not observed.server_found:
+        return f"training succeeded; waiting for ModelServer {server}"
+    if step.phase == "Exporting" and server and observed.export_state in (None, "Complete"):
+        return f"training succeeded; Job {name}{serverplan.ADAPTER_EXPORT_SUFFIX} exports the adapter into {server}"
     if step.phase == "Exporting":
         return f"training succeeded; Job {name}{plan.EXPORT_SUFFIX} merges the adapter into the model"
+    if step.phase == "Serving" and server:
+        return f"ModelServer {server} serves the adapter"
     if step.phase == "Serving":  # the endpoint was said when created (status may not show it yet)
         return f"Deployment {name}-serve serves the model"
     model = artifacts.get("merged") or artifacts.get("adapter") or "the run directory"
     return f"training succeeded; the model is in {model}"
+
+
+# ------------------------------------------------------------------ deleting
+
+
+def _deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
+    """A FineTune served by a ModelServer goes: its adapter is unloaded from every ready replica
+    now, and a Job takes it out of the registry (its files stay unless the server's
+    adapterStorage.retention is Delete). The ModelServer's timer unloads it too where this missed
+    (it leaves the registry as soon as the FineTune is being deleted)."""
+    client: KubeClient = memo["client"]
+    ft = _plain(body)
+    ref = serverplan.AdapterRef.from_status((ft.get("status") or {}).get("adapter"))
+    if ref is None:
+        return
+    name, namespace = actions.meta(ft)
+    try:
+        server_body = actions.model_server(client, ref.server, namespace)
+        if server_body is None:
+            return  # the server (and its volume's registry, unless kept) went first
+        pods = client.list("v1", "Pod", namespace, server_selector(ref.server))
+        for replica in replicas.ready_replicas(pods):
+            reason = replicas.unload(replica, ref.served_name)
+            what = "unloaded" if reason is None else f"could not unload ({reason})"
+            _say(ft, f"{what} {ref.served_name} from {replica.pod}")
+        if ref.registered:
+            _say_created(ft, actions.create_unregister(client, server_body, ref, name))
+    except ClusterError as e:
+        raise _temporary(e) from None

@@ -44,10 +44,17 @@ class ServeSpec:
 
     enabled: bool = False
     settings: ServeSettings = field(default_factory=ServeSettings)
+    server: str | None = None  # a ModelServer: the adapter is exported into it and served there
+    adapter_name: str | None = None  # its name there (default: the FineTune's)
 
     @classmethod
     def from_dict(cls, serve: dict[str, Any]) -> ServeSpec:
-        return cls(bool(serve.get("enabled", False)), ServeSettings.from_spec(serve))
+        return cls(
+            bool(serve.get("enabled", False)),
+            ServeSettings.from_spec(serve),
+            serve.get("server"),
+            serve.get("adapterName"),
+        )
 
 
 @dataclass(frozen=True)
@@ -82,8 +89,10 @@ class FineTuneSpec:
         )
 
     def export_wanted(self, recipe: Recipe) -> bool:
-        # a full fine-tune's model/ is already whole: only LoRA has something to merge
-        return (self.serve.enabled or self.export_merged) and recipe.finetune.method == "lora"
+        # a full fine-tune's model/ is already whole: only LoRA has something to merge; a shared
+        # server (spec.serve.server) takes the adapter as it is
+        own_server = self.serve.enabled and not self.serve.server
+        return (own_server or self.export_merged) and recipe.finetune.method == "lora"
 
 
 def _key_ref(ref: dict[str, Any] | None, default_key: str) -> tuple[str, str] | None:
@@ -111,6 +120,11 @@ def load_recipe_for(name: str, namespace: str, data: dict[str, Any], spec: FineT
     except RecipeError as e:
         raise RecipeError(*problems, *e.problems) from None
     problems += recipe_problems(recipe)
+    if spec.serve.server and recipe.finetune.method != "lora":
+        problems.append(
+            f"spec.serve.server: a ModelServer serves LoRA adapters, and finetune.method is "
+            f"{recipe.finetune.method}; set finetune.method: lora, or serve it alone with spec.serve.enabled"
+        )
     if spec.serve.enabled:
         # the settings speak in render-serve's flags (--max-replicas): say spec.serve's words
         problems += [f"spec.serve: {p.replace('--', '')}" for p in spec.serve.settings.problems()]
@@ -130,8 +144,8 @@ def resolved(recipe: Recipe) -> Recipe:
 def owner_reference(owner: dict[str, Any]) -> dict[str, Any]:
     meta = owner["metadata"]
     return {
-        "apiVersion": API_VERSION,
-        "kind": KIND,
+        "apiVersion": owner.get("apiVersion", API_VERSION),  # a FineTune, or a ModelServer
+        "kind": owner.get("kind", KIND),
         "name": meta["name"],
         "uid": meta["uid"],
         "controller": True,
@@ -171,12 +185,17 @@ class Observed:
     export_state: str | None  # None (no export Job) | Running | Complete | Failed
     serve_enabled: bool
     serving: bool  # the serving Deployment exists
+    adapter_server: str | None = None  # spec.serve.server
+    server_found: bool = True  # that ModelServer exists
+    base_mismatch: str | None = None  # why the adapter does not fit the server's base
+    adapter_export_state: str | None = None  # the adapter-export Job, as export_state reads a Job
 
 
 @dataclass(frozen=True)
 class Step:
     phase: str
-    actions: tuple[str, ...] = ()  # create-training | delete-training | create-export | create-serving
+    actions: tuple[str, ...] = ()  # create-training | delete-training | create-export | create-serving |
+    # create-adapter-export | register-adapter
 
 
 def next_step(o: Observed) -> Step:
@@ -196,9 +215,25 @@ def _after_training(o: Observed) -> Step:
         if o.export_state == "Failed":
             return Step("Failed")
         return Step("Exporting", () if o.export_state else ("create-export",))
+    if o.adapter_server:
+        return _to_server(o)
     if o.serve_enabled:
         return Step("Serving", () if o.serving else ("create-serving",))
     return Step("Succeeded")
+
+
+def _to_server(o: Observed) -> Step:
+    """spec.serve.server: the adapter is exported into the server's volume and registered there,
+    then the server's replicas load it (the ModelServer's timer); refused for another base."""
+    if not o.server_found:
+        return Step("Exporting")  # waits for the ModelServer; the condition names it
+    if o.base_mismatch:
+        return Step("Failed")
+    if o.adapter_export_state == "Failed":
+        return Step("Failed")
+    if o.adapter_export_state != "Complete":
+        return Step("Exporting", () if o.adapter_export_state else ("create-adapter-export",))
+    return Step("Serving", ("register-adapter",))
 
 
 def job_state(job: dict[str, Any] | None) -> str | None:

@@ -47,8 +47,12 @@ def native_argv(plan: Plan) -> list[str]:
         argv.append("--allow-runtime-adapters")
     for a in _adapters_in_pod(plan):
         argv += ["--adapter", f"{a.name}={a.path}"]
-    if plan.settings.max_loras:
-        argv += ["--max-loras", str(plan.settings.max_loras)]
+    shared = plan.adapter_serving
+    if shared is not None:  # a ModelServer: adapters arrive at run time and from the registry at start
+        argv += ["--allow-runtime-adapters", "--adapter-registry", shared.registry]
+    max_loras = shared.max_loras if shared is not None else plan.settings.max_loras
+    if max_loras:
+        argv += ["--max-loras", str(max_loras)]
     return argv
 
 

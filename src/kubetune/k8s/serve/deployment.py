@@ -20,6 +20,7 @@ from kubetune.k8s.serve.plan import MODEL_IMAGE_DIR, MODELS_DIR, PORT_NAME, Plan
 from kubetune.recipe.k8s import VLLM_IMAGES
 
 CONTAINER = "server"
+ADAPTERS_SUBPATH = "adapters"  # a ModelServer's adapters on its claim (its /data keeps the model cache)
 PROBE_PERIOD_S = 10
 # preStop: the pod leaves the Service's endpoints while this sleeps, so the ingress controller
 # stops sending it requests before SIGTERM makes the server refuse them.
@@ -53,6 +54,8 @@ def server_container(plan: Plan, startup_s: int) -> KubeObject:
     mounts: list[KubeObject] = [run, {"name": "dshm", "mountPath": "/dev/shm"}]
     if plan.engine == "vllm" or plan.rollout:
         mounts.append({"name": "cache", "mountPath": CACHE_DIR})
+    if plan.adapter_serving is not None:  # the ModelServer's claim holds the adapters under adapters/
+        mounts.append({"name": "data", "mountPath": plan.adapter_serving.root, "subPath": ADAPTERS_SUBPATH})
     container: KubeObject = {
         "name": CONTAINER,
         "image": plan.settings.image

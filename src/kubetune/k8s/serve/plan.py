@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Any
 
+from kubetune.contracts.adapter_volume import REGISTRY_FILE
+from kubetune.contracts.adapter_volume import ROOT as ADAPTER_ROOT
 from kubetune.contracts.kube import KubeObject
 from kubetune.errors import UserError
 from kubetune.k8s.names import DATA_DIR, SERVE_SUFFIX, SERVER_COMPONENT, Names, server_selector, standard_labels
@@ -74,6 +76,16 @@ def is_gguf(name_or_path: str) -> bool:
     return name_or_path == DEFAULT_MODEL or name_or_path.lower().endswith(".gguf")
 
 
+@dataclass(frozen=True)
+class AdapterServing:
+    """A shared server (a ModelServer): the base model served with runtime adapters, which it
+    reads from the adapter volume (`kubetune.contracts.adapters`) mounted at /adapters."""
+
+    max_loras: int
+    registry: str = REGISTRY_FILE
+    root: str = ADAPTER_ROOT
+
+
 @dataclass
 class Plan:
     """What the objects share, worked out once."""
@@ -89,6 +101,7 @@ class Plan:
     # GRPO's rollout server (k8s/serve/rollout.py): the recipe's base model with runtime adapters,
     # the claim read-only (the trainer writes the adapters there), caches in the pod's own emptyDir
     rollout: bool = False
+    adapter_serving: AdapterServing | None = None  # a ModelServer's replicas
 
     @property
     def k8s(self) -> K8sSection:

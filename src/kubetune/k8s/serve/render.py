@@ -11,6 +11,7 @@ from kubetune.k8s.render import Rendered, _refuse_token_leak
 from kubetune.k8s.scrape import server_service_monitor
 from kubetune.k8s.serve.autoscale import adapter_rule_config_map, autoscaler
 from kubetune.k8s.serve.deployment import deployment, disruption_budget
+from kubetune.k8s.serve.gateway import inference_objective, inference_pool
 from kubetune.k8s.serve.network import ingress, network_policy, service
 from kubetune.k8s.serve.plan import Plan, is_gguf, plan_for
 from kubetune.k8s.serve.settings import ServeSettings
@@ -57,6 +58,12 @@ def _access_warnings(settings: ServeSettings) -> list[str]:
     return []
 
 
+def served_models(plan: Plan) -> list[str]:
+    """The model names requests use: the run's (its job's name: a LoRA run's adapter, or the full
+    model) and each --adapter's."""
+    return [plan.job.job] + [a.name for a in plan.settings.adapters]
+
+
 def render_serve(
     recipe: Recipe, settings: ServeSettings, hf_token: str | None = None, local_run: Path | None = None
 ) -> Rendered:
@@ -80,6 +87,8 @@ def render_serve(
     if settings.autoscale != "off":
         out.append(autoscaler(plan))
     out.append(ingress(plan))
+    if settings.gateway:
+        out += [inference_pool(plan)] + [inference_objective(plan, name) for name in served_models(plan)]
     if hf_token:
         _refuse_token_leak(out, hf_token)
     return Rendered(objects=out, names=plan.names, warnings=plan.warnings + _warnings(plan))

@@ -147,6 +147,12 @@ class ServeSettings:
         "--cert-manager-issuer",
         "TLS on the Ingress from this cert-manager ClusterIssuer, into the Secret <name>-tls (needs --ingress-host).",
     )
+    gateway: bool = _setting(
+        False,
+        "--gateway",
+        "Also render an InferencePool over the server's pods and one InferenceObjective per served model "
+        "(the run's, each --adapter's), for an Inference Gateway or llm-d's router (docs/serving.md).",
+    )
     require_cpu_features: bool = _setting(
         False,
         "--require-cpu-features",
