@@ -1,0 +1,182 @@
+"""`monitor.report_to`: a tiny run logged to a real MLflow server, TensorBoard and W&B (offline),
+read back through each library's own reader and compared with metrics.jsonl; a resume continues the
+same tracking runs; an unreachable tracker warns (or, required, stops before step 1); no secret
+reaches the parameters."""
+
+from __future__ import annotations
+
+import json
+import logging
+from pathlib import Path
+
+import pytest
+
+from kubetune.netutil import free_port
+from kubetune.training.run import train_from_recipe
+from tests.kit.cli import run_cli_in_process
+from tests.kit.trackers import wandb_config, wandb_history
+
+from ..conftest import tiny_recipe, write_qa_file
+
+pytestmark = pytest.mark.process
+
+TOKEN = "hf_kubetuneTestTokenNeverLogged42"  # a Hugging Face token in the environment, as in a pod
+PRIORITY = f"team-{TOKEN}"  # a recipe value that holds it (pasted by mistake): left out of the parameters
+SECRET_REF = "tracking-credentials"  # a recipe field that names a Secret: a name, logged like any value
+
+
+def rows(run: Path) -> list[dict]:
+    return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def expected(run: Path) -> dict[str, dict[int, float]]:
+    """metrics.jsonl as the trackers must hold it: name -> step -> value (step_s's phases as step_s/PHASE)."""
+    out: dict[str, dict[int, float]] = {}
+    for row in rows(run):
+        for name, value in row.items():
+            if name == "step":
+                continue
+            pairs = value.items() if isinstance(value, dict) else [(None, value)]
+            for key, v in pairs:
+                out.setdefault(f"{name}/{key}" if key else name, {})[row["step"]] = float(v)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tracked(tmp_path_factory, tiny_model_dir, mlflow_tracking_server):
+    """A run to step 3 (stopped by its step count), then resumed to step 5, logging to MLflow,
+    TensorBoard and W&B offline. Returns (run dir, MLflow run id after the first part)."""
+    tmp = tmp_path_factory.mktemp("tracked")
+    run = tmp / "run"
+    overrides = tiny_recipe(tiny_model_dir, write_qa_file(tmp / "qa.jsonl"), tmp / "cache") + [
+        f"output_dir={run}",
+        "eval.generate=0",
+        "train.save_every=0",
+        "monitor.report_to=[mlflow,tensorboard,wandb]",
+        "monitor.report_to_required=true",
+        f"monitor.tracking_env_from.secret={SECRET_REF}",
+        f"k8s.priority_class={PRIORITY}",
+    ]
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("MLFLOW_TRACKING_URI", mlflow_tracking_server.uri)
+        env.setenv("MLFLOW_EXPERIMENT_NAME", "kubetune-tests")
+        env.setenv("WANDB_MODE", "offline")
+        env.setenv("WANDB_SILENT", "true")
+        env.setenv("HF_TOKEN", TOKEN)
+        train_from_recipe(None, [*overrides, "train.max_steps=3"])
+        first_id = json.loads((run / "tracking.json").read_text())["mlflow"]["run_id"]
+        train_from_recipe(None, [*overrides, "train.max_steps=5"])
+    return run, first_id
+
+
+@pytest.fixture(scope="module")
+def mlflow_run(tracked, mlflow_tracking_server):
+    from mlflow import MlflowClient
+
+    run, _ = tracked
+    client = MlflowClient(mlflow_tracking_server.uri)
+    run_id = json.loads((run / "tracking.json").read_text())["mlflow"]["run_id"]
+    return client, client.get_run(run_id)
+
+
+def test_mlflow_holds_every_metrics_row_under_its_name_and_step(tracked, mlflow_run):
+    run, _ = tracked
+    client, mlrun = mlflow_run
+    want = expected(run)
+    assert [r["step"] for r in rows(run)] == [1, 2, 3, 4, 5]
+    assert {"loss", "lr", "grad_norm", "tokens_per_s", "step_s/compute"} <= set(want)
+    for name, by_step in want.items():
+        history = client.get_metric_history(mlrun.info.run_id, name)
+        assert {m.step: m.value for m in history} == pytest.approx(by_step), name
+    assert mlrun.info.status == "FINISHED"
+
+
+def test_a_resumed_run_continues_the_same_mlflow_run(tracked, mlflow_run):
+    _, first_id = tracked
+    _, mlrun = mlflow_run
+    assert mlrun.info.run_id == first_id
+    assert len({m.step for m in mlflow_run[0].get_metric_history(first_id, "loss")}) == 5  # both parts, one run
+
+
+def test_mlflow_params_are_the_resolved_recipe_without_secrets(tracked, mlflow_run):
+    _, mlrun = mlflow_run
+    params = mlrun.data.params
+    assert params["train.lr"] == "0.01"
+    assert params["train.precision"] == "fp32"
+    assert params["monitor.tracking_env_from.secret"] == SECRET_REF
+    assert params["monitor.report_to"] == '["mlflow", "tensorboard", "wandb"]'
+    assert "k8s.priority_class" not in params  # it held the token
+    assert not [k for k, v in params.items() if TOKEN in v or TOKEN in k]
+
+
+def test_mlflow_holds_the_adapter_summary_and_loss_plot(tracked, mlflow_run):
+    run, _ = tracked
+    client, mlrun = mlflow_run
+    top = {a.path for a in client.list_artifacts(mlrun.info.run_id)}
+    assert {"adapter", "summary.json", "loss_curve.png"} <= top
+    adapter = {Path(a.path).name for a in client.list_artifacts(mlrun.info.run_id, "adapter")}
+    assert {"adapter_model.safetensors", "adapter_config.json"} <= adapter
+    local = client.download_artifacts(mlrun.info.run_id, "summary.json", str(run.parent))
+    assert json.loads(Path(local).read_text()) == json.loads((run / "summary.json").read_text())
+
+
+def test_tensorboard_events_equal_metrics_jsonl(tracked):
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run, _ = tracked
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    scalars = {tag: {e.step: e.value for e in events.Scalars(tag)} for tag in events.Tags()["scalars"]}
+    for name, by_step in expected(run).items():
+        assert scalars[name] == pytest.approx(by_step, rel=1e-6), name  # events store float32
+    assert set(scalars["system/rss_mb"]) == {1, 2, 3, 4, 5}
+    assert "loss_curve" in events.Tags()["images"]
+    recipe_text = str(events.Tensors("recipe/text_summary")[0].tensor_proto.string_val[0])
+    assert "train.lr = 0.01" in recipe_text and TOKEN not in recipe_text
+
+
+def test_wandb_offline_run_files_hold_the_same_metrics_and_no_secret(tracked):
+    run, _ = tracked
+    wandb_id = json.loads((run / "tracking.json").read_text())["wandb"]["id"]
+    files = sorted((run / "wandb").glob(f"offline-run-*-{wandb_id}/run-{wandb_id}.wandb"))
+    assert len(files) == 2  # the first part's and the resumed part's, under one run id
+    history = wandb_history(files)
+    for name, by_step in expected(run).items():
+        assert history[name] == pytest.approx(by_step), name
+    config = wandb_config(files)
+    assert config["train.lr"] == "0.01" and "k8s.priority_class" not in config
+    assert TOKEN not in json.dumps(config)
+
+
+@pytest.fixture
+def closed_port_uri(monkeypatch):
+    monkeypatch.setenv("MLFLOW_TRACKING_URI", f"http://127.0.0.1:{free_port()}")
+
+
+def test_an_unreachable_tracker_warns_once_and_training_goes_on(tmp_path, tiny_overrides, closed_port_uri, caplog):
+    run = tmp_path / "run"
+    args = [*tiny_overrides, f"output_dir={run}", "train.max_steps=2", "eval.generate=0", "monitor.report_to=[mlflow]"]
+    with caplog.at_level(logging.WARNING, logger="kubetune"):
+        summary = train_from_recipe(None, args)
+    warnings = [r.getMessage() for r in caplog.records if "monitor.report_to" in r.getMessage()]
+    assert len(warnings) == 1 and "mlflow cannot be reached" in warnings[0], warnings
+    assert summary.steps == 2 and (run / "adapter").is_dir()
+
+
+def test_a_required_unreachable_tracker_stops_before_step_1_with_one_line(
+    tmp_path, tiny_overrides, closed_port_uri, capfd
+):
+    run = tmp_path / "run"
+    args = [*tiny_overrides, f"output_dir={run}", "eval.generate=0", "train.save_every=2"]
+    train_from_recipe(None, [*args, "train.max_steps=2"])  # trained without tracking
+    trained = {p.name: p.read_bytes() for p in (run / "checkpoints" / "step-2").iterdir() if p.is_file()}
+    metrics = (run / "metrics.jsonl").read_text()
+    tracked = [*args, "train.max_steps=4", "monitor.report_to=[mlflow]", "monitor.report_to_required=true"]
+    result = run_cli_in_process(["train", *tracked], capfd)
+    assert result.returncode == 2, result.stderr[-3000:]
+    lines = [ln for ln in result.stderr.splitlines() if "error" in ln]
+    assert len(lines) == 1 and "monitor.report_to: mlflow cannot be reached" in lines[0], result.stderr[-3000:]
+    assert "MLFLOW_TRACKING_URI" in lines[0] and "monitor.report_to_required=false" in lines[0]
+    assert "Traceback" not in result.stderr
+    assert (run / "metrics.jsonl").read_text() == metrics  # not one step more
+    assert {p.name: p.read_bytes() for p in (run / "checkpoints" / "step-2").iterdir() if p.is_file()} == trained
