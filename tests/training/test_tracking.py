@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import json
 import logging
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +16,7 @@ import pytest
 from kubetune.netutil import free_port
 from kubetune.training.run import train_from_recipe
 from tests.kit.cli import run_cli_in_process
+from tests.kit.processes import base_env, finish, start_kubetune
 from tests.kit.trackers import wandb_config, wandb_history
 
 from ..conftest import tiny_recipe, write_qa_file
@@ -180,3 +183,26 @@ def test_a_required_unreachable_tracker_stops_before_step_1_with_one_line(
     assert "Traceback" not in result.stderr
     assert (run / "metrics.jsonl").read_text() == metrics  # not one step more
     assert {p.name: p.read_bytes() for p in (run / "checkpoints" / "step-2").iterdir() if p.is_file()} == trained
+
+
+@pytest.mark.slow  # ~35 s of two process starts: the other trackers cover what all share (RunLog's rows, Tracking)
+def test_trackio_run_holds_the_metrics_rows(tmp_path, tiny_overrides):
+    """`kubetune train` as a process logging to Trackio's local store (TRACKIO_DIR, which Trackio reads
+    once, at import), read back by Trackio's own SQLiteStorage in another process."""
+    run = tmp_path / "run"
+    store = {"TRACKIO_DIR": str(tmp_path / "trackio")}
+    args = ["train", *tiny_overrides, f"output_dir={run}", "train.max_steps=2", "eval.generate=0"]
+    finish(start_kubetune([*args, "monitor.report_to=[trackio]", "monitor.report_to_required=true"], base_env(**store)))
+    read_back = (
+        "import json, sys; from trackio import SQLiteStorage; "
+        "print(json.dumps(SQLiteStorage.get_logs('kubetune', 'run', scalar_only=True), default=str))"
+    )
+    out = subprocess.run([sys.executable, "-c", read_back], env=base_env(**store), capture_output=True, text=True)
+    logs = json.loads(out.stdout.strip().splitlines()[-1])
+    logged = {}
+    for entry in logs:
+        for name, value in entry.items():
+            if isinstance(value, (int, float)) and name not in ("step", "timestamp"):
+                logged.setdefault(name, {})[entry["step"]] = value
+    for name, by_step in expected(run).items():
+        assert logged[name] == pytest.approx(by_step), name
