@@ -206,3 +206,37 @@ def test_trackio_run_holds_the_metrics_rows(tmp_path, tiny_overrides):
                 logged.setdefault(name, {})[entry["step"]] = value
     for name, by_step in expected(run).items():
         assert logged[name] == pytest.approx(by_step), name
+
+
+class BrokenAfter:
+    """A tracker whose server goes away after `rows` rows (the fan-out's side of a failure mid-run)."""
+
+    name = "mlflow"
+
+    def __init__(self, rows: int):
+        self.rows, self.logged, self.closed = rows, [], False
+
+    def log(self, metrics, step):
+        if len(self.logged) == self.rows:
+            raise ConnectionError("Connection refused")
+        self.logged.append(step)
+
+    def close(self, finished):
+        self.closed = True
+
+
+def test_a_tracker_that_fails_mid_run_warns_once_and_the_others_go_on(caplog):
+    from kubetune.training.tracking import Tracking
+
+    tracking = Tracking()
+    broken, healthy = BrokenAfter(rows=2), BrokenAfter(rows=99)
+    healthy.name = "tensorboard"
+    tracking.trackers = [broken, healthy]
+    with caplog.at_level(logging.WARNING, logger="kubetune"):
+        for step in range(1, 6):
+            tracking.row({"step": step, "loss": 1.0 / step, "step_s": {"compute": 0.1}})
+        tracking.close(finished=True)
+    warnings = [r.getMessage() for r in caplog.records]
+    assert len(warnings) == 1 and "mlflow could not log metrics (Connection refused)" in warnings[0], warnings
+    assert broken.logged == [1, 2] and not broken.closed  # dropped: not called again, not even to close
+    assert healthy.logged == [1, 2, 3, 4, 5] and healthy.closed
