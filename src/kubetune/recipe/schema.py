@@ -419,6 +419,14 @@ class MonitorSection(Section):
         "environment from (envFrom).",
     )
 
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_name_or_none(cls, v: Any) -> Any:
+        """HF Trainer's spellings: one name alone (`report_to: mlflow`), or `none` for no tracker."""
+        if isinstance(v, str):
+            return [] if v == "none" else [v]
+        return v
+
     @field_validator("report_to")
     @classmethod
     def _once_each(cls, v: list[str]) -> list[str]:

@@ -116,7 +116,7 @@ class TensorBoardTracker:
     def __init__(self, run_dir: RunDir, saved: dict[str, Any]):
         import tensorboard  # noqa: F401 (torch's writer needs it: fail here, not at the first row)
 
-        self.log_dir = Path(saved.get("log_dir") or run_dir.path / "tensorboard")
+        self.log_dir = run_dir.path / "tensorboard"  # always the run's own: a run directory may move (a volume)
         self.log_dir.mkdir(parents=True, exist_ok=True)
         self.writer: Any = None
 
