@@ -9,6 +9,7 @@ import json
 import logging
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -240,3 +241,40 @@ def test_a_tracker_that_fails_mid_run_warns_once_and_the_others_go_on(caplog):
     assert len(warnings) == 1 and "mlflow could not log metrics (Connection refused)" in warnings[0], warnings
     assert broken.logged == [1, 2] and not broken.closed  # dropped: not called again, not even to close
     assert healthy.logged == [1, 2, 3, 4, 5] and healthy.closed
+
+
+@pytest.mark.slow  # a process killed mid-run, then resumed: the stopped-by-steps resume above is the default case
+def test_sigkill_then_resume_keeps_metrics_jsonls_trajectory_and_the_mlflow_run(tmp_path, tiny_overrides, caplog):
+    from mlflow import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from tests.kit.processes import wait_for_checkpoint
+
+    from ..conftest import resumed_here
+
+    run = tmp_path / "run"
+    common = [*tiny_overrides, f"output_dir={run}", "train.max_steps=16", "train.save_every=4", "eval.generate=0"]
+    common += ["train.log_every=1", "monitor.report_to=[tensorboard,mlflow]"]  # mlflow: RUN/mlflow.db
+    proc = start_kubetune(["train", *common])
+    wait_for_checkpoint(run, 4, proc)
+    while max((r["step"] for r in rows(run)), default=0) < 6:  # logged past its last checkpoint
+        assert proc.poll() is None
+        time.sleep(0.01)
+    proc.kill()
+    proc.wait()
+    logged_before = max(r["step"] for r in rows(run))
+    newest = max(int(p.name.split("-")[1]) for p in (run / "checkpoints").iterdir() if (p / "meta.json").exists())
+    # points the resumed run logs again: TensorBoard shows the resumed ones (purge_step, and its reader drops
+    # a step that goes back in any case), as metrics.jsonl keeps them
+    assert logged_before > newest
+    first_id = json.loads((run / "tracking.json").read_text())["mlflow"]["run_id"]
+    resumed_here(common, caplog)
+    events = EventAccumulator(str(run / "tensorboard"), size_guidance={"scalars": 0})
+    events.Reload()
+    loss = {e.step: e.value for e in events.Scalars("loss")}
+    assert loss == pytest.approx(expected(run)["loss"], rel=1e-6)
+    client = MlflowClient(f"sqlite:///{run / 'mlflow.db'}")
+    assert client.get_run(first_id).info.status == "FINISHED"  # the killed run's, continued to the end
+    assert json.loads((run / "tracking.json").read_text())["mlflow"]["run_id"] == first_id
+    assert {"adapter", "summary.json"} <= {a.path for a in client.list_artifacts(first_id)}
+    assert any((run / "mlartifacts").rglob("adapter_config.json"))  # beside its store, not in ./mlruns

@@ -166,6 +166,8 @@ class MlflowTracker:
     def __init__(self, run_dir: RunDir, saved: dict[str, Any]):
         from mlflow import MlflowClient
 
+        # without a server: a store in the run directory, its artifacts beside it (MLflow's default is ./mlruns)
+        local = not os.environ.get("MLFLOW_TRACKING_URI")
         self.uri = os.environ.get("MLFLOW_TRACKING_URI") or f"sqlite:///{run_dir.path.resolve() / 'mlflow.db'}"
         probe_mlflow(self.uri)
         self.client = MlflowClient(self.uri)
@@ -173,7 +175,7 @@ class MlflowTracker:
             self.run_id, self.resumed = saved["run_id"], True
             self.client.update_run(self.run_id, status="RUNNING")
         else:
-            experiment = mlflow_experiment(self.client)
+            experiment = mlflow_experiment(self.client, run_dir.path / "mlartifacts" if local else None)
             self.run_id = self.client.create_run(experiment, run_name=run_name(run_dir)).info.run_id
             self.resumed = False
         self.monitor: Any = None
@@ -235,11 +237,13 @@ def probe_mlflow(uri: str) -> None:
         raise RuntimeError(f"{uri} answered HTTP {response.status_code}")
 
 
-def mlflow_experiment(client: Any) -> str:
-    """MLFLOW_EXPERIMENT_NAME's experiment (HF Trainer's variable), `kubetune` without it; made if missing."""
+def mlflow_experiment(client: Any, artifacts: Path | None = None) -> str:
+    """MLFLOW_EXPERIMENT_NAME's experiment (HF Trainer's variable), `kubetune` without it; made if missing,
+    with its artifacts under `artifacts` when given (else where the server keeps them)."""
     name = os.environ.get("MLFLOW_EXPERIMENT_NAME") or "kubetune"
     found = client.get_experiment_by_name(name)
-    return str(found.experiment_id if found else client.create_experiment(name))
+    location = artifacts.resolve().as_uri() if artifacts else None
+    return str(found.experiment_id if found else client.create_experiment(name, artifact_location=location))
 
 
 def _chunks(items: list[Any], size: int) -> list[list[Any]]:
