@@ -39,7 +39,7 @@ settings.load_profile("suite")
 
 # Fixtures that start a server (a `kubetune serve` process, two network namespaces, the
 # operator under kopf's KopfRunner): every test that uses one is a `process` test too.
-PROCESS_FIXTURES = frozenset({"tiny_server", "two_hosts", "operator"})
+PROCESS_FIXTURES = frozenset({"tiny_server", "two_hosts", "operator", "mlflow_tracking_server"})
 
 
 @pytest.hookimpl(tryfirst=True)  # before `-m` deselects: the marks added here must count
@@ -50,6 +50,15 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         uses = PROCESS_FIXTURES.intersection(getattr(item, "fixturenames", ()))
         if uses or item.get_closest_marker("multiproc"):
             item.add_marker(pytest.mark.process)
+
+
+@pytest.fixture(scope="session")
+def mlflow_tracking_server(tmp_path_factory):
+    """One real MLflow tracking server for the session (its start-up takes tens of seconds)."""
+    from tests.kit.trackers import mlflow_server
+
+    with mlflow_server(tmp_path_factory.mktemp("mlflow")) as server:
+        yield server
 
 
 @pytest.fixture(scope="session")

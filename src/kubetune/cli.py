@@ -166,8 +166,26 @@ def export(
         "--output",
         help="Target directory (default RUN_DIR/merged); with --gguf the file (default RUN_DIR/<run>-<type>.gguf).",
     ),
+    register: str | None = typer.Option(
+        None,
+        "--register",
+        help="Register the exported weights with their lineage: mlflow (MLFLOW_TRACKING_URI) or kubeflow "
+        "(Kubeflow Model Registry, --registry-url).",
+    ),
+    registered_name: str | None = typer.Option(
+        None, "--registered-name", help="With --register: the registered model's name (default: the run's directory)."
+    ),
+    registry_url: str | None = typer.Option(
+        None, "--registry-url", help="With --register kubeflow: the Model Registry's address."
+    ),
 ):
     """Export the adapter (PEFT format), a merged HF model directory, or a GGUF file."""
+    if register is None and (registered_name or registry_url):
+        raise UserError("--registered-name and --registry-url go with --register mlflow|kubeflow")
+    if register is not None and gguf:
+        raise UserError(
+            "--register goes with the adapter or --merged, not --gguf: register a run's safetensors weights"
+        )
     if gguf or gguf_type is not None:
         from kubetune.export.gguf import DEFAULT_GGUF_TYPE, export_gguf
 
@@ -178,9 +196,14 @@ def export(
         typer.echo(str(export_gguf(run_dir, gguf_type or DEFAULT_GGUF_TYPE, output)))
         return
     from kubetune.export.merged import export_run
+    from kubetune.export.registry import REGISTRIES, register_export
 
+    if register is not None and register not in REGISTRIES:
+        raise UserError(f"--register {register}: not a registry kubetune knows; use one of {', '.join(REGISTRIES)}")
     out = export_run(run_dir, merged=merged, output=output)
     typer.echo(str(out))
+    if register is not None:
+        typer.echo(register_export(register, run_dir, out, merged, registered_name, registry_url).line())
 
 
 @app.command()

@@ -128,6 +128,11 @@ class RunDir:
         return self.path / "loss_curve.png"
 
     @property
+    def tracking_file(self) -> Path:
+        """The experiment trackers' run ids (`monitor.report_to`): a resume continues the same runs."""
+        return self.path / "tracking.json"
+
+    @property
     def checkpoints(self) -> Path:
         return self.path / "checkpoints"
 
@@ -168,6 +173,10 @@ class RunDir:
         self.path.mkdir(parents=True, exist_ok=True)
         atomic_write_text(self.recipe_file, recipe_to_yaml(recipe))
         atomic_write_json(self.record_file, {"fingerprint": fingerprint(recipe), "status": status})
+
+    def tracking_ids(self) -> dict[str, Any]:
+        """Per tracker of `monitor.report_to`, what continues its run (e.g. {"mlflow": {"run_id": ...}})."""
+        return json.loads(self.tracking_file.read_text()) if self.tracking_file.is_file() else {}
 
     # --- reading a finished run -----------------------------------------------------
     def recipe(self, overrides: list[str] | None = None) -> Recipe:

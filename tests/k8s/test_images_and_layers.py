@@ -417,12 +417,14 @@ def test_the_image_check_fails_for_a_command_whose_image_lacks_its_extra(tmp_pat
     from .imagecheck import problems
 
     dockerfile = tmp_path / "Dockerfile"
-    dockerfile.write_text((REPO / "Dockerfile").read_text().replace('".[k8s,cluster,operator]"', '".[k8s]"'))
+    dockerfile.write_text((REPO / "Dockerfile").read_text().replace('".[k8s,cluster,operator,track]"', '".[k8s]"'))
     assert '".[k8s]"' in dockerfile.read_text()
     plugin = " ".join(problems(["kubetune", "device-plugin", "--resource", "habana.ai/gaudi"], dockerfile))
     extender = " ".join(problems(["kubetune", "scheduler-extender"], dockerfile))
     assert "grpcio" in plugin and "protobuf" in plugin and "nvidia-ml-py" in plugin  # prometheus-client: base
     assert "fastapi" in extender and "uvicorn" in extender
-    assert problems(["kubetune", "train", "/etc/kubetune/recipe.yaml"], dockerfile) == []
+    train = problems(["kubetune", "train", "/etc/kubetune/recipe.yaml"], dockerfile)
+    # the trackers of monitor.report_to (the `track` extra) and nothing else
+    assert {p.split()[3] for p in train} == {"mlflow", "tensorboard", "trackio", "wandb"}, train
     assert problems(["sleep", "infinity"], dockerfile) == []
     assert problems(["bash", "-c", "kubetune train"], dockerfile) != []  # a tool not every image has

@@ -519,3 +519,36 @@ def test_each_profile_runs_the_image_built_for_its_hardware(profile, tag):
     assert recipe.k8s.container_image() == f"ghcr.io/kubetune/kubetune:{tag}"
     chosen = load_recipe("smollm2-135m-lora-cpu", [f"k8s.profile={profile}", "k8s.image=reg.example/kt:9"]).recipe
     assert chosen.k8s.container_image() == "reg.example/kt:9"
+
+
+TRACKING = ["monitor.tracking_env_from.secret=tracking-creds", "monitor.tracking_env_from.config_map=tracking-settings"]
+TRACKING_ENV_FROM = [{"configMapRef": {"name": "tracking-settings"}}, {"secretRef": {"name": "tracking-creds"}}]
+
+
+@pytest.mark.parametrize("profile", PROFILES)
+def test_tracking_env_from_reaches_every_training_pod_and_validates(profile, crd_dir):
+    objects = rendered(profile, "pytorchjob", *TRACKING).objects
+    job = by_kind(objects, "PyTorchJob")[0]
+    containers = [rs["template"]["spec"]["containers"][0] for rs in job["spec"]["pytorchReplicaSpecs"].values()]
+    assert containers and all(c["envFrom"] == TRACKING_ENV_FROM for c in containers)
+    assert validate_objects(objects, crd_dir=crd_dir) == []
+    assert "envFrom" not in worker_container(rendered(profile, "pytorchjob").objects)  # unset: none
+
+
+def test_tracking_env_from_in_a_trainjob_rides_on_its_runtime(crd_dir):
+    result = rendered("cpu", "trainjob", *TRACKING, with_runtime=True)
+    runtime = by_kind(result.objects, "ClusterTrainingRuntime")[0]
+    node = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]["template"]["spec"]
+    assert node["containers"][0]["envFrom"] == TRACKING_ENV_FROM
+    assert validate_objects(result.objects, crd_dir=crd_dir) == []
+    without = rendered("cpu", "trainjob", *TRACKING, with_runtime=False)
+    assert any("monitor.tracking_env_from" in w for w in without.warnings), without.warnings
+
+
+def test_render_check_passes_with_tracking_env_from():
+    from tests.kit.cli import run_cli_redirected
+
+    result = run_cli_redirected("k8s", "render", "smollm2-135m-lora-cpu", "--check", *TRACKING)
+    assert result.code == 0, result.err
+    job = next(o for o in yaml.safe_load_all(result.out) if o and o["kind"] == "PyTorchJob")
+    assert first_pod_spec(job)["containers"][0]["envFrom"] == TRACKING_ENV_FROM

@@ -121,3 +121,24 @@ def test_runs_recorded_before_global_batch_size_and_template_auto_stay_resumable
     assert fingerprint(load_recipe(None, ["train.global_batch_size=8", "train.grad_accum=1"]).recipe) != fingerprint(
         recipe
     )
+
+
+@pytest.mark.parametrize(
+    "given,expected",
+    [("mlflow", ["mlflow"]), ("none", []), ("[tensorboard,wandb]", ["tensorboard", "wandb"]), ("[]", [])],
+)
+def test_report_to_takes_hf_trainers_spellings(given, expected):
+    assert load_recipe(None, [f"monitor.report_to={given}"]).recipe.monitor.report_to == expected
+
+
+@pytest.mark.parametrize(
+    "given,message",
+    [
+        ("[mlflow,comet]", "`monitor.report_to.1`: got 'comet', expected 'tensorboard', 'mlflow', 'wandb'"),
+        ("[mlflow,mlflow]", "`monitor.report_to`: names a tracker twice"),
+    ],
+)
+def test_report_to_refuses_unknown_and_repeated_trackers_in_one_line(given, message):
+    with pytest.raises(RecipeError) as e:
+        load_recipe(None, [f"monitor.report_to={given}"])
+    assert len(e.value.problems) == 1 and e.value.problems[0].startswith(message), e.value.problems

@@ -7,7 +7,7 @@ from __future__ import annotations
 from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.k8s import kueue
 from kubetune.k8s.names import CONTAINER, KUEUE_LABEL, TRAIN_COMMAND, Names
-from kubetune.k8s.objects import object_meta, worker_pod_template
+from kubetune.k8s.objects import object_meta, tracking_env_from, worker_pod_template
 from kubetune.recipe.k8s import K8sSection
 from kubetune.recipe.schema import Recipe
 
@@ -125,7 +125,9 @@ def cluster_runtime(recipe: Recipe, names: Names) -> KubeObject:
 
     k8s = recipe.k8s
     pod = worker_pod_template(recipe, names, CONTAINER["trainjob"])["spec"]
-    pod_spec = {"containers": [{"name": "node", "image": k8s.container_image(), "command": list(TRAIN_COMMAND)}]}
+    node = {"name": "node", "image": k8s.container_image(), "command": list(TRAIN_COMMAND)}
+    # envFrom (monitor.tracking_env_from): spec.trainer carries env only, the runtime's container the rest
+    pod_spec = {"containers": [drop_none({**node, "envFrom": tracking_env_from(recipe)})]}
     # resourceClaims (k8s.devices=dra): a runtime patch cannot add them; spec.trainer's
     # resourcesPerNode.claims names them for the container
     carried = ("hostIPC", "hostNetwork", "dnsPolicy", "priorityClassName", "schedulerName", "resourceClaims")

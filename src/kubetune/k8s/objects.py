@@ -75,6 +75,15 @@ def worker_env(recipe: Recipe, names: Names) -> list[KubeObject]:
     return env + [_env(k, v) for k, v in profiles.comm_environment(recipe).items()]
 
 
+def tracking_env_from(recipe: Recipe) -> list[KubeObject] | None:
+    """monitor.tracking_env_from: the trackers' settings (MLFLOW_TRACKING_URI, WANDB_API_KEY, ...) as
+    the pods' environment, every key of the Secret / ConfigMap a variable (None: no envFrom)."""
+    source = recipe.monitor.tracking_env_from
+    env_from = [{"configMapRef": {"name": source.config_map}}] if source.config_map else []
+    env_from += [{"secretRef": {"name": source.secret}}] if source.secret else []
+    return env_from or None
+
+
 def data_volume(names: Names) -> KubeObject:
     """The job's volume claim (the workers', the data pod's and the export Job's /data)."""
     return {"name": "data", "persistentVolumeClaim": {"claimName": names.pvc}}
@@ -120,6 +129,7 @@ def worker_container(recipe: Recipe, names: Names, container_name: str) -> KubeO
         {
             "command": list(TRAIN_COMMAND),
             "env": worker_env(recipe, names),
+            "envFrom": tracking_env_from(recipe),
             "image": k8s.container_image(),
             "imagePullPolicy": k8s.image_pull_policy,
             "name": container_name,

@@ -133,6 +133,7 @@ def _portability_warnings(recipe: Recipe, with_runtime: bool) -> list[str]:
                 ("k8s.priority_class", bool(k8s.priority_class)),
                 (f"k8s.gang={k8s.gang}", k8s.gang != "none"),
                 ("the pods' resourceClaims (k8s.devices=dra)", k8s.devices == "dra"),
+                ("the trackers' envFrom (monitor.tracking_env_from)", objects.tracking_env_from(recipe) is not None),
             )
             if needed
         ]

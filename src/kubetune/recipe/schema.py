@@ -365,6 +365,22 @@ class EvalSection(Section):
     max_new_tokens: int = Field(64, ge=1, description="Length limit of generated answers.")
 
 
+# HF Trainer's `report_to` names of the experiment trackers kubetune logs to
+TrackerName = Literal["tensorboard", "mlflow", "wandb", "trackio"]
+
+
+class TrackingEnvFrom(Section):
+    """Where a cluster job's pods read the trackers' settings from (envFrom): each key of the Secret
+    or ConfigMap becomes an environment variable, e.g. MLFLOW_TRACKING_URI, WANDB_API_KEY."""
+
+    secret: str | None = Field(
+        None, description="Secret whose keys every training pod gets as environment variables (credentials)."
+    )
+    config_map: str | None = Field(
+        None, description="ConfigMap whose keys every training pod gets as environment variables (URIs, modes)."
+    )
+
+
 class MonitorSection(Section):
     port: int | None = Field(
         None,
@@ -386,6 +402,37 @@ class MonitorSection(Section):
         description="Rank 0 pushes progress to the Kubeflow Trainer (TrainJob status) when its "
         "KUBEFLOW_TRAINER_SERVER_URL environment is present.",
     )
+    report_to: list[TrackerName] = Field(
+        default_factory=list,
+        description="Experiment trackers rank 0 logs the recipe, every metrics.jsonl row and the artifacts to "
+        "(HF Trainer's names): tensorboard (RUN/tensorboard) | mlflow (MLFLOW_TRACKING_URI) | wandb "
+        "(WANDB_MODE, WANDB_API_KEY) | trackio. A resumed run continues the same tracking run.",
+    )
+    report_to_required: bool = Field(
+        False,
+        description="A tracker of monitor.report_to that cannot be reached stops the run before step 1 "
+        "(false: one warning, training goes on without it).",
+    )
+    tracking_env_from: TrackingEnvFrom = Field(
+        default_factory=TrackingEnvFrom,
+        description="Cluster jobs: the Secret and/or ConfigMap every training pod reads the trackers' "
+        "environment from (envFrom).",
+    )
+
+    @field_validator("report_to", mode="before")
+    @classmethod
+    def _one_name_or_none(cls, v: Any) -> Any:
+        """HF Trainer's spellings: one name alone (`report_to: mlflow`), or `none` for no tracker."""
+        if isinstance(v, str):
+            return [] if v == "none" else [v]
+        return v
+
+    @field_validator("report_to")
+    @classmethod
+    def _once_each(cls, v: list[str]) -> list[str]:
+        if len(set(v)) != len(v):
+            raise ValueError("names a tracker twice; list each once")
+        return v
 
 
 class Recipe(Section):

@@ -29,6 +29,7 @@ from kubetune.training.report import Summary, fmt_number, peak_rss_mb, print_rep
 from kubetune.training.runlog import RunLog, plot_loss_curve, print_eval_line
 from kubetune.training.setup import TrainParts, setup
 from kubetune.training.step import EvalResult, StepResult, evaluate, next_micro_batches, train_step
+from kubetune.training.tracking import refuse_unreachable
 
 log = logging.getLogger("kubetune")
 
@@ -49,6 +50,7 @@ def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> Summary |
             return finish(parts, state)
         finally:
             parts.telemetry.close()  # the port and the collective observer, for a next run in this process
+            parts.tracking.close(finished=False)  # a run that stopped early (finish closed a finished one)
     finally:
         shutdown(env)
 
@@ -84,6 +86,7 @@ def resume_or_start(parts: TrainParts) -> TrainState:
         state = TrainState()
     if parts.env.is_main:
         parts.run_dir.write_record(parts.recipe_as_given, "running")
+    start_tracking(parts, state)
     log.info("%s", describe_run(parts))
     log.info("%s", parts.data.renderer.describe())  # data.template=auto: which one, and why
     log.info("%s", parts.kernels.describe())
@@ -98,6 +101,15 @@ def resume_or_start(parts: TrainParts) -> TrainState:
     return state
 
 
+def start_tracking(parts: TrainParts, state: TrainState) -> None:
+    """Rank 0's experiment trackers, opened once the run record is written (their files then lie in
+    a run directory); with monitor.report_to_required, one that cannot be reached stops every rank
+    here, before step 1 (rank 0 tells the others, as in `claim_run_dir`)."""
+    problems = parts.tracking.open(parts.recipe_as_given, parts.run_dir, parts.env.is_main)
+    refuse_unreachable(gather_objects(problems, parts.env)[0])
+    parts.tracking.start(parts.recipe, state.step)
+
+
 def fit(parts: TrainParts, state: TrainState) -> None:
     """Optimizer steps until the planned total, with logging, evaluation, checkpoints and
     the memory guard between them."""
@@ -110,6 +122,7 @@ def fit(parts: TrainParts, state: TrainState) -> None:
         prints=env.local_rank == 0,  # every node's first process: any pod's log shows training
         rank=env.rank if env.distributed else None,
         rows_per_step=rows_in_a_step(parts),
+        on_row=parts.tracking.row,
     )
     last_saved = state.step if parts.resume_from else -1
     telemetry.started(state.step, state.epoch, state.resumes)
@@ -187,6 +200,8 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
     )
     summary.write(run_dir)
     plot_loss_curve(run_dir.metrics_file, run_dir.loss_curve, state.eval_history)
+    parts.tracking.artifacts(run_dir, run_dir.weights(recipe.finetune.method))
+    parts.tracking.close(finished=True)
     run_dir.write_record(parts.recipe_as_given, "finished")
     print_report(summary, run_dir)
     return summary

@@ -14,6 +14,7 @@ import dataclasses
 import json
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -192,8 +193,10 @@ class RunLog:
         prints: bool,
         rank: int | None = None,
         rows_per_step: int = 0,
+        on_row: Callable[[dict[str, Any]], None] | None = None,
     ):
         self.total_steps = total_steps
+        self.on_row = on_row  # the experiment trackers: each metrics.jsonl row as it is written
         self.metrics = MetricsLog(metrics_path, start_step) if writes_metrics else None
         self.progress = Progress(total_steps, start_step, enabled=prints, rank=rank)
         self.rows_per_step = rows_per_step
@@ -210,21 +213,22 @@ class RunLog:
         self.progress.update(state.step, result.loss, lr, state.tokens, tps, epoch, result.objective_metrics)
         if self.metrics is None:
             return
-        self.metrics.write(
-            {
-                "step": state.step,
-                "total_steps": self.total_steps,
-                "epoch": round(epoch, 4),
-                "loss": result.loss,
-                "lr": lr,
-                "grad_norm": result.grad_norm,
-                "tokens": state.tokens,
-                "tokens_per_s": round(tps, 2),
-                "elapsed_s": round(elapsed_s, 2),
-                "step_s": {phase: round(seconds, 5) for phase, seconds in result.phases.items()},
-                **{k: v for k, v in result.objective_metrics.items() if k != "loss"},  # TRL's names
-            }
-        )
+        row = {
+            "step": state.step,
+            "total_steps": self.total_steps,
+            "epoch": round(epoch, 4),
+            "loss": result.loss,
+            "lr": lr,
+            "grad_norm": result.grad_norm,
+            "tokens": state.tokens,
+            "tokens_per_s": round(tps, 2),
+            "elapsed_s": round(elapsed_s, 2),
+            "step_s": {phase: round(seconds, 5) for phase, seconds in result.phases.items()},
+            **{k: v for k, v in result.objective_metrics.items() if k != "loss"},  # TRL's names
+        }
+        self.metrics.write(row)
+        if self.on_row is not None:
+            self.on_row(row)
 
     def trained_to_the_end(self, epoch: float) -> None:
         """The Trainer's closing line, over this process's steps (as it counts after a resume)."""

@@ -51,6 +51,7 @@ from kubetune.training.pipeline import PipelineRunner
 from kubetune.training.preference import PreferenceTraining
 from kubetune.training.runner import LocalRunner, StepRunner
 from kubetune.training.telemetry import Telemetry, open_metrics, start_telemetry
+from kubetune.training.tracking import Tracking
 
 
 @dataclass(frozen=True)
@@ -74,6 +75,7 @@ class TrainParts:
     resume_from: Path | None  # the checkpoint to continue from, None for a fresh start
     started_at: float  # time.monotonic() when the command started
     telemetry: Telemetry  # Prometheus metrics (monitor.port) and Kubeflow progress
+    tracking: Tracking  # rank 0's experiment trackers (monitor.report_to), opened by resume_or_start; none elsewhere
     auto_compile: AutoCompile | None  # train.compile=auto: decided on the first steps
     preference: PreferenceTraining | None = None  # finetune.objective = dpo | orpo | simpo (None: sft)
     rl: GRPOTraining | None = None  # finetune.objective = grpo
@@ -135,6 +137,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
         resume_from=resume_from,
         started_at=started_at,
         telemetry=telemetry,
+        tracking=Tracking(),
         auto_compile=auto_compile(recipe, model, env, config),
     )
     return with_objective(parts, start, precompute)
