@@ -1,0 +1,118 @@
+"""kubetune's engine as an lm-eval backend against lm-eval's own HFLM on the suite's tiny Llama:
+the same log-likelihoods (within float noise: the engine fuses q/k/v into one GEMM), the same
+is_greedy, rolling sums and greedy generations, directly and through lm-eval's own evaluator
+on the shipped flashcards tasks."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from tests.kit.paths import REPO
+
+lm_eval = pytest.importorskip("lm_eval")
+
+CONTEXTS = [
+    "Question: what is 2+2?\nAnswer:",
+    "The capital of France is",
+    "Hello world, this is a long",
+    "Question: what is 2+2?\nAnswer:",  # a context scored twice: the second reads it from the prefix cache
+]
+CONTINUATIONS = [" 4", " Paris, of course", " sentence.", " five"]
+
+
+@pytest.fixture(scope="module")
+def both(tiny_model_dir):
+    from lm_eval.models.huggingface import HFLM
+
+    from kubetune.training.lmeval import EngineLM
+
+    return HFLM(pretrained=str(tiny_model_dir), dtype="float32", batch_size=4, device="cpu"), EngineLM(
+        pretrained=str(tiny_model_dir)
+    )
+
+
+def instances(kind, args):
+    from lm_eval.api.instance import Instance
+
+    return [Instance(kind, {}, a, i) for i, a in enumerate(args)]
+
+
+def test_loglikelihoods_match_hflm(both):
+    hf, kt = both
+    requests = instances("loglikelihood", [*zip(CONTEXTS, CONTINUATIONS), ("", "Just a continuation")])
+    expected, got = hf.loglikelihood(requests), kt.loglikelihood(requests)
+    assert [g for _, g in got] == [g for _, g in expected]
+    assert [lp for lp, _ in got] == pytest.approx([lp for lp, _ in expected], abs=1e-3)
+
+
+def test_greedy_flag_matches_hflm_where_the_continuation_is_the_models_own(both):
+    """A continuation made of the model's own greedy tokens: is_greedy True for both."""
+    hf, kt = both
+    context = "The capital of France is"
+    own = hf.generate_until(instances("generate_until", [(context, {"until": [], "max_gen_toks": 5})]))[0]
+    requests = instances("loglikelihood", [(context, own)])
+    assert hf.loglikelihood(requests)[0][1] is True
+    assert kt.loglikelihood(requests)[0][1] is True
+
+
+def test_rolling_loglikelihood_matches_hflm_over_several_windows(both, tiny_model_dir):
+    from kubetune.training.lmeval import EngineLM
+
+    hf, _ = both
+    short = EngineLM(pretrained=str(tiny_model_dir), max_length=64)  # several windows of 64 tokens
+    hf._max_length = 64
+    try:
+        requests = instances("loglikelihood_rolling", [("some text to score " * 30,), ("a short one",)])
+        assert short.loglikelihood_rolling(requests) == pytest.approx(hf.loglikelihood_rolling(requests), abs=1e-3)
+    finally:
+        hf._max_length = None
+
+
+def test_greedy_generations_equal_hflms_and_stop_at_until(both):
+    hf, kt = both
+    requests = instances(
+        "generate_until",
+        [(c, {"until": ["\n\n", "."], "max_gen_toks": 24, "do_sample": False}) for c in CONTEXTS]
+        + [(CONTEXTS[1], {"until": [" is"], "max_gen_toks": 24})],
+    )
+    expected, got = hf.generate_until(requests), kt.generate_until(requests)
+    assert got == expected
+    assert " is" not in got[-1]
+
+
+def test_shipped_tasks_through_lm_evals_evaluator_equal_hflms(both):
+    """flashcards (generate_until: exact match, ROUGE-L) and flashcards_mc (acc, acc_norm) offline,
+    through lm-eval's simple_evaluate, with the numbers HFLM gives."""
+    from lm_eval import simple_evaluate
+    from lm_eval.tasks import TaskManager
+
+    from kubetune.training.lmeval import shipped_tasks
+
+    hf, kt = both
+    tasks = TaskManager(include_path=str(shipped_tasks()))
+    run = {"tasks": ["flashcards", "flashcards_mc"], "task_manager": tasks, "limit": 4, "apply_chat_template": True}
+    got, expected = simple_evaluate(model=kt, **run)["results"], simple_evaluate(model=hf, **run)["results"]
+    assert set(got["flashcards"]) >= {"exact_match,none", "rougeL,none"}
+    assert set(got["flashcards_mc"]) >= {"acc,none", "acc_norm,none"}
+    for task in got:
+        numbers = {k: v for k, v in got[task].items() if isinstance(v, float)}
+        assert numbers == pytest.approx({k: expected[task][k] for k in numbers}, abs=1e-6)
+
+
+def test_registered_as_kubetune_for_lm_evals_own_cli(tiny_model_dir):
+    from lm_eval.api.registry import get_model
+
+    from kubetune.training import lmeval
+
+    assert get_model("kubetune") is lmeval.EngineLM
+
+
+def test_task_data_is_the_quick_starts_held_out_rows():
+    """The shipped rows are what scripts/make_flashcards_tasks.py writes: none of them trained on."""
+    done = subprocess.run(
+        [sys.executable, "scripts/make_flashcards_tasks.py", "--check"], cwd=REPO, capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stdout + done.stderr
