@@ -147,8 +147,24 @@ def kernels(
 def eval_cmd(
     target: str = typer.Argument(..., help="A run directory or a recipe."),
     overrides: list[str] = typer.Argument(None, help="key=value overrides (recipe only)."),
+    tasks: str | None = typer.Option(
+        None,
+        "--tasks",
+        help="lm-eval tasks (names, or task YAML files/folders), comma-separated: base vs tuned model of the run "
+        "(kubetune ships flashcards, flashcards_mc).",
+    ),
+    limit: int | None = typer.Option(None, "--limit", help="With --tasks: the first N examples of each task."),
 ):
-    """Evaluation loss and perplexity on the recipe's eval data."""
+    """Evaluation loss and perplexity on the recipe's eval data; with --tasks, lm-eval tasks (docs/evaluation.md)."""
+    if tasks is not None:
+        from kubetune.training.lm_tasks import evaluate_tasks
+
+        if overrides:
+            raise UserError(f"--tasks evaluates a run as it was trained: drop the overrides ({' '.join(overrides)})")
+        evaluate_tasks(target, tasks, limit)
+        return
+    if limit is not None:
+        raise UserError("--limit goes with --tasks: kubetune eval RUN_DIR --tasks flashcards --limit 8")
     from kubetune.training.evaluate import eval_target
 
     eval_target(target, overrides or [])

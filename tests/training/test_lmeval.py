@@ -116,3 +116,66 @@ def test_task_data_is_the_quick_starts_held_out_rows():
         [sys.executable, "scripts/make_flashcards_tasks.py", "--check"], cwd=REPO, capture_output=True, text=True
     )
     assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory, tiny_model_dir):
+    """A LoRA run of the suite's tiny recipe, 2 steps."""
+    from kubetune.training.run import train_from_recipe
+    from tests.conftest import tiny_recipe, write_qa_file
+
+    where = tmp_path_factory.mktemp("lmeval-run")
+    overrides = tiny_recipe(tiny_model_dir, write_qa_file(where / "qa.jsonl"), where / "cache")
+    out = where / "run"
+    train_from_recipe(None, [*overrides, "train.max_steps=2", "eval.generate=0", f"output_dir={out}"])
+    return out
+
+
+def test_eval_tasks_prints_base_vs_tuned_and_writes_summary(tiny_run, capfd):
+    import json
+
+    from tests.kit.cli import run_cli_in_process
+
+    done = run_cli_in_process(["eval", str(tiny_run), "--tasks", "flashcards,flashcards_mc", "--limit", "3"], capfd)
+    assert done.returncode == 0, done.stderr[-3000:]
+    lines = [ln for ln in done.stdout.splitlines() if "flashcards" in ln]
+    assert any("rougeL" in ln for ln in lines) and any("acc_norm" in ln for ln in lines)
+    assert "base" in done.stdout and "tuned" in done.stdout
+    found = json.loads((tiny_run / "summary.json").read_text())["lm_eval"]
+    assert set(found) == {"flashcards", "flashcards_mc"}
+    for metrics in found.values():
+        for pair in metrics.values():
+            assert set(pair) == {"base", "tuned"} and all(isinstance(v, float) for v in pair.values())
+
+
+@pytest.mark.parametrize(
+    ("tasks", "says"),
+    [
+        ("no_such_task_xyz", "--tasks no_such_task_xyz: not an lm-eval task"),
+        ("missing/tasks.yaml", "--tasks missing/tasks.yaml: no such file"),
+        ("arc_easy", "--tasks arc_easy: its data could not be fetched"),  # HF_HUB_OFFLINE=1 (tests/conftest.py)
+    ],
+)
+def test_bad_tasks_one_line_exit_2(tiny_run, capfd, tasks, says):
+    from tests.kit.cli import run_cli_in_process
+
+    done = run_cli_in_process(["eval", str(tiny_run), "--tasks", tasks], capfd)
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("kubetune: error")]
+    assert done.returncode == 2 and len(errors) == 1 and says in errors[0], done.stderr[-2000:]
+    assert "Traceback" not in done.stderr
+
+
+def test_a_local_task_yaml_file(tiny_run, tmp_path, capfd):
+    """A task YAML outside kubetune (here: a copy of flashcards_mc under another name)."""
+    from kubetune.training.lmeval import shipped_tasks
+    from tests.kit.cli import run_cli_in_process
+
+    text = (shipped_tasks() / "flashcards_mc.yaml").read_text().replace("task: flashcards_mc", "task: my_cards")
+    (tmp_path / "my_cards.yaml").write_text(text)
+    (tmp_path / "flashcards_utils.py").write_text((shipped_tasks() / "flashcards_utils.py").read_text())
+    (tmp_path / "flashcards_heldout.jsonl").write_text((shipped_tasks() / "flashcards_heldout.jsonl").read_text())
+    done = run_cli_in_process(
+        ["eval", str(tiny_run), "--tasks", str(tmp_path / "my_cards.yaml"), "--limit", "2"], capfd
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "my_cards" in done.stdout
