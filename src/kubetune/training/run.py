@@ -189,7 +189,32 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
     plot_loss_curve(run_dir.metrics_file, run_dir.loss_curve, state.eval_history)
     run_dir.write_record(parts.recipe_as_given, "finished")
     print_report(summary, run_dir)
+    judge_run(recipe, run_dir)
     return summary
+
+
+def judge_run(recipe: Recipe, run_dir: RunDir) -> None:
+    """eval.tasks on the base and tuned model (lm-eval), then eval.gate's verdict, into summary.json.
+    A failed gate leaves the exit status 0: the model was trained and saved (docs/evaluation.md)."""
+    if not recipe.eval.tasks and recipe.eval.gate is None:
+        return
+    import json
+
+    from kubetune.fsutil import atomic_write_json
+    from kubetune.training import gate
+
+    if recipe.eval.tasks:
+        from kubetune.training.lm_tasks import parse_tasks, print_table, record, run_tasks, task_manager
+
+        spec = parse_tasks(",".join(recipe.eval.tasks))
+        table = run_tasks(run_dir, spec.names, task_manager(spec), recipe.eval.tasks_limit)
+        print_table(table, run_dir)
+        record(run_dir, table)
+    if recipe.eval.gate is not None:
+        summary = json.loads(run_dir.summary_file.read_text())
+        summary["gate"] = gate.verdict(recipe.eval.gate, summary)
+        atomic_write_json(run_dir.summary_file, summary)
+        print(gate.line(summary["gate"]))
 
 
 def save(parts: TrainParts, state: TrainState) -> int:
