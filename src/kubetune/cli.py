@@ -182,8 +182,19 @@ def export(
         "--output",
         help="Target directory (default RUN_DIR/merged); with --gguf the file (default RUN_DIR/<run>-<type>.gguf).",
     ),
+    gate: bool = typer.Option(
+        False,
+        "--gate",
+        help="Export only when the run's eval.gate passed (else say why, exit 0): the operator's export Job.",
+    ),
 ):
     """Export the adapter (PEFT format), a merged HF model directory, or a GGUF file."""
+    if gate:
+        from kubetune.training.gate import check_before_export
+
+        if not check_before_export(run_dir):
+            typer.echo("not exported: the eval gate failed (docs/evaluation.md)")
+            return
     if gguf or gguf_type is not None:
         from kubetune.export.gguf import DEFAULT_GGUF_TYPE, export_gguf
 

@@ -7,6 +7,7 @@ import json
 
 import pytest
 
+from kubetune.contracts.gate import read_gate_message
 from kubetune.errors import RecipeError
 from kubetune.recipe import load_recipe
 from kubetune.recipe.schema import GateSection
@@ -70,7 +71,9 @@ def test_gate_keys_keep_old_runs_fingerprints():
         ("{metric: flashcards_mc/acc, compare: threshold, threshold: 1.01}", "FAIL"),
     ],
 )
-def test_train_prints_and_records_the_verdict(tmp_path, tiny_overrides, capfd, rule, word):
+def test_train_prints_and_records_the_verdict(tmp_path, tiny_overrides, capfd, monkeypatch, rule, word):
+    """... and the operator's export Job (`export --gate`) exports only a run that passed, and
+    writes the verdict as its termination message."""
     from tests.kit.cli import run_cli_in_process
 
     out = tmp_path / "run"
@@ -91,3 +94,20 @@ def test_train_prints_and_records_the_verdict(tmp_path, tiny_overrides, capfd, r
     summary = json.loads((out / "summary.json").read_text())
     assert summary["gate"]["passed"] is (word == "PASS")
     assert set(summary["lm_eval"]["flashcards_mc"]["acc"]) == {"base", "tuned"}
+    message = tmp_path / "termination-log"
+    monkeypatch.setenv("KUBETUNE_TERMINATION_LOG", str(message))
+    exported = run_cli_in_process(["export", str(out), "--merged", "--gate"], capfd)
+    assert exported.returncode == 0, exported.stderr[-3000:]
+    assert exported.stdout.startswith(f"gate: {word}")
+    assert read_gate_message(message.read_text())["passed"] is (word == "PASS")
+    assert (out / "merged").is_dir() is (word == "PASS")
+
+
+def test_an_unknown_eval_task_stops_before_training(tmp_path, tiny_overrides, capfd):
+    from tests.kit.cli import run_cli_in_process
+
+    out = tmp_path / "run"
+    done = run_cli_in_process(["train", *tiny_overrides, "eval.tasks=[no_such_task_xyz]", f"output_dir={out}"], capfd)
+    errors = [ln for ln in done.stderr.splitlines() if ln.startswith("kubetune: error")]
+    assert done.returncode == 2 and len(errors) == 1 and "eval.tasks no_such_task_xyz: not an lm-eval task" in errors[0]
+    assert not (out / "checkpoints").exists()

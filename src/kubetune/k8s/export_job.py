@@ -18,7 +18,10 @@ BACKOFF_LIMIT = 2
 
 
 def export_command(recipe: Recipe) -> list[str]:
-    return ["kubetune", "export", recipe.output_dir, "--merged"]
+    """With eval.gate, the Job exports only a run whose gate passed and says the verdict in its
+    termination message (contracts/gate.py), which the operator reads."""
+    gate = ["--gate"] if recipe.eval.gate is not None else []
+    return ["kubetune", "export", recipe.output_dir, "--merged", *gate]
 
 
 def _container(recipe: Recipe, names: Names) -> KubeObject:

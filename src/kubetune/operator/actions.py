@@ -138,6 +138,7 @@ class Observation:
     pods: list[dict[str, Any]] = field(default_factory=list)
     export_job: dict[str, Any] | None = None
     serving: dict[str, Any] | None = None  # the serving Deployment
+    export_pods: list[dict[str, Any]] = field(default_factory=list)  # the gate's verdict is in their messages
 
     @property
     def restarts(self) -> int:
@@ -153,12 +154,15 @@ def observe(client: KubeClient, body: dict[str, Any], recipe: Recipe) -> Observa
     api_version, kind = JOB_KINDS[recipe.k8s.api]
     job = client.get(api_version, kind, name, namespace)
     pods = client.list("v1", "Pod", namespace, trainer_selector(name)) if job else []
+    export_name = name + plan.EXPORT_SUFFIX
+    export_job = client.get("batch/v1", "Job", export_name, namespace)
     return Observation(
         recipe=recipe,
         job=job,
         pods=pods,
-        export_job=client.get("batch/v1", "Job", name + plan.EXPORT_SUFFIX, namespace),
+        export_job=export_job,
         serving=client.get("apps/v1", "Deployment", f"{name}-serve", namespace),
+        export_pods=client.list("v1", "Pod", namespace, {"job-name": export_name}) if export_job else [],
     )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import kopf
 
+from kubetune.contracts.gate import line as gate_line
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s.names import Names
 from kubetune.k8s.objects import config_map
@@ -284,6 +285,7 @@ def _advance(
         export_state=plan.export_state(seen.export_job),
         serve_enabled=spec.serve.enabled,
         serving=seen.serving is not None,
+        gate=plan.gate_verdict(seen.export_pods) or status.get("gate"),  # status: once the pods are gone
     )
     step = plan.next_step(observed)
     _act(client, ft, spec, recipe, step.actions, patch)
@@ -345,7 +347,12 @@ def _write_status(
         diagnosed = "\n".join(actions.diagnosis(client, name, namespace)) or "a training pod restarted"
         _set_condition(patch, ft, plan.condition("Restarted", True, "PodRestarted", diagnosed))
     failed = _write_failure(client, ft, observed, step, patch)
-    if observed.export_state == "Complete":
+    if observed.gate is not None:
+        patch.status["gate"] = observed.gate
+        passed = bool(observed.gate["passed"])
+        reason = "GatePassed" if passed else "GateFailed"
+        _set_condition(patch, ft, plan.condition("GatePassed", passed, reason, gate_line(observed.gate)))
+    if observed.export_state == "Complete" and (observed.gate is None or observed.gate["passed"]):
         _set_condition(patch, ft, plan.condition("Exported", True, "MergedExport"))
     if step.phase == "Serving":
         _set_condition(patch, ft, plan.condition("Ready", True, "ServingObjectsCreated", status.get("endpoint", "")))
@@ -407,5 +414,7 @@ def _why(ft: dict[str, Any], observed: plan.Observed, step: plan.Step) -> str:
         return f"training succeeded; Job {name}{plan.EXPORT_SUFFIX} merges the adapter into the model"
     if step.phase == "Serving":  # the endpoint was said when created (status may not show it yet)
         return f"Deployment {name}-serve serves the model"
+    if observed.gate is not None and not observed.gate["passed"]:
+        return f"trained, not served: the eval gate failed ({gate_line(observed.gate)})"
     model = artifacts.get("merged") or artifacts.get("adapter") or "the run directory"
     return f"training succeeded; the model is in {model}"

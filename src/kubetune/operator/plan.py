@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kubetune.contracts.gate import read_gate_message
 from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.errors import RecipeError
 from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
@@ -171,6 +172,7 @@ class Observed:
     export_state: str | None  # None (no export Job) | Running | Complete | Failed
     serve_enabled: bool
     serving: bool  # the serving Deployment exists
+    gate: dict[str, Any] | None = None  # the eval gate's verdict, from the export pod (contracts/gate.py)
 
 
 @dataclass(frozen=True)
@@ -196,9 +198,21 @@ def _after_training(o: Observed) -> Step:
         if o.export_state == "Failed":
             return Step("Failed")
         return Step("Exporting", () if o.export_state else ("create-export",))
+    if o.gate is not None and not o.gate["passed"]:
+        return Step("Succeeded")  # trained and saved; not served (the GatePassed condition says why)
     if o.serve_enabled:
         return Step("Serving", () if o.serving else ("create-serving",))
     return Step("Succeeded")
+
+
+def gate_verdict(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The eval gate's verdict in the termination message of an export pod that ended, or None."""
+    for pod in pods:
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
+            found = read_gate_message(((cs.get("state") or {}).get("terminated") or {}).get("message"))
+            if found is not None:
+                return found
+    return None
 
 
 def job_state(job: dict[str, Any] | None) -> str | None:

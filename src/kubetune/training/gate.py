@@ -10,9 +10,14 @@ was trained and saved; serving it is the operator's decision, docs/evaluation.md
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
+from kubetune.contracts.gate import TERMINATION_LOG, gate_message, line
 from kubetune.recipe.schema import GateSection
+from kubetune.rundir import RunDir
+
+__all__ = ["check_before_export", "line", "verdict"]
 
 # summary.json's before/after keys of the gate's own metric names
 SUMMARY_KEYS = {
@@ -49,14 +54,22 @@ def verdict(gate: GateSection, summary: dict[str, Any]) -> dict[str, Any]:
             "rule": rule, "reason": None}  # fmt: skip
 
 
-def line(result: dict[str, Any]) -> str:
-    """gate: PASS perplexity 12.3 -> 9.8 (tuned <= base)"""
-    word = "PASS" if result["passed"] else "FAIL"
-    base, tuned = _fmt(result["base"]), _fmt(result["tuned"])
-    against = f", threshold {result['threshold']:g}" if result.get("threshold") is not None else ""
-    why = f"; {result['reason']}" if result.get("reason") else ""
-    return f"gate: {word} {result['metric']} {base} -> {tuned} ({result['rule']}{against}){why}"
+def check_before_export(run_dir: Path) -> bool:
+    """`kubetune export RUN --gate`: whether the run's gate passed (True without a gate). The
+    verdict is summary.json's (written by training), printed, and written to `termination_log`
+    where the file can be written (in a pod; KUBETUNE_TERMINATION_LOG elsewhere), for the operator to read."""
+    import contextlib
+    import json
+    import os
 
-
-def _fmt(x: float | None) -> str:
-    return "-" if x is None else f"{x:.4f}"
+    termination_log = Path(os.environ.get("KUBETUNE_TERMINATION_LOG", TERMINATION_LOG))
+    run = RunDir(run_dir)
+    recipe = run.recipe()
+    if recipe.eval.gate is None:
+        return True
+    summary = json.loads(run.summary_file.read_text()) if run.summary_file.is_file() else {}
+    result = summary.get("gate") or verdict(recipe.eval.gate, summary)
+    print(line(result))
+    with contextlib.suppress(OSError):  # not in a pod: the printed line is the verdict
+        termination_log.write_text(gate_message(result))
+    return bool(result["passed"])

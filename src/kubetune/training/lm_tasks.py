@@ -27,10 +27,15 @@ SKIPPED_KEYS = ("alias", "name", "sample_len")  # lm-eval's per-task entries tha
 class TaskSpec:
     names: list[str]
     include: list[str]  # folders of local task YAMLs (with kubetune's own)
+    field: str = "--tasks"  # what the user wrote them in, for error lines (or eval.tasks)
 
 
-def parse_tasks(spec: str) -> TaskSpec:
+def parse_tasks(spec: str, field: str = "--tasks") -> TaskSpec:
     """--tasks: names, and YAML files or folders (a file's task is the `task:` it names)."""
+    import importlib.util
+
+    if importlib.util.find_spec("lm_eval") is None:
+        raise UserError("lm-eval tasks need lm-eval-harness: pip install 'kubetune[eval]'")
     from kubetune.training.lmeval import shipped_tasks
 
     names, include = [], [str(shipped_tasks())]
@@ -43,19 +48,19 @@ def parse_tasks(spec: str) -> TaskSpec:
             names.append(item)
             continue
         if not path.exists():
-            raise UserError(f"--tasks {item}: no such file or folder; give an lm-eval task name or a task YAML path")
+            raise UserError(f"{field} {item}: no such file or folder; give an lm-eval task name or a task YAML path")
         if path.is_dir():
             include.append(str(path))
-            names += _yaml_tasks(sorted(path.glob("*.yaml")))
+            names += _yaml_tasks(sorted(path.glob("*.yaml")), field)
         else:
             include.append(str(path.parent))
-            names += _yaml_tasks([path])
+            names += _yaml_tasks([path], field)
     if not names:
-        raise UserError("--tasks: name at least one task (e.g. --tasks flashcards,flashcards_mc)")
-    return TaskSpec(names, include)
+        raise UserError(f"{field}: name at least one task (e.g. flashcards,flashcards_mc)")
+    return TaskSpec(names, include, field)
 
 
-def _yaml_tasks(files: list[Path]) -> list[str]:
+def _yaml_tasks(files: list[Path], field: str) -> list[str]:
     import yaml
 
     found = []
@@ -64,9 +69,9 @@ def _yaml_tasks(files: list[Path]) -> list[str]:
         try:
             task = (yaml.safe_load(text) or {}).get("task")
         except yaml.YAMLError as e:
-            raise UserError(f"--tasks {f}: not a YAML file lm-eval can read ({str(e).splitlines()[0]})") from None
+            raise UserError(f"{field} {f}: not a YAML file lm-eval can read ({str(e).splitlines()[0]})") from None
         if not task:
-            raise UserError(f"--tasks {f}: names no `task:`; an lm-eval task YAML names its task")
+            raise UserError(f"{field} {f}: names no `task:`; an lm-eval task YAML names its task")
         found += task if isinstance(task, list) else [task]
     return found
 
@@ -80,15 +85,15 @@ def task_manager(spec: TaskSpec) -> Any:
     for name in spec.names:
         if name not in manager.all_tasks:
             raise UserError(
-                f"--tasks {name}: not an lm-eval task (nor a task YAML file); `lm_eval ls tasks` lists them, "
+                f"{spec.field} {name}: not an lm-eval task (nor a task YAML file); `lm_eval ls tasks` lists them, "
                 "and kubetune ships flashcards, flashcards_mc"
             )
         try:
             get_task_dict([name], manager)
         except Exception as e:  # datasets' offline and network errors have no common type
             raise UserError(
-                f"--tasks {name}: its data could not be fetched (lm-eval's tasks load it from the Hugging Face Hub, "
-                f"which needs network): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
+                f"{spec.field} {name}: its data could not be fetched (lm-eval's tasks load it from the Hugging Face "
+                f"Hub, which needs network): {str(e).splitlines()[0] if str(e) else type(e).__name__}"
             ) from None
     return manager
 

@@ -37,6 +37,7 @@ def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> Summary |
     """Train as the recipe says; returns the summary on rank 0 (None on other ranks)."""
     started_at = time.monotonic()
     recipe = load_recipe(recipe_arg, overrides).recipe
+    check_eval_tasks(recipe)
     env = init_distributed(recipe.train.device, recipe.parallel.backend, recipe.parallel.timeout_s)
     setup_logging(env)
     try:
@@ -51,6 +52,14 @@ def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> Summary |
             parts.telemetry.close()  # the port and the collective observer, for a next run in this process
     finally:
         shutdown(env)
+
+
+def check_eval_tasks(recipe: Recipe) -> None:
+    """eval.tasks known and their data at hand before step 1, not after the last (one line, exit 2)."""
+    if recipe.eval.tasks:
+        from kubetune.training.lm_tasks import parse_tasks, task_manager
+
+        task_manager(parse_tasks(",".join(recipe.eval.tasks), "eval.tasks"))
 
 
 def claim_run_dir(recipe: Recipe, env: DistEnv) -> RunDir:
@@ -206,7 +215,7 @@ def judge_run(recipe: Recipe, run_dir: RunDir) -> None:
     if recipe.eval.tasks:
         from kubetune.training.lm_tasks import parse_tasks, print_table, record, run_tasks, task_manager
 
-        spec = parse_tasks(",".join(recipe.eval.tasks))
+        spec = parse_tasks(",".join(recipe.eval.tasks), "eval.tasks")
         table = run_tasks(run_dir, spec.names, task_manager(spec), recipe.eval.tasks_limit)
         print_table(table, run_dir)
         record(run_dir, table)

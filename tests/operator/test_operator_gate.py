@@ -1,0 +1,76 @@
+"""The eval gate in the operator, against kmock: the export Job of a gated run exports only a run
+whose gate passed and says the verdict in its termination message; the operator reads it from
+the export pod, serves only on a pass, and on a failure concludes Succeeded without serving,
+with a GatePassed=False condition that carries the numbers."""
+
+from __future__ import annotations
+
+import pytest
+
+from kubetune.contracts.gate import gate_message
+
+from .conftest import NAMESPACE, wait_for
+from .test_operator_api import PYTORCHJOB, _progress_log, _rank0_pod, _true
+
+GATED = {
+    "train": {"max_steps": 40, "save_every": 10},
+    "k8s": {"replicas": 2, "amx_label": None},
+    "eval": {"tasks": ["flashcards"], "gate": {"metric": "flashcards/rougeL", "tolerance": 0.01}},
+}
+
+
+def _export_pod(cluster, job: str, message: str) -> None:
+    """The export Job's pod, ended, with the termination message `kubetune export --gate` wrote."""
+    terminated = {"exitCode": 0, "reason": "Completed", "message": message}
+    cluster.client.create(
+        {
+            "apiVersion": "v1",
+            "kind": "Pod",
+            "metadata": {"name": f"{job}-abcde", "namespace": NAMESPACE, "labels": {"job-name": job}},
+            "spec": {"containers": [{"name": "export", "image": "kubetune"}]},
+            "status": {
+                "phase": "Succeeded",
+                "containerStatuses": [{"name": "export", "state": {"terminated": terminated}}],
+            },
+        }
+    )
+
+
+def _train_and_export(operator, name: str, verdict: dict) -> None:
+    operator.apply_finetune(name, {"recipe": GATED, "serve": {"enabled": True}})
+    wait_for(lambda: operator.get(*PYTORCHJOB, name))
+    _rank0_pod(operator, name, _progress_log(40, 40, 0.9))
+    operator.set_status(*PYTORCHJOB, name, {"conditions": [_true("Created"), _true("Running"), _true("Succeeded")]})
+    export = wait_for(lambda: operator.get("batch/v1", "Job", f"{name}-export"), message="the export Job")
+    assert export["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "--gate"
+    _export_pod(operator, f"{name}-export", gate_message(verdict))
+    operator.set_status("batch/v1", "Job", f"{name}-export", {"succeeded": 1})
+
+
+VERDICT = {"metric": "flashcards/rougeL", "base": 0.30, "threshold": None, "rule": "tuned >= base - 0.01"}
+
+
+def test_a_failed_gate_is_not_served_and_says_why(operator):
+    _train_and_export(operator, "worse", {**VERDICT, "passed": False, "tuned": 0.25})
+    wait_for(lambda: operator.status("worse").get("phase") == "Succeeded", message="Succeeded without serving")
+    gate = operator.condition("worse", "GatePassed")
+    assert gate["status"] == "False" and gate["reason"] == "GateFailed"
+    assert "flashcards/rougeL 0.3000 -> 0.2500 (tuned >= base - 0.01)" in gate["message"]
+    assert operator.status("worse")["gate"]["passed"] is False
+    assert operator.get("apps/v1", "Deployment", "worse-serve") is None
+    assert operator.condition("worse", "Exported") is None
+
+
+def test_a_passed_gate_is_served(operator):
+    _train_and_export(operator, "better", {**VERDICT, "passed": True, "tuned": 0.35})
+    wait_for(lambda: operator.get("apps/v1", "Deployment", "better-serve"), message="the Deployment")
+    wait_for(lambda: operator.status("better").get("phase") == "Serving")
+    assert operator.condition("better", "GatePassed")["status"] == "True"
+
+
+@pytest.mark.parametrize("message", ["", "merged into /data/runs/x/merged", '{"gate": {"passed": "yes"}}'])
+def test_other_termination_messages_are_no_verdict(message):
+    from kubetune.operator.plan import gate_verdict
+
+    pod = {"status": {"containerStatuses": [{"state": {"terminated": {"message": message}}}]}}
+    assert gate_verdict([pod]) is None
