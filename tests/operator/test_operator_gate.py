@@ -74,3 +74,17 @@ def test_other_termination_messages_are_no_verdict(message):
 
     pod = {"status": {"containerStatuses": [{"state": {"terminated": {"message": message}}}]}}
     assert gate_verdict([pod]) is None
+
+
+def test_a_gated_full_run_gets_a_job_that_only_checks_the_gate():
+    from kubetune.k8s.export_job import export_command
+    from kubetune.operator.plan import FineTuneSpec, artifacts
+    from kubetune.recipe import load_recipe
+
+    full = load_recipe(None, ["finetune.method=full", "eval.gate={metric: perplexity}"]).recipe
+    served = FineTuneSpec.from_dict({"serve": {"enabled": True}})
+    assert served.export_wanted(full)
+    assert export_command(full) == ["kubetune", "export", full.output_dir, "--gate"]
+    assert "merged" not in artifacts(full, "claim", True)
+    ungated = load_recipe(None, ["finetune.method=full"]).recipe
+    assert not served.export_wanted(ungated)  # served from its weights, as before

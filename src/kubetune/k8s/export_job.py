@@ -1,4 +1,5 @@
-"""Render (pure): the merged-export Job the operator runs when training succeeded.
+"""Render (pure): the merged-export Job the operator runs when training succeeded (and, for a
+full fine-tune with an eval gate, the Job that only checks the gate before it is served).
 
 One pod with the training image, the run's volume claim at /data and the trainers'
 environment (caches, Hugging Face token), running `kubetune export RUN_DIR --merged`. It asks
@@ -20,8 +21,9 @@ BACKOFF_LIMIT = 2
 def export_command(recipe: Recipe) -> list[str]:
     """With eval.gate, the Job exports only a run whose gate passed and says the verdict in its
     termination message (contracts/gate.py), which the operator reads."""
+    merged = ["--merged"] if recipe.finetune.method == "lora" else []  # a full run's Job checks the gate only
     gate = ["--gate"] if recipe.eval.gate is not None else []
-    return ["kubetune", "export", recipe.output_dir, "--merged", *gate]
+    return ["kubetune", "export", recipe.output_dir, *merged, *gate]
 
 
 def _container(recipe: Recipe, names: Names) -> KubeObject:

@@ -352,7 +352,8 @@ def _write_status(
         passed = bool(observed.gate["passed"])
         reason = "GatePassed" if passed else "GateFailed"
         _set_condition(patch, ft, plan.condition("GatePassed", passed, reason, gate_line(observed.gate)))
-    if observed.export_state == "Complete" and (observed.gate is None or observed.gate["passed"]):
+    merges = seen.recipe.finetune.method == "lora"
+    if observed.export_state == "Complete" and merges and (observed.gate is None or observed.gate["passed"]):
         _set_condition(patch, ft, plan.condition("Exported", True, "MergedExport"))
     if step.phase == "Serving":
         _set_condition(patch, ft, plan.condition("Ready", True, "ServingObjectsCreated", status.get("endpoint", "")))

@@ -83,8 +83,10 @@ class FineTuneSpec:
         )
 
     def export_wanted(self, recipe: Recipe) -> bool:
-        # a full fine-tune's model/ is already whole: only LoRA has something to merge
-        return (self.serve.enabled or self.export_merged) and recipe.finetune.method == "lora"
+        # a full fine-tune's model/ is already whole: only LoRA has something to merge; a gated full
+        # run to be served still gets the Job, which only checks the gate (it can read the run)
+        gated = self.serve.enabled and recipe.eval.gate is not None
+        return (self.serve.enabled or self.export_merged) and (recipe.finetune.method == "lora" or gated)
 
 
 def _key_ref(ref: dict[str, Any] | None, default_key: str) -> tuple[str, str] | None:
@@ -295,7 +297,7 @@ def with_condition(conditions: list[dict[str, Any]], new: dict[str, Any], now: s
 def artifacts(recipe: Recipe, claim: str, export_wanted: bool) -> dict[str, str]:
     run = RunDir(Path(recipe.output_dir))  # a path in the pods (the operator runs on Linux too)
     out = {"claim": claim, "runDir": recipe.output_dir, "adapter": str(run.weights(recipe.finetune.method))}
-    if export_wanted:
+    if export_wanted and recipe.finetune.method == "lora":
         out["merged"] = str(run.merged)
     return out
 
