@@ -36,6 +36,9 @@ def _export_pod(cluster, job: str, message: str) -> None:
     )
 
 
+TABLE = {"flashcards": {"rougeL": {"base": 0.3, "tuned": 0.25}, "exact_match": {"base": 0.0, "tuned": 0.0}}}
+
+
 def _train_and_export(operator, name: str, verdict: dict) -> None:
     operator.apply_finetune(name, {"recipe": GATED, "serve": {"enabled": True}})
     wait_for(lambda: operator.get(*PYTORCHJOB, name))
@@ -43,7 +46,7 @@ def _train_and_export(operator, name: str, verdict: dict) -> None:
     operator.set_status(*PYTORCHJOB, name, {"conditions": [_true("Created"), _true("Running"), _true("Succeeded")]})
     export = wait_for(lambda: operator.get("batch/v1", "Job", f"{name}-export"), message="the export Job")
     assert export["spec"]["template"]["spec"]["containers"][0]["command"][-1] == "--gate"
-    _export_pod(operator, f"{name}-export", gate_message(verdict))
+    _export_pod(operator, f"{name}-export", gate_message(verdict, TABLE))
     operator.set_status("batch/v1", "Job", f"{name}-export", {"succeeded": 1})
 
 
@@ -57,6 +60,7 @@ def test_a_failed_gate_is_not_served_and_says_why(operator):
     assert gate["status"] == "False" and gate["reason"] == "GateFailed"
     assert "flashcards/rougeL 0.3000 -> 0.2500 (tuned >= base - 0.01)" in gate["message"]
     assert operator.status("worse")["gate"]["passed"] is False
+    assert operator.status("worse")["lmEval"] == TABLE  # base vs tuned in the FineTune's status
     assert operator.get("apps/v1", "Deployment", "worse-serve") is None
     assert operator.condition("worse", "Exported") is None
 
@@ -70,10 +74,22 @@ def test_a_passed_gate_is_served(operator):
 
 @pytest.mark.parametrize("message", ["", "merged into /data/runs/x/merged", '{"gate": {"passed": "yes"}}'])
 def test_other_termination_messages_are_no_verdict(message):
-    from kubetune.operator.plan import gate_verdict
+    from kubetune.operator.plan import gate_verdict, lm_eval_results
 
     pod = {"status": {"containerStatuses": [{"state": {"terminated": {"message": message}}}]}}
-    assert gate_verdict([pod]) is None
+    assert gate_verdict([pod]) is None and lm_eval_results([pod]) is None
+
+
+def test_the_message_fits_kubernetes_4_kib():
+    """A table too large for a termination message is left out; the verdict always fits."""
+    from kubetune.contracts.gate import read_gate_message, read_lm_eval_message
+
+    huge = {f"task_{i}": {"acc": {"base": 0.123456789, "tuned": 0.5}} for i in range(200)}
+    message = gate_message({**VERDICT, "passed": True, "tuned": 0.35}, huge)
+    assert len(message.encode()) <= 4096
+    assert read_gate_message(message)["passed"] is True and read_lm_eval_message(message) is None
+    small = gate_message(None, {"flashcards": {"acc": {"base": 0.123456789, "tuned": 0.5}}})
+    assert read_lm_eval_message(small) == {"flashcards": {"acc": {"base": 0.1235, "tuned": 0.5}}}
 
 
 def test_a_gated_full_run_gets_a_job_that_only_checks_the_gate():

@@ -1,10 +1,11 @@
 """The eval gate's verdict as the training side writes it and the cluster side reads it.
 
-`kubetune train` writes the verdict into summary.json's `gate`; the export Job
-(`kubetune export RUN --gate`) reads it from the run's volume and, as Kubernetes lets a
-container say why it ended, writes it as its termination message (`gate_message`); the
-operator, which cannot read the volume, reads that message back from the export pod
-(`read_gate_message`) and serves only when the gate passed.
+`kubetune train` writes the verdict into summary.json's `gate` (and lm-eval's results into its
+`lm_eval`); the export Job (`kubetune export RUN --gate`) reads them from the run's volume and,
+as Kubernetes lets a container say why it ended, writes them as its termination message
+(`gate_message`); the operator, which cannot read the volume, reads that message back from the
+export pod (`read_gate_message`, `read_lm_eval_message`), serves only when the gate passed and
+shows both in the FineTune's status.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from typing import Any
 
 TERMINATION_LOG = "/dev/termination-log"  # Kubernetes' default terminationMessagePath
 VERDICT_KEYS = ("metric", "passed", "base", "tuned", "threshold", "rule", "reason")
+MESSAGE_BYTES = 4096  # what Kubernetes keeps of a termination message
 
 
 def line(result: dict[str, Any]) -> str:
@@ -25,19 +27,46 @@ def line(result: dict[str, Any]) -> str:
     return f"gate: {word} {result.get('metric')} {base} -> {tuned} ({result.get('rule')}{against}){why}"
 
 
-def gate_message(result: dict[str, Any]) -> str:
-    """The termination message of the export Job: one JSON object (Kubernetes keeps 4 KiB)."""
-    return json.dumps({"gate": {k: result.get(k) for k in VERDICT_KEYS}})
+def gate_message(result: dict[str, Any] | None, lm_eval: dict[str, Any] | None = None) -> str:
+    """The termination message of the export Job: one JSON object with the verdict and the
+    lm-eval table (rounded to 4 places; left out where it would not fit Kubernetes' 4 KiB)."""
+    out: dict[str, Any] = {}
+    if result is not None:
+        out["gate"] = {k: result.get(k) for k in VERDICT_KEYS}
+    if lm_eval:
+        out["lm_eval"] = {
+            task: {m: {k: _rounded(v) for k, v in pair.items()} for m, pair in metrics.items()}
+            for task, metrics in lm_eval.items()
+        }
+    text = json.dumps(out, separators=(",", ":"))
+    if len(text.encode()) > MESSAGE_BYTES and "lm_eval" in out:
+        del out["lm_eval"]
+        text = json.dumps(out, separators=(",", ":"))
+    return text
+
+
+def _message(message: str | None) -> dict[str, Any]:
+    try:
+        found = json.loads(message or "")
+    except ValueError:
+        return {}
+    return found if isinstance(found, dict) else {}
 
 
 def read_gate_message(message: str | None) -> dict[str, Any] | None:
     """The verdict in a termination message, or None (another message, or none)."""
-    try:
-        found = json.loads(message or "")
-    except ValueError:
-        return None
-    gate = found.get("gate") if isinstance(found, dict) else None
+    gate = _message(message).get("gate")
     return gate if isinstance(gate, dict) and isinstance(gate.get("passed"), bool) else None
+
+
+def read_lm_eval_message(message: str | None) -> dict[str, Any] | None:
+    """The lm-eval table ({task: {metric: {base, tuned}}}) in a termination message, or None."""
+    table = _message(message).get("lm_eval")
+    return table if isinstance(table, dict) and table else None
+
+
+def _rounded(x: Any) -> Any:
+    return round(x, 4) if isinstance(x, float) else x
 
 
 def _fmt(x: Any) -> str:

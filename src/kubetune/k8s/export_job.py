@@ -19,10 +19,11 @@ BACKOFF_LIMIT = 2
 
 
 def export_command(recipe: Recipe) -> list[str]:
-    """With eval.gate, the Job exports only a run whose gate passed and says the verdict in its
-    termination message (contracts/gate.py), which the operator reads."""
+    """With eval.gate, the Job exports only a run whose gate passed; with it or eval.tasks, it says
+    the verdict and lm-eval's results in its termination message (contracts/gate.py), which the
+    operator reads."""
     merged = ["--merged"] if recipe.finetune.method == "lora" else []  # a full run's Job checks the gate only
-    gate = ["--gate"] if recipe.eval.gate is not None else []
+    gate = ["--gate"] if recipe.eval.gate is not None or recipe.eval.tasks else []
     return ["kubetune", "export", recipe.output_dir, *merged, *gate]
 
 

@@ -272,6 +272,18 @@ def status_schema() -> Schema:
                     "reason": _str("Why it failed without numbers (a missing value)."),
                 },
             ),
+            "lmEval": {
+                "type": "object",
+                "description": "lm-eval's results (recipe eval.tasks), read from the export Job: task -> metric -> "
+                "{base, tuned}.",
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": _obj(
+                        "One metric of the base and the tuned model.",
+                        {"base": _num("The base model's value."), "tuned": _num("The tuned model's value.")},
+                    ),
+                },
+            },
             "restarts": _int("Training pod restarts seen."),
             "observedGeneration": _int("The spec generation last acted on."),
         },

@@ -347,6 +347,9 @@ def _write_status(
         diagnosed = "\n".join(actions.diagnosis(client, name, namespace)) or "a training pod restarted"
         _set_condition(patch, ft, plan.condition("Restarted", True, "PodRestarted", diagnosed))
     failed = _write_failure(client, ft, observed, step, patch)
+    lm_eval = plan.lm_eval_results(seen.export_pods)
+    if lm_eval is not None:
+        patch.status["lmEval"] = lm_eval
     if observed.gate is not None:
         patch.status["gate"] = observed.gate
         passed = bool(observed.gate["passed"])

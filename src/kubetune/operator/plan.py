@@ -16,7 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kubetune.contracts.gate import read_gate_message
+from kubetune.contracts.gate import read_gate_message, read_lm_eval_message
 from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.errors import RecipeError
 from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
@@ -209,12 +209,20 @@ def _after_training(o: Observed) -> Step:
 
 def gate_verdict(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     """The eval gate's verdict in the termination message of an export pod that ended, or None."""
-    for pod in pods:
-        for cs in (pod.get("status") or {}).get("containerStatuses") or []:
-            found = read_gate_message(((cs.get("state") or {}).get("terminated") or {}).get("message"))
-            if found is not None:
-                return found
-    return None
+    return next((v for v in map(read_gate_message, _termination_messages(pods)) if v is not None), None)
+
+
+def lm_eval_results(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """lm-eval's base vs tuned table in an export pod's termination message, or None."""
+    return next((t for t in map(read_lm_eval_message, _termination_messages(pods)) if t is not None), None)
+
+
+def _termination_messages(pods: list[dict[str, Any]]) -> list[str | None]:
+    return [
+        ((cs.get("state") or {}).get("terminated") or {}).get("message")
+        for pod in pods
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []
+    ]
 
 
 def job_state(job: dict[str, Any] | None) -> str | None:

@@ -56,8 +56,9 @@ def verdict(gate: GateSection, summary: dict[str, Any]) -> dict[str, Any]:
 
 def check_before_export(run_dir: Path) -> bool:
     """`kubetune export RUN --gate`: whether the run's gate passed (True without a gate). The
-    verdict is summary.json's (written by training), printed, and written to `termination_log`
-    where the file can be written (in a pod; KUBETUNE_TERMINATION_LOG elsewhere), for the operator to read."""
+    verdict (summary.json's, written by training) is printed; it and the lm-eval results are
+    written as the termination message where that file can be written (in a pod;
+    KUBETUNE_TERMINATION_LOG elsewhere), for the operator to read."""
     import contextlib
     import json
     import os
@@ -65,11 +66,12 @@ def check_before_export(run_dir: Path) -> bool:
     termination_log = Path(os.environ.get("KUBETUNE_TERMINATION_LOG", TERMINATION_LOG))
     run = RunDir(run_dir)
     recipe = run.recipe()
-    if recipe.eval.gate is None:
-        return True
     summary = json.loads(run.summary_file.read_text()) if run.summary_file.is_file() else {}
-    result = summary.get("gate") or verdict(recipe.eval.gate, summary)
-    print(line(result))
-    with contextlib.suppress(OSError):  # not in a pod: the printed line is the verdict
-        termination_log.write_text(gate_message(result))
-    return bool(result["passed"])
+    result = None
+    if recipe.eval.gate is not None:
+        result = summary.get("gate") or verdict(recipe.eval.gate, summary)
+        print(line(result))
+    if result is not None or summary.get("lm_eval"):
+        with contextlib.suppress(OSError):  # not in a pod: the printed line is the verdict
+            termination_log.write_text(gate_message(result, summary.get("lm_eval")))
+    return result is None or bool(result["passed"])
