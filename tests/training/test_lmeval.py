@@ -99,7 +99,7 @@ def test_shipped_tasks_through_lm_evals_evaluator_equal_hflms(both):
         assert numbers == pytest.approx({k: expected[task][k] for k in numbers}, abs=1e-6)
 
 
-def test_registered_as_kubetune_for_lm_evals_own_cli(tiny_model_dir):
+def test_registered_as_kubetune_for_lm_evals_own_cli():
     from lm_eval.api.registry import get_model
 
     from kubetune.training import lmeval
