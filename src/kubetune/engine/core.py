@@ -212,6 +212,33 @@ class Engine:
                 if not worked and not self.in_flight:
                     return
 
+    def read_prompts(self, prompts: list[tuple[list[int], int, int]]) -> list[torch.Tensor]:
+        """Batch scoring (lm-eval's log-likelihoods): read every (tokens, adapter, first) prompt
+        in one forward over slots 0..n-1 and return the last hidden states of its tokens from
+        `first` on ([len(tokens) - first, hidden] each). The prefix cache gives what it knows of
+        a prompt before `first` (a shared few-shot header, a multiple-choice question scored once
+        per choice) and keeps what this forward reads. Only between drains: no sequence may be
+        running, and the caller sized the batch to the cache (`cache.fits`)."""
+        if self.in_flight:
+            raise RuntimeError("read_prompts runs between drains, with no request in flight")
+        with torch.inference_mode():
+            self.cache.reserve(len(prompts), max(len(tokens) for tokens, _, _ in prompts))
+            starts = [
+                self.prefixes.restore(tokens[: first + 1], adapter, slot)
+                for slot, (tokens, adapter, first) in enumerate(prompts)
+            ]
+            chunks = [
+                (slot, start, len(tokens) - start) for slot, ((tokens, _, _), start) in enumerate(zip(prompts, starts))
+            ]
+            ids = [t for (tokens, _, _), start in zip(prompts, starts) for t in tokens[start:]]
+            adapters = [adapter for (tokens, adapter, _), start in zip(prompts, starts) for _ in tokens[start:]]
+            hidden = self._forward(torch.tensor(ids), Batch.of([], chunks), adapters)
+            self.cache.batch = None
+            for slot, (tokens, adapter, _) in enumerate(prompts):
+                self.prefixes.remember(tokens, adapter, slot, len(tokens))
+        parts = hidden.split([count for _, _, count in chunks])
+        return [part[first - start :] for part, (_, _, first), start in zip(parts, prompts, starts)]
+
     def start(self) -> None:
         """Run the loop on a new thread (tests, benchmarks; see `run` for why the server does not)."""
         self._thread = threading.Thread(target=self._run, name="kubetune-engine", daemon=True)

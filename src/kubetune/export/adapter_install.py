@@ -1,12 +1,14 @@
 """Install a run's LoRA adapter into a shared server's adapter volume: the command of the
 adapter-export Job the operator runs when a FineTune with `spec.serve.server` has trained.
 
-    python -m kubetune.export.adapter_install RUN_DIR --name NAME --version vN --base BASE [--revision R]
+    python -m kubetune.export.adapter_install RUN_DIR --name NAME --version vN --base BASE [--revision R] [--gate]
     python -m kubetune.export.adapter_install --unregister --name NAME --version vN [--delete-files]
 
 copies RUN_DIR/adapter (PEFT format, not merged) to /adapters/NAME/vN atomically, then registers
 NAME@vN in /adapters/registry.json (its schema: `kubetune.contracts.adapters`), which every
-replica reads at start; the operator then loads it into the running replicas. Registry writes
+replica reads at start; the operator then loads it into the running replicas. With `--gate` a
+run whose eval gate failed is neither copied nor registered (exit 0; the verdict is the
+termination message the operator reads, as `kubetune export --gate` writes it). Registry writes
 are whole-file (atomic) and made under a lock beside the file, so two Jobs finishing together
 do not lose each other's entry. Exit 2 with one line on a problem.
 """
@@ -28,6 +30,7 @@ from kubetune.contracts.adapters import (
     write_registry,
 )
 from kubetune.errors import UserError
+from kubetune.export.gate import check_before_export
 from kubetune.fsutil import atomic_dir, file_lock
 
 
@@ -102,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--root", type=Path, default=Path(ROOT))
     parser.add_argument("--unregister", action="store_true")
     parser.add_argument("--delete-files", action="store_true")
+    parser.add_argument("--gate", action="store_true", help="install only a run whose eval gate passed")
     args = parser.parse_args(argv)
     try:
         if args.unregister:
@@ -110,6 +114,9 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if args.run_dir is None or args.base is None:
             raise UserError("give RUN_DIR and --base BASE (or --unregister)")
+        if args.gate and not check_before_export(args.run_dir):
+            print(f"not installed: {args.name}@{args.version}: the eval gate failed (docs/evaluation.md)")
+            return 0
         base = BaseModelRef(name=args.base, revision=args.revision)
         target = install(args.run_dir, args.name, args.version, base, args.root)
     except (UserError, OSError) as e:

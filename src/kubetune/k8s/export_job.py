@@ -1,4 +1,6 @@
-"""Render (pure): the export Jobs the operator runs when training succeeded.
+"""Render (pure): the export Jobs the operator runs when training succeeded: the merged export
+(for a full fine-tune with an eval gate, a Job that only checks the gate before it is served) and
+a shared server's adapter export.
 
 One pod with the training image, the run's volume claim at /data and the trainers'
 environment (caches, Hugging Face token), running `kubetune export RUN_DIR --merged`. It asks
@@ -26,15 +28,24 @@ INSTALL = ["python", "-m", "kubetune.export.adapter_install"]
 
 
 def export_command(recipe: Recipe) -> list[str]:
-    return ["kubetune", "export", recipe.output_dir, "--merged"]
+    """With eval.gate, the Job exports only a run whose gate passed; with it or eval.tasks, it says
+    the verdict and lm-eval's results in its termination message (contracts/gate.py), which the
+    operator reads."""
+    merged = ["--merged"] if recipe.finetune.method == "lora" else []  # a full run's Job checks the gate only
+    return ["kubetune", "export", recipe.output_dir, *merged, *_gate(recipe)]
+
+
+def _gate(recipe: Recipe) -> list[str]:
+    return ["--gate"] if recipe.eval.gate is not None or recipe.eval.tasks else []
 
 
 def adapter_install_command(
     recipe: Recipe, name: str, version: str, base: str, revision: str | None, root: str = ADAPTER_ROOT
 ) -> list[str]:
-    """Copy the run's adapter to ROOT/NAME/VERSION and register it for the server's base."""
+    """Copy the run's adapter to ROOT/NAME/VERSION and register it for the server's base (with an
+    eval gate, only when it passed)."""
     command = [*INSTALL, recipe.output_dir, "--name", name, "--version", version, "--base", base, "--root", root]
-    return command + (["--revision", revision] if revision else [])
+    return command + (["--revision", revision] if revision else []) + _gate(recipe)
 
 
 def adapter_uninstall_command(name: str, version: str, delete_files: bool) -> list[str]:

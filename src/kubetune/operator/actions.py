@@ -201,6 +201,7 @@ class Observation:
     serving: dict[str, Any] | None = None  # the serving Deployment
     server: dict[str, Any] | None = None  # spec.serve.server's ModelServer
     adapter_export_job: dict[str, Any] | None = None
+    export_pods: list[dict[str, Any]] = field(default_factory=list)  # the gate's verdict is in their messages
 
     @property
     def restarts(self) -> int:
@@ -216,16 +217,26 @@ def observe(client: KubeClient, body: dict[str, Any], recipe: Recipe, server: st
     api_version, kind = JOB_KINDS[recipe.k8s.api]
     job = client.get(api_version, kind, name, namespace)
     pods = client.list("v1", "Pod", namespace, trainer_selector(name)) if job else []
+    export_name = name + plan.EXPORT_SUFFIX
+    export_job = client.get("batch/v1", "Job", export_name, namespace)
+    adapter_export_name = name + serverplan.ADAPTER_EXPORT_SUFFIX
+    adapter_export_job = client.get("batch/v1", "Job", adapter_export_name, namespace) if server else None
+    # the gate's verdict is the termination message of whichever export ran (merged or adapter)
+    export_pods = [
+        pod
+        for job_name, found in ((export_name, export_job), (adapter_export_name, adapter_export_job))
+        if found
+        for pod in client.list("v1", "Pod", namespace, {"job-name": job_name})
+    ]
     return Observation(
         recipe=recipe,
         job=job,
         pods=pods,
-        export_job=client.get("batch/v1", "Job", name + plan.EXPORT_SUFFIX, namespace),
+        export_job=export_job,
         serving=client.get("apps/v1", "Deployment", f"{name}-serve", namespace),
         server=model_server(client, server, namespace) if server else None,
-        adapter_export_job=client.get("batch/v1", "Job", name + serverplan.ADAPTER_EXPORT_SUFFIX, namespace)
-        if server
-        else None,
+        adapter_export_job=adapter_export_job,
+        export_pods=export_pods,
     )
 
 

@@ -284,6 +284,30 @@ def status_schema() -> Schema:
                     "registered": {"type": "boolean", "description": "Exported and in the server's registry."},
                 },
             ),
+            "gate": _obj(
+                "The eval gate's verdict (recipe eval.gate), read from the export Job: served only when passed.",
+                {
+                    "metric": _str("The gated metric (perplexity, <task>/<metric>, ...)."),
+                    "passed": {"type": "boolean", "description": "Whether the tuned model passed."},
+                    "base": _num("The base model's value."),
+                    "tuned": _num("The tuned model's value."),
+                    "threshold": _num("compare=threshold: the value to reach."),
+                    "rule": _str("The rule, in words (e.g. tuned >= base - 0.01)."),
+                    "reason": _str("Why it failed without numbers (a missing value)."),
+                },
+            ),
+            "lmEval": {
+                "type": "object",
+                "description": "lm-eval's results (recipe eval.tasks), read from the export Job: task -> metric -> "
+                "{base, tuned}.",
+                "additionalProperties": {
+                    "type": "object",
+                    "additionalProperties": _obj(
+                        "One metric of the base and the tuned model.",
+                        {"base": _num("The base model's value."), "tuned": _num("The tuned model's value.")},
+                    ),
+                },
+            },
             "restarts": _int("Training pod restarts seen."),
             "observedGeneration": _int("The spec generation last acted on."),
         },

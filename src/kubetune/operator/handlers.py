@@ -29,6 +29,7 @@ from typing import Any
 
 import kopf
 
+from kubetune.contracts.gate import line as gate_line
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s.modelserver import ModelServerSpec
 from kubetune.k8s.names import Names, server_selector
@@ -317,6 +318,7 @@ def _advance(
         server_found=seen.server is not None,
         base_mismatch=serverplan.base_mismatch(recipe, spec.serve.server or "", server_spec) if server_spec else None,
         adapter_export_state=plan.export_state(seen.adapter_export_job),
+        gate=plan.gate_verdict(seen.export_pods) or status.get("gate"),  # status: once the pods are gone
     )
     step = plan.next_step(observed)
     _act(client, ft, spec, recipe, step.actions, patch, seen)
@@ -436,7 +438,16 @@ def _write_status(
         diagnosed = "\n".join(actions.diagnosis(client, name, namespace)) or "a training pod restarted"
         _set_condition(patch, ft, plan.condition("Restarted", True, "PodRestarted", diagnosed))
     failed = _write_failure(client, ft, observed, step, patch)
-    if observed.export_state == "Complete":
+    lm_eval = plan.lm_eval_results(seen.export_pods)
+    if lm_eval is not None:
+        patch.status["lmEval"] = lm_eval
+    if observed.gate is not None:
+        patch.status["gate"] = observed.gate
+        passed = bool(observed.gate["passed"])
+        reason = "GatePassed" if passed else "GateFailed"
+        _set_condition(patch, ft, plan.condition("GatePassed", passed, reason, gate_line(observed.gate)))
+    merges = seen.recipe.finetune.method == "lora"
+    if observed.export_state == "Complete" and merges and (observed.gate is None or observed.gate["passed"]):
         _set_condition(patch, ft, plan.condition("Exported", True, "MergedExport"))
     if observed.adapter_server:
         _write_server_status(ft, seen, observed, patch)
@@ -511,6 +522,8 @@ def _why(ft: dict[str, Any], observed: plan.Observed, step: plan.Step) -> str:
         return f"ModelServer {server} serves the adapter"
     if step.phase == "Serving":  # the endpoint was said when created (status may not show it yet)
         return f"Deployment {name}-serve serves the model"
+    if observed.gate is not None and not observed.gate["passed"]:
+        return f"trained, not served: the eval gate failed ({gate_line(observed.gate)})"
     model = artifacts.get("merged") or artifacts.get("adapter") or "the run directory"
     return f"training succeeded; the model is in {model}"
 

@@ -16,6 +16,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
+from kubetune.contracts.gate import read_gate_message, read_lm_eval_message
 from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.errors import RecipeError
 from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
@@ -90,9 +91,11 @@ class FineTuneSpec:
 
     def export_wanted(self, recipe: Recipe) -> bool:
         # a full fine-tune's model/ is already whole: only LoRA has something to merge; a shared
-        # server (spec.serve.server) takes the adapter as it is
+        # server (spec.serve.server) takes the adapter as it is, and its adapter-export Job checks
+        # the gate. A gated full run to be served still gets the Job, which only checks the gate.
         own_server = self.serve.enabled and not self.serve.server
-        return (own_server or self.export_merged) and recipe.finetune.method == "lora"
+        gated = own_server and recipe.eval.gate is not None
+        return (own_server or self.export_merged) and (recipe.finetune.method == "lora" or gated)
 
 
 def _key_ref(ref: dict[str, Any] | None, default_key: str) -> tuple[str, str] | None:
@@ -189,6 +192,7 @@ class Observed:
     server_found: bool = True  # that ModelServer exists
     base_mismatch: str | None = None  # why the adapter does not fit the server's base
     adapter_export_state: str | None = None  # the adapter-export Job, as export_state reads a Job
+    gate: dict[str, Any] | None = None  # the eval gate's verdict, from the export pod (contracts/gate.py)
 
 
 @dataclass(frozen=True)
@@ -215,6 +219,8 @@ def _after_training(o: Observed) -> Step:
         if o.export_state == "Failed":
             return Step("Failed")
         return Step("Exporting", () if o.export_state else ("create-export",))
+    if o.gate is not None and not o.gate["passed"]:
+        return Step("Succeeded")  # trained and saved; not served (the GatePassed condition says why)
     if o.adapter_server:
         return _to_server(o)
     if o.serve_enabled:
@@ -234,6 +240,24 @@ def _to_server(o: Observed) -> Step:
     if o.adapter_export_state != "Complete":
         return Step("Exporting", () if o.adapter_export_state else ("create-adapter-export",))
     return Step("Serving", ("register-adapter",))
+
+
+def gate_verdict(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """The eval gate's verdict in the termination message of an export pod that ended, or None."""
+    return next((v for v in map(read_gate_message, _termination_messages(pods)) if v is not None), None)
+
+
+def lm_eval_results(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
+    """lm-eval's base vs tuned table in an export pod's termination message, or None."""
+    return next((t for t in map(read_lm_eval_message, _termination_messages(pods)) if t is not None), None)
+
+
+def _termination_messages(pods: list[dict[str, Any]]) -> list[str | None]:
+    return [
+        ((cs.get("state") or {}).get("terminated") or {}).get("message")
+        for pod in pods
+        for cs in (pod.get("status") or {}).get("containerStatuses") or []
+    ]
 
 
 def job_state(job: dict[str, Any] | None) -> str | None:
@@ -316,7 +340,7 @@ def with_condition(conditions: list[dict[str, Any]], new: dict[str, Any], now: s
 def artifacts(recipe: Recipe, claim: str, export_wanted: bool) -> dict[str, str]:
     run = RunDir(Path(recipe.output_dir))  # a path in the pods (the operator runs on Linux too)
     out = {"claim": claim, "runDir": recipe.output_dir, "adapter": str(run.weights(recipe.finetune.method))}
-    if export_wanted:
+    if export_wanted and recipe.finetune.method == "lora":
         out["merged"] = str(run.merged)
     return out
 

@@ -358,11 +358,77 @@ class TrainSection(Section):
         return [line]
 
 
+# gate metrics of summary.json -> whether higher is better (a "<task>/<metric>" of eval.tasks: higher)
+SUMMARY_GATE_METRICS = {
+    "perplexity": False,
+    "eval_loss": False,
+    "eval_reward": True,
+    "reward_accuracy": True,
+}
+
+
+class GateSection(Section):
+    """Whether the tuned model may be served: one metric against the base model or a threshold."""
+
+    metric: str = Field(
+        ...,
+        description="`perplexity`, `eval_loss`, `eval_reward`, `reward_accuracy` (summary.json's before/after), "
+        "or `<task>/<metric>` of an lm-eval task in eval.tasks (e.g. flashcards/rougeL).",
+    )
+    compare: Literal["base", "threshold"] = Field(
+        "base", description="base: the tuned model against the base model; threshold: against `threshold`."
+    )
+    threshold: float | None = Field(None, description="With compare=threshold: the value the tuned model must reach.")
+    tolerance: float = Field(
+        0.0, ge=0, description="How much worse than the base (or threshold) still passes, in the metric's units."
+    )
+    higher_is_better: bool | None = Field(
+        None, description="null: lower for perplexity and eval_loss, higher for everything else."
+    )
+
+    @model_validator(mode="after")
+    def _check(self) -> GateSection:
+        if self.compare == "threshold" and self.threshold is None:
+            raise ValueError("eval.gate.compare=threshold needs eval.gate.threshold")
+        if "/" not in self.metric and self.metric not in SUMMARY_GATE_METRICS:
+            raise ValueError(
+                f"eval.gate.metric={self.metric}: choose {', '.join(SUMMARY_GATE_METRICS)} or <task>/<metric> "
+                "of an lm-eval task in eval.tasks (e.g. flashcards/rougeL)"
+            )
+        return self
+
+    @property
+    def task(self) -> str | None:
+        return self.metric.split("/", 1)[0] if "/" in self.metric else None
+
+    @property
+    def higher(self) -> bool:
+        if self.higher_is_better is not None:
+            return self.higher_is_better
+        return SUMMARY_GATE_METRICS.get(self.metric, True)
+
+
 class EvalSection(Section):
     max_samples: int | None = Field(200, ge=1, description="Eval rows used for loss/perplexity (null = all).")
     batch_size: int = Field(8, ge=1, description="Rows per eval forward.")
     generate: int = Field(3, ge=0, description="Eval prompts to answer in summary.json.")
     max_new_tokens: int = Field(64, ge=1, description="Length limit of generated answers.")
+    tasks: list[str] = Field(
+        default_factory=list,
+        description="lm-eval tasks (names or task YAML paths) run on the base and the tuned model at the end of "
+        "training, into summary.json's lm_eval (docs/evaluation.md); kubetune ships flashcards, flashcards_mc.",
+    )
+    tasks_limit: int | None = Field(None, ge=1, description="The first N examples of each of eval.tasks (null = all).")
+    gate: GateSection | None = Field(
+        None, description="The eval gate: the tuned model is served only when it passes (docs/evaluation.md)."
+    )
+
+    @model_validator(mode="after")
+    def _gate_task_runs(self) -> EvalSection:
+        task = self.gate.task if self.gate else None
+        if task is not None and task not in self.tasks:
+            raise ValueError(f"eval.gate.metric={self.gate.metric if self.gate else ''}: add {task} to eval.tasks")
+        return self
 
 
 # HF Trainer's `report_to` names of the experiment trackers kubetune logs to

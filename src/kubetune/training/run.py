@@ -38,6 +38,7 @@ def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> Summary |
     """Train as the recipe says; returns the summary on rank 0 (None on other ranks)."""
     started_at = time.monotonic()
     recipe = load_recipe(recipe_arg, overrides).recipe
+    check_eval_tasks(recipe)
     env = init_distributed(recipe.train.device, recipe.parallel.backend, recipe.parallel.timeout_s)
     setup_logging(env)
     try:
@@ -53,6 +54,14 @@ def train_from_recipe(recipe_arg: str | None, overrides: list[str]) -> Summary |
             parts.tracking.close(finished=False)  # a run that stopped early (finish closed a finished one)
     finally:
         shutdown(env)
+
+
+def check_eval_tasks(recipe: Recipe) -> None:
+    """eval.tasks known and their data at hand before step 1, not after the last (one line, exit 2)."""
+    if recipe.eval.tasks:
+        from kubetune.training.lm_tasks import parse_tasks, task_manager
+
+        task_manager(parse_tasks(",".join(recipe.eval.tasks), "eval.tasks"))
 
 
 def claim_run_dir(recipe: Recipe, env: DistEnv) -> RunDir:
@@ -204,7 +213,32 @@ def finish(parts: TrainParts, state: TrainState) -> Summary | None:
     parts.tracking.close(finished=True)
     run_dir.write_record(parts.recipe_as_given, "finished")
     print_report(summary, run_dir)
+    judge_run(recipe, run_dir)
     return summary
+
+
+def judge_run(recipe: Recipe, run_dir: RunDir) -> None:
+    """eval.tasks on the base and tuned model (lm-eval), then eval.gate's verdict, into summary.json.
+    A failed gate leaves the exit status 0: the model was trained and saved (docs/evaluation.md)."""
+    if not recipe.eval.tasks and recipe.eval.gate is None:
+        return
+    import json
+
+    from kubetune.fsutil import atomic_write_json
+    from kubetune.export import gate
+
+    if recipe.eval.tasks:
+        from kubetune.training.lm_tasks import parse_tasks, print_table, record, run_tasks, task_manager
+
+        spec = parse_tasks(",".join(recipe.eval.tasks), "eval.tasks")
+        table = run_tasks(run_dir, spec.names, task_manager(spec), recipe.eval.tasks_limit)
+        print_table(table, run_dir)
+        record(run_dir, table)
+    if recipe.eval.gate is not None:
+        summary = json.loads(run_dir.summary_file.read_text())
+        summary["gate"] = gate.verdict(recipe.eval.gate, summary)
+        atomic_write_json(run_dir.summary_file, summary)
+        print(gate.line(summary["gate"]))
 
 
 def save(parts: TrainParts, state: TrainState) -> int:
