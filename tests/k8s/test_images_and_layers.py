@@ -418,7 +418,9 @@ def test_the_image_check_fails_for_a_command_whose_image_lacks_its_extra(tmp_pat
 
     dockerfile = tmp_path / "Dockerfile"
     # the eval extra stays: `kubetune train` runs eval.tasks through lm-eval
-    dockerfile.write_text((REPO / "Dockerfile").read_text().replace('".[k8s,cluster,operator,track,eval]"', '".[k8s,eval]"'))
+    dockerfile.write_text(
+        (REPO / "Dockerfile").read_text().replace('".[k8s,cluster,operator,track,eval]"', '".[k8s,eval]"')
+    )
     assert '".[k8s,eval]"' in dockerfile.read_text()
     plugin = " ".join(problems(["kubetune", "device-plugin", "--resource", "habana.ai/gaudi"], dockerfile))
     extender = " ".join(problems(["kubetune", "scheduler-extender"], dockerfile))

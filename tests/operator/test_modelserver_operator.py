@@ -8,6 +8,11 @@ with the run directory and the adapter volume as local paths; then its `succeede
 
 from __future__ import annotations
 
+import shutil
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
 import httpx
 import pytest
 
@@ -32,21 +37,48 @@ def tiny_run(tmp_path_factory, tiny_model_dir):
     return train_tiny_run(root / "run", tiny_model_dir, write_qa_file(root / "qa.jsonl"), "lora.r=4")
 
 
-def _replica(tiny_model_dir, runtime: bool = True) -> ServerProcess:
-    args = [str(tiny_model_dir), "--dtype", "fp32"] + (["--allow-runtime-adapters"] if runtime else [])
-    return ServerProcess(args)
+def _replica(tiny_model_dir, root: Path, runtime: bool = True, **kwargs: Any) -> ServerProcess:
+    """A replica as the ModelServer renders it: the adapter registry read at start, --max-loras."""
+    args = [str(tiny_model_dir), "--dtype", "fp32", "--adapter-registry", str(root / "registry.json")]
+    args += ["--max-loras", "4"] + (["--allow-runtime-adapters"] if runtime else [])
+    return ServerProcess(args, **kwargs)
 
 
 @pytest.fixture
-def replicas(tiny_model_dir):
-    started = [_replica(tiny_model_dir), _replica(tiny_model_dir)]
+def replicas(tiny_model_dir, tmp_path):
+    started = [_replica(tiny_model_dir, tmp_path / "adapters"), _replica(tiny_model_dir, tmp_path / "adapters")]
     yield started
     for server in started:
         server.stop()
 
 
+def _variant(run: Path, dest: Path, seed: int) -> Path:
+    """A copy of the tiny run whose adapter has weights of its own (another tuning's result)."""
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    shutil.copytree(run, dest)
+    weights_file = dest / "adapter" / "adapter_model.safetensors"
+    weights = load_file(weights_file)
+    generator = torch.Generator().manual_seed(seed)
+    for key in [k for k in weights if "lora_B" in k]:
+        weights[key] = weights[key] + 0.5 * torch.randn(weights[key].shape, generator=generator)
+    save_file(weights, weights_file)
+    return dest
+
+
+def _answer(server: ServerProcess, model: str) -> list[float]:
+    """The greedy completion's log-probabilities: what the model's weights say, to compare."""
+    body = {"model": model, "prompt": "What is 3 plus 3?", "max_tokens": 3, "temperature": 0, "logprobs": 1}
+    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    assert response.status_code == 200, response.text
+    return [round(x, 4) for x in response.json()["choices"][0]["logprobs"]["token_logprobs"]]
+
+
 def _models(server: ServerProcess) -> set[str]:
-    return {m["id"] for m in httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"] if m.get("parent")}
+    """The adapters a replica serves, by version (NAME@vN; the alias NAME beside them is left out)."""
+    data = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"]
+    return {m["id"] for m in data if m.get("parent") and "@" in m["id"]}
 
 
 def _load(server: ServerProcess, name: str, path: str) -> None:
@@ -101,43 +133,72 @@ def _loaded_everywhere(cluster, name: str) -> dict | None:
     return condition if condition and condition["status"] == "True" else None
 
 
-def test_a_finetune_ends_serving_its_adapter_on_every_replica_then_delete_unloads(
+def test_three_finetunes_serve_their_own_adapters_on_every_replica_then_delete_unloads_one(
     cluster, replicas, tiny_run, tiny_model_dir, tmp_path
 ):
     root = tmp_path / "adapters"
     _model_server(cluster, str(tiny_model_dir), str(root))
     _pods(cluster, replicas)
+    names = ("cardio", "derm", "neuro")
+    runs = {name: _variant(tiny_run, tmp_path / "runs" / name, seed) for seed, name in enumerate(names)}
     with running_operator(cluster):
-        job = _train_and_export(cluster, "cardio", tiny_run, str(tiny_model_dir), {"server": "shared"})
-        mounts = job["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
+        jobs = {
+            name: _train_and_export(cluster, name, runs[name], str(tiny_model_dir), {"server": "shared"})
+            for name in names
+        }
+        mounts = jobs["cardio"]["spec"]["template"]["spec"]["containers"][0]["volumeMounts"]
         assert {"name": "adapters", "mountPath": str(root), "subPath": "adapters"} in mounts
-        loaded = wait_for(lambda: _loaded_everywhere(cluster, "cardio"), timeout=60, message="loaded everywhere")
-        assert loaded["message"].splitlines() == ["shared-0: loaded", "shared-1: loaded"]
+        for name in names:
+            loaded = wait_for(lambda n=name: _loaded_everywhere(cluster, n), timeout=90, message=f"{name} loaded")
+            assert loaded["message"].splitlines() == ["shared-0: loaded", "shared-1: loaded"]
         status = cluster.status("cardio")
         assert status["phase"] == "Serving"
         path = f"{root}/cardio/v1"
         assert status["adapter"] == {"server": "shared", "name": "cardio", "version": "v1",
                                      "servedName": "cardio@v1", "path": path, "registered": True}  # fmt: skip
         assert status["endpoint"] == "http://shared.kubetune.svc:8000/v1"
-        assert all(_models(r) == {"cardio@v1"} for r in replicas)
-        answer = httpx.post(f"{replicas[1].url}/v1/chat/completions", json={**ASK, "model": "cardio@v1"}, timeout=60)
-        assert answer.status_code == 200, answer.text
-        ms = wait_for(lambda: _ms_status(cluster).get("adapterCount") == 1 and _ms_status(cluster))
-        assert ms["readyReplicas"] == 2 and ms["adapters"][0]["finetune"] == "cardio"
+        served = {f"{name}@v1" for name in names}
+        assert all(_models(r) == served for r in replicas)
+        # each answers with its own weights, the same on both replicas
+        answers = {name: _answer(replicas[0], f"{name}@v1") for name in names}
+        assert len({tuple(a) for a in answers.values()}) == 3, answers
+        assert all(_answer(replicas[1], name) == answers[name] for name in names)  # the alias NAME too
+        ms = wait_for(lambda: _ms_status(cluster).get("adapterCount") == 3 and _ms_status(cluster))
+        assert ms["readyReplicas"] == 2 and sorted(a["finetune"] for a in ms["adapters"]) == list(names)
         assert cluster.get("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "cardio-v1")
 
         cluster.client.delete("kubetune.io/v1alpha1", "FineTune", "cardio", NAMESPACE)
         wait_for(lambda: cluster.finetune("cardio") is None, message="the FineTune gone")
-        assert all(_models(r) == set() for r in replicas)
+        assert all(_models(r) == {"derm@v1", "neuro@v1"} for r in replicas)
         unregister = cluster.get("batch/v1", "Job", "cardio-v1-adapter-unregister")
         assert unregister["metadata"]["ownerReferences"][0]["kind"] == "ModelServer"
         assert unregister["spec"]["template"]["spec"]["containers"][0]["command"][3:] == [
             "--unregister", "--name", "cardio", "--version", "v1", "--root", "/data/adapters"
         ]  # fmt: skip
         assert (root / "cardio" / "v1" / "adapter_config.json").is_file()  # Retain: the files stay
-        wait_for(lambda: _ms_status(cluster).get("adapterCount") == 0, message="the registry without it")
+        run_install(["--unregister", "--name", "cardio", "--version", "v1", "--root", str(root)])  # its pod's run
+        wait_for(lambda: _ms_status(cluster).get("adapterCount") == 2, message="the registry without it")
         objective = ("inference.networking.x-k8s.io/v1alpha2", "InferenceObjective", "cardio-v1")
         wait_for(lambda: cluster.get(*objective) is None, message="its InferenceObjective gone")
+
+        # a replica killed and started again is not ready until the registry's adapters are back
+        replicas[0].proc.kill()
+        replicas[0].stop()
+        at_ready: set[str] = set()
+
+        def ready_with_adapters(url: str) -> bool:
+            try:
+                if httpx.get(f"{url}/ready", timeout=5).status_code != 200:
+                    return False
+            except httpx.TransportError:
+                return False
+            data = httpx.get(f"{url}/v1/models", timeout=5).json()["data"]
+            at_ready.update(m["id"] for m in data if "@" in m["id"])
+            return True
+
+        replicas[0] = _replica(tiny_model_dir, root, ready=ready_with_adapters)
+        assert at_ready == {"derm@v1", "neuro@v1"}
+        assert _answer(replicas[0], "derm@v1") == answers["derm"]
 
 
 def test_an_adapter_of_another_base_is_refused_naming_both(cluster, tiny_model_dir, tmp_path):
@@ -165,7 +226,11 @@ def test_an_adapter_of_another_base_is_refused_naming_both(cluster, tiny_model_d
 
 
 def test_a_replica_that_cannot_load_is_named_and_the_other_serves(cluster, tiny_run, tiny_model_dir, tmp_path):
-    good, refusing = _replica(tiny_model_dir), _replica(tiny_model_dir, runtime=False)  # no runtime routes: 404
+    root = tmp_path / "adapters"
+    good, refusing = (
+        _replica(tiny_model_dir, root),
+        _replica(tiny_model_dir, root, runtime=False),
+    )  # no runtime routes: 404
     try:
         _model_server(cluster, str(tiny_model_dir), str(tmp_path / "adapters"))
         _pods(cluster, [good, refusing])
@@ -214,9 +279,20 @@ def test_after_a_restart_each_replica_is_reconciled_both_ways(cluster, replicas,
         wait_for(lambda: all(_models(r) == {"cardio@v1"} for r in replicas), timeout=60, message="both fixed")
 
 
-def _has_alias_route(server: ServerProcess) -> bool:
-    probe = httpx.post(f"{server.url}/v1/lora_aliases", json={"alias": "x", "weights": {}}, timeout=10)
-    return probe.status_code != 404
+def _versions_answering(server: ServerProcess, alias: str, n: int) -> Counter[str]:
+    """Which version answered each of `n` requests for the alias (the response's model field,
+    and the version header beside it), sent 8 at a time as clients would."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(_: int) -> str:
+        body = {"model": alias, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
+        response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        assert response.status_code == 200, response.text
+        assert response.headers["x-kubetune-adapter-version"] == response.json()["model"]
+        return response.json()["model"]
+
+    with ThreadPoolExecutor(8) as pool:
+        return Counter(pool.map(one, range(n)))
 
 
 def test_retuning_makes_a_new_version_beside_the_old_and_the_alias_routes_by_weight(
@@ -237,8 +313,13 @@ def test_retuning_makes_a_new_version_beside_the_old_and_the_alias_routes_by_wei
         both = {"cardio@v1", "cardio@v2"}
         wait_for(lambda: all(_models(r) >= both for r in replicas), timeout=60, message="both versions")
         assert sorted((root / "cardio").iterdir()) == [root / "cardio" / "v1", root / "cardio" / "v2"]
-        # the alias: the serving side's route (r37-serve-versions); checked once it is there (at merge)
-        if _has_alias_route(replicas[0]):
-            ask = {**ASK, "model": "cardio"}
-            answer = httpx.post(f"{replicas[0].url}/v1/chat/completions", json=ask, timeout=60)
-            assert answer.status_code == 200, answer.text
+        # the 90/10 canary the ModelServer's weights set, over 300 requests to each replica
+        for replica in replicas:
+            wait_for(lambda r=replica: _versions_answering(r, "cardio", 10)["cardio@v2"] > 0, message="the weights")
+            counts = _versions_answering(replica, "cardio", 300)
+            assert set(counts) == both and abs(counts["cardio@v1"] - 30) <= 10, counts
+        # a weight of 0 rolls back
+        rollback = {"cardio": {"v1": 100, "v2": 0}}
+        cluster.client.patch({"apiVersion": MS[0], "kind": MS[1], "metadata": meta, "spec": {"weights": rollback}})
+        for replica in replicas:
+            wait_for(lambda r=replica: set(_versions_answering(r, "cardio", 20)) == {"cardio@v1"}, message="rollback")

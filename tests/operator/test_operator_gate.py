@@ -104,3 +104,16 @@ def test_a_gated_full_run_gets_a_job_that_only_checks_the_gate():
     assert "merged" not in artifacts(full, "claim", True)
     ungated = load_recipe(None, ["finetune.method=full"]).recipe
     assert not served.export_wanted(ungated)  # served from its weights, as before
+
+
+def test_a_gated_run_for_a_shared_server_checks_the_gate_in_its_adapter_export():
+    from kubetune.k8s.export_job import adapter_install_command
+    from kubetune.operator.plan import FineTuneSpec
+    from kubetune.recipe import load_recipe
+
+    gated = load_recipe(None, ["eval.gate={metric: perplexity}"]).recipe
+    shared = FineTuneSpec.from_dict({"serve": {"enabled": True, "server": "shared"}})
+    assert not shared.export_wanted(gated)  # no merged export: the adapter goes to the server as it is
+    assert adapter_install_command(gated, "cardio", "v1", "org/base", None)[-1] == "--gate"
+    ungated = load_recipe(None, []).recipe
+    assert "--gate" not in adapter_install_command(ungated, "cardio", "v1", "org/base", None)

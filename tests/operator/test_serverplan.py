@@ -26,6 +26,9 @@ TRAINED = dataclasses.replace(BASE, trained=True, export_wanted=False, serve_ena
         ({"adapter_export_state": "Running"}, "Exporting", ()),
         ({"adapter_export_state": "Failed"}, "Failed", ()),
         ({"adapter_export_state": "Complete"}, "Serving", ("register-adapter",)),
+        # the adapter-export Job checked the eval gate: a failure is trained and saved, not served
+        ({"adapter_export_state": "Complete", "gate": {"passed": False}}, "Succeeded", ()),
+        ({"adapter_export_state": "Complete", "gate": {"passed": True}}, "Serving", ("register-adapter",)),
     ],
 )
 def test_a_trained_finetune_of_a_server_exports_its_adapter_then_serves(changes, phase, actions):

@@ -149,6 +149,19 @@ def test_the_refusals_are_400s_naming_the_field(server, adapters):
     assert content(url, "r") == content(url, "r@v1")  # nothing refused changed the route
 
 
+def test_the_last_version_of_an_alias_unloads_and_the_alias_goes_with_it(server, adapters):
+    url = server.url
+    load(url, "solo@v1", adapters["a"])
+    assert content(url, "solo") == content(url, "solo@v1")
+    assert post(url, "/v1/unload_lora_adapter", {"lora_name": "solo@v1"}).status_code == 200
+    assert ask_status(url, "solo") == ask_status(url, "solo@v1") == 404
+    assert "solo" not in {a["alias"] for a in httpx.get(f"{url}/v1/lora_aliases", timeout=10).json()["data"]}
+
+
+def ask_status(url: str, model: str) -> int:
+    return post(url, "/v1/chat/completions", {**ASK, "model": model, "max_tokens": 1}).status_code
+
+
 def test_a_stream_is_answered_by_its_version_across_an_alias_swap_and_an_unload(server, adapters):
     url = server.url
     load(url, "s@v1", adapters["a"])

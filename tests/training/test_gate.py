@@ -9,9 +9,9 @@ import pytest
 
 from kubetune.contracts.gate import read_gate_message
 from kubetune.errors import RecipeError
+from kubetune.export import adapter_install, gate
 from kubetune.recipe import load_recipe
 from kubetune.recipe.schema import GateSection
-from kubetune.export import gate
 
 SUMMARY = {
     "perplexity_before": 20.0,
@@ -101,6 +101,12 @@ def test_train_prints_and_records_the_verdict(tmp_path, tiny_overrides, capfd, m
     assert exported.stdout.startswith(f"gate: {word}")
     assert read_gate_message(message.read_text())["passed"] is (word == "PASS")
     assert (out / "merged").is_dir() is (word == "PASS")
+    # a shared server's adapter-export Job: a failed gate installs and registers nothing
+    root = tmp_path / "adapters"
+    install = [str(out), "--name", "cardio", "--version", "v1", "--base", "org/base", "--root", str(root), "--gate"]
+    assert adapter_install.main(install) == 0
+    assert (root / "registry.json").is_file() is (word == "PASS")
+    assert (root / "cardio" / "v1").is_dir() is (word == "PASS")
 
 
 def test_an_unknown_eval_task_stops_before_training(tmp_path, tiny_overrides, capfd):

@@ -80,6 +80,9 @@ def _check_registry(plan: Any, registry_path: str) -> None:
     from kubetune.serve.native.models import check_registry
 
     path = Path(registry_path)
+    if not path.exists():  # a ModelServer's fresh volume: the first adapter export writes the file
+        _say(f"--adapter-registry {path}: no registry yet; serving the base until an adapter is registered")
+        return
     check_registry(plan, read_registry(path), path.parent, f"--adapter-registry {path}")
 
 

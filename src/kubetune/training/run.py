@@ -224,8 +224,8 @@ def judge_run(recipe: Recipe, run_dir: RunDir) -> None:
         return
     import json
 
-    from kubetune.fsutil import atomic_write_json
     from kubetune.export import gate
+    from kubetune.fsutil import atomic_write_json
 
     if recipe.eval.tasks:
         from kubetune.training.lm_tasks import parse_tasks, print_table, record, run_tasks, task_manager

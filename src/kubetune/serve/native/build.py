@@ -99,6 +99,8 @@ def register_from(served: ServedSet, registry_path: str) -> None:
     from kubetune.contracts.engine import AdapterRequestError
 
     path = Path(registry_path)
+    if not path.exists():  # nothing registered yet (said at start)
+        return
     try:
         served.register_registry(read_registry(path), path.parent)
     except AdapterRequestError as e:

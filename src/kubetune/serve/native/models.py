@@ -99,15 +99,21 @@ class ServedSet:
             self.aliases[parts[0]] = Alias({name: 100})
 
     def check_unroutable(self, name: str) -> None:
-        """Refuse to unload a version an alias still sends requests to (set its weight to 0 first)."""
+        """Refuse to unload a version an alias still sends requests to (set its weight to 0 first),
+        unless it is the alias's last version: then the alias goes with it, as a plain adapter goes."""
         for alias_name, alias in self.aliases.items():
-            if alias.weights.get(name, 0) > 0:
+            if alias.weights.get(name, 0) > 0 and self._other_versions(alias_name, name):
                 raise AdapterRequestError(
                     400,
                     f"the alias {alias_name!r} still routes to {name!r} (weight {alias.weights[name]}); "
                     f"set its weight to 0 with POST /v1/lora_aliases first",
                     "lora_name",
                 )
+
+    def _other_versions(self, alias_name: str, name: str) -> list[str]:
+        """The served versions of `alias_name` besides `name`, and what its route names."""
+        versions = [m for m in self.models if m != name and (split_version(m) or ("",))[0] == alias_name]
+        return versions + [t for t in self.aliases[alias_name].weights if t != name and t in self.models]
 
     def forget_routes_to(self, name: str) -> None:
         """An unloaded version leaves the aliases (at weight 0, or it could not be unloaded)."""
