@@ -1,4 +1,5 @@
-"""What monitoring costs a training run: tokens/s with `monitor.port` on vs off, side by side.
+"""What monitoring costs a training run: tokens/s with `monitor.port` on vs off, side by side;
+with `--measure tracking`, with the experiment trackers (`monitor.report_to`) on vs off.
 
 The same recipe runs alternately with and without metrics (ABAB..., so that drift of the
 machine falls on both arms), each arm in its own `kubetune train` process, and steady-state
@@ -15,6 +16,11 @@ Two workloads:
 
     .venv/bin/python bench/monitor/monitor_overhead.py --workload tiny --rounds 3
     .venv/bin/python bench/monitor/monitor_overhead.py --workload smollm2 --rounds 2 --steps 12
+    .venv/bin/python bench/monitor/monitor_overhead.py --measure tracking --workload smollm2 --rounds 3 --steps 16
+
+With `--measure tracking` the "on" arm logs to TensorBoard and MLflow (its default store in the
+run directory, no server; MLFLOW_TRACKING_URI unset) with system metrics, as `report_to`
+does; everything it logs at the end (artifacts) falls after the last step and is not counted.
 
 Nothing else should run on the machine meanwhile.
 """
@@ -107,15 +113,20 @@ def scrape_until_done(proc: subprocess.Popen, port: int, counts: list[int]) -> N
         time.sleep(1.0)
 
 
-def run_arm(launch: list[str], overrides: list[str], out: Path, monitored: bool) -> dict:
+TRACKERS = "monitor.report_to=[tensorboard,mlflow]"
+
+
+def run_arm(launch: list[str], overrides: list[str], out: Path, monitored: bool, measure: str = "metrics") -> dict:
     port = free_port()
-    args = [*launch, *overrides, f"output_dir={out}"] + ([f"monitor.port={port}"] if monitored else [])
-    env = {**os.environ, "PYTHONPATH": str(REPO / "src")}
+    on = [f"monitor.port={port}"] if measure == "metrics" else [TRACKERS]
+    args = [*launch, *overrides, f"output_dir={out}"] + (on if monitored else [])
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"} | {"PYTHONPATH": str(REPO / "src")}
     proc = subprocess.Popen(
         [sys.executable, "-m", "kubetune", "train", *args], env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT
     )
     scrapes = [0]
-    scraper = threading.Thread(target=scrape_until_done, args=(proc, port, scrapes)) if monitored else None
+    scraping = monitored and measure == "metrics"
+    scraper = threading.Thread(target=scrape_until_done, args=(proc, port, scrapes)) if scraping else None
     if scraper:
         scraper.start()
     log = proc.communicate()[0].decode(errors="replace")
@@ -164,6 +175,9 @@ def main() -> None:
     parser.add_argument("--workload", choices=("tiny", "smollm2"), default="tiny")
     parser.add_argument("--rounds", type=int, default=3, help="ABAB rounds (one arm of each per round)")
     parser.add_argument("--steps", type=int, default=300)
+    parser.add_argument(
+        "--measure", choices=("metrics", "tracking"), default="metrics", help="monitor.port, or monitor.report_to"
+    )
     args = parser.parse_args()
     print(f"machine: {cpu_model()}")
     costs = per_step_cost_us()
@@ -174,12 +188,14 @@ def main() -> None:
         results: dict[str, list[float]] = {"off": [], "on": []}
         for i in range(args.rounds):
             for arm in ("off", "on") if i % 2 == 0 else ("on", "off"):
-                r = run_arm(launch, overrides, root / f"{arm}-{i}", monitored=arm == "on")
+                r = run_arm(launch, overrides, root / f"{arm}-{i}", arm == "on", args.measure)
                 results[arm].append(r["tokens_per_s"])
-                scraped = f", {r['scrapes']} scrapes" if arm == "on" else ""
-                print(f"round {i + 1} monitoring {arm:3}: {r['tokens_per_s']:9.1f} tokens/s{scraped}", flush=True)
+                scraped = f", {r['scrapes']} scrapes" if arm == "on" and args.measure == "metrics" else ""
+                print(f"round {i + 1} {args.measure} {arm:3}: {r['tokens_per_s']:9.1f} tokens/s{scraped}", flush=True)
     off, on = statistics.median(results["off"]), statistics.median(results["on"])
-    print(f"\n{args.workload}: median tokens/s off {off:.1f}, on {on:.1f}; on/off = {on / off:.3f}")
+    spread = max(results["off"]) / min(results["off"]) - 1
+    print(f"\n{args.workload}, {args.measure}: median tokens/s off {off:.1f}, on {on:.1f}; on/off = {on / off:.3f}")
+    print(f"(the off arm's own spread, max/min - 1: {spread:.3f}: the noise the ratio is read against)")
     print(f"(each arm: {args.steps} steps, {args.rounds} runs; the issue's bound is on/off >= 0.98)")
 
 
