@@ -170,15 +170,24 @@ def serve_argv(target: str, port: int, args: argparse.Namespace, *extra: str) ->
 
 
 def start(name: str, argv: list[str], log_dir: Path, args: argparse.Namespace) -> Server:
-    port = int(argv[argv.index("--port") + 1])
-    print(f"[{name}] starting: {' '.join(argv[1:])}", flush=True)
-    server = Server(name, argv, server_env(_pythonpath()), log_dir / f"{name}.log", port)
-    why = server.wait_ready("/ready", args.ready_timeout)
-    if why:
-        server.stop()
-        raise RuntimeError(f"{name}: {why} (log {server.log_path})")
-    print(f"[{name}] ready in {time.perf_counter() - server.started:.1f} s", flush=True)
-    return server
+    return start_all({name: argv}, log_dir, args)[0]
+
+
+def start_all(argvs: dict[str, list[str]], log_dir: Path, args: argparse.Namespace) -> list[Server]:
+    """The servers started together, each waited for until /ready answers (all stopped if one fails)."""
+    servers = []
+    for name, argv in argvs.items():
+        port = int(argv[argv.index("--port") + 1])
+        print(f"[{name}] starting: {' '.join(argv[1:])}", flush=True)
+        servers.append(Server(name, argv, server_env(_pythonpath()), log_dir / f"{name}.log", port))
+    for server in servers:
+        why = server.wait_ready("/ready", args.ready_timeout)
+        if why:
+            for s in servers:
+                s.stop()
+            raise RuntimeError(f"{server.name}: {why} (log {server.log_path})")
+        print(f"[{server.name}] ready in {time.perf_counter() - server.started:.1f} s", flush=True)
+    return servers
 
 
 def base_id(server: Server) -> str:
@@ -276,8 +285,10 @@ def part_mix(args: argparse.Namespace, ctx: dict[str, Any]) -> dict:
         c, rpc = args.concurrency, None if args.duration else max(2, math.ceil(32 / args.concurrency))
         if args.requests_per_client:
             rpc = args.requests_per_client
-        for label, models in arms.items():  # warm: every model once, all at once
-            warm = asyncio.run(run_level(server.base_url, models, ctx["prompts"], len(models), args.max_tokens, 1))
+        for label, models in arms.items():  # warm: C requests at once (every model of the arm among them)
+            warm = asyncio.run(
+                run_level(server.base_url, models, ctx["prompts"], max(c, len(models)), args.max_tokens, 1)
+            )
             print(f"[mix] warm {label}: {warm['requests']} requests, {warm['errors']} failed", flush=True)
         out["rounds"] = {"A": [], "B": []}
         for r in range(args.rounds):
@@ -308,11 +319,13 @@ def part_mix(args: argparse.Namespace, ctx: dict[str, Any]) -> dict:
 
 class AnswerWatch:
     """One thread per replica, each sending the adapter a request every `interval` s until one
-    is answered (200): the seconds from `start` to each replica's first answer."""
+    is answered (200): the seconds from `start` to each replica's first answer (`first`), and to
+    the sending of that request (`first_sent`: the adapter was there by then)."""
 
-    def __init__(self, urls: list[str], model: str, interval: float = 0.05) -> None:
+    def __init__(self, urls: list[str], model: str, interval: float = 0.1) -> None:
         self.start = time.perf_counter()
         self.first: dict[str, float] = {}
+        self.first_sent: dict[str, float] = {}
         self.last_error: dict[str, str] = {}
         self._threads = [threading.Thread(target=self._poll, args=(u, model, interval), daemon=True) for u in urls]
         self._deadline = self.start + 600
@@ -320,13 +333,23 @@ class AnswerWatch:
             t.start()
 
     def _poll(self, url: str, model: str, interval: float) -> None:
-        while time.perf_counter() < self._deadline:
-            status, text = answer(url, model, timeout=60)
-            if status == 200:
-                self.first[url] = time.perf_counter() - self.start
-                return
-            self.last_error[url] = f"HTTP {status}: {text[:120]}"
-            time.sleep(interval)
+        import httpx
+
+        body = {"model": model, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 1, "temperature": 0}
+        with httpx.Client(timeout=60, trust_env=False) as client:  # one connection: light on the GIL and the CPUs
+            while time.perf_counter() < self._deadline:
+                sent = time.perf_counter()
+                try:
+                    r = client.post(f"{url}/v1/chat/completions", json=body)
+                    status, text = r.status_code, r.text[:120]
+                except httpx.TransportError as e:
+                    status, text = 0, f"{type(e).__name__}: {e}"
+                if status == 200:
+                    self.first[url] = time.perf_counter() - self.start
+                    self.first_sent[url] = sent - self.start
+                    return
+                self.last_error[url] = f"HTTP {status}: {text}"
+                time.sleep(interval)
 
     def wait(self, timeout: float) -> float:
         self._deadline = min(self._deadline, self.start + timeout)
@@ -476,10 +499,8 @@ def part_latency(args: argparse.Namespace, ctx: dict[str, Any]) -> dict:
     out["load_average_at_start"] = os.getloadavg()
     replicas: list[Server] = []
     try:
-        for i in range(2):
-            replicas.append(
-                start(f"replica-{i}", serve_argv(ctx["model_dir"], free_port(), args, *extra), ctx["log_dir"], args)
-            )
+        argvs = {f"replica-{i}": serve_argv(ctx["model_dir"], free_port(), args, *extra) for i in range(2)}
+        replicas = start_all(argvs, ctx["log_dir"], args)
         out["argv"] = replicas[0].argv
         for mode in modes:
             fn = latency_operator if mode == "operator" else latency_direct
