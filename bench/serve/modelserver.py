@@ -418,6 +418,7 @@ def latency_operator(args: argparse.Namespace, ctx: dict[str, Any], replicas: li
                     "install_s": install_s,
                     "answered_all_s": answered_s,
                     "answered_per_replica_s": sorted(watch.first.values()),
+                    "answer_sent_per_replica_s": sorted(watch.first_sent.values()),
                     "adapter_loaded_s": loaded_s,
                     "total_s": install_s + answered_s,
                     "command": command,
