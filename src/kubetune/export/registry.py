@@ -16,6 +16,7 @@ Lineage (`lineage`): the base model and its revision, the recipe hash (the run's
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -176,11 +177,7 @@ def register_kubeflow(weights: Path, name: str, tags: dict[str, str], url: str |
     version = f"{tags['kubetune.recipe_hash']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
     uri = weights.resolve().as_uri()
     try:
-        from model_registry import ModelRegistry
-
-        with warnings.catch_warnings():  # a registry without auth needs no token (the pod's, when set, is read)
-            warnings.filterwarnings("ignore", message="User access token is missing")
-            client = ModelRegistry(url, author=os.environ.get("USER") or "kubetune", is_secure=url.startswith("https"))
+        client = _kubeflow_client(url)
         client.register_model(
             name,
             uri,
@@ -197,3 +194,15 @@ def register_kubeflow(weights: Path, name: str, tags: dict[str, str], url: str |
             f"--register kubeflow: {url} refused the model ({first_line(e)}); check --registry-url"
         ) from None
     return Registered("kubeflow", name, version, uri)
+
+
+def _kubeflow_client(url: str) -> Any:
+    """The Model Registry's client, without its start-up remarks: a registry without auth needs
+    no token (the pod's, when set, is read), and an http port not ending in 80 is fine (a failure
+    to connect is said in one line anyway)."""
+    from model_registry import ModelRegistry
+
+    author = os.environ.get("USER") or "kubetune"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="User access token is missing")
+        return ModelRegistry(url, author=author, is_secure=url.startswith("https"), log_level=logging.ERROR)
