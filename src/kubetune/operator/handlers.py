@@ -10,6 +10,8 @@
   Job and the serving Deployment, take the next step (`plan.next_step`), write status. After
   creation it is the only writer of status.conditions (a list: two writers would lose updates).
 
+- spec.export.register: the export Job registers the model after the gate; what it registered
+  (or why not) comes back in its termination message: status.registered, the Registered condition.
 - spec.serve.server: after training the adapter goes to that ModelServer (`serverplan`: a
   version, the adapter-export Job, registered in status.adapter); the ModelServer's timer
   (`modelserver.py`) loads it on the replicas, and this timer reports it per replica.
