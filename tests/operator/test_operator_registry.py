@@ -29,7 +29,7 @@ from kubetune.contracts.gate import (
     read_registered_message,
 )
 from kubetune.errors import RecipeError
-from kubetune.k8s.export_job import adapter_install_command, export_command, export_job
+from kubetune.k8s.export_job import Register, adapter_install_command, export_command, export_job
 from kubetune.k8s.names import Names
 from kubetune.netutil import free_port
 from kubetune.operator.plan import FineTuneSpec, load_recipe_for
@@ -269,3 +269,26 @@ def test_a_refused_registration_fails_the_finetune_naming_why(operator, claim, t
     assert failed["reason"] == "RegistrationFailed" and f"{url} refused the model" in failed["message"]
     assert operator.condition("tiny", "Registered")["reason"] == "RegistrationFailed"
     assert "registered" not in operator.status("tiny")
+
+
+@pytest.mark.process  # the adapter-export Job's command runs as a process
+def test_a_shared_servers_adapter_export_registers_the_adapter_it_installed(claim, mlflow_tracking_server, tmp_path):
+    """spec.serve.server: the adapter-export Job's command, as rendered, installs the adapter and
+    then registers that copy under the adapter's name (no --registered-name)."""
+    from mlflow import MlflowClient
+
+    run = claim / "runs" / "tiny"
+    recipe = RunDir(run).recipe()
+    root = tmp_path / "adapters"
+    command = adapter_install_command(recipe, "cards", "v1", "org/base", None, str(root), register=Register("mlflow"))
+    log = tmp_path / "termination-log"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("KUBETUNE_", "MLFLOW_"))}
+    env.update(PYTHONPATH=str(SRC), KUBETUNE_TERMINATION_LOG=str(log), MLFLOW_TRACKING_URI=mlflow_tracking_server.uri)
+    result = subprocess.run([sys.executable, *command[1:]], env=env, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-2000:] + result.stderr[-3000:]
+    assert (root / "cards" / "v1" / "adapter_config.json").is_file()
+    registered = read_registered_message(log.read_text())
+    versions = MlflowClient(mlflow_tracking_server.uri).search_model_versions("name='cards'")
+    latest = max(versions, key=lambda v: int(v.version))
+    assert registered == {"registry": "mlflow", "name": "cards", "version": str(latest.version), "uri": latest.source}
+    assert read_gate_message(log.read_text())["passed"] is True  # the gate checked first, as before
