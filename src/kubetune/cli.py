@@ -218,14 +218,14 @@ def export(
         typer.echo(str(export_gguf(run_dir, gguf_type or DEFAULT_GGUF_TYPE, output)))
         return
     from kubetune.export.merged import export_run
-    from kubetune.export.registry import REGISTRIES, register_export
+    from kubetune.export.registry import REGISTRIES, register_and_report
 
     if register is not None and register not in REGISTRIES:
         raise UserError(f"--register {register}: not a registry kubetune knows; use one of {', '.join(REGISTRIES)}")
     out = export_run(run_dir, merged=merged, output=output)
     typer.echo(str(out))
     if register is not None:
-        typer.echo(register_export(register, run_dir, out, merged, registered_name, registry_url).line())
+        typer.echo(register_and_report(register, run_dir, out, merged, registered_name, registry_url).line())
 
 
 def _check_register_flags(register: str | None, registered_name: str | None, registry_url: str | None, gguf: bool):

@@ -59,7 +59,12 @@ EVERY_VALUE = {
         "image": {"repository": "registry.example.com/vllm", "tag": "1", "digest": "sha256:" + "ab" * 32},
         "ingressHost": "llm.example.com",
     },
-    "export": {"merged": True},
+    "export": {
+        "merged": True,
+        "register": "kubeflow",
+        "registeredName": "medical-llama",
+        "registryUrl": "https://model-registry-service.kubeflow.svc:8443",
+    },
     "suspend": True,
     "ttlSecondsAfterFinished": 0,
     "volumeClaimRetention": "Delete",
@@ -188,6 +193,7 @@ def test_every_spec_field_of_the_crd_is_a_value():
 
 def test_empty_values_are_left_to_the_operator():
     spec = finetune({})["spec"]
+    assert spec["export"] == {"merged": False}  # no registry unless export.register names one
     assert "hfTokenSecretRef" not in spec and "ttlSecondsAfterFinished" not in spec
     assert "profile" not in spec and "api" not in spec  # the recipe's k8s.profile / k8s.api decide
     assert set(spec["serve"]) == {"enabled", "replicas", "autoscale"}  # no null, no "" (engine: by the profile)
@@ -227,6 +233,8 @@ def test_the_values_schema_allows_what_the_crd_allows():
     serve_values, serve_fields = values["serve"]["properties"], fields["serve"]["properties"]
     assert serve_values["engine"]["enum"] == ["", *serve_fields["engine"]["enum"]]  # "": the profile's engine
     assert serve_values["autoscale"]["enum"] == serve_fields["autoscale"]["enum"]
+    register = fields["export"]["properties"]["register"]["enum"]
+    assert values["export"]["properties"]["register"]["enum"] == ["", *register]  # "": no registry
     for key in ("replicas", "minReplicas", "maxReplicas"):
         assert values["serve"]["properties"][key]["minimum"] == fields["serve"]["properties"][key]["minimum"], key
 

@@ -2,13 +2,17 @@
 adapter-export Job the operator runs when a FineTune with `spec.serve.server` has trained.
 
     python -m kubetune.export.adapter_install RUN_DIR --name NAME --version vN --base BASE [--revision R] [--gate]
+        [--register mlflow|kubeflow [--registered-name N] [--registry-url URL]]
     python -m kubetune.export.adapter_install --unregister --name NAME --version vN [--delete-files]
 
 copies RUN_DIR/adapter (PEFT format, not merged) to /adapters/NAME/vN atomically, then registers
 NAME@vN in /adapters/registry.json (its schema: `kubetune.contracts.adapters`), which every
 replica reads at start; the operator then loads it into the running replicas. With `--gate` a
 run whose eval gate failed is neither copied nor registered (exit 0; the verdict is the
-termination message the operator reads, as `kubetune export --gate` writes it). Registry writes
+termination message the operator reads, as `kubetune export --gate` writes it). With
+`--register` the installed adapter is then registered in a model registry as `kubetune export
+--register` does (named NAME unless --registered-name; what was registered, or why not, in the
+termination message). Registry writes
 are whole-file (atomic) and made under a lock beside the file, so two Jobs finishing together
 do not lose each other's entry. Exit 2 with one line on a problem.
 """
@@ -31,6 +35,7 @@ from kubetune.contracts.adapters import (
 )
 from kubetune.errors import UserError
 from kubetune.export.gate import check_before_export
+from kubetune.export.registry import REGISTRIES, register_and_report
 from kubetune.fsutil import atomic_dir, file_lock
 
 
@@ -106,6 +111,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--unregister", action="store_true")
     parser.add_argument("--delete-files", action="store_true")
     parser.add_argument("--gate", action="store_true", help="install only a run whose eval gate passed")
+    parser.add_argument("--register", choices=REGISTRIES, help="then register it: mlflow or kubeflow")
+    parser.add_argument("--registered-name")
+    parser.add_argument("--registry-url")
     args = parser.parse_args(argv)
     try:
         if args.unregister:
@@ -119,10 +127,13 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         base = BaseModelRef(name=args.base, revision=args.revision)
         target = install(args.run_dir, args.name, args.version, base, args.root)
+        print(f"installed {args.name}@{args.version} at {target}")
+        if args.register:
+            name = args.registered_name or args.name
+            print(register_and_report(args.register, args.run_dir, target, False, name, args.registry_url).line())
     except (UserError, OSError) as e:
         print(f"kubetune: {e}", file=sys.stderr)
         return 2
-    print(f"installed {args.name}@{args.version} at {target}")
     return 0
 
 

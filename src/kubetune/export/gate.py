@@ -10,6 +10,9 @@ was trained and saved; serving it is the operator's decision, docs/evaluation.md
 
 from __future__ import annotations
 
+import contextlib
+import json
+import os
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +20,7 @@ from kubetune.contracts.gate import TERMINATION_LOG, gate_message, line
 from kubetune.recipe.schema import GateSection
 from kubetune.rundir import RunDir
 
-__all__ = ["check_before_export", "line", "verdict"]
+__all__ = ["check_before_export", "line", "tell_operator", "verdict"]
 
 # summary.json's before/after keys of the gate's own metric names
 SUMMARY_KEYS = {
@@ -57,21 +60,30 @@ def verdict(gate: GateSection, summary: dict[str, Any]) -> dict[str, Any]:
 def check_before_export(run_dir: Path) -> bool:
     """`kubetune export RUN --gate`: whether the run's gate passed (True without a gate). The
     verdict (summary.json's, written by training) is printed; it and the lm-eval results are
-    written as the termination message where that file can be written (in a pod;
-    KUBETUNE_TERMINATION_LOG elsewhere), for the operator to read."""
-    import contextlib
-    import json
-    import os
-
-    termination_log = Path(os.environ.get("KUBETUNE_TERMINATION_LOG", TERMINATION_LOG))
-    run = RunDir(run_dir)
-    recipe = run.recipe()
-    summary = json.loads(run.summary_file.read_text()) if run.summary_file.is_file() else {}
-    result = None
-    if recipe.eval.gate is not None:
-        result = summary.get("gate") or verdict(recipe.eval.gate, summary)
+    written as the termination message (`tell_operator`), for the operator to read."""
+    result = _run_verdict(RunDir(run_dir))[0]
+    if result is not None:
         print(line(result))
-    if result is not None or summary.get("lm_eval"):
-        with contextlib.suppress(OSError):  # not in a pod: the printed line is the verdict
-            termination_log.write_text(gate_message(result, summary.get("lm_eval")))
+    tell_operator(run_dir)
     return result is None or bool(result["passed"])
+
+
+def tell_operator(run_dir: Path, registered: dict[str, Any] | None = None, register_error: str | None = None) -> None:
+    """The termination message (contracts/gate.py): the gate's verdict and lm-eval's results of
+    the run, and what `--register` registered (or why not); written in a pod (where Kubernetes
+    made /dev/termination-log) or to KUBETUNE_TERMINATION_LOG, never elsewhere; nothing to say,
+    nothing written."""
+    target = os.environ.get("KUBETUNE_TERMINATION_LOG") or (TERMINATION_LOG if Path(TERMINATION_LOG).exists() else None)
+    result, lm_eval = _run_verdict(RunDir(run_dir))
+    if target is None or (result is None and not lm_eval and registered is None and register_error is None):
+        return
+    with contextlib.suppress(OSError):  # not writable: the printed lines say it all
+        Path(target).write_text(gate_message(result, lm_eval, registered, register_error))
+
+
+def _run_verdict(run: RunDir) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    """The run's gate verdict (summary.json's, or worked out from its numbers) and lm-eval table."""
+    summary = json.loads(run.summary_file.read_text()) if run.summary_file.is_file() else {}
+    gate = run.recipe().eval.gate
+    result = None if gate is None else summary.get("gate") or verdict(gate, summary)
+    return result, summary.get("lm_eval") or None

@@ -16,6 +16,7 @@ Lineage (`lineage`): the base model and its revision, the recipe hash (the run's
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import time
@@ -24,11 +25,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from kubetune.contracts.gate import REGISTRIES
 from kubetune.errors import UserError, first_line
+from kubetune.export.gate import tell_operator
 from kubetune.recipe import Recipe
 from kubetune.rundir import RunDir, fingerprint
 
-REGISTRIES = ("mlflow", "kubeflow")
 MLFLOW_ARTIFACT = "model"  # MLflow's name for a run's model artifact
 # summary.json's eval results, copied into the lineage when the run has them
 EVAL_KEYS = (
@@ -43,13 +45,23 @@ EVAL_KEYS = (
 )
 
 
+__all__ = ["REGISTRIES", "Registered", "lineage", "register_and_report", "register_export"]
+
+
 @dataclass(frozen=True)
 class Registered:
+    registry: str
     name: str
     version: str
+    uri: str | None = None  # where the registry says the weights are (MLflow's version source)
 
     def line(self) -> str:
         return f"registered {self.name} version {self.version}"
+
+    def fields(self) -> dict[str, str]:
+        """As the export Job's termination message and status.registered carry it."""
+        found = {"registry": self.registry, "name": self.name, "version": self.version, "uri": self.uri}
+        return {k: v for k, v in found.items() if v is not None}
 
 
 def lineage(run: RunDir, recipe: Recipe, merged: bool) -> dict[str, str]:
@@ -91,6 +103,20 @@ def register_export(
     return register_mlflow(run, weights, name, tags)
 
 
+def register_and_report(
+    registry: str, run_dir: Path, weights: Path, merged: bool, name: str | None, url: str | None
+) -> Registered:
+    """`register_export`, its outcome also in the termination message where there is one (the
+    export Job's pod): the registered model, or the line saying why the registry refused it."""
+    try:
+        registered = register_export(registry, run_dir, weights, merged, name, url)
+    except UserError as e:
+        tell_operator(run_dir, register_error=e.problems[0].splitlines()[0])
+        raise
+    tell_operator(run_dir, registered=registered.fields())
+    return registered
+
+
 # ----------------------------------------------------------------------------- MLflow
 
 
@@ -126,7 +152,7 @@ def _register_mlflow(uri: str, run: RunDir, weights: Path, name: str, tags: dict
             raise
     source = f"{client.get_run(run_id).info.artifact_uri}/{MLFLOW_ARTIFACT}"
     version = client.create_model_version(name, source, run_id=run_id, tags=tags)
-    return Registered(name, str(version.version))
+    return Registered("mlflow", name, str(version.version), version.source)
 
 
 def _new_run(client: Any, run: RunDir) -> str:
@@ -149,15 +175,12 @@ def register_kubeflow(weights: Path, name: str, tags: dict[str, str], url: str |
             "(e.g. https://model-registry-service.kubeflow.svc:8443)"
         )
     version = f"{tags['kubetune.recipe_hash']}-{time.strftime('%Y%m%dT%H%M%S', time.gmtime())}"
+    uri = weights.resolve().as_uri()
     try:
-        from model_registry import ModelRegistry
-
-        with warnings.catch_warnings():  # a registry without auth needs no token (the pod's, when set, is read)
-            warnings.filterwarnings("ignore", message="User access token is missing")
-            client = ModelRegistry(url, author=os.environ.get("USER") or "kubetune", is_secure=url.startswith("https"))
+        client = _kubeflow_client(url)
         client.register_model(
             name,
-            weights.resolve().as_uri(),
+            uri,
             model_format_name="safetensors" if merged or tags["kubetune.method"] == "full" else "peft-lora",
             model_format_version="1",
             version=version,
@@ -170,4 +193,16 @@ def register_kubeflow(weights: Path, name: str, tags: dict[str, str], url: str |
         raise UserError(
             f"--register kubeflow: {url} refused the model ({first_line(e)}); check --registry-url"
         ) from None
-    return Registered(name, version)
+    return Registered("kubeflow", name, version, uri)
+
+
+def _kubeflow_client(url: str) -> Any:
+    """The Model Registry's client, without its start-up remarks: a registry without auth needs
+    no token (the pod's, when set, is read), and an http port not ending in 80 is fine (a failure
+    to connect is said in one line anyway)."""
+    from model_registry import ModelRegistry
+
+    author = os.environ.get("USER") or "kubetune"
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="User access token is missing")
+        return ModelRegistry(url, author=author, is_secure=url.startswith("https"), log_level=logging.ERROR)

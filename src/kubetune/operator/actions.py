@@ -13,7 +13,7 @@ from typing import Any
 
 from kubetune.errors import RecipeError, UserError
 from kubetune.k8s import doctor, follow
-from kubetune.k8s.export_job import adapter_install_command, adapter_uninstall_command, export_job
+from kubetune.k8s.export_job import adapter_install_command, adapter_uninstall_command, export_command, export_job
 from kubetune.k8s.modelserver import API_VERSION as MS_API_VERSION
 from kubetune.k8s.modelserver import KIND as MS_KIND
 from kubetune.k8s.modelserver import ModelServerSpec, server_recipe
@@ -119,9 +119,12 @@ def delete_training(client: KubeClient, name: str, namespace: str) -> bool:
     return any(deleted)
 
 
-def create_export(client: KubeClient, body: dict[str, Any], recipe: Recipe) -> list[str]:
+def create_export(client: KubeClient, body: dict[str, Any], spec: plan.FineTuneSpec, recipe: Recipe) -> list[str]:
+    """The export Job: merges (export.merged, or served alone), checks the gate, registers (export.register)."""
     name, namespace = meta(body)
-    job = export_job(recipe, Names.for_job(name, namespace), name + plan.EXPORT_SUFFIX)
+    command = export_command(recipe, merged=spec.merges(), register=spec.register)
+    registers = spec.register is not None
+    job = export_job(recipe, Names.for_job(name, namespace), name + plan.EXPORT_SUFFIX, command, tracking=registers)
     return create_all(client, plan.owned([job], body, delete_claim=False))
 
 
@@ -153,11 +156,18 @@ def claim_version(
 
 
 def create_adapter_export(
-    client: KubeClient, body: dict[str, Any], recipe: Recipe, ref: serverplan.AdapterRef, server: ModelServerSpec
+    client: KubeClient,
+    body: dict[str, Any],
+    spec: plan.FineTuneSpec,
+    recipe: Recipe,
+    ref: serverplan.AdapterRef,
+    server: ModelServerSpec,
 ) -> list[str]:
-    """The Job that copies the run's adapter (not merged) into the server's volume and registers it."""
+    """The Job that copies the run's adapter (not merged) into the server's volume and registers it
+    there (and, with spec.export.register, in that model registry)."""
     name, namespace = meta(body)
-    command = adapter_install_command(recipe, ref.name, ref.version, server.base, server.revision, server.mount_path)
+    at = (server.base, server.revision, server.mount_path)
+    command = adapter_install_command(recipe, ref.name, ref.version, *at, register=spec.register)
     claim = Names.for_job(ref.server, namespace).pvc
     job = export_job(
         recipe,
@@ -165,6 +175,7 @@ def create_adapter_export(
         name + serverplan.ADAPTER_EXPORT_SUFFIX,
         command=command,
         adapters=(claim, server.mount_path),
+        tracking=spec.register is not None,
     )
     return create_all(client, plan.owned([job], body, delete_claim=False))
 

@@ -30,6 +30,7 @@ from typing import Any
 
 import yaml
 
+from kubetune.contracts.gate import REGISTRIES
 from kubetune.k8s.finetune import API_VERSION, GROUP, KIND, PLURAL, VERSION
 from kubetune.k8s.serve.settings import scalar_type, setting_options
 from kubetune.recipe.schema import Recipe
@@ -186,6 +187,24 @@ def serve_schema() -> Schema:
     return _obj(what, properties)
 
 
+def export_schema() -> Schema:
+    """`spec.export`: the merged export, and registering the model in a model registry."""
+    register = (
+        "Register the exported model (the merged model with merged or when served alone, else the adapter; "
+        "a ModelServer's adapter with serve.server) with its lineage, after the eval gate passed: mlflow "
+        "(MLFLOW_TRACKING_URI from the recipe's monitor.tracking_env_from) or kubeflow (registryUrl)."
+    )
+    return _obj(
+        "Merged export after training (always done when serving), and the model registry.",
+        {
+            "merged": {"type": "boolean", "description": "Write the merged model (default false)."},
+            "register": _str(register, enum=list(REGISTRIES)),
+            "registeredName": _str("The registered model's name (default: the FineTune's, or serve.adapterName)."),
+            "registryUrl": _str("register kubeflow: the Model Registry's REST address."),
+        },
+    )
+
+
 def spec_schema() -> Schema:
     spec = _obj(
         "What to fine-tune and how to run and serve it.",
@@ -196,10 +215,7 @@ def spec_schema() -> Schema:
             "api": _str("pytorchjob | trainjob (default: the recipe's k8s.api).", enum=list(APIS)),
             "hfTokenSecretRef": _key_ref("Secret holding a Hugging Face token (gated models)", "HF_TOKEN"),
             "serve": serve_schema(),
-            "export": _obj(
-                "Merged export after training (always done when serving).",
-                {"merged": {"type": "boolean", "description": "Write the merged model (default false)."}},
-            ),
+            "export": export_schema(),
             "suspend": {
                 "type": "boolean",
                 "description": "true deletes the training job and its pods and keeps the volume; "
@@ -294,6 +310,15 @@ def status_schema() -> Schema:
                     "threshold": _num("compare=threshold: the value to reach."),
                     "rule": _str("The rule, in words (e.g. tuned >= base - 0.01)."),
                     "reason": _str("Why it failed without numbers (a missing value)."),
+                },
+            ),
+            "registered": _obj(
+                "spec.export.register: the model as the registry registered it, read from the export Job.",
+                {
+                    "registry": _str("mlflow | kubeflow."),
+                    "name": _str("The registered model."),
+                    "version": _str("Its version."),
+                    "uri": _str("Where the registry says the weights are (MLflow: the version's source)."),
                 },
             ),
             "lmEval": {

@@ -10,6 +10,8 @@
   Job and the serving Deployment, take the next step (`plan.next_step`), write status. After
   creation it is the only writer of status.conditions (a list: two writers would lose updates).
 
+- spec.export.register: the export Job registers the model after the gate; what it registered
+  (or why not) comes back in its termination message: status.registered, the Registered condition.
 - spec.serve.server: after training the adapter goes to that ModelServer (`serverplan`: a
   version, the adapter-export Job, registered in status.adapter); the ModelServer's timer
   (`modelserver.py`) loads it on the replicas, and this timer reports it per replica.
@@ -319,6 +321,7 @@ def _advance(
         base_mismatch=serverplan.base_mismatch(recipe, spec.serve.server or "", server_spec) if server_spec else None,
         adapter_export_state=plan.export_state(seen.adapter_export_job),
         gate=plan.gate_verdict(seen.export_pods) or status.get("gate"),  # status: once the pods are gone
+        register_error=plan.register_error(seen.export_pods),
     )
     step = plan.next_step(observed)
     _act(client, ft, spec, recipe, step.actions, patch, seen)
@@ -343,7 +346,7 @@ def _act(
         elif action == "delete-training" and actions.delete_training(client, name, namespace):
             _say(ft, "deleted the job and its pods (spec.suspend); the volume claim stays")
         elif action == "create-export":
-            _say_created(ft, actions.create_export(client, ft, recipe))
+            _say_created(ft, actions.create_export(client, ft, spec, recipe))
             patch.status["exportJobRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": name + plan.EXPORT_SUFFIX}
         elif action == "create-serving":
             objects = actions.serving_objects(ft, spec, recipe)
@@ -377,7 +380,7 @@ def _act_on_server(
             taken = serverplan.taken_versions(adapter, spec.serve.server, finetunes, listed)
             current = actions.claim_version(client, seen.server, name, adapter, taken)
         patch.status["adapter"] = current.status()
-        _say_created(ft, actions.create_adapter_export(client, ft, recipe, current, server))
+        _say_created(ft, actions.create_adapter_export(client, ft, spec, recipe, current, server))
         job = name + serverplan.ADAPTER_EXPORT_SUFFIX
         patch.status["exportJobRef"] = {"apiVersion": "batch/v1", "kind": "Job", "name": job}
     elif current is not None and not current.registered:
@@ -449,11 +452,32 @@ def _write_status(
     merges = seen.recipe.finetune.method == "lora"
     if observed.export_state == "Complete" and merges and (observed.gate is None or observed.gate["passed"]):
         _set_condition(patch, ft, plan.condition("Exported", True, "MergedExport"))
+    _write_registered(ft, seen, observed, patch)
     if observed.adapter_server:
         _write_server_status(ft, seen, observed, patch)
     elif step.phase == "Serving":
         _set_condition(patch, ft, plan.condition("Ready", True, "ServingObjectsCreated", status.get("endpoint", "")))
     return failed
+
+
+def _write_registered(
+    ft: dict[str, Any], seen: actions.Observation, observed: plan.Observed, patch: kopf.Patch
+) -> None:
+    """spec.export.register: status.registered (the registry's model and version, read from the
+    export pod) and the Registered condition: the model, or why not (the registry refused it, or
+    the gate failed: a run whose gate failed is never registered)."""
+    if plan.FineTuneSpec.from_dict(ft.get("spec") or {}).register is None:
+        return
+    registered = plan.registered_model(seen.export_pods)
+    if registered is not None:
+        patch.status["registered"] = registered
+        what = f"{registered['name']} version {registered['version']} in {registered['registry']}"
+        _set_condition(patch, ft, plan.condition("Registered", True, "ModelRegistered", what))
+    elif observed.register_error is not None:
+        _set_condition(patch, ft, plan.condition("Registered", False, "RegistrationFailed", observed.register_error))
+    elif observed.gate is not None and not observed.gate["passed"]:
+        why = f"not registered: the eval gate failed ({gate_line(observed.gate)})"
+        _set_condition(patch, ft, plan.condition("Registered", False, "GateFailed", why))
 
 
 def _write_failure(
@@ -472,6 +496,10 @@ def _write_failure(
         return why
     suffix = serverplan.ADAPTER_EXPORT_SUFFIX if observed.adapter_export_state == "Failed" else plan.EXPORT_SUFFIX
     job = name + suffix
+    if observed.register_error is not None:
+        msg = f"Job {job} could not register the model: {observed.register_error}"
+        _set_condition(patch, ft, plan.condition("Failed", True, "RegistrationFailed", msg))
+        return msg
     msg = f"Job {job} failed: `kubectl logs job/{job} -n {namespace}` says why"
     _set_condition(patch, ft, plan.condition("Failed", True, "ExportFailed", msg))
     return msg

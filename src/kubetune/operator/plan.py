@@ -16,9 +16,16 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
-from kubetune.contracts.gate import read_gate_message, read_lm_eval_message
+from kubetune.contracts.gate import (
+    REGISTRIES,
+    read_gate_message,
+    read_lm_eval_message,
+    read_register_error_message,
+    read_registered_message,
+)
 from kubetune.contracts.kube import KubeObject, drop_none
 from kubetune.errors import RecipeError
+from kubetune.k8s.export_job import Register
 from kubetune.k8s.names import NAMESPACE_QUOTA, RECIPE_KEY, TOKEN_KEY, Names
 from kubetune.k8s.progress import Progress, format_eta
 from kubetune.k8s.render import cluster_recipe, recipe_problems
@@ -69,6 +76,7 @@ class FineTuneSpec:
     hf_token_ref: tuple[str, str] | None = None  # (Secret, key)
     serve: ServeSpec = ServeSpec()
     export_merged: bool = False
+    register: Register | None = None  # spec.export.register: the export Job registers the model
     suspend: bool = False
     ttl_seconds: int | None = None
     delete_claim: bool = False
@@ -76,6 +84,7 @@ class FineTuneSpec:
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> FineTuneSpec:
         serve = spec.get("serve") or {}
+        export = spec.get("export") or {}
         return cls(
             recipe=spec.get("recipe"),
             recipe_ref=_key_ref(spec.get("recipeRef"), RECIPE_KEY),
@@ -83,7 +92,8 @@ class FineTuneSpec:
             api=spec.get("api"),
             hf_token_ref=_key_ref(spec.get("hfTokenSecretRef"), TOKEN_KEY),
             serve=ServeSpec.from_dict(serve),
-            export_merged=bool((spec.get("export") or {}).get("merged", False)),
+            export_merged=bool(export.get("merged", False)),
+            register=_register(export),
             suspend=bool(spec.get("suspend", False)),
             ttl_seconds=spec.get("ttlSecondsAfterFinished"),
             delete_claim=spec.get("volumeClaimRetention", "Retain") == "Delete",
@@ -92,10 +102,52 @@ class FineTuneSpec:
     def export_wanted(self, recipe: Recipe) -> bool:
         # a full fine-tune's model/ is already whole: only LoRA has something to merge; a shared
         # server (spec.serve.server) takes the adapter as it is, and its adapter-export Job checks
-        # the gate. A gated full run to be served still gets the Job, which only checks the gate.
-        own_server = self.serve.enabled and not self.serve.server
-        gated = own_server and recipe.eval.gate is not None
-        return (own_server or self.export_merged) and (recipe.finetune.method == "lora" or gated)
+        # the gate (and registers). A gated full run to be served still gets the Job, which only
+        # checks the gate; a run to register gets it too, which registers what it exported.
+        gated = self.own_server and recipe.eval.gate is not None
+        registers = self.register is not None and not self.serve.server
+        merged_job = (self.own_server or self.export_merged) and (recipe.finetune.method == "lora" or gated)
+        return registers or merged_job
+
+    @property
+    def own_server(self) -> bool:
+        return self.serve.enabled and not self.serve.server
+
+    def merges(self) -> bool:
+        """The export Job merges a LoRA run (export.merged, or served alone); else, when it
+        registers, it registers the adapter as it is."""
+        return self.export_merged or self.own_server
+
+    def register_problems(self, recipe: Recipe) -> list[str]:
+        """spec.export's registry keys that cannot work, one line each naming the key."""
+        r = self.register
+        if r is None:
+            return []
+        tracking = recipe.monitor.tracking_env_from
+        wrong = {
+            "spec.export.registeredName and registryUrl go with spec.export.register (mlflow or kubeflow)": (
+                not r.registry
+            ),
+            f"spec.export.register: {r.registry!r} is not a registry kubetune knows; use one of "
+            f"{', '.join(REGISTRIES)}": bool(r.registry) and r.registry not in REGISTRIES,
+            "spec.export.registryUrl: register kubeflow needs the Model Registry's address "
+            "(e.g. https://model-registry-service.kubeflow.svc:8443)": r.registry == "kubeflow" and not r.url,
+            "spec.export.registryUrl: goes with register kubeflow; MLflow's server is the MLFLOW_TRACKING_URI "
+            "of the recipe's monitor.tracking_env_from": r.registry == "mlflow" and bool(r.url),
+            "spec.export.register: mlflow reads MLFLOW_TRACKING_URI from the recipe's monitor.tracking_env_from "
+            "(a Secret or ConfigMap the export Job gets as envFrom); set it": r.registry == "mlflow"
+            and not (tracking.secret or tracking.config_map),
+        }
+        return [problem for problem, found in wrong.items() if found]
+
+
+def _register(export: dict[str, Any]) -> Register | None:
+    """spec.export.register and its keys; registeredName / registryUrl alone are kept as a
+    registry of "" (refused by `register_problems`, naming the key)."""
+    name, url = export.get("registeredName") or None, export.get("registryUrl") or None
+    if export.get("register"):
+        return Register(export["register"], name, url)
+    return Register("", name, url) if name or url else None
 
 
 def _key_ref(ref: dict[str, Any] | None, default_key: str) -> tuple[str, str] | None:
@@ -128,6 +180,7 @@ def load_recipe_for(name: str, namespace: str, data: dict[str, Any], spec: FineT
             f"spec.serve.server: a ModelServer serves LoRA adapters, and finetune.method is "
             f"{recipe.finetune.method}; set finetune.method: lora, or serve it alone with spec.serve.enabled"
         )
+    problems += spec.register_problems(recipe)
     if spec.serve.enabled:
         # the settings speak in render-serve's flags (--max-replicas): say spec.serve's words
         problems += [f"spec.serve: {p.replace('--', '')}" for p in spec.serve.settings.problems()]
@@ -193,6 +246,7 @@ class Observed:
     base_mismatch: str | None = None  # why the adapter does not fit the server's base
     adapter_export_state: str | None = None  # the adapter-export Job, as export_state reads a Job
     gate: dict[str, Any] | None = None  # the eval gate's verdict, from the export pod (contracts/gate.py)
+    register_error: str | None = None  # why the export pod could not register the model (spec.export.register)
 
 
 @dataclass(frozen=True)
@@ -250,6 +304,16 @@ def gate_verdict(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
 def lm_eval_results(pods: list[dict[str, Any]]) -> dict[str, Any] | None:
     """lm-eval's base vs tuned table in an export pod's termination message, or None."""
     return next((t for t in map(read_lm_eval_message, _termination_messages(pods)) if t is not None), None)
+
+
+def registered_model(pods: list[dict[str, Any]]) -> dict[str, str] | None:
+    """What an export pod registered (spec.export.register): {registry, name, version[, uri]}, or None."""
+    return next((r for r in map(read_registered_message, _termination_messages(pods)) if r is not None), None)
+
+
+def register_error(pods: list[dict[str, Any]]) -> str | None:
+    """Why an export pod's registration failed (one line), or None."""
+    return next((e for e in map(read_register_error_message, _termination_messages(pods)) if e is not None), None)
 
 
 def _termination_messages(pods: list[dict[str, Any]]) -> list[str | None]:
