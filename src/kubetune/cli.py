@@ -290,6 +290,12 @@ _adapter_registry_opt = typer.Option(
     help="A registry file (JSON: base, adapters with versions and weights): every version and alias is "
     "served before /ready answers 200.",
 )
+_adapter_root_opt = typer.Option(
+    None,
+    "--adapter-root",
+    help="Runtime loads (POST /v1/load_lora_adapter) read only from inside this directory (a shared "
+    "server's adapter volume); another lora_path is a 400.",
+)
 _served_model_name_opt = typer.Option(
     None, "--served-model-name", help="The base model's name in the API (repeatable: aliases; first in metrics)."
 )
@@ -329,6 +335,7 @@ def serve(
     allow_runtime_adapters: bool = _allow_runtime_adapters_opt,
     max_loras: int | None = _max_loras_opt,
     adapter_registry: str | None = _adapter_registry_opt,
+    adapter_root: str | None = _adapter_root_opt,
     served_model_name: list[str] = _served_model_name_opt,
     chat_template: str | None = _chat_template_opt,
     trust_request_chat_template: bool = _trust_request_chat_template_opt,
@@ -364,6 +371,7 @@ def serve(
         chat_template=template,
         trust_request_chat_template=trust_request_chat_template,
         allow_runtime_adapters=allow_runtime_adapters,
+        adapter_root=adapter_root,
     )
     options = (target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
     run_server(ServeOptions(*options, trust_remote_code, max_loras, adapter_registry))

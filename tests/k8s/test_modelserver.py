@@ -44,8 +44,12 @@ def test_the_server_serves_the_base_with_runtime_adapters_from_the_registry():
     (server,) = pod["containers"]
     assert server["command"][:3] == ["kubetune", "serve", "meta-llama/Llama-3.1-8B-Instruct"]
     assert server["command"][server["command"].index("native") + 1 :] == [
-        "--allow-runtime-adapters", "--adapter-registry", "/adapters/registry.json", "--max-loras", "4"
+        "--allow-runtime-adapters", "--adapter-registry", "/adapters/registry.json", "--adapter-root", "/adapters",
+        "--max-loras", "4",
     ]  # fmt: skip
+    # every request needs the server's key, the runtime adapter routes included: from its Secret
+    (key_env,) = [e for e in server["env"] if e["name"] == "KUBETUNE_API_KEY"]
+    assert key_env["valueFrom"]["secretKeyRef"] == {"name": "llama8b-api-key", "key": "api-key"}
     assert {"name": "data", "mountPath": "/adapters", "subPath": "adapters"} in server["volumeMounts"]
     claim = _one(objects, "PersistentVolumeClaim")
     assert claim["metadata"]["name"] == "llama8b-data" == pod["volumes"][0]["persistentVolumeClaim"]["claimName"]

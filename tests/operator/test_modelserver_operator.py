@@ -26,6 +26,8 @@ pytestmark = pytest.mark.process
 
 MS = ("kubetune.io/v1alpha1", "ModelServer")
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+KEY = "replicas-key"  # the server's API key: in its Secret (shared-api-key), required by the replicas
+AUTH = {"Authorization": f"Bearer {KEY}"}
 ASK = {"messages": [{"role": "user", "content": "What is 3 plus 3?"}], "max_tokens": 4, "temperature": 0}
 
 
@@ -38,9 +40,11 @@ def tiny_run(tmp_path_factory, tiny_model_dir):
 
 
 def _replica(tiny_model_dir, root: Path, runtime: bool = True, **kwargs: Any) -> ServerProcess:
-    """A replica as the ModelServer renders it: the adapter registry read at start, --max-loras."""
+    """A replica as the ModelServer renders it: the adapter registry read at start, runtime loads
+    only from the adapter volume, --max-loras, and the server's API key."""
     args = [str(tiny_model_dir), "--dtype", "fp32", "--adapter-registry", str(root / "registry.json")]
-    args += ["--max-loras", "4"] + (["--allow-runtime-adapters"] if runtime else [])
+    args += ["--adapter-root", str(root), "--max-loras", "4", "--api-key", KEY]
+    args += ["--allow-runtime-adapters"] if runtime else []
     return ServerProcess(args, **kwargs)
 
 
@@ -70,24 +74,26 @@ def _variant(run: Path, dest: Path, seed: int) -> Path:
 def _answer(server: ServerProcess, model: str) -> list[float]:
     """The greedy completion's log-probabilities: what the model's weights say, to compare."""
     body = {"model": model, "prompt": "What is 3 plus 3?", "max_tokens": 3, "temperature": 0, "logprobs": 1}
-    response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+    response = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60)
     assert response.status_code == 200, response.text
     return [round(x, 4) for x in response.json()["choices"][0]["logprobs"]["token_logprobs"]]
 
 
 def _models(server: ServerProcess) -> set[str]:
     """The adapters a replica serves, by version (NAME@vN; the alias NAME beside them is left out)."""
-    data = httpx.get(f"{server.url}/v1/models", timeout=10).json()["data"]
+    data = httpx.get(f"{server.url}/v1/models", headers=AUTH, timeout=10).json()["data"]
     return {m["id"] for m in data if m.get("parent") and "@" in m["id"]}
 
 
 def _load(server: ServerProcess, name: str, path: str) -> None:
-    response = httpx.post(f"{server.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}, timeout=60)
+    response = httpx.post(
+        f"{server.url}/v1/load_lora_adapter", json={"lora_name": name, "lora_path": path}, headers=AUTH, timeout=60
+    )
     assert response.status_code == 200, response.text
 
 
 def _unload(server: ServerProcess, name: str) -> None:
-    response = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name}, timeout=60)
+    response = httpx.post(f"{server.url}/v1/unload_lora_adapter", json={"lora_name": name}, headers=AUTH, timeout=60)
     assert response.status_code == 200, response.text
 
 
@@ -105,6 +111,12 @@ def _pods(cluster, servers: list[ServerProcess]) -> None:
 
 
 def _model_server(cluster, base: str, adapters_root: str) -> None:
+    """The ModelServer `shared`, and its key's Secret (what the replicas were started with)."""
+    import base64
+
+    key = {"api-key": base64.b64encode(KEY.encode()).decode()}
+    meta = {"name": "shared-api-key", "namespace": NAMESPACE}
+    cluster.client.create({"apiVersion": "v1", "kind": "Secret", "metadata": meta, "data": key})
     meta = {"name": "shared", "namespace": NAMESPACE, "uid": "uid-shared", "generation": 1, "resourceVersion": "1"}
     spec = {"base": {"model": base}, "replicas": 2, "adapterStorage": {"mountPath": adapters_root}}
     cluster.client.create({"apiVersion": MS[0], "kind": MS[1], "metadata": meta, "spec": spec})
@@ -159,6 +171,9 @@ def test_three_finetunes_serve_their_own_adapters_on_every_replica_then_delete_u
         assert status["endpoint"] == "http://shared.kubetune.svc:8000/v1"
         served = {f"{name}@v1" for name in names}
         assert all(_models(r) == served for r in replicas)
+        # the runtime routes answer only with the server's key (the operator read it from the Secret)
+        bare = {"lora_name": "x@v1", "lora_path": path}
+        assert httpx.post(f"{replicas[0].url}/v1/load_lora_adapter", json=bare, timeout=10).status_code == 401
         # each answers with its own weights, the same on both replicas
         answers = {name: _answer(replicas[0], f"{name}@v1") for name in names}
         assert len({tuple(a) for a in answers.values()}) == 3, answers
@@ -192,7 +207,7 @@ def test_three_finetunes_serve_their_own_adapters_on_every_replica_then_delete_u
                     return False
             except httpx.TransportError:
                 return False
-            data = httpx.get(f"{url}/v1/models", timeout=5).json()["data"]
+            data = httpx.get(f"{url}/v1/models", headers=AUTH, timeout=5).json()["data"]
             at_ready.update(m["id"] for m in data if "@" in m["id"])
             return True
 
@@ -223,6 +238,9 @@ def test_an_adapter_of_another_base_is_refused_naming_both(cluster, tiny_model_d
         assert failed["reason"] == "WrongBase" and "ModelServer later serves org/another-base" in failed["message"]
         assert cluster.status("late")["phase"] == "Failed"
         assert cluster.get("batch/v1", "Job", "late-adapter-export") is None  # nothing exported
+        # a server without a Secret of its own gets one: a random key the operator and its pods share
+        secret = wait_for(lambda: cluster.get("v1", "Secret", "later-api-key"), message="the key's Secret")
+        assert secret["metadata"]["ownerReferences"][0]["kind"] == "ModelServer" and secret["data"]["api-key"]
 
 
 def test_a_replica_that_cannot_load_is_named_and_the_other_serves(cluster, tiny_run, tiny_model_dir, tmp_path):
@@ -286,7 +304,7 @@ def _versions_answering(server: ServerProcess, alias: str, n: int) -> Counter[st
 
     def one(_: int) -> str:
         body = {"model": alias, "prompt": "Hi", "max_tokens": 1, "temperature": 0}
-        response = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        response = httpx.post(f"{server.url}/v1/completions", json=body, headers=AUTH, timeout=60)
         assert response.status_code == 200, response.text
         assert response.headers["x-kubetune-adapter-version"] == response.json()["model"]
         return response.json()["model"]

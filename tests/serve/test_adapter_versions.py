@@ -325,3 +325,25 @@ def test_vllm_reads_no_registry(tiny_model_dir, tmp_path, capfd):
     assert done.returncode == 2 and done.stderr.strip().splitlines() == [
         "kubetune: error: --adapter-registry: served by --engine native only (vLLM reads no registry file)"
     ], done.stderr
+
+
+def test_adapter_root_confines_runtime_loads_to_the_volume(tiny_model_dir, adapters, tmp_path):
+    """--adapter-root (a ModelServer's replicas: the adapter volume): a lora_path outside it, or a
+    link inside it that leads out, is a 400 naming lora_path; a path inside it loads."""
+    root = tmp_path / "volume"
+    shutil.copytree(adapters["a"], root / "inside" / "v1")
+    (root / "escape").symlink_to(adapters["b"], target_is_directory=True)
+    args = [str(tiny_model_dir), "--dtype", "fp32", "--allow-runtime-adapters", "--adapter-root", str(root)]
+    server = ServerProcess(args)
+    try:
+        url = server.url
+        assert "outside the server's adapter root" in error(
+            post(url, "/v1/load_lora_adapter", {"lora_name": "out", "lora_path": str(adapters["b"])}), "lora_path"
+        )
+        for sneaky in (root / "escape", root / "inside" / ".." / ".." / adapters["b"].name):
+            refused = post(url, "/v1/load_lora_adapter", {"lora_name": "out", "lora_path": str(sneaky)})
+            assert "outside the server's adapter root" in error(refused, "lora_path")
+        load(url, "in@v1", root / "inside" / "v1")
+        assert content(url, "in@v1")
+    finally:
+        server.stop()

@@ -33,6 +33,7 @@ from kubetune.recipe.schema import Recipe
 __all__ = ["API_VERSION", "GROUP", "KIND", "PLURAL", "VERSION", "ModelServerSpec", "render_model_server"]
 
 KIND = "ModelServer"
+API_KEY_SUFFIX = "-api-key"
 PLURAL = "modelservers"
 RETENTION = ("Retain", "Delete")
 ACCESS_MODES = ("ReadWriteMany", "ReadWriteOnce")
@@ -60,6 +61,7 @@ class ModelServerSpec:
     gateway: bool = True
     endpoint_picker: str | None = None
     weights: dict[str, dict[str, int]] = field(default_factory=dict)  # alias -> version -> percent
+    api_key_secret: str | None = None  # the Secret of the replicas' API key; None: the operator makes <name>-api-key
 
     @classmethod
     def from_dict(cls, spec: dict[str, Any]) -> ModelServerSpec:
@@ -86,7 +88,12 @@ class ModelServerSpec:
             gateway=gateway.get("enabled", True),
             endpoint_picker=gateway.get("endpointPicker"),
             weights={a: dict(w) for a, w in (spec.get("weights") or {}).items()},
+            api_key_secret=spec.get("apiKeySecret"),
         )
+
+    def key_secret(self, name: str) -> str:
+        """The Secret whose `api-key` the replicas require of every request, the operator's too."""
+        return self.api_key_secret or f"{name}{API_KEY_SUFFIX}"
 
     def base_label(self) -> str:
         return f"{self.base}@{self.revision or 'default'}"
@@ -124,6 +131,7 @@ def server_plan(name: str, namespace: str, spec: ModelServerSpec) -> Plan:
         autoscale=spec.autoscale,
         image=spec.image,
         name=name,
+        api_key_secret=spec.key_secret(name),
     )
     plan = plan_for(server_recipe(name, namespace, spec), settings, None)
     # the served target is the base model itself (a hub id, or a path the pod sees)

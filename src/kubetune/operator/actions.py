@@ -8,6 +8,7 @@ half. Every object rendered for a FineTune is owned by it (`plan.owned`).
 from __future__ import annotations
 
 import base64
+import secrets
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,6 +22,7 @@ from kubetune.k8s.names import Names, trainer_selector
 from kubetune.k8s.objects import config_map_recipe, recipe_text_data
 from kubetune.k8s.progress import Progress
 from kubetune.k8s.render import render
+from kubetune.k8s.serve.argv import API_KEY_SECRET_KEY
 from kubetune.k8s.serve.render import render_serve
 from kubetune.kubeapi import ClusterError, Conflict, KubeClient
 from kubetune.operator import metrics_page, plan, serverplan
@@ -130,6 +132,34 @@ def create_export(client: KubeClient, body: dict[str, Any], spec: plan.FineTuneS
 
 def model_server(client: KubeClient, name: str, namespace: str) -> dict[str, Any] | None:
     return client.get(MS_API_VERSION, MS_KIND, name, namespace)
+
+
+def server_api_key(client: KubeClient, server_body: dict[str, Any]) -> str | None:
+    """The key a ModelServer's replicas require (its Secret's `api-key`, the first of a
+    comma-separated list). The default Secret, `<name>-api-key`, is created here with a random key,
+    owned by the server; a Secret the spec names and that is not there yet gives None (its pods
+    cannot start without it either)."""
+    name, namespace = meta(server_body)
+    spec = ModelServerSpec.from_dict(server_body.get("spec") or {})
+    secret = client.get("v1", "Secret", spec.key_secret(name), namespace)
+    if secret is None and spec.api_key_secret is None:
+        secret = _new_key_secret(spec.key_secret(name), namespace)
+        create_all(client, plan.owned([secret], server_body, delete_claim=False))
+    encoded = ((secret or {}).get("data") or {}).get(API_KEY_SECRET_KEY)
+    if not encoded:
+        return None
+    return base64.b64decode(encoded).decode().split(",")[0].strip() or None
+
+
+def _new_key_secret(name: str, namespace: str) -> dict[str, Any]:
+    key = secrets.token_urlsafe(32)
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": {"name": name, "namespace": namespace},
+        "type": "Opaque",
+        "data": {API_KEY_SECRET_KEY: base64.b64encode(key.encode()).decode()},
+    }
 
 
 def claim_version(

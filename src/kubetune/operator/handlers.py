@@ -575,7 +575,7 @@ def _deleted(body: kopf.Body, memo: kopf.Memo, **_: Any) -> None:
         if server_body is None:
             return  # the server (and its volume's registry, unless kept) went first
         pods = client.list("v1", "Pod", namespace, server_selector(ref.server))
-        for replica in replicas.ready_replicas(pods):
+        for replica in replicas.ready_replicas(pods, actions.server_api_key(client, server_body)):
             reason = replicas.unload(replica, ref.served_name)
             what = "unloaded" if reason is None else f"could not unload ({reason})"
             _say(ft, f"{what} {ref.served_name} from {replica.pod}")

@@ -111,8 +111,9 @@ def reconcile(client: KubeClient, ms: dict[str, Any], patch: kopf.Patch, memo: k
     wanted = {served: entry["path"] for served, entry in registry.items()}
     failures: dict[tuple[str, str], serverplan.LoadFailure] = memo.setdefault("load_failures", {})
     aliases = serverplan.alias_weights(registry, spec.weights)
-    rows = [_sync_replica(ms, r, wanted, failures, base_s) for r in replicas.ready_replicas(pods)]
-    _sync_aliases(ms, memo, rows, aliases)
+    key = actions.server_api_key(client, ms)
+    rows = [_sync_replica(ms, r, wanted, failures, base_s) for r in replicas.ready_replicas(pods, key)]
+    _sync_aliases(ms, memo, rows, aliases, key)
     live = {(row["pod"], f["adapter"]) for row in rows for f in row["failed"]}
     for key in [k for k in failures if k not in live]:  # a replica gone, an adapter loaded or unregistered
         failures.pop(key)
@@ -173,7 +174,11 @@ def _sync_replica(
 
 
 def _sync_aliases(
-    ms: dict[str, Any], memo: kopf.Memo, rows: list[dict[str, Any]], aliases: dict[str, dict[str, int]]
+    ms: dict[str, Any],
+    memo: kopf.Memo,
+    rows: list[dict[str, Any]],
+    aliases: dict[str, dict[str, int]],
+    api_key: str | None,
 ) -> None:
     """Send each replica the aliases' weights when they changed for it (a replica that restarted
     reads the registry file's). A replica without the alias route (404) serves the versions by
@@ -183,7 +188,7 @@ def _sync_aliases(
         key = (row["pod"], row["restarts"])  # a restarted server holds the registry file's weights again
         if "unreachable" in row or sent.get(key) == aliases:
             continue
-        replica = replicas.Replica(row["pod"], row["ip"], row["port"])
+        replica = replicas.Replica(row["pod"], row["ip"], row["port"], key=api_key)
         reasons = [r for alias, w in aliases.items() if (r := replicas.set_alias(replica, alias, w))]
         sent[key] = aliases  # tried: a refusal is said once, not every tick
         for reason in reasons:

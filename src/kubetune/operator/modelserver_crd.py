@@ -67,6 +67,10 @@ def spec_schema() -> Schema:
             "replicas": _int("Server pods (default 1).", minimum=1),
             "autoscaling": autoscaling,
             "maxLoras": _int("Adapters resident at once per replica (default 8).", minimum=1),
+            "apiKeySecret": _str(
+                "A Secret whose key api-key holds the replicas' API key(s), comma-separated; every request, the "
+                "runtime adapter routes included, needs one. Default: <name>-api-key, which the operator creates."
+            ),
             "adapterStorage": storage,
             "weights": weights,
             "gateway": gateway,

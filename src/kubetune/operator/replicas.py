@@ -2,7 +2,8 @@
 container port (the operator runs in the cluster, as it does for a job's metrics page), and the
 runtime adapter routes they serve (vLLM's: `GET /v1/models`, `POST /v1/load_lora_adapter`,
 `POST /v1/unload_lora_adapter`). Each call answers None when it worked, else the reason in one
-line (the replica's own error message for a 4xx: bad files, another base, out of memory)."""
+line (the replica's own error message for a 4xx: bad files, another base, out of memory). Every
+call carries the server's API key: a ModelServer's replicas require it of every request."""
 
 from __future__ import annotations
 
@@ -24,10 +25,15 @@ class Replica:
     ip: str
     port: int
     restarts: int = 0  # its containers' restarts: a restarted server starts from the registry file again
+    key: str | None = None  # the server's API key (its Secret's api-key)
 
     @property
     def url(self) -> str:
         return f"http://{self.ip}:{self.port}"
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self.key}"} if self.key else {}
 
 
 def _ready(pod: dict[str, Any]) -> bool:
@@ -49,8 +55,8 @@ def _restarts(pod: dict[str, Any]) -> int:
     return sum(cs.get("restartCount", 0) for cs in (pod.get("status") or {}).get("containerStatuses") or [])
 
 
-def ready_replicas(pods: list[dict[str, Any]]) -> list[Replica]:
-    out = [Replica(p["metadata"]["name"], p["status"]["podIP"], _port(p), _restarts(p)) for p in pods if _ready(p)]
+def ready_replicas(pods: list[dict[str, Any]], key: str | None) -> list[Replica]:
+    out = [Replica(p["metadata"]["name"], p["status"]["podIP"], _port(p), _restarts(p), key) for p in pods if _ready(p)]
     return sorted(out, key=lambda r: r.pod)
 
 
@@ -65,7 +71,7 @@ def _reason(response: httpx.Response) -> str:
 def loaded_adapters(replica: Replica) -> set[str] | str:
     """The adapters the replica serves (models with a parent), or why it could not say."""
     try:
-        response = httpx.get(f"{replica.url}/v1/models", timeout=MODELS_TIMEOUT_S)
+        response = httpx.get(f"{replica.url}/v1/models", headers=replica.headers, timeout=MODELS_TIMEOUT_S)
     except httpx.HTTPError as e:
         return f"unreachable: {e}"
     if response.status_code != 200:
@@ -89,7 +95,7 @@ def set_alias(replica: Replica, alias: str, weights: dict[str, int]) -> str | No
 
 def _post(replica: Replica, path: str, body: dict[str, Any], timeout: float) -> str | None:
     try:
-        response = httpx.post(f"{replica.url}{path}", json=body, timeout=timeout)
+        response = httpx.post(f"{replica.url}{path}", json=body, headers=replica.headers, timeout=timeout)
     except httpx.HTTPError as e:
         return f"unreachable: {e}"
     return None if response.status_code == 200 else _reason(response)

@@ -49,7 +49,7 @@ def native_argv(plan: Plan) -> list[str]:
         argv += ["--adapter", f"{a.name}={a.path}"]
     shared = plan.adapter_serving
     if shared is not None:  # a ModelServer: adapters arrive at run time and from the registry at start
-        argv += ["--allow-runtime-adapters", "--adapter-registry", shared.registry]
+        argv += ["--allow-runtime-adapters", "--adapter-registry", shared.registry, "--adapter-root", shared.root]
     max_loras = shared.max_loras if shared is not None else plan.settings.max_loras
     if max_loras:
         argv += ["--max-loras", str(max_loras)]

@@ -74,6 +74,7 @@ def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
     @app.post("/v1/load_lora_adapter")
     async def load_lora_adapter(body: LoadLoraAdapter) -> PlainTextResponse:
         served = served_or_503(state)
+        _check_inside_root(body.lora_path, state.options.adapter_root)
         try:
             entry, weights = await asyncio.to_thread(served.read_adapter, body.lora_name, body.lora_path)
         except AdapterRequestError as e:
@@ -104,6 +105,17 @@ def add_adapter_routes(app: FastAPI, state: ServerState) -> None:
     async def list_lora_aliases() -> dict[str, Any]:
         served = served_or_503(state)
         return {"object": "list", "data": [{"alias": n, "weights": a.weights} for n, a in served.aliases.items()]}
+
+
+def _check_inside_root(lora_path: str, root: str | None) -> None:
+    """--adapter-root: a path that resolves (symbolic links and `..` followed) outside it is refused,
+    so a client with the key still reads nothing but the adapter volume."""
+    if root is None:
+        return
+    if not os.path.realpath(lora_path).startswith(os.path.join(os.path.realpath(root), "")):
+        raise ApiError(
+            400, f"lora_path {lora_path}: outside the server's adapter root {root} (--adapter-root)", "lora_path"
+        )
 
 
 def _refused(fn: Callable[[], Any]) -> Any:

@@ -48,6 +48,7 @@ class ApiOptions:
     chat_template: str | None = None  # --chat-template: for every model, instead of the tokenizer's
     trust_request_chat_template: bool = False  # a request's own `chat_template` (Jinja from the network)
     allow_runtime_adapters: bool = False  # --allow-runtime-adapters: the routes of adapter_routes.py
+    adapter_root: str | None = None  # --adapter-root: runtime loads only from inside this directory
 
 
 @dataclass
