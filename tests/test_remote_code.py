@@ -115,6 +115,7 @@ def test_a_model_with_its_own_code_is_refused_in_one_line_without_the_flag(remot
     assert type(load_config(str(remote_code_model), trust_remote_code=True)).__name__ == "TinyRemoteConfig"
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 @pytest.mark.multiproc
 def test_a_remote_code_model_trains_on_processes_evaluates_generates_and_serves(tmp_path, remote_code_model):
     run = tmp_path / "run"

@@ -365,14 +365,9 @@ def serve(
 
     limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
     kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
-    api = ApiOptions(
-        max_body_bytes=max_body_bytes,
-        api_keys=api_keys,
-        chat_template=template,
-        trust_request_chat_template=trust_request_chat_template,
-        allow_runtime_adapters=allow_runtime_adapters,
-        adapter_root=adapter_root,
-    )
+    # ApiOptions' fields after default_max_tokens, in their order
+    api_fields = (max_body_bytes, api_keys, template, trust_request_chat_template, allow_runtime_adapters, adapter_root)
+    api = ApiOptions(ApiOptions.default_max_tokens, *api_fields)
     options = (target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
     run_server(ServeOptions(*options, trust_remote_code, max_loras, adapter_registry))
 

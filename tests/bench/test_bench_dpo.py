@@ -158,6 +158,7 @@ def test_quality_targets(accuracy, after, accuracy_ok, perplexity_ok):
     assert (v["accuracy_ok"], v["perplexity_ok"]) == (accuracy_ok, perplexity_ok)
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_quality_counts_the_pairs_the_run_holds_out(tmp_path):
     pairs = tmp_path / "pairs.jsonl"
     rows = [{"instruction": "Q", "input": f"q{i}", "chosen": f"right {i}", "rejected": f"wrong {i}"} for i in range(20)]

@@ -203,6 +203,10 @@ def test_a_real_probe_decides_once_then_confirms_from_the_cache(cache):
     assert recorded["rounds"] >= measure.ROUNDS and all(v > 0 for v in recorded["medians"].values())
     assert recorded["machine"]["cpu"] and recorded["key"]["hidden"] == 64
     again = kernels.choose("auto", "auto", SHAPES, torch.device("cpu"))
+    if not again.cached:  # a busy machine (another pytest worker) moved the tiny shapes' timings:
+        # the confirmation re-measured and replaced the choice, and says so; the new one is then kept
+        assert "contradicted" in again.evidence[0], again.evidence
+        first, again = again, kernels.choose("auto", "auto", SHAPES, torch.device("cpu"))
     assert again.cached and (again.precision, again.attention) == (first.precision, first.attention)
     other = ModelShapes(64, 256, 4, 16, (20, 35, 9))  # another model: its own question
     kernels.choose("auto", "auto", other, torch.device("cpu"))

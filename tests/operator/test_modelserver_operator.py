@@ -243,6 +243,7 @@ def test_an_adapter_of_another_base_is_refused_naming_both(cluster, tiny_model_d
         assert secret["metadata"]["ownerReferences"][0]["kind"] == "ModelServer" and secret["data"]["api-key"]
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_a_replica_that_cannot_load_is_named_and_the_other_serves(cluster, tiny_run, tiny_model_dir, tmp_path):
     root = tmp_path / "adapters"
     good, refusing = (
@@ -281,6 +282,7 @@ def _failure_attempts(cluster) -> int:
     return max((f["attempts"] for p in pods for f in p.get("failed") or []), default=0)
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_after_a_restart_each_replica_is_reconciled_both_ways(cluster, replicas, tiny_run, tiny_model_dir, tmp_path):
     root = tmp_path / "adapters"
     _model_server(cluster, str(tiny_model_dir), str(root))

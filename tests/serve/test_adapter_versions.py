@@ -219,6 +219,7 @@ def one_resident(tiny_runs, adapters):
     server.stop()
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_three_adapters_take_turns_in_one_slot_each_answering_as_alone(one_resident, tiny_server, server, adapters):
     load(server.url, "flip-alone", adapters["flip"])
     alone = {"run-a": content(tiny_server.url, "run-a"), "qv": content(tiny_server.url, "qv")}
@@ -299,6 +300,7 @@ def test_the_registry_is_served_before_ready(tiny_model_dir, adapters, tmp_path)
         server.stop()
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 @pytest.mark.parametrize("wrong", ["registry", "adapter"])
 def test_a_wrong_base_in_the_registry_exits_2_in_one_line(tiny_model_dir, adapters, tmp_path, wrong):
     other = tmp_path / "other"

@@ -120,7 +120,8 @@ def test_the_cli_draws_the_bar_on_a_terminal(answering_model_dir, qa_file, tmp_p
     args = ["data", "make-preferences", *_recipe(answering_model_dir, qa_file), "--limit", "1", "--max-new-tokens", "2"]
     terminal, its_end = pty.openpty()
     command = [sys.executable, "-m", "kubetune", *args, "--out", str(out)]
-    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=its_end, text=True, cwd=REPO)
+    wide = {**os.environ, "COLUMNS": "400"}  # the line names the model's path: rich cuts it to the width
+    proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=its_end, text=True, cwd=REPO, env=wide)
     os.close(its_end)
     drawn = b""
     while chunk := _read_or_empty(terminal):

@@ -274,7 +274,7 @@ def assert_same_run(a: Path, b: Path, rel: float = 1e-4) -> None:
 
 @pytest.mark.parametrize(
     ("method", "extra"),
-    [("full", []), pytest.param("lora", ["train.compile=true"], marks=pytest.mark.slow)],
+    [pytest.param(m, e, marks=pytest.mark.slow) for m, e in (("full", []), ("lora", ["train.compile=true"]))],
     ids=["full", "lora-compile"],
 )
 def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, one_process, method, extra):
@@ -298,6 +298,7 @@ def test_tensor_parallel_equals_one_process(tmp_path, dist_overrides, one_proces
 PP_COMMON = [*ONE_PROCESS, "train.save_every=2"]
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_pipeline_parallel_equals_one_process_and_reshards(tmp_path, dist_overrides, one_process, caplog):
     """2 GPipe stages over the step's micro-batches equal one process; the pipeline's
     checkpoint then resumes in one process, step-exact."""
@@ -432,6 +433,7 @@ def test_two_hosts_in_network_namespaces_pytorchjob_contract(tmp_path, dist_over
     assert json.loads((run / "summary.json").read_text())["steps"] == 4
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_pytorchjob_with_torchrun_per_pod(tmp_path, dist_overrides):
     """nprocPerNode=2 on one pod: the operator sets PET_* and kubetune starts torchrun itself."""
     port = str(free_port())

@@ -67,7 +67,7 @@ def test_gate_keys_keep_old_runs_fingerprints():
 @pytest.mark.parametrize(
     ("rule", "word"),
     [
-        ("{metric: perplexity, tolerance: 1000000}", "PASS"),
+        pytest.param("{metric: perplexity, tolerance: 1000000}", "PASS", marks=pytest.mark.slow),
         ("{metric: flashcards_mc/acc, compare: threshold, threshold: 1.01}", "FAIL"),
     ],
 )
@@ -109,6 +109,7 @@ def test_train_prints_and_records_the_verdict(tmp_path, tiny_overrides, capfd, m
     assert (root / "cardio" / "v1").is_dir() is (word == "PASS")
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_an_unknown_eval_task_stops_before_training(tmp_path, tiny_overrides, capfd):
     from tests.kit.cli import run_cli_in_process
 

@@ -221,6 +221,7 @@ def test_a_reward_that_raises_stops_with_one_line_and_keeps_the_checkpoints(tmp_
     assert (out / "checkpoints" / "step-2").is_dir()
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 @pytest.mark.multiproc
 def test_a_reward_that_raises_on_one_of_two_processes_stops_both_with_one_line(tmp_path, grpo_overrides):
     """The default multi-process launch: process 1's grader raises while process 0 waits for it in

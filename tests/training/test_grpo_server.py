@@ -94,6 +94,7 @@ def test_the_server_samples_what_the_engine_in_process_samples(tmp_path, tiny_mo
     remote.close()
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_sigkill_then_rerun_against_the_same_server_matches_the_uninterrupted_run(
     tmp_path, grpo_overrides, rollout_server
 ):
@@ -113,6 +114,7 @@ def test_sigkill_then_rerun_against_the_same_server_matches_the_uninterrupted_ru
             assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (key, x["step"])
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 @pytest.mark.multiproc
 def test_two_processes_sample_from_one_server_as_one_process(tmp_path, grpo_overrides, rollout_server):
     """Rank 0 pushes each version while rank 1 waits; each samples its own prompts."""
@@ -201,6 +203,7 @@ def test_a_trainer_told_to_wait_waits_then_says_how_long(tmp_path, monkeypatch):
     assert time.monotonic() - started >= 2
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_no_server_at_the_url_is_one_line_before_step_1(tmp_path, grpo_overrides):
     url = f"http://127.0.0.1:{free_port()}"
     args = ["train", "--nproc-per-node", "1", *grpo_overrides, "finetune.rl.rollout=server"]
@@ -221,6 +224,7 @@ def test_a_server_without_runtime_adapters_is_refused(tmp_path, tiny_model_dir):
         server.stop()
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_a_server_that_dies_mid_run_stops_it_with_one_line_and_keeps_the_checkpoints(
     tmp_path, grpo_overrides, tiny_model_dir
 ):

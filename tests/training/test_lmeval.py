@@ -163,7 +163,9 @@ def test_eval_tasks_prints_base_vs_tuned_and_writes_summary(tiny_run, capfd):
     [
         ("no_such_task_xyz", "--tasks no_such_task_xyz: not an lm-eval task"),
         ("missing/tasks.yaml", "--tasks missing/tasks.yaml: no such file"),
-        ("arc_easy", "--tasks arc_easy: its data could not be fetched"),  # HF_HUB_OFFLINE=1 (tests/conftest.py)
+        pytest.param(  # HF_HUB_OFFLINE=1 (tests/conftest.py)
+            "arc_easy", "--tasks arc_easy: its data could not be fetched", marks=pytest.mark.slow
+        ),
     ],
 )
 def test_bad_tasks_one_line_exit_2(tiny_run, capfd, tasks, says):
@@ -175,6 +177,7 @@ def test_bad_tasks_one_line_exit_2(tiny_run, capfd, tasks, says):
     assert "Traceback" not in done.stderr
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_a_local_task_yaml_file(tiny_run, tmp_path, capfd):
     """A task YAML outside kubetune (here: a copy of flashcards_mc under another name)."""
     from kubetune.training.lmeval import shipped_tasks

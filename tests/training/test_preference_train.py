@@ -257,6 +257,7 @@ def test_reference_free_objectives_learn_the_preference(tmp_path, pref_overrides
     assert not (out / "reference_logps.pt").exists()  # no reference at all
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 @pytest.mark.process
 def test_dpo_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, pref_overrides):
     common = pref_overrides + [
@@ -288,7 +289,9 @@ def test_dpo_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, pref_ove
 @pytest.mark.parametrize(
     "parallel, reference_logps",
     [
-        ([], "on_the_fly"),  # DDP, the adapter switched off in every step
+        pytest.param(
+            [], "on_the_fly", marks=pytest.mark.slow
+        ),  # DDP, the adapter off in every step (CI: GRPO's and SFT's DDP)
         # FSDP2, each rank's share of the table summed (slow: CI runs FSDP2 in test_distributed.py)
         pytest.param(["parallel.fsdp=2"], "precompute", marks=pytest.mark.slow),
     ],

@@ -162,6 +162,7 @@ def test_fp16_resume_continues_the_loss_scale(tmp_path, tiny_overrides):
     assert final_scale(tmp_path / "straight") == final_scale(tmp_path / "resumed") > 1024
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_compile_runs_and_matches_eager(tmp_path, tiny_overrides):
     common = tiny_overrides + ["train.max_steps=2", "eval.generate=0", "train.save_every=0"]
     train_from_recipe(None, common + [f"output_dir={tmp_path / 'eager'}"])
