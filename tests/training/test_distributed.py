@@ -201,6 +201,7 @@ def test_rescaled_resume_two_one_two(tmp_path, dist_overrides):
     assert steps == list(range(1, 9))
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
     run = tmp_path / "restart"
     args = [o for o in dist_overrides if not o.startswith("train.max_steps")] + [
@@ -218,6 +219,7 @@ def test_killed_worker_is_restarted_and_resumes(tmp_path, dist_overrides):
     assert json.loads((run / "summary.json").read_text())["steps"] == 12
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_fsdp2_equals_one_process_and_exports_a_gathered_adapter(tmp_path, dist_overrides, one_process, caplog):
     from safetensors.torch import load_file
 

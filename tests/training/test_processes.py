@@ -148,6 +148,7 @@ def test_kubetune_train_runs_the_processes_it_measured(free_threads, tmp_path):
     assert len(list((tmp_path / "kernels").glob("processes-*.json"))) == 1
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 @pytest.mark.multiproc
 def test_workers_die_with_their_agent(tiny_overrides, tmp_path):
     args = ["train", "--nproc-per-node", "2", *tiny_overrides, "train.max_steps=100000", "train.save_every=0"]

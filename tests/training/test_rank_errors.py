@@ -81,6 +81,7 @@ def test_another_recipes_run_dir_is_one_line(tmp_path, dist_overrides, launch):
     assert_one_line(rc, lines, "holds a finished run of a different recipe")
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_pod_with_two_processes_says_bad_input_once(tmp_path, dist_overrides):
     """A pod with nprocPerNode=2 (PET_* as the Kubeflow operator sets them): the launcher in
     the pod leaves the run directory to rank 0, which tells every worker; both stop with the

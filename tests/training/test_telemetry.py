@@ -67,6 +67,7 @@ def scrape_while_running(proc: subprocess.Popen, port: int, until_step: int) -> 
     pytest.fail(f"no scrape reached step {until_step}; training output:\n{out[-4000:]}")
 
 
+@pytest.mark.slow  # CI's time: a further combination of what the default suite covers
 def test_two_ranks_serve_every_contract_metric_from_one_port(tmp_path, tiny_overrides):
     """kubetune's torchrun agent: local rank 0 serves both ranks (multiprocess mode), each
     series labelled with its rank; DDP's bucket all-reduces are timed."""

@@ -111,9 +111,9 @@ def reconcile(client: KubeClient, ms: dict[str, Any], patch: kopf.Patch, memo: k
     wanted = {served: entry["path"] for served, entry in registry.items()}
     failures: dict[tuple[str, str], serverplan.LoadFailure] = memo.setdefault("load_failures", {})
     aliases = serverplan.alias_weights(registry, spec.weights)
-    key = actions.server_api_key(client, ms)
-    rows = [_sync_replica(ms, r, wanted, failures, base_s) for r in replicas.ready_replicas(pods, key)]
-    _sync_aliases(ms, memo, rows, aliases, key)
+    api_key = actions.server_api_key(client, ms)
+    rows = [_sync_replica(ms, r, wanted, failures, base_s) for r in replicas.ready_replicas(pods, api_key)]
+    _sync_aliases(ms, memo, rows, aliases, api_key)
     live = {(row["pod"], f["adapter"]) for row in rows for f in row["failed"]}
     for key in [k for k in failures if k not in live]:  # a replica gone, an adapter loaded or unregistered
         failures.pop(key)
