@@ -64,6 +64,24 @@ def choose_dtype(flags: dict[str, bool], requested: str) -> tuple[str, str]:
     return "fp32", f"the CPU has none of {', '.join(BF16_FLAGS)} (bf16 would be emulated)"
 
 
+def the_machine(requested_dtype: str) -> tuple[dict, str, str]:
+    """The machine, the dtype every arm runs (and why), after one line on stdout naming the CPU."""
+    mach = machine()
+    dtype, why = choose_dtype(mach["flags"], requested_dtype)
+    print(f"machine: {mach['cpu_model']}, {mach.get('cpus_usable')} CPUs; flags {mach['flags']}", flush=True)
+    return mach, dtype, why
+
+
+def model_or_default(model: str | None) -> str:
+    """`--model` as given, else the embedded default's converted directory (offline)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    if model:
+        return model
+    from kubetune.models.load import resolve_model
+
+    return str(resolve_model("smollm2-135m-instruct"))
+
+
 # --- the prompts ------------------------------------------------------------------------------
 
 

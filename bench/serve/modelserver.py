@@ -79,7 +79,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: bench.* and tests.* of this checkout
 
-from bench.common.serving import PROMPTS, REPO, Server, choose_dtype, load_prompts, machine, run_level
+from bench.common.serving import PROMPTS, REPO, Server, load_prompts, model_or_default, run_level, the_machine
 from bench.serve.serve_load import _settle, adapter_path, fmt_level, server_env
 
 from kubetune.netutil import free_port
@@ -644,19 +644,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model_dir = args.model
-    if not model_dir:
-        from kubetune.models.load import resolve_model
-
-        model_dir = str(resolve_model("smollm2-135m-instruct"))
+    model_dir = model_or_default(args.model)
     work = Path(args.work_dir or tempfile.mkdtemp(prefix="modelserver-bench-")).resolve()
     log_dir = work / "logs"
     log_dir.mkdir(parents=True, exist_ok=True)
     run = Path(args.run).resolve() if args.run else train_tiny_run(work / "tiny-run", log_dir / "train.log")
-    mach = machine()
-    dtype, why = choose_dtype(mach["flags"], args.dtype)
-    print(f"machine: {mach['cpu_model']}, {mach.get('cpus_usable')} CPUs; flags {mach['flags']}", flush=True)
+    mach, dtype, why = the_machine(args.dtype)
     print(f"model {model_dir}; run {run}; work in {work}", flush=True)
     n = max(
         args.memory_adapters if "memory" in args.parts else 0,

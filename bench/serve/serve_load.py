@@ -62,10 +62,10 @@ from bench.common.serving import (
     PROMPTS,
     REPO,
     Server,
-    choose_dtype,
     load_prompts,
-    machine,
+    model_or_default,
     run_level,
+    the_machine,
 )
 
 from kubetune.netutil import free_port
@@ -531,18 +531,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> dict:
     args = parse_args(argv)
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    model_dir = args.model
-    if not model_dir:
-        from kubetune.models.load import resolve_model
-
-        model_dir = str(resolve_model("smollm2-135m-instruct"))
+    model_dir = model_or_default(args.model)
     prompts = load_prompts(Path(args.prompts))
-    mach = machine()
-    dtype, why = choose_dtype(mach["flags"], args.dtype)
+    mach, dtype, why = the_machine(args.dtype)
     log_dir = Path(args.log_dir) if args.log_dir else Path(tempfile.mkdtemp(prefix="serve_load-"))
     log_dir.mkdir(parents=True, exist_ok=True)
-    print(f"machine: {mach['cpu_model']}, {mach.get('cpus_usable')} CPUs; flags {mach['flags']}", flush=True)
     print(f"dtype: {dtype} ({why}); model {model_dir}; run {args.run or '(none: no adapters)'}; logs in {log_dir}")
 
     result: dict[str, Any] = {

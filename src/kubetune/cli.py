@@ -364,12 +364,31 @@ def serve(
     from kubetune.serve.server import serve as run_server
 
     limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
-    kv_bytes = int(kv_cache_gib * 2**30) if kv_cache_gib else None
-    # ApiOptions' fields after default_max_tokens, in their order
-    api_fields = (max_body_bytes, api_keys, template, trust_request_chat_template, allow_runtime_adapters, adapter_root)
-    api = ApiOptions(ApiOptions.default_max_tokens, *api_fields)
-    options = (target, adapters, host, port, dtype, limits, kv_bytes, threads, drain_seconds, names, api)
-    run_server(ServeOptions(*options, trust_remote_code, max_loras, adapter_registry))
+    api = ApiOptions(
+        max_body_bytes=max_body_bytes,
+        api_keys=api_keys,
+        chat_template=template,
+        trust_request_chat_template=trust_request_chat_template,
+        allow_runtime_adapters=allow_runtime_adapters,
+        adapter_root=adapter_root,
+    )
+    options = ServeOptions(
+        target=target,
+        adapters=adapters,
+        host=host,
+        port=port,
+        dtype=dtype,
+        limits=limits,
+        kv_cache_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib else None,
+        threads=threads,
+        drain_seconds=drain_seconds,
+        served_model_names=names,
+        api=api,
+        trust_remote_code=trust_remote_code,
+        max_loras=max_loras,
+        adapter_registry=adapter_registry,
+    )
+    run_server(options)
 
 
 def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:

@@ -181,6 +181,22 @@ def records(run):
     return [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines()]
 
 
+def assert_a_killed_run_resumes_exactly(tmp_path, common, steps, kill_at):
+    """Train `common` straight through, then again killed (SIGKILL) after checkpoint `kill_at` and
+    rerun: the second run's metrics match the first's, step by step (weights, sampling RNG)."""
+    straight = tmp_path / "straight"
+    train_from_recipe(None, [*common, f"train.max_steps={steps}", f"output_dir={straight}"])
+    out = tmp_path / "killed"
+    argv = ["train", "--nproc-per-node", "1", *common, f"train.max_steps={steps}", f"output_dir={out}"]
+    kill_after_checkpoint(start_kubetune(argv), out, kill_at)
+    finish(start_kubetune(argv))
+    a, b = records(straight), records(out)
+    assert [r["step"] for r in b] == list(range(1, steps + 1))
+    for x, y in zip(a, b):
+        for key in ("loss", "reward", "completions/mean_length", "entropy"):
+            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (key, x["step"])
+
+
 @pytest.mark.process
 def test_a_grpo_run_reports_trls_metrics_and_the_held_out_reward(tmp_path, grpo_overrides):
     out = tmp_path / "run"
@@ -241,17 +257,7 @@ def test_a_reward_that_raises_on_one_of_two_processes_stops_both_with_one_line(t
 
 @pytest.mark.process
 def test_sigkill_then_rerun_matches_the_uninterrupted_run(tmp_path, grpo_overrides):
-    common = [*grpo_overrides, "train.max_steps=6", "train.save_every=2"]
-    straight = tmp_path / "straight"
-    train_from_recipe(None, [*common, f"output_dir={straight}"])
-    out = tmp_path / "killed"
-    kill_after_checkpoint(start_kubetune(["train", "--nproc-per-node", "1", *common, f"output_dir={out}"]), out, 4)
-    finish(start_kubetune(["train", "--nproc-per-node", "1", *common, f"output_dir={out}"]))
-    a, b = records(straight), records(out)
-    assert [r["step"] for r in b] == list(range(1, 7))
-    for x, y in zip(a, b):
-        for key in ("loss", "reward", "completions/mean_length", "entropy"):
-            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (key, x["step"])
+    assert_a_killed_run_resumes_exactly(tmp_path, [*grpo_overrides, "train.save_every=2"], steps=6, kill_at=4)
 
 
 @pytest.mark.multiproc

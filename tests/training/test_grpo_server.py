@@ -23,9 +23,9 @@ from kubetune.training.rollout import LocalRollouts, RolloutSettings
 from kubetune.training.rollout_server import ADAPTERS_DIR, RolloutServerError, ServerRollouts
 from kubetune.training.run import train_from_recipe
 from tests.kit.cli import run_cli_subprocess
-from tests.kit.processes import communicate_or_fail, finish, kill_after_checkpoint, start_kubetune, wait_for_checkpoint
+from tests.kit.processes import communicate_or_fail, finish, start_kubetune, wait_for_checkpoint
 from tests.serve.conftest import ServerProcess
-from tests.training.test_grpo import records
+from tests.training.test_grpo import assert_a_killed_run_resumes_exactly, records
 
 pytestmark = pytest.mark.process
 
@@ -101,17 +101,7 @@ def test_sigkill_then_rerun_against_the_same_server_matches_the_uninterrupted_ru
     """The resumed run samples what the uninterrupted one did: same seeds, same weights (the version
     a killed run left loaded on the server is replaced, not reused)."""
     server = ["finetune.rl.rollout=server", f"finetune.rl.server_url={rollout_server.url}"]
-    common = [*grpo_overrides, *server, "train.max_steps=5", "train.save_every=2"]
-    straight = tmp_path / "straight"
-    train_from_recipe(None, [*common, f"output_dir={straight}"])
-    out = tmp_path / "killed"
-    kill_after_checkpoint(start_kubetune(["train", "--nproc-per-node", "1", *common, f"output_dir={out}"]), out, 2)
-    finish(start_kubetune(["train", "--nproc-per-node", "1", *common, f"output_dir={out}"]))
-    a, b = records(straight), records(out)
-    assert [r["step"] for r in b] == list(range(1, 6))
-    for x, y in zip(a, b):
-        for key in ("loss", "reward", "completions/mean_length", "entropy"):
-            assert x[key] == pytest.approx(y[key], rel=1e-4, abs=1e-6), (key, x["step"])
+    assert_a_killed_run_resumes_exactly(tmp_path, [*grpo_overrides, *server, "train.save_every=2"], steps=5, kill_at=2)
 
 
 @pytest.mark.slow  # CI's time: a further combination of what the default suite covers
