@@ -90,6 +90,16 @@ def test_fused_sdpa_equals_the_per_sample_reference(fused_sdpa):
     assert call["mask"].shape == (2, 1, 16, 16)
 
 
+def test_a_shared_prompt_is_masked_in_as_the_per_sample_path_reads_it(fused_sdpa):
+    """GRPO's shared prompts (Batch.prefixes): segments 1 and 2 of row 0 continue segment 0."""
+    q, k, v = _qkv()
+    prefixes = [-1, 0, 0, -1, 3]
+    out = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, prefixes=prefixes)
+    reference = per_sample_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, upcast=False, prefixes=prefixes)
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+    assert not torch.allclose(out, _reference(q, k, v))  # the prefix is seen
+
+
 def test_packed_documents_do_not_attend_to_each_other(fused_sdpa):
     q, k, v = _qkv()
     changed_k, changed_v = k.clone(), v.clone()

@@ -147,10 +147,59 @@ def test_engine_logprobs_equal_the_training_forwards(tiny_model_dir, tokenizer, 
             batch.cu_seqlens,
             batch.target_sample,
             batch.target_tokens,
+            prefixes=batch.prefixes,
         )
+    assert batch.prefixes is not None and max(batch.prefixes) >= 0  # the groups read their prompt once
     sampled = torch.tensor([lp for c in completions for lp in c.logprobs])
     torch.testing.assert_close(trained, sampled, rtol=0, atol=tolerance)
     assert parts.lm.config._attn_implementation != "kubetune_slots"  # switched back for training
+
+
+@pytest.mark.parametrize("max_seq_len", [64, 24])  # 24: a group does not fit one row and is split
+def test_a_shared_prompt_gives_the_log_probs_and_gradients_of_a_copy_per_completion(
+    tiny_model_dir, tokenizer, max_seq_len
+):
+    from kubetune.models.finetune import build_model
+    from kubetune.training.grpo import pack_completions
+    from kubetune.training.rollout import Completion
+
+    recipe = load_recipe(None, [f"model.name_or_path={tiny_model_dir}", "train.precision=fp32"]).recipe
+    torch.manual_seed(0)
+    parts = build_model(recipe, str(tiny_model_dir), torch.device("cpu"))
+    with torch.no_grad():
+        for name, p in parts.model.named_parameters():
+            if "lora_B" in name:
+                p.normal_(0, 0.5)
+    parts.model.eval()
+    g = torch.Generator().manual_seed(1)
+    prompts = [torch.randint(5, 500, (n,), generator=g).tolist() for n in (9, 1, 6)]
+    completions = [
+        Completion(p, prompts[p], torch.randint(5, 500, (n,), generator=g).tolist(), [], False)
+        for p, n in [(0, 3), (0, 5), (0, 1), (1, 4), (1, 2), (2, 7), (2, 2), (0, 2)]
+    ]
+    results = []
+    for share in (False, True):
+        batch, _ = pack_completions(completions, max_seq_len, tokenizer.pad_token_id, share_prompts=share)
+        parts.model.zero_grad()
+        logps = parts.loss(
+            batch.input_ids,
+            batch.position_ids,
+            batch.targets,
+            batch.cu_seqlens,
+            batch.target_sample,
+            batch.target_tokens,
+            prefixes=batch.prefixes,
+        )
+        (logps * torch.linspace(0.5, 1.5, len(logps))).sum().backward()
+        grads = {n: p.grad.clone() for n, p in parts.model.named_parameters() if p.grad is not None}
+        results.append((batch, logps.detach(), grads))
+    (plain, plain_logps, plain_grads), (shared, shared_logps, shared_grads) = results
+    assert shared.real_tokens < plain.real_tokens  # the prompts are read once per group, not per completion
+    assert plain.prefixes is None and shared.prefixes is not None and max(shared.prefixes) >= 0
+    torch.testing.assert_close(shared_logps, plain_logps, rtol=1e-5, atol=1e-5)
+    assert shared_grads.keys() == plain_grads.keys() and plain_grads
+    for name, grad in plain_grads.items():
+        torch.testing.assert_close(shared_grads[name], grad, rtol=1e-4, atol=1e-5, msg=name)
 
 
 def test_rollouts_are_a_function_of_where_they_sit_in_the_run(tiny_model_dir, tokenizer):

@@ -108,6 +108,10 @@ class Batch:
     rejected: torch.Tensor | None = None
     # [P] int64: each pair's index in its dataset (TokenizedData), for precomputed reference log-probs.
     pair_ids: torch.Tensor | None = None
+    # Shared prompts (GRPO's groups): for each attention segment, as seqlens_from_cu(cu_seqlens)
+    # lists them, the index of an earlier segment of its row it continues and attends to as a
+    # whole (its prompt), or -1. None: every segment attends to itself only.
+    prefixes: list[int] | None = None
 
 
 class Batcher:

@@ -32,6 +32,7 @@ import torch.nn.functional as F
 
 ATTN_IMPLEMENTATION = "kubetune_packed"
 SEQLENS_KWARG = "kubetune_seqlens"
+PREFIXES_KWARG = "kubetune_prefixes"  # Batch.prefixes: segments that continue a shared prompt
 
 log = logging.getLogger("kubetune")
 
@@ -49,8 +50,11 @@ def per_sample_attention(
     scaling: float | None,
     dropout: float,
     upcast: bool,
+    prefixes: list[int] | None = None,
 ) -> torch.Tensor:
     """Causal attention of each packed sample with itself: [B, H, T, D] x3 -> [B, T, H, D].
+    A segment with a prefix (`prefixes[i]` >= 0, Batch.prefixes) attends to all of that
+    earlier segment too, as if its tokens came right after it.
 
     `upcast` runs the kernel in fp32 (the inputs' dtype otherwise); which is faster depends
     on the CPU, so kubetune.models.kernels measures it.
@@ -64,13 +68,25 @@ def per_sample_attention(
         flat = x.transpose(1, 2).reshape(b * t, h, d)
         return tuple(s.transpose(0, 1).unsqueeze(0) for s in (flat.float() if upcast else flat).split(lengths))
 
-    outs = [
-        F.scaled_dot_product_attention(qi, ki, vi, is_causal=True, scale=scaling, dropout_p=dropout)
-        .squeeze(0)
-        .transpose(0, 1)
-        for qi, ki, vi in zip(segments(query), segments(key), segments(value))
-    ]
+    qs, ks, vs = segments(query), segments(key), segments(value)
+    outs = []
+    for i, qi in enumerate(qs):
+        p = prefixes[i] if prefixes else -1
+        if p < 0:
+            out = F.scaled_dot_product_attention(qi, ks[i], vs[i], is_causal=True, scale=scaling, dropout_p=dropout)
+        else:
+            ki, vi = torch.cat((ks[p], ks[i]), dim=2), torch.cat((vs[p], vs[i]), dim=2)
+            mask = after_prefix_mask(lengths[i], lengths[p], qi.device)
+            out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scaling, dropout_p=dropout)
+        outs.append(out.squeeze(0).transpose(0, 1))
     return torch.cat(outs).reshape(b, t, h, d).to(dtype)
+
+
+@functools.lru_cache(maxsize=256)  # a group's completions have a few lengths; every layer asks again
+def after_prefix_mask(length: int, prefix: int, device: torch.device) -> torch.Tensor:
+    """[length, prefix + length] bool: each token of a segment sees the whole prefix and its
+    own segment up to itself (causal, aligned to the bottom right)."""
+    return torch.ones(length, prefix + length, dtype=torch.bool, device=device).tril(diagonal=prefix)
 
 
 def expand_kv_heads(key: torch.Tensor, value: torch.Tensor, heads: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -107,13 +123,22 @@ def compute_dtype(x: torch.Tensor) -> torch.dtype:
 
 @functools.lru_cache(maxsize=1)  # every layer of one forward asks for the same mask
 def block_causal_mask(
-    lengths: tuple[int, ...], rows: int, t: int, dtype: torch.dtype, device: torch.device
+    lengths: tuple[int, ...],
+    rows: int,
+    t: int,
+    dtype: torch.dtype,
+    device: torch.device,
+    prefixes: tuple[int, ...] = (),
 ) -> torch.Tensor:
     """Additive [B, 1, T, T] mask over packed rows: 0 where a token may attend (an earlier or
-    the same position of its own segment), the dtype's minimum everywhere else."""
+    the same position of its own segment, or any of the prefix segment it continues), the
+    dtype's minimum everywhere else."""
     segment = torch.repeat_interleave(torch.arange(len(lengths)), torch.tensor(lengths)).view(rows, t).to(device)
     pos = torch.arange(t, device=device)
     allowed = (segment[:, :, None] == segment[:, None, :]) & (pos[:, None] >= pos[None, :])
+    if prefixes:  # a prefix sits earlier in the same row (GRPO's packing keeps a group in one row)
+        prefix_of = torch.tensor(prefixes, device=device)[segment]
+        allowed |= prefix_of[:, :, None] == segment[:, None, :]
     mask = torch.zeros(allowed.shape, dtype=dtype, device=device).masked_fill_(~allowed, torch.finfo(dtype).min)
     return mask.unsqueeze(1)
 
@@ -126,15 +151,16 @@ def fused_packed_attention(
     scaling: float | None,
     dropout: float,
     upcast: bool = False,
+    prefixes: list[int] | None = None,
 ) -> torch.Tensor:
-    """Causal attention of packed samples, each with itself, in one fused call over whole
-    rows (Gaudi): [B, H, T, D] x3 -> [B, T, H, D], in the compute dtype (fp32 with `upcast`,
-    the recipe's model.packed_attention=fp32)."""
+    """Causal attention of packed samples, each with itself (and its prefix segment, if any), in
+    one fused call over whole rows (Gaudi): [B, H, T, D] x3 -> [B, T, H, D], in the compute
+    dtype (fp32 with `upcast`, the recipe's model.packed_attention=fp32)."""
     b, h, t, _ = query.shape
     dtype = torch.float32 if upcast else compute_dtype(query)
     key, value = expand_kv_heads(key, value, h)
     query, key, value = (x.to(dtype) for x in (query, key, value))
-    mask = block_causal_mask(tuple(lengths), b, t, dtype, query.device)
+    mask = block_causal_mask(tuple(lengths), b, t, dtype, query.device, tuple(prefixes or ()))
     kernel = fused_sdpa()
     with torch.autocast(query.device.type, enabled=False):  # the dtype chosen above, not autocast's list
         if kernel is None:
@@ -169,9 +195,10 @@ def _packed_forward(upcast: bool) -> Any:
                 module, query, key, value, attention_mask, dropout=dropout, scaling=scaling, **kwargs
             )
         p = dropout if module.training else 0.0
+        prefixes = kwargs.get(PREFIXES_KWARG)
         if on_hpu(query):
-            return fused_packed_attention(query, key, value, lengths, scaling, p, upcast), None
-        return per_sample_attention(query, key, value, lengths, scaling, p, upcast), None
+            return fused_packed_attention(query, key, value, lengths, scaling, p, upcast, prefixes), None
+        return per_sample_attention(query, key, value, lengths, scaling, p, upcast, prefixes), None
 
     return forward
 

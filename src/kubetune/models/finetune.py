@@ -14,7 +14,7 @@ import torch.nn.functional as F
 
 from kubetune.data.packing import IGNORE
 from kubetune.errors import ModelError
-from kubetune.models.attention import SEQLENS_KWARG, seqlens_from_cu
+from kubetune.models.attention import PREFIXES_KWARG, SEQLENS_KWARG, seqlens_from_cu
 from kubetune.models.attention import register as register_attention
 from kubetune.models.dropout import use_fast_dropout
 from kubetune.models.lm_loss import sample_logprobs, target_cross_entropy
@@ -189,15 +189,19 @@ class TargetLoss(nn.Module):
         n_samples: int = 0,
         temperature: float = 1.0,
         entropy: torch.Tensor | None = None,
+        prefixes: list[int] | None = None,
     ) -> torch.Tensor:
         """The summed loss; with `target_sample` (each target position's sample, -1 elsewhere)
         the summed target log-probability of each of the `n_samples` samples instead (the
         preference objectives' input, kubetune.training.preference; GRPO's, one sample per
-        token, of the logits divided by `temperature`, with their `entropy` filled in)."""
+        token, of the logits divided by `temperature`, with their `entropy` filled in).
+        `prefixes` (Batch.prefixes) lets segments continue a shared prompt."""
         lm = self.lm
-        kwargs = {}
+        kwargs: dict[str, Any] = {}
         if cu_seqlens is not None:  # packed rows: per-sample attention
             kwargs[SEQLENS_KWARG] = seqlens_from_cu(cu_seqlens)
+            if prefixes is not None:
+                kwargs[PREFIXES_KWARG] = prefixes
         hidden = lm.model(input_ids=input_ids, position_ids=position_ids, use_cache=False, **kwargs).last_hidden_state
         if target_sample is not None:
             if temperature != 1.0:  # logits / T = (hidden / T) @ W.T: the head stays one chunked pass

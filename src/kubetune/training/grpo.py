@@ -5,9 +5,10 @@ A generation: each process takes its share of the prompts (whole groups: a promp
 `num_generations` completions are sampled on one process), samples them with the engine
 in this process over the live weights (kubetune.training.rollout), scores them with the
 reward functions (kubetune.training.rewards) and turns the rewards into advantages within
-each group. The completions are then packed, prompt and completion, into micro-batches of
-`train.micro_batch_size` completions (per-sample attention, as SFT's packed rows), and the
-generation feeds `steps_per_generation / grad_accum` optimizer steps, `num_iterations` times.
+each group. The completions are then packed into micro-batches of `train.micro_batch_size`
+completions (per-sample attention, as SFT's packed rows; a group's prompt is read once for all
+of its completions, `pack_completions`), and the generation feeds
+`steps_per_generation / grad_accum` optimizer steps, `num_iterations` times.
 Old-policy log-probabilities are computed only when a generation outlives one step (μ > 1 or
 steps_per_generation > grad_accum), the reference's only when beta > 0 (the adapter switched
 off under LoRA; a frozen copy under full fine-tuning).
@@ -74,46 +75,100 @@ class MicroBatch:
         return len(self.seq)
 
 
-def pack_completions(completions: list[Completion], max_seq_len: int, pad_id: int) -> tuple[Batch, torch.Tensor]:
-    """Prompt + completion of each, packed into rows of <= max_seq_len tokens (each its own
-    attention segment); targets on the completion tokens only. The target tokens are numbered
-    in completion order (completion 0's tokens first), wherever packing put them; returns the
-    batch and each target token's completion."""
+def pack_completions(
+    completions: list[Completion], max_seq_len: int, pad_id: int, share_prompts: bool = True
+) -> tuple[Batch, torch.Tensor]:
+    """Prompt + completion of each, packed into rows of <= max_seq_len tokens; targets on the
+    completion tokens only. The target tokens are numbered in completion order (completion 0's
+    tokens first), wherever packing put them; returns the batch and each target token's completion.
+
+    With `share_prompts`, the completions of one prompt that sit next to each other (a group)
+    read the prompt once: its tokens but the last are one attention segment, and each
+    completion is a segment of the prompt's last token and its own tokens that attends to that
+    prefix as well as to itself (`Batch.prefixes`). Every completion token sees exactly what it
+    saw after its own copy of the prompt, so the log-probabilities and their gradients are the
+    same, and a group of G short answers to a long prompt costs one prompt, not G."""
     counts = [len(c.tokens) for c in completions]
     first = np.concatenate([[0], np.cumsum(counts)])
-    lengths = np.asarray([len(c.prompt) + n for c, n in zip(completions, counts)])
-    rows = pack_rows(lengths, np.arange(len(completions)), max_seq_len)
-    t = max(sum(int(lengths[i]) for i in row) for row in rows)
+    units = _prompt_units(completions, max_seq_len, share_prompts)
+    lengths = np.asarray([_unit_length(completions, prefix, members) for prefix, members in units])
+    rows = pack_rows(lengths, np.arange(len(units)), max_seq_len)
+    t = max(sum(int(lengths[u]) for u in row) for row in rows)
     ids = np.full((len(rows), t), pad_id, dtype=np.int64)
     pos = np.zeros((len(rows), t), dtype=np.int64)
     tgt = np.full((len(rows), t), IGNORE, dtype=np.int64)
     owner = np.full((len(rows), t), -1, dtype=np.int64)
-    cu = [0]
+    segments: list[int] = []  # each attention segment's length, in flat order
+    prefixes: list[int] = []  # the segment each one continues (-1: none)
+
+    def segment(r: int, cur: int, tokens: list[int], start: int, prefix: int) -> int:
+        if not tokens:  # an empty segment is no segment (seqlens_from_cu drops it)
+            return cur
+        ids[r, cur : cur + len(tokens)] = tokens
+        pos[r, cur : cur + len(tokens)] = np.arange(start, start + len(tokens))
+        segments.append(len(tokens))
+        prefixes.append(prefix)
+        return cur + len(tokens)
+
     for r, row in enumerate(rows):
         cur = 0
-        for i in row:
-            c, n = completions[i], counts[i]
-            seq, p = [*c.prompt, *c.tokens], len(c.prompt)
-            ids[r, cur : cur + len(seq)] = seq
-            pos[r, cur : cur + len(seq)] = np.arange(len(seq))
-            # the target at position j is token j + 1: the completion's tokens are the targets of p-1 .. p+n-2
-            tgt[r, cur + p - 1 : cur + p + n - 1] = c.tokens
-            owner[r, cur + p - 1 : cur + p + n - 1] = np.arange(first[i], first[i] + n)
-            cur += len(seq)
-            cu.append(r * t + cur)
+        for u in row:
+            prefix, members = units[u]
+            shared = -1
+            if prefix:
+                shared = len(segments)
+                cur = segment(r, cur, prefix, 0, -1)
+            for i in members:
+                c, n = completions[i], counts[i]
+                head = c.prompt[len(prefix) :]  # the whole prompt, or only its last token after a shared prefix
+                # the target at position j is token j + 1: the completion's tokens are the targets
+                # of the head's last token and of every completion token but the last
+                at = cur + len(head) - 1
+                tgt[r, at : at + n] = c.tokens
+                owner[r, at : at + n] = np.arange(first[i], first[i] + n)
+                cur = segment(r, cur, [*head, *c.tokens], len(prefix), shared)
         if cur < t:
-            pos[r, cur:] = np.arange(t - cur)
-            cu.append((r + 1) * t)
+            segment(r, cur, [pad_id] * (t - cur), 0, -1)
     batch = Batch(
         input_ids=torch.from_numpy(ids),
         position_ids=torch.from_numpy(pos),
         targets=torch.from_numpy(tgt),
-        cu_seqlens=cu,
+        cu_seqlens=np.concatenate([[0], np.cumsum(segments)]).tolist(),
         real_tokens=int(lengths.sum()),
         target_tokens=int(first[-1]),
         target_sample=torch.from_numpy(owner),
+        prefixes=prefixes if share_prompts else None,
     )
     return batch, torch.repeat_interleave(torch.arange(len(completions)), torch.tensor(counts))
+
+
+def _prompt_units(
+    completions: list[Completion], max_seq_len: int, share_prompts: bool
+) -> list[tuple[list[int], list[int]]]:
+    """(shared prefix, the completions that read it) for each packing unit, in completion order.
+    Without sharing each completion is its own unit with no prefix. A group too long for one
+    row is split, each part with its own copy of the prefix (a unit never straddles rows)."""
+    if not share_prompts:
+        return [([], [i]) for i in range(len(completions))]
+    units: list[tuple[list[int], list[int]]] = []
+    for i, c in enumerate(completions):
+        prefix = c.prompt[:-1]
+        if units and units[-1][1] and _same_prompt(completions[units[-1][1][0]], c):
+            grown = units[-1][1] + [i]
+            if _unit_length(completions, prefix, grown) <= max_seq_len:
+                units[-1] = (prefix, grown)
+                continue
+        units.append((prefix, [i]))
+    return units
+
+
+def _same_prompt(a: Completion, b: Completion) -> bool:
+    return a.prompt_index == b.prompt_index and a.prompt == b.prompt
+
+
+def _unit_length(completions: list[Completion], prefix: list[int], members: list[int]) -> int:
+    """Tokens of a unit: its prefix once, and each member's prompt tail and completion."""
+    return len(prefix) + sum(len(completions[i].prompt) - len(prefix) + len(completions[i].tokens) for i in members)
 
 
 @dataclass(frozen=True)
@@ -237,6 +292,7 @@ class GRPOTraining:
                 b.target_tokens,
                 temperature=self.rl.temperature,
                 entropy=entropy,
+                prefixes=b.prefixes,
             )
         return logps
 
