@@ -1,0 +1,55 @@
+"""The LM head at decode size: [rows x hidden] @ [vocab x hidden].T whole, and in slices of the
+vocabulary, one thread, interleaved rounds, medians. SmolLM2's shapes by default.
+
+    .venv/bin/python bench/experiments/head_slices.py [--rows 16] [--slices 2048,4096,8192]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+
+HIDDEN, VOCAB = 576, 49152
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--rows", type=int, default=16)
+    p.add_argument("--slices", default="2048,4096,8192")
+    p.add_argument("--rounds", type=int, default=7)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    x, w = torch.randn(args.rows, HIDDEN), torch.randn(VOCAB, HIDDEN)
+
+    def sliced(size: int) -> Callable[[], torch.Tensor]:
+        parts = w.split(size)
+        return lambda: torch.cat([F.linear(x, part) for part in parts], 1)
+
+    arms: dict[str, Callable[[], torch.Tensor]] = {"whole": lambda: F.linear(x, w)}
+    arms |= {f"slices of {n}": sliced(n) for n in map(int, args.slices.split(","))}
+    for fn in arms.values():
+        fn(), fn()
+    times: dict[str, list[float]] = {name: [] for name in arms}
+    for r in range(args.rounds):
+        order = list(arms.items()) if r % 2 == 0 else list(reversed(arms.items()))
+        for name, fn in order:
+            t0 = time.perf_counter()
+            fn(), fn(), fn()
+            times[name].append((time.perf_counter() - t0) / 3)
+    flop = 2 * args.rows * VOCAB * HIDDEN
+    print(
+        f"torch {torch.__version__}, 1 thread, fp32, [{args.rows} x {HIDDEN}] @ [{VOCAB} x {HIDDEN}].T, "
+        f"{args.rounds} interleaved rounds of 3 calls, medians:"
+    )
+    for name, seconds in times.items():
+        median = statistics.median(seconds)
+        print(f"  {name:16s} {median * 1e3:7.1f} ms  {flop / median / 1e9:5.1f} GFLOP/s")
+
+
+if __name__ == "__main__":
+    main()
