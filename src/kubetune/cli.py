@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -359,36 +360,44 @@ def serve(
 
         vllm = vllm_options(target, list(adapters), host, port, max_model_len, max_num_seqs, trust_remote_code)
         exec_vllm(with_api_options(vllm, names, chat_template, trust_request_chat_template), api_keys)
-    from kubetune.serve.http.state import ApiOptions
-    from kubetune.serve.server import ServeOptions
     from kubetune.serve.server import serve as run_server
 
-    limits = Limits(max_num_seqs, max_waiting, max_model_len, max_prompt_tokens, prefill_chunk, prefix_caching)
+    given = locals() | {"adapters": adapters, "api_keys": api_keys, "template": template, "names": names}
+    run_server(_native_serve_options(given))
+
+
+def _native_serve_options(given: dict[str, Any]) -> Any:
+    """The native server's ServeOptions from `serve`'s parameters and what it derived, each by
+    name: a flag renamed on one side fails here with its name, never lands in another field."""
+    from kubetune.serve.http.state import ApiOptions
+    from kubetune.serve.server import ServeOptions
+
     api = ApiOptions(
-        max_body_bytes=max_body_bytes,
-        api_keys=api_keys,
-        chat_template=template,
-        trust_request_chat_template=trust_request_chat_template,
-        allow_runtime_adapters=allow_runtime_adapters,
-        adapter_root=adapter_root,
+        max_body_bytes=given["max_body_bytes"],
+        api_keys=given["api_keys"],
+        chat_template=given["template"],
+        trust_request_chat_template=given["trust_request_chat_template"],
+        allow_runtime_adapters=given["allow_runtime_adapters"],
+        adapter_root=given["adapter_root"],
     )
-    options = ServeOptions(
-        target=target,
-        adapters=adapters,
-        host=host,
-        port=port,
-        dtype=dtype,
-        limits=limits,
+    sizes = ("max_num_seqs", "max_waiting", "max_model_len", "max_prompt_tokens", "prefill_chunk", "prefix_caching")
+    kv_cache_gib = given["kv_cache_gib"]
+    return ServeOptions(
+        target=given["target"],
+        adapters=given["adapters"],
+        host=given["host"],
+        port=given["port"],
+        dtype=given["dtype"],
+        limits=Limits(**{name: given[name] for name in sizes}),
         kv_cache_bytes=int(kv_cache_gib * 2**30) if kv_cache_gib else None,
-        threads=threads,
-        drain_seconds=drain_seconds,
-        served_model_names=names,
+        threads=given["threads"],
+        drain_seconds=given["drain_seconds"],
+        served_model_names=given["names"],
         api=api,
-        trust_remote_code=trust_remote_code,
-        max_loras=max_loras,
-        adapter_registry=adapter_registry,
+        trust_remote_code=given["trust_remote_code"],
+        max_loras=given["max_loras"],
+        adapter_registry=given["adapter_registry"],
     )
-    run_server(options)
 
 
 def _refuse_bad_serve_values(engine: str, sizes: dict[str, int]) -> None:

@@ -94,52 +94,59 @@ def pack_completions(
     lengths = np.asarray([_unit_length(completions, prefix, members) for prefix, members in units])
     rows = pack_rows(lengths, np.arange(len(units)), max_seq_len)
     t = max(sum(int(lengths[u]) for u in row) for row in rows)
-    ids = np.full((len(rows), t), pad_id, dtype=np.int64)
-    pos = np.zeros((len(rows), t), dtype=np.int64)
-    tgt = np.full((len(rows), t), IGNORE, dtype=np.int64)
-    owner = np.full((len(rows), t), -1, dtype=np.int64)
-    segments: list[int] = []  # each attention segment's length, in flat order
-    prefixes: list[int] = []  # the segment each one continues (-1: none)
-
-    def segment(r: int, cur: int, tokens: list[int], start: int, prefix: int) -> int:
-        if not tokens:  # an empty segment is no segment (seqlens_from_cu drops it)
-            return cur
-        ids[r, cur : cur + len(tokens)] = tokens
-        pos[r, cur : cur + len(tokens)] = np.arange(start, start + len(tokens))
-        segments.append(len(tokens))
-        prefixes.append(prefix)
-        return cur + len(tokens)
-
+    out = _Rows(len(rows), t, pad_id)
     for r, row in enumerate(rows):
         cur = 0
         for u in row:
             prefix, members = units[u]
             shared = -1
             if prefix:
-                shared = len(segments)
-                cur = segment(r, cur, prefix, 0, -1)
+                shared = len(out.segments)
+                cur = out.segment(r, cur, prefix, 0, -1)
             for i in members:
-                c, n = completions[i], counts[i]
+                c = completions[i]
                 head = c.prompt[len(prefix) :]  # the whole prompt, or only its last token after a shared prefix
                 # the target at position j is token j + 1: the completion's tokens are the targets
                 # of the head's last token and of every completion token but the last
                 at = cur + len(head) - 1
-                tgt[r, at : at + n] = c.tokens
-                owner[r, at : at + n] = np.arange(first[i], first[i] + n)
-                cur = segment(r, cur, [*head, *c.tokens], len(prefix), shared)
-        if cur < t:
-            segment(r, cur, [pad_id] * (t - cur), 0, -1)
+                out.targets[r, at : at + counts[i]] = c.tokens
+                out.owner[r, at : at + counts[i]] = np.arange(first[i], first[i] + counts[i])
+                cur = out.segment(r, cur, [*head, *c.tokens], len(prefix), shared)
+        out.segment(r, cur, [pad_id] * (t - cur), 0, -1)
     batch = Batch(
-        input_ids=torch.from_numpy(ids),
-        position_ids=torch.from_numpy(pos),
-        targets=torch.from_numpy(tgt),
-        cu_seqlens=np.concatenate([[0], np.cumsum(segments)]).tolist(),
+        input_ids=torch.from_numpy(out.ids),
+        position_ids=torch.from_numpy(out.pos),
+        targets=torch.from_numpy(out.targets),
+        cu_seqlens=np.concatenate([[0], np.cumsum(out.segments)]).tolist(),
         real_tokens=int(lengths.sum()),
         target_tokens=int(first[-1]),
-        target_sample=torch.from_numpy(owner),
-        prefixes=prefixes if share_prompts else None,
+        target_sample=torch.from_numpy(out.owner),
+        prefixes=out.prefixes if share_prompts else None,
     )
     return batch, torch.repeat_interleave(torch.arange(len(completions)), torch.tensor(counts))
+
+
+class _Rows:
+    """The arrays of a packed batch being filled, and its attention segments in flat order."""
+
+    def __init__(self, rows: int, t: int, pad_id: int) -> None:
+        self.ids = np.full((rows, t), pad_id, dtype=np.int64)
+        self.pos = np.zeros((rows, t), dtype=np.int64)
+        self.targets = np.full((rows, t), IGNORE, dtype=np.int64)
+        self.owner = np.full((rows, t), -1, dtype=np.int64)  # each target's token index, -1 elsewhere
+        self.segments: list[int] = []  # each attention segment's length
+        self.prefixes: list[int] = []  # the segment each one continues (-1: none)
+
+    def segment(self, r: int, cur: int, tokens: list[int], start: int, prefix: int) -> int:
+        """`tokens` at row r from column `cur`, positions from `start`, as one segment; returns
+        the next free column. An empty segment is no segment (seqlens_from_cu drops it)."""
+        if not tokens:
+            return cur
+        self.ids[r, cur : cur + len(tokens)] = tokens
+        self.pos[r, cur : cur + len(tokens)] = np.arange(start, start + len(tokens))
+        self.segments.append(len(tokens))
+        self.prefixes.append(prefix)
+        return cur + len(tokens)
 
 
 def _prompt_units(
