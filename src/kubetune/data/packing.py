@@ -24,7 +24,7 @@ samples form each pair (`Batch.target_sample`, `chosen`, `rejected`, `pair_ids`)
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypedDict
 
 import numpy as np
 import numpy.typing as npt
@@ -112,6 +112,15 @@ class Batch:
     # lists them, the index of an earlier segment of its row it continues and attends to as a
     # whole (its prompt), or -1. None: every segment attends to itself only.
     prefixes: list[int] | None = None
+
+
+class PairFields(TypedDict, total=False):
+    """Batch's pair-data fields, as Batcher fills them (none for SFT data)."""
+
+    target_sample: torch.Tensor
+    chosen: torch.Tensor
+    rejected: torch.Tensor
+    pair_ids: torch.Tensor
 
 
 class Batcher:
@@ -209,7 +218,7 @@ class Batcher:
         pair_fields = self._pair_fields(torch.full_like(one, -1), [])
         return Batch(one, torch.zeros_like(one), no_target, [0, 1], 0, 0, **pair_fields)
 
-    def _pair_fields(self, target_sample: torch.Tensor, samples: list[int]) -> dict[str, torch.Tensor]:
+    def _pair_fields(self, target_sample: torch.Tensor, samples: list[int]) -> PairFields:
         """The pair fields of a batch holding these samples of the data (in batch order: each
         pair's chosen sample, then its rejected one); {} for SFT data."""
         if not self.data.pairs:
