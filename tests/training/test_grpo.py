@@ -114,6 +114,12 @@ def test_masked_tokens_add_nothing():
 # ------------------------------------------------------------------ the engine samples what training scores
 
 
+def completion_logps(parts, batch):
+    """The training forward's log-probability of every completion token of a packed batch."""
+    fields = (batch.input_ids, batch.position_ids, batch.targets, batch.cu_seqlens, batch.target_sample)
+    return parts.loss(*fields, batch.target_tokens, prefixes=batch.prefixes)
+
+
 @pytest.mark.parametrize("precision, tolerance", [("fp32", 1e-4), ("bf16", 0.1)])
 def test_engine_logprobs_equal_the_training_forwards(tiny_model_dir, tokenizer, precision, tolerance):
     from kubetune.models.finetune import build_model
@@ -140,15 +146,7 @@ def test_engine_logprobs_equal_the_training_forwards(tiny_model_dir, tokenizer, 
     batch, _ = pack_completions(completions, 64, tokenizer.pad_token_id)
     parts.model.eval()
     with torch.no_grad(), autocast():
-        trained = parts.loss(
-            batch.input_ids,
-            batch.position_ids,
-            batch.targets,
-            batch.cu_seqlens,
-            batch.target_sample,
-            batch.target_tokens,
-            prefixes=batch.prefixes,
-        )
+        trained = completion_logps(parts, batch)
     assert batch.prefixes is not None and max(batch.prefixes) >= 0  # the groups read their prompt once
     sampled = torch.tensor([lp for c in completions for lp in c.logprobs])
     torch.testing.assert_close(trained, sampled, rtol=0, atol=tolerance)
@@ -181,15 +179,7 @@ def test_a_shared_prompt_gives_the_log_probs_and_gradients_of_a_copy_per_complet
     for share in (False, True):
         batch, _ = pack_completions(completions, max_seq_len, tokenizer.pad_token_id, share_prompts=share)
         parts.model.zero_grad()
-        logps = parts.loss(
-            batch.input_ids,
-            batch.position_ids,
-            batch.targets,
-            batch.cu_seqlens,
-            batch.target_sample,
-            batch.target_tokens,
-            prefixes=batch.prefixes,
-        )
+        logps = completion_logps(parts, batch)
         (logps * torch.linspace(0.5, 1.5, len(logps))).sum().backward()
         grads = {n: p.grad.clone() for n, p in parts.model.named_parameters() if p.grad is not None}
         results.append((batch, logps.detach(), grads))
