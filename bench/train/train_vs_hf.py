@@ -34,6 +34,10 @@ on a CPU without bf16 units) is not run: its line says so and gives the measured
 Each arm runs in its own process (so peak RSS is per arm; the per-core arm reports the sum of
 its processes); nothing else should run on the
 machine meanwhile.
+
+`--repeat N` runs the arms N times, in alternating order (A B, B A, ...), so that a shared VM
+whose speed drifts over minutes weighs on every arm alike; each arm's row is its median run,
+and its line lists every run's tokens/s.
 """
 
 from __future__ import annotations
@@ -346,6 +350,25 @@ def run_arm(name: str, args) -> dict:
     return json.loads(res.stdout.strip().splitlines()[-1])
 
 
+def reason_to_skip(name: str, runs: dict[str, list[dict]], peak: dict[str, float]) -> str | None:
+    """Why an arm is not run: its dtype has no units here, or the probe chose it already."""
+    if name == "kubetune-bf16" and runs.get("kubetune", [{}])[0].get("dtype") == "bf16":
+        return "not run: the probe chose bf16 for the kubetune arm already"
+    dtype = FIXED_DTYPE.get(name)
+    if dtype and peak[dtype] < 0.1 * peak["fp32"]:
+        return (
+            f"not run: {dtype} matmuls reach {peak[dtype] / 1e9:.1f} GFLOP/s on this CPU vs fp32 "
+            f"{peak['fp32'] / 1e9:.1f} (no {dtype} units); the arm would take hours"
+        )
+    return None
+
+
+def median_run(arm_runs: list[dict]) -> dict:
+    """The arm's run of median tokens/s (the lower middle of an even count), with every run's."""
+    ordered = sorted(arm_runs, key=lambda r: r["tokens_per_s"])
+    return {**ordered[(len(ordered) - 1) // 2], "runs_tokens_per_s": [r["tokens_per_s"] for r in arm_runs]}
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rows", type=int, default=160, help="training rows (the same for every arm)")
@@ -357,6 +380,7 @@ def main() -> None:
         "--kt-extra", default="", help="key=value overrides for kubetune's arms, space-separated (e.g. a slowdown)"
     )
     p.add_argument("--arms", default=",".join(ARMS), help="comma-separated arms to run")
+    p.add_argument("--repeat", type=int, default=1, help="run the arms this many times, alternating their order")
     p.add_argument("--arm", choices=sorted(ARMS), help=argparse.SUPPRESS)
     args = p.parse_args()
     if args.arm:
@@ -375,19 +399,17 @@ def main() -> None:
     peak = matmul_peak(args.threads)
     step_tokens = args.kt_micro * 512  # the rows of one kubetune micro-batch: the step's real matmul
     shape_peak = matmul_peak(args.threads, step_tokens, config.hidden_size, config.intermediate_size)
-    results, skipped = {}, {}
-    for name in args.arms.split(","):
-        if name == "kubetune-bf16" and results.get("kubetune", {}).get("dtype") == "bf16":
-            skipped[name] = "not run: the probe chose bf16 for the kubetune arm already"
-            continue
-        dtype = FIXED_DTYPE.get(name)
-        if dtype and peak[dtype] < 0.1 * peak["fp32"]:
-            skipped[name] = (
-                f"not run: {dtype} matmuls reach {peak[dtype] / 1e9:.1f} GFLOP/s on this CPU vs fp32 "
-                f"{peak['fp32'] / 1e9:.1f} (no {dtype} units); the arm would take hours"
-            )
-            continue
-        results[name] = run_arm(name, args)
+    runs: dict[str, list[dict]] = {}
+    skipped: dict[str, str] = {}
+    names = args.arms.split(",")
+    for round_ in range(args.repeat):
+        for name in names if round_ % 2 == 0 else names[::-1]:
+            why = reason_to_skip(name, runs, peak)
+            if why:
+                skipped[name] = why
+                continue
+            runs.setdefault(name, []).append(run_arm(name, args))
+    results = {name: median_run(arm_runs) for name, arm_runs in runs.items()}
     tok_data = tokenized(
         load_rows(args.rows, SHARED / "train.jsonl"), load_tokenizer(resolve_model("smollm2-135m-instruct"))
     )
@@ -421,6 +443,8 @@ def main() -> None:
             f"{100 * flops / peak[r['dtype']]:6.1f}% {100 * flops / shape_peak[r['dtype']]:9.1f}%"
         )
         print(f"{'':17s} allocator: {r['allocator']}{'; ' + r['kernels'] if r.get('kernels') else ''}")
+        if len(r["runs_tokens_per_s"]) > 1:
+            print(f"{'':17s} tokens/s of each run, in order: {', '.join(f'{x:.1f}' for x in r['runs_tokens_per_s'])}")
         if r.get("processes"):
             print(f"{'':17s} {r['processes']}")
     for name, why in skipped.items():

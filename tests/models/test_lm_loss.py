@@ -24,11 +24,12 @@ def inputs(n=37, h=24, v=101, seed=0):
 
 @pytest.mark.parametrize("chunk", [1, 8, 37, 1000])
 @pytest.mark.parametrize("train_weight", [False, True])
-def test_loss_and_gradients_equal_the_plain_head(chunk, train_weight):
+@pytest.mark.parametrize("vocab_slice", [16, 101, 4096])  # 16: seven slices, the last one shorter
+def test_loss_and_gradients_equal_the_plain_head(chunk, train_weight, vocab_slice):
     hidden, weight, targets = inputs()
     h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_(train_weight)
     h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_(train_weight)
-    ours = target_cross_entropy(h1, w1, targets, chunk_rows=chunk)
+    ours = target_cross_entropy(h1, w1, targets, chunk_rows=chunk, vocab_slice=vocab_slice)
     ref = reference(h2, w2, targets)
     (ours * 0.5).backward()  # the caller's scale reaches the stored gradients
     (ref * 0.5).backward()
@@ -45,7 +46,7 @@ def test_bf16_autocast_matches_the_plain_head_under_autocast():
     h1, h2 = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
     wb = weight.to(torch.bfloat16)  # a frozen bf16 base, as precision=bf16 loads it
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours = target_cross_entropy(h1, wb, targets, chunk_rows=16)
+        ours = target_cross_entropy(h1, wb, targets, chunk_rows=16, vocab_slice=64)
         ref = F.cross_entropy((h2 @ wb.t()).float(), targets, reduction="sum")
     ours.backward()
     ref.backward()
@@ -58,7 +59,7 @@ def test_bf16_autocast_matches_the_plain_head_under_autocast():
 def test_no_gradients_are_computed_without_grad_mode():
     hidden, weight, targets = inputs()
     with torch.no_grad():
-        loss = target_cross_entropy(hidden.requires_grad_(), weight, targets, chunk_rows=5)
+        loss = target_cross_entropy(hidden.requires_grad_(), weight, targets, chunk_rows=5, vocab_slice=16)
     assert not loss.requires_grad
     torch.testing.assert_close(loss, reference(hidden.detach(), weight, targets), rtol=1e-5, atol=1e-4)
 
@@ -76,6 +77,15 @@ def test_head_loss_selects_targets_and_keeps_a_head_with_bias_on_the_module_path
     expected = reference(hidden[mask], weight, targets[mask])
     torch.testing.assert_close(head_loss(plain, hidden, targets), expected, rtol=1e-5, atol=1e-4)
     torch.testing.assert_close(head_loss(biased, hidden, targets), expected, rtol=1e-5, atol=1e-4)
+
+
+def test_a_target_far_below_the_row_maximum_keeps_a_finite_exact_loss():
+    """The target's logit is taken before the softmax: a target 200 nats below the best
+    logit (its probability underflows fp32) still gives loss = its exact gap, not inf."""
+    hidden = torch.tensor([[1.0]])
+    weight = torch.tensor([[100.0], [-100.0], [0.0]])  # logits 100, -100, 0
+    loss = target_cross_entropy(hidden, weight, torch.tensor([1]), vocab_slice=1)
+    torch.testing.assert_close(loss, torch.tensor(200.0))
 
 
 def test_no_target_rows_give_a_zero_loss_and_zero_gradient():

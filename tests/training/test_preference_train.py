@@ -77,7 +77,8 @@ def plain_logprobs(hidden, weight, targets, samples, n):
 
 @pytest.mark.parametrize("chunk", [1, 8, 1000])
 @pytest.mark.parametrize("train_weight", [False, True])
-def test_sample_logprobs_and_gradients_equal_the_plain_head(chunk, train_weight):
+@pytest.mark.parametrize("vocab_slice", [16, 4096])
+def test_sample_logprobs_and_gradients_equal_the_plain_head(chunk, train_weight, vocab_slice):
     g = torch.Generator().manual_seed(0)
     hidden, weight = torch.randn(37, 24, generator=g), torch.randn(101, 24, generator=g) * 0.3
     targets = torch.randint(0, 101, (37,), generator=g)
@@ -85,7 +86,7 @@ def test_sample_logprobs_and_gradients_equal_the_plain_head(chunk, train_weight)
     upstream = torch.randn(5, generator=g)  # what a preference loss sends back per sample
     h1, w1 = hidden.clone().requires_grad_(), weight.clone().requires_grad_(train_weight)
     h2, w2 = hidden.clone().requires_grad_(), weight.clone().requires_grad_(train_weight)
-    ours = sample_logprobs(h1, w1, targets, samples, 5, chunk_rows=chunk)
+    ours = sample_logprobs(h1, w1, targets, samples, 5, chunk_rows=chunk, vocab_slice=vocab_slice)
     ref = plain_logprobs(h2, w2, targets, samples, 5)
     (ours * upstream).sum().backward()
     (ref * upstream).sum().backward()
@@ -97,13 +98,27 @@ def test_sample_logprobs_and_gradients_equal_the_plain_head(chunk, train_weight)
         assert w1.grad is None
 
 
+@pytest.mark.parametrize("vocab_slice", [16, 4096])
+def test_sample_entropy_equals_the_plain_softmax_entropy(vocab_slice):
+    g = torch.Generator().manual_seed(3)
+    hidden, weight = torch.randn(37, 24, generator=g), torch.randn(101, 24, generator=g)
+    targets, samples = torch.randint(0, 101, (37,), generator=g), torch.randint(-1, 5, (37,), generator=g)
+    entropy = torch.zeros(5)
+    sample_logprobs(hidden, weight, targets, samples, 5, chunk_rows=8, entropy=entropy, vocab_slice=vocab_slice)
+    logp = (hidden @ weight.t()).log_softmax(-1)
+    per_row = -(logp.exp() * logp).sum(-1)
+    keep = samples >= 0
+    expected = torch.zeros(5).index_add_(0, samples[keep], per_row[keep])
+    torch.testing.assert_close(entropy, expected, rtol=1e-5, atol=1e-4)
+
+
 def test_sample_logprobs_under_bf16_autocast_match_the_plain_head_under_autocast():
     g = torch.Generator().manual_seed(2)
     hidden, weight = torch.randn(64, 32, generator=g), (torch.randn(257, 32, generator=g) * 0.3).to(torch.bfloat16)
     targets, samples = torch.randint(0, 257, (64,), generator=g), torch.randint(0, 4, (64,), generator=g)
     h1, h2 = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        ours = sample_logprobs(h1, weight, targets, samples, 4, chunk_rows=16)
+        ours = sample_logprobs(h1, weight, targets, samples, 4, chunk_rows=16, vocab_slice=64)
         ref = plain_logprobs(h2, weight, targets, samples, 4)
     ours.sum().backward()
     ref.sum().backward()

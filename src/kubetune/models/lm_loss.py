@@ -11,15 +11,96 @@ backward pass only scales what the forward pass stored. The FLOPs are the same a
 path's; the memory is one chunk's logits. (Liger-Kernel's fused linear cross-entropy does
 the same on GPUs.) `sample_logprobs` is the same pass for the preference objectives: each
 sample's summed target log-probability instead of one summed loss.
+
+Within a chunk, the vocabulary is taken in slices (`_SlicedSoftmax`): each slice's logits are
+computed, reduced to their maximum and exponentiated while they are in cache, and the row's
+softmax is put together from the slices' maxima and sums, as flash attention puts together
+its rows. The gradient pass then scales each slice and multiplies it back into the hidden
+states' gradient, again a slice at a time. Against the whole chunk at once this writes the
+logits once instead of three times and never allocates a temporary of the chunk's size.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any
 
 import torch
 
 CHUNK_ROWS = 256  # 256 x 49,152 fp32 logits: 50 MB per chunk
+# Columns of one chunk's logits that are computed, normalised and multiplied back while they are
+# still in cache: the head's matmul writes less at a time, and the softmax passes read and write
+# a slice instead of the whole chunk (bench/experiments/head_loss_parts.py times the choice).
+VOCAB_SLICE = 2048
+
+
+class _SlicedSoftmax:
+    """The softmax of one chunk of rows over the vocabulary, slice by slice, and the targets'
+    logits. `exps[s]` holds exp(logit - slice max) of slice s; a row's probabilities in slice s
+    are that times `scale[s]` (the slice max's offset from the row max, over the row's sum)."""
+
+    def __init__(
+        self, h: torch.Tensor, parts: tuple[torch.Tensor, ...], targets: torch.Tensor, entropy: bool = False
+    ) -> None:
+        width = parts[0].shape[0]
+        self.parts, self.slice_of, self.column = parts, targets // width, targets % width
+        self.picked = torch.empty(len(h), dtype=torch.float32, device=h.device)
+        self.exps: list[torch.Tensor] = []
+        maxes, sums, plogp = [], [], []
+        for s, part in enumerate(parts):
+            logits = (h @ part.t()).float()
+            hit = self.hits(s)
+            self.picked[hit] = logits[hit, self.column[hit]]
+            top = logits.amax(dim=-1)
+            exp = logits.sub_(top[:, None]).exp_()
+            maxes.append(top)
+            sums.append(exp.sum(dim=-1))
+            if entropy:  # sum of e log e, e = exp(logit - slice max): what H needs of this slice
+                plogp.append(torch.xlogy(exp, exp).sum(dim=-1))
+            self.exps.append(exp)
+        top_all = torch.stack(maxes)  # [slices, rows]
+        self.top = top_all.amax(dim=0)
+        rescale = (top_all - self.top).exp_()
+        self.total = (torch.stack(sums) * rescale).sum(dim=0)
+        self.scale = rescale / self.total
+        self.lse = self.top + self.total.log()
+        if entropy:  # H = lse - sum(p x logit), logit = log e + slice max
+            inner = (torch.stack(plogp) + torch.stack(sums) * top_all) * self.scale
+            self.entropy = self.lse - inner.sum(dim=0)
+
+    def hits(self, s: int) -> torch.Tensor:
+        """The rows whose target lies in slice s."""
+        return (self.slice_of == s).nonzero().squeeze(1)
+
+    def grad_slices(
+        self, compute: torch.dtype, row_scale: torch.Tensor | None = None
+    ) -> Iterator[tuple[int, torch.Tensor, torch.Tensor]]:
+        """Each slice's first vocabulary id, weight part and (softmax - one_hot(target)) x
+        `row_scale` per row, in `compute`. Consumes `exps` (the gradient is made in place)."""
+        start = 0
+        for s, part in enumerate(self.parts):
+            coef = self.scale[s] if row_scale is None else self.scale[s] * row_scale
+            grad = self.exps[s].mul_(coef[:, None])
+            hit = self.hits(s)
+            grad[hit, self.column[hit]] -= 1.0 if row_scale is None else row_scale[hit]
+            yield start, part, grad.to(compute)
+            start += len(part)
+
+    def grad_hidden(
+        self,
+        h: torch.Tensor,
+        compute: torch.dtype,
+        row_scale: torch.Tensor | None = None,
+        grad_weight: torch.Tensor | None = None,
+    ) -> torch.Tensor:
+        """d(sum over rows of -log softmax[target] x row_scale) / d h; adds the head weight's
+        gradient to `grad_weight` when given."""
+        out = torch.zeros_like(h)
+        for start, part, g in self.grad_slices(compute, row_scale):
+            out.addmm_(g, part)
+            if grad_weight is not None:
+                grad_weight[start : start + len(part)] += (g.t() @ h).float()
+        return out
 
 
 def target_cross_entropy(
@@ -28,6 +109,7 @@ def target_cross_entropy(
     targets: torch.Tensor,
     chunk_rows: int = CHUNK_ROWS,
     ignore_index: int | None = None,
+    vocab_slice: int = VOCAB_SLICE,
 ) -> torch.Tensor:
     """Summed cross-entropy of `hidden` [N, H] through the head `weight` [V, H] against
     `targets` [N]: every row is a target (select them before), or, with `ignore_index`, rows
@@ -36,7 +118,9 @@ def target_cross_entropy(
     device_type = hidden.device.type
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
-    loss: torch.Tensor = _ChunkedHeadLoss.apply(hidden, weight, targets, compute, chunk_rows, with_grad, ignore_index)
+    loss: torch.Tensor = _ChunkedHeadLoss.apply(
+        hidden, weight, targets, compute, chunk_rows, with_grad, ignore_index, vocab_slice
+    )
     return loss
 
 
@@ -51,6 +135,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         chunk_rows: int,
         with_grad: bool,
         ignore_index: int | None,
+        vocab_slice: int,
     ) -> torch.Tensor:
         weight_grad = with_grad and weight.requires_grad
         w = weight.to(compute)
@@ -58,28 +143,19 @@ class _ChunkedHeadLoss(torch.autograd.Function):
         grad_hidden = torch.empty_like(hidden) if with_grad else None
         grad_weight = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device) if weight_grad else None
         with torch.autocast(hidden.device.type, enabled=False):
+            parts = w.split(vocab_slice)
             for start in range(0, hidden.shape[0], chunk_rows):
-                h = hidden[start : start + chunk_rows].to(compute)
-                t = targets[start : start + chunk_rows]
-                valid = None if ignore_index is None else t != ignore_index
+                rows = slice(start, start + chunk_rows)
+                h, t = hidden[rows].to(compute), targets[rows]
+                valid = None if ignore_index is None else (t != ignore_index).float()
                 if valid is not None:
-                    t = torch.where(valid, t, 0)
-                logits = (h @ w.t()).float()
-                lse = torch.logsumexp(logits, dim=-1)
-                picked = logits.gather(1, t[:, None]).squeeze(1)
-                loss += (lse - picked).sum() if valid is None else ((lse - picked) * valid).sum()
-                if not with_grad:
-                    continue
-                # d(sum of -log softmax[target]) / d logits = softmax - one_hot(target)
-                probs = logits.sub_(lse[:, None]).exp_()
-                probs[torch.arange(len(t), device=t.device), t] -= 1.0
-                if valid is not None:
-                    probs.mul_(valid[:, None])
-                probs_c = probs.to(compute)
-                assert grad_hidden is not None
-                grad_hidden[start : start + chunk_rows] = probs_c @ w
-                if grad_weight is not None:
-                    grad_weight += (probs_c.t() @ h).float()
+                    t = torch.where(valid > 0, t, 0)
+                soft = _SlicedSoftmax(h, parts, t)
+                per_row = soft.lse - soft.picked
+                loss += per_row.sum() if valid is None else (per_row * valid).sum()
+                if with_grad:
+                    assert grad_hidden is not None
+                    grad_hidden[rows] = soft.grad_hidden(h, compute, valid, grad_weight)
         ctx.save_for_backward(grad_hidden, grad_weight.to(weight.dtype) if grad_weight is not None else None)
         return loss
 
@@ -87,7 +163,7 @@ class _ChunkedHeadLoss(torch.autograd.Function):
     def backward(ctx: Any, grad_loss: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         # the forward pass stored d(loss)/d(input); the caller's scale is all that is left
         grads = [None if g is None else g * grad_loss.to(g.dtype) for g in ctx.saved_tensors]
-        return grads[0], grads[1], None, None, None, None, None
+        return grads[0], grads[1], None, None, None, None, None, None
 
 
 def sample_logprobs(
@@ -98,6 +174,7 @@ def sample_logprobs(
     n_samples: int,
     chunk_rows: int = CHUNK_ROWS,
     entropy: torch.Tensor | None = None,
+    vocab_slice: int = VOCAB_SLICE,
 ) -> torch.Tensor:
     """Summed target log-probabilities per sample [n_samples] (fp32) of `hidden` [N, H]
     through the head `weight` [V, H]: row i adds log p(targets[i]) to sample `samples[i]`;
@@ -117,7 +194,7 @@ def sample_logprobs(
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
     logps: torch.Tensor = _ChunkedHeadLogps.apply(
-        hidden, weight, targets, samples, n_samples, compute, chunk_rows, with_grad, entropy
+        hidden, weight, targets, samples, n_samples, compute, chunk_rows, with_grad, entropy, vocab_slice
     )
     return logps
 
@@ -135,6 +212,7 @@ class _ChunkedHeadLogps(torch.autograd.Function):
         chunk_rows: int,
         with_grad: bool,
         entropy: torch.Tensor | None,
+        vocab_slice: int,
     ) -> torch.Tensor:
         w = weight.to(compute)
         valid = samples >= 0
@@ -142,23 +220,17 @@ class _ChunkedHeadLogps(torch.autograd.Function):
         out = torch.zeros(n_samples + 1, dtype=torch.float32, device=hidden.device)
         grad_hidden = torch.empty_like(hidden) if with_grad and hidden.requires_grad else None
         with torch.autocast(hidden.device.type, enabled=False):
+            parts = w.split(vocab_slice)
             for start in range(0, hidden.shape[0], chunk_rows):
                 rows = slice(start, start + chunk_rows)
                 h, t = hidden[rows].to(compute), targets[rows].clamp(min=0)
-                logits = (h @ w.t()).float()
-                lse = torch.logsumexp(logits, dim=-1)
-                out.index_add_(0, bins[rows], logits.gather(1, t[:, None]).squeeze(1) - lse)
-                if entropy is not None:  # H = lse - sum(p x logit)
-                    h_rows = lse - (logits.softmax(-1) * logits).sum(-1)
-                    entropy.index_add_(0, bins[rows].clamp(max=n_samples - 1), h_rows * valid[rows])
-                if grad_hidden is None:
-                    continue
-                # d log softmax[target] / d logits = one_hot(target) - softmax, zero on ignored rows
-                probs = logits.sub_(lse[:, None]).exp_().neg_()
-                probs[torch.arange(len(t), device=t.device), t] += 1.0
-                probs.mul_(valid[rows, None])
-                grad_hidden[rows] = probs.to(compute) @ w
-        ctx.compute, ctx.chunk_rows, ctx.n_samples = compute, chunk_rows, n_samples
+                soft = _SlicedSoftmax(h, parts, t, entropy=entropy is not None)
+                out.index_add_(0, bins[rows], soft.picked - soft.lse)
+                if entropy is not None:
+                    entropy.index_add_(0, bins[rows].clamp(max=n_samples - 1), soft.entropy * valid[rows])
+                if grad_hidden is not None:  # d log softmax[target] / d logits = -(softmax - one_hot)
+                    grad_hidden[rows] = soft.grad_hidden(h, compute, -valid[rows].float())
+        ctx.compute, ctx.chunk_rows, ctx.vocab_slice = compute, chunk_rows, vocab_slice
         ctx.weight_grad = with_grad and weight.requires_grad
         ctx.save_for_backward(grad_hidden, hidden if ctx.weight_grad else None, weight, targets, bins, valid)
         return out[:n_samples]
@@ -171,29 +243,29 @@ class _ChunkedHeadLogps(torch.autograd.Function):
         dh = None if grad_hidden is None else grad_hidden * per_row[:, None].to(grad_hidden.dtype)
         dw = None
         if ctx.weight_grad:
-            dw = _head_weight_grad(hidden, weight, targets, valid, per_row, ctx.compute, ctx.chunk_rows)
-        return dh, dw, None, None, None, None, None, None, None
+            dw = _head_weight_grad(
+                hidden, weight, targets, -(per_row * valid), ctx.compute, ctx.chunk_rows, ctx.vocab_slice
+            )
+        return dh, dw, None, None, None, None, None, None, None, None
 
 
 def _head_weight_grad(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
-    valid: torch.Tensor,
-    per_row: torch.Tensor,
+    row_scale: torch.Tensor,
     compute: torch.dtype,
     chunk_rows: int,
+    vocab_slice: int,
 ) -> torch.Tensor:
-    """sum over rows of per_row x (one_hot - softmax)^T h, the chunks' logits recomputed."""
+    """sum over rows of row_scale x (softmax - one_hot)^T h, the chunks' logits recomputed."""
     w = weight.to(compute)
     grad = torch.zeros(weight.shape, dtype=torch.float32, device=weight.device)
     with torch.autocast(hidden.device.type, enabled=False):
+        parts = w.split(vocab_slice)
         for start in range(0, hidden.shape[0], chunk_rows):
             rows = slice(start, start + chunk_rows)
             h, t = hidden[rows].to(compute), targets[rows].clamp(min=0)
-            logits = (h @ w.t()).float()
-            probs = logits.sub_(torch.logsumexp(logits, dim=-1, keepdim=True)).exp_().neg_()
-            probs[torch.arange(len(t), device=t.device), t] += 1.0
-            probs.mul_((per_row[rows] * valid[rows])[:, None])
-            grad += (probs.to(compute).t() @ h).float()
+            for first, part, g in _SlicedSoftmax(h, parts, t).grad_slices(compute, row_scale[rows]):
+                grad[first : first + len(part)] += (g.t() @ h).float()
     return grad.to(weight.dtype)
