@@ -68,6 +68,7 @@ def test_the_operator_logs_what_it_accepts_refuses_creates_and_concludes(cluster
 
     accepted = log.wait_said("[kubetune/demo] accepted")
     assert accepted.startswith("[20") and "[INFO" in accepted and "PyTorchJob demo, 2 replicas" in accepted
+    log.wait_said("[kubetune/demo] created PyTorchJob/demo")  # the last object the handler creates
     for created in ("ConfigMap/demo-recipe", "PersistentVolumeClaim/demo-data", "PyTorchJob/demo"):
         assert len(log.said("[kubetune/demo] created " + created)) == 1, "\n".join(log.lines)
     # kopf's line for the permanent error; kopf may run the handler more than once for one

@@ -248,7 +248,9 @@ def test_a_run_whose_gate_failed_is_never_registered(operator, claim, mlflow_tra
 
     wait_for(lambda: (operator.condition("worse", "Registered") or {}).get("reason") == "GateFailed")
     assert "not registered: the eval gate failed" in operator.condition("worse", "Registered")["message"]
-    assert operator.status("worse")["phase"] == "Succeeded" and "registered" not in operator.status("worse")
+    # the condition and the phase are separate status writes: wait for the phase, then read both
+    wait_for(lambda: operator.status("worse")["phase"] == "Succeeded")
+    assert "registered" not in operator.status("worse")
     assert MlflowClient(mlflow_tracking_server.uri).search_registered_models("name='worse'") == []
 
 
