@@ -95,9 +95,12 @@ class _SlicedSoftmax:
     ) -> torch.Tensor:
         """d(sum over rows of -log softmax[target] x row_scale) / d h; adds the head weight's
         gradient to `grad_weight` when given."""
-        out = torch.zeros_like(h)
+        out = torch.zeros(h.shape, dtype=torch.float32, device=h.device)
         for start, part, g in self.grad_slices(compute, row_scale):
-            out.addmm_(g, part)
+            if g.dtype == out.dtype:
+                out.addmm_(g, part)
+            else:  # half-precision products summed in fp32, so that the slices do not round each other
+                out += (g @ part).float()
             if grad_weight is not None:
                 grad_weight[start : start + len(part)] += (g.t() @ h).float()
         return out
