@@ -11,10 +11,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: bench.common from this checkout
+from bench.common.timing import time_interleaved
 
 from kubetune.models.lm_loss import VOCAB_SLICE, target_cross_entropy
 
@@ -88,15 +92,7 @@ def main() -> None:
     assert h_grad.grad is not None
     diff = (h_grad.grad - g0).abs().max().item()
     print(f"kubetune vs whole: loss {l1.item():.6f} vs {l0.item():.6f}, gradient max |diff| {diff:.2e}")
-    for fn in arms.values():
-        fn(), fn()
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    for r in range(args.rounds):
-        order = list(arms.items()) if r % 2 == 0 else list(reversed(arms.items()))
-        for name, fn in order:
-            t0 = time.perf_counter()
-            fn(), fn(), fn()
-            times[name].append((time.perf_counter() - t0) / 3)
+    times = time_interleaved(arms, args.rounds)
     flop = 2 * args.rows * VOCAB * HIDDEN
     print(f"torch {torch.__version__}, 1 thread, fp32, {args.rows} rows x vocab {VOCAB} x hidden {HIDDEN}, medians:")
     for name, seconds in times.items():

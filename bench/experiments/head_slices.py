@@ -8,11 +8,15 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
+import sys
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # run as a file: bench.common from this checkout
 import torch.nn.functional as F
+from bench.common.timing import time_interleaved
 
 HIDDEN, VOCAB = 576, 49152
 
@@ -32,15 +36,7 @@ def main() -> None:
 
     arms: dict[str, Callable[[], torch.Tensor]] = {"whole": lambda: F.linear(x, w)}
     arms |= {f"slices of {n}": sliced(n) for n in map(int, args.slices.split(","))}
-    for fn in arms.values():
-        fn(), fn()
-    times: dict[str, list[float]] = {name: [] for name in arms}
-    for r in range(args.rounds):
-        order = list(arms.items()) if r % 2 == 0 else list(reversed(arms.items()))
-        for name, fn in order:
-            t0 = time.perf_counter()
-            fn(), fn(), fn()
-            times[name].append((time.perf_counter() - t0) / 3)
+    times = time_interleaved(arms, args.rounds)
     flop = 2 * args.rows * VOCAB * HIDDEN
     print(
         f"torch {torch.__version__}, 1 thread, fp32, [{args.rows} x {HIDDEN}] @ [{VOCAB} x {HIDDEN}].T, "
