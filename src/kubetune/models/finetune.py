@@ -73,6 +73,8 @@ def linear_module_names(model: nn.Module) -> set[str]:
 def apply_lora(model: Any, recipe: Recipe) -> Any:
     from peft import LoraConfig, get_peft_model
 
+    from kubetune.models.fused_lora import use_fused_lora
+
     lora = recipe.lora
     targets = lora.target_modules
     if targets != "all-linear":
@@ -93,6 +95,7 @@ def apply_lora(model: Any, recipe: Recipe) -> Any:
     )
     model = get_peft_model(model, config)
     use_fast_dropout(model)  # the same dropout, a quarter of the random draws (kubetune.models.dropout)
+    use_fused_lora(model)  # plain LoRA's forward and backward as one function (kubetune.models.fused_lora)
     # PEFT draws each lora_A from the global generator in module order, so a pipeline stage
     # that holds layers 15-29 would draw what layer 0 gets in one process. Draw each from a
     # generator seeded by (seed, parameter name) instead: the same init in every layout.
