@@ -126,3 +126,11 @@ def test_a_lora_model_fuses_every_adapted_layer(tiny_model_dir):
     use_fast_dropout(model)
     assert use_fused_lora(model) == 2 * model.config.num_hidden_layers
     assert sum(type(m) is FusedLoraLinear for m in model.modules()) == 2 * model.config.num_hidden_layers
+
+
+def test_a_trained_base_bias_takes_pefts_path_and_gets_its_gradient():
+    _, fused = peft_pair(bias=True)
+    bias = fused.get_base_model().q_proj.base_layer.bias
+    bias.requires_grad_(True)
+    fused(torch.randn(2, 5, 48)).sum().backward()
+    assert bias.grad is not None and bias.grad.abs().sum() > 0

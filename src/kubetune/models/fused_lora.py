@@ -7,8 +7,8 @@ input gradient added to the base's. For a rank-8 update that is a few percent of
 FLOPs, those full-size passes cost as much as the update itself. Here:
 
 - the rank-r products keep the rank as the rows of their result (`A @ xᵀ`, `Bᵀ @ gᵀ`, an
-  [r, tokens] matrix): MKL serves the transposed form, an output only r columns wide, several
-  times slower (bench/experiments/lora_layouts.py);
+  [r, tokens] matrix): MKL served the transposed form, an output only r columns wide, up to
+  several times slower (bench/experiments/lora_layouts.py);
 - the adapter's product is accumulated into the base output, and its input gradient into the
   base's (`addmm_`, `addcmul_`), instead of being materialised and added;
 - LoRA's scaling and the dropout's 1 / keep-probability are one scalar applied to the
@@ -85,7 +85,8 @@ def vanilla_adapter(layer: Any, x: torch.Tensor, args: tuple[Any, ...], kwargs: 
         return None
     name = active[0]
     base, lora_a, lora_b = layer.get_base_layer(), layer.lora_A[name], layer.lora_B[name]
-    if not isinstance(base, nn.Linear) or base.weight.requires_grad or lora_a.bias is not None:
+    trained_base = base.weight.requires_grad or (base.bias is not None and base.bias.requires_grad)
+    if not isinstance(base, nn.Linear) or trained_base or lora_a.bias is not None:
         return None
     if lora_b.bias is not None or not isinstance(layer.lora_dropout[name], FastDropout | nn.Identity):
         return None
