@@ -30,6 +30,7 @@ def _cases(tiny_model_dir, qa_file, tmp_path):
         "missing column": (base + [f"data.train={other_cols}"], ["data.columns.instruction", "answer, question"]),
         "empty dataset": (base + [f"data.train={empty}"], ["data.train", "empty"]),
         "absent target module": (base + ["lora.target_modules=[q_proj,qkv_proj]"], ["lora.target_modules", "qkv_proj"]),
+        "no target module": (base + ["lora.target_modules=[]"], ["lora.target_modules", "all-linear"]),
         "prompt longer than max_seq_len": (base + ["data.max_seq_len=16"], ["data.max_seq_len=16"]),
         "missing model dir": (base + [f"model.name_or_path={tmp_path}/nomodel"], ["model.name_or_path"]),
     }
@@ -43,6 +44,7 @@ CASES = [
     "missing column",
     "empty dataset",
     "absent target module",
+    "no target module",
     "prompt longer than max_seq_len",
     "missing model dir",
 ]

@@ -142,6 +142,13 @@ class LoraSection(Section):
         description="Module names to adapt (e.g. [q_proj, k_proj, v_proj, o_proj]) or `all-linear`.",
     )
 
+    @field_validator("target_modules", mode="before")
+    @classmethod
+    def _some_modules(cls, v: Any) -> Any:
+        if isinstance(v, list | tuple) and not v:
+            raise ValueError("an empty list adapts nothing; name modules, e.g. [q_proj, v_proj], or use all-linear")
+        return v
+
 
 class ColumnsSection(Section):
     instruction: str | None = Field(
