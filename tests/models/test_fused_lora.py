@@ -134,3 +134,32 @@ def test_a_trained_base_bias_takes_pefts_path_and_gets_its_gradient():
     bias.requires_grad_(True)
     fused(torch.randn(2, 5, 48)).sum().backward()
     assert bias.grad is not None and bias.grad.abs().sum() > 0
+
+
+def test_recomputed_layers_draw_the_same_dropout(tiny_model_dir):
+    """Gradient checkpointing reruns each layer's forward in backward: the fused layers must
+    draw the same masks again (checkpoint restores the RNG state), or the gradients differ."""
+    from transformers import AutoModelForCausalLM
+
+    def grads(checkpointing: bool) -> list[torch.Tensor]:
+        torch.manual_seed(0)
+        model = get_peft_model(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir),
+            LoraConfig(r=4, lora_dropout=0.3, target_modules=["q_proj", "v_proj"], task_type="CAUSAL_LM"),
+        )
+        use_fast_dropout(model)
+        use_fused_lora(model)
+        for name, p in model.named_parameters():
+            if "lora_B" in name:  # PEFT starts B at zero, which would leave A without a gradient
+                nn.init.normal_(p, std=0.5)
+        if checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        model.train()
+        ids = torch.randint(0, model.config.vocab_size, (2, 12), generator=torch.Generator().manual_seed(1))
+        torch.manual_seed(2)
+        model(input_ids=ids, labels=ids).loss.backward()
+        return [p.grad for n, p in model.named_parameters() if "lora_" in n]
+
+    for plain, recomputed in zip(grads(False), grads(True), strict=True):
+        assert plain.abs().sum() > 0
+        torch.testing.assert_close(recomputed, plain)
