@@ -94,6 +94,34 @@ def test_a_hopeless_candidate_is_dropped_after_two_warm_calls():
     assert "dropped after 2 warm calls" in d.describe()
 
 
+def stalled_warm_calls(ms: float, stall: float) -> Callable[[int], float]:
+    """Calls 1 and 2 (the two warm ones) preempted: a busy neighbour at the wrong moment."""
+    return lambda i: stall if i in (1, 2) else ms
+
+
+def test_two_stalled_warm_calls_never_drop_the_answer_the_cpu_flags_predict():
+    # seen in CI: fp32 0.2 ms vs bf16 3.7 ms on an AVX2 CPU, fp32's warm calls preempted for ~10 ms each
+    m = FakeMachine(fp32=stalled_warm_calls(0.2, 15.0), bf16=steady(3.7))
+    d = decide(m, Question("precision", "fp32", "bf16", 0.9, {}, prior="fp32"))
+    assert d.choice == "fp32" and "fp32" not in d.hopeless and d.medians["fp32"] == pytest.approx(0.2)
+
+
+def test_without_a_prior_the_default_is_never_dropped_early():
+    m = FakeMachine(threads=stalled_warm_calls(5.0, 90.0), processes=steady(8.0))
+    d = decide(m, Question("processes", "threads", "processes", 0.9, {}))
+    assert d.choice == "threads" and not d.hopeless and d.rounds >= measure.ROUNDS
+
+
+def test_a_stalled_confirming_round_keeps_the_cached_choice(cache, monkeypatch):
+    m = FakeMachine(fp32=steady(0.2), bf16=steady(3.7))
+    fake_probe(monkeypatch, m, flags_have_bf16=False)
+    assert kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=m.clock).precision == "fp32"
+    stalled = FakeMachine(fp32=stalled_warm_calls(0.2, 15.0), bf16=steady(3.7))
+    fake_probe(monkeypatch, stalled, flags_have_bf16=False)
+    again = kernels.choose("auto", "fp32", SHAPES, torch.device("cpu"), clock=stalled.clock)
+    assert again.cached and again.precision == "fp32"
+
+
 @pytest.mark.parametrize("seed", range(40))
 def test_a_busy_neighbour_does_not_change_the_answer(seed):
     rng = random.Random(seed)

@@ -10,7 +10,9 @@ here make such a timing fair:
   neighbour or a frequency change lands on both of them;
 - each sample is long enough to be more than a scheduler tick (`MIN_SAMPLE_S`), and the
   decision is on medians; the spread (quartiles) is kept with it;
-- a candidate may be dropped early only on warmed timings, two of them, both far slower;
+- a candidate may be dropped early only on warmed timings, two of them, both far slower, and
+  never the one the facts predict (the CPU flags' choice, else the default): two stalls of a
+  busy machine must not remove the safe answer without it being timed;
 - where the medians' spreads overlap, or the answer contradicts what the CPU's flags
   predict, more rounds are timed before deciding;
 - a cached decision is confirmed by a short round at the next start, and measured again
@@ -83,10 +85,12 @@ def race(
     rounds: int,
     clock: Clock = time.perf_counter,
     units: Mapping[str, float] | None = None,
+    keep: frozenset[str] = frozenset(),
 ) -> Race:
     """Warm every candidate, drop the hopeless ones on warmed timings, then time the rest in
     `rounds` interleaved rounds. `units[name]`: units of work one call of that candidate does
-    (N processes working at once do N times the work), so that samples compare work per second."""
+    (N processes working at once do N times the work), so that samples compare work per second.
+    `keep`: candidates timed in full however slow their warm calls were."""
     units = units or {}
     names = list(workloads)
     for name in names:
@@ -98,7 +102,7 @@ def race(
     fastest_call = min(min(v) for v in warm.values())
     per_unit = {name: [t / units.get(name, 1) for t in warm[name]] for name in names}
     best_unit = min(min(v) for v in per_unit.values())
-    hopeless = frozenset(n for n in names if min(per_unit[n]) > HOPELESS * best_unit)
+    hopeless = frozenset(n for n in names if n not in keep and min(per_unit[n]) > HOPELESS * best_unit)
     live = [n for n in names if n not in hopeless]
     calls = max(1, math.ceil(MIN_SAMPLE_S * 1e3 / max(fastest_call, 1e-6)))
     samples: dict[str, list[float]] = {n: [] for n in live}
@@ -215,12 +219,17 @@ class Decision:
 
 def decide(q: Question, workloads: Mapping[str, Workload], clock: Clock = time.perf_counter, **kw: Any) -> Decision:
     """Measure until the evidence is clear (or MAX_ROUNDS), then decide on medians."""
-    r = race(workloads, ROUNDS, clock, **kw)
+    r = race(workloads, ROUNDS, clock, keep=expected(q), **kw)
     verdict = judge(q, r)
     while not verdict.settled and r.rounds < MAX_ROUNDS:
-        r = r + race(workloads, EXTRA_ROUNDS, clock, **kw)
+        r = r + race(workloads, EXTRA_ROUNDS, clock, keep=expected(q), **kw)
         verdict = judge(q, r)
     return _decision(q, r, verdict)
+
+
+def expected(q: Question) -> frozenset[str]:
+    """The candidate the facts predict: never dropped on two warm calls."""
+    return frozenset({q.prior or q.default})
 
 
 def _decision(q: Question, r: Race, verdict: Verdict) -> Decision:
@@ -255,7 +264,7 @@ def settle(
         cached = None  # expired: measured again, as if new
     built = workloads()
     if cached is not None:
-        check = race(built, CONFIRM_ROUNDS, clock, **kw)
+        check = race(built, CONFIRM_ROUNDS, clock, keep=expected(q) | {cached.choice}, **kw)
         verdict = judge(q, check)
         contradicted = verdict.choice != cached.choice and _clear(q, check)
         if not contradicted:
