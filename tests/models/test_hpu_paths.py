@@ -83,7 +83,7 @@ def _reference(q, k, v):
 
 def test_fused_sdpa_equals_the_per_sample_reference(fused_sdpa):
     q, k, v = _qkv()
-    out = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0)
+    out = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, kernel=attention.fused_sdpa())
     torch.testing.assert_close(out, _reference(q, k, v), atol=1e-5, rtol=1e-5)
     (call,) = fused_sdpa.calls
     assert call["is_causal"] is False and call["softmax_mode"] == "None"  # the mask carries causality
@@ -94,7 +94,9 @@ def test_a_shared_prompt_is_masked_in_as_the_per_sample_path_reads_it(fused_sdpa
     """GRPO's shared prompts (Batch.prefixes): segments 1 and 2 of row 0 continue segment 0."""
     q, k, v = _qkv()
     prefixes = [-1, 0, 0, -1, 3]
-    out = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, prefixes=prefixes)
+    out = fused_packed_attention(
+        q, k, v, LENGTHS, scaling=None, dropout=0.0, prefixes=prefixes, kernel=attention.fused_sdpa()
+    )
     reference = per_sample_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, upcast=False, prefixes=prefixes)
     torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
     assert not torch.allclose(out, _reference(q, k, v))  # the prefix is seen
@@ -105,8 +107,10 @@ def test_packed_documents_do_not_attend_to_each_other(fused_sdpa):
     changed_k, changed_v = k.clone(), v.clone()
     changed_k[0, :, :5] += 3.0  # only the first document of row 0 (tokens 0-4)
     changed_v[0, :, :5] -= 2.0
-    before = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0)
-    after = fused_packed_attention(q, changed_k, changed_v, LENGTHS, scaling=None, dropout=0.0)
+    before = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, kernel=attention.fused_sdpa())
+    after = fused_packed_attention(
+        q, changed_k, changed_v, LENGTHS, scaling=None, dropout=0.0, kernel=attention.fused_sdpa()
+    )
     assert not torch.allclose(before[0, :5], after[0, :5])  # the document itself sees the change
     torch.testing.assert_close(before[0, 5:], after[0, 5:], atol=0, rtol=0)  # its neighbours do not
     torch.testing.assert_close(before[1], after[1], atol=0, rtol=0)
@@ -115,8 +119,10 @@ def test_packed_documents_do_not_attend_to_each_other(fused_sdpa):
 def test_fused_sdpa_runs_in_the_training_dtype(fused_sdpa):
     q, k, v = _qkv()  # fp32, as rotary embeddings can leave them under autocast
     with torch.autocast("cpu", dtype=torch.bfloat16):
-        out = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0)
-        upcast = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, upcast=True)
+        out = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, kernel=attention.fused_sdpa())
+        upcast = fused_packed_attention(
+            q, k, v, LENGTHS, scaling=None, dropout=0.0, upcast=True, kernel=attention.fused_sdpa()
+        )
     assert [c["dtype"] for c in fused_sdpa.calls] == [torch.bfloat16, torch.float32]  # fp32 only where asked
     assert fused_sdpa.calls[0]["mask"].dtype == torch.bfloat16
     torch.testing.assert_close(out.float(), _reference(q, k, v), atol=2e-2, rtol=2e-2)
@@ -126,10 +132,32 @@ def test_fused_sdpa_runs_in_the_training_dtype(fused_sdpa):
 def test_without_fused_sdpa_torch_sdpa_runs_with_one_warning(no_fused_sdpa, caplog):
     q, k, v = _qkv()
     with caplog.at_level(logging.WARNING, logger="kubetune"):
-        outs = [fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0) for _ in range(2)]
+        outs = [
+            fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, kernel=attention.fused_sdpa())
+            for _ in range(2)
+        ]
     warnings = [r.getMessage() for r in caplog.records if "FusedSDPA" in r.getMessage()]
     assert len(warnings) == 1 and "FusedSDPA is missing" in warnings[0] and "torch SDPA" in warnings[0]
     torch.testing.assert_close(outs[1], _reference(q, k, v), atol=1e-5, rtol=1e-5)
+
+
+def test_on_cuda_torch_sdpa_takes_whole_rows_and_matches_the_per_sample_gradients(caplog):
+    """CUDA's path: no Habana kernel, one masked torch SDPA call; forward and gradients are
+    the per-sample loop's, and nothing warns about a missing FusedSDPA."""
+    attention.block_causal_mask.cache_clear()
+    q, k, v = (x.requires_grad_() for x in _qkv())
+    with caplog.at_level(logging.WARNING, logger="kubetune"):
+        out = fused_packed_attention(q, k, v, LENGTHS, scaling=None, dropout=0.0, kernel=None)
+    out.square().sum().backward()
+    grads = [x.grad.clone() for x in (q, k, v)]
+    for x in (q, k, v):
+        x.grad = None
+    reference = _reference(q, k, v)
+    reference.square().sum().backward()
+    torch.testing.assert_close(out, reference, atol=1e-5, rtol=1e-5)
+    for got, want in zip(grads, (q.grad, k.grad, v.grad), strict=True):
+        torch.testing.assert_close(got, want, atol=1e-5, rtol=1e-5)
+    assert not [r for r in caplog.records if "FusedSDPA" in r.getMessage()]
 
 
 # --- batches of static shapes ------------------------------------------------------------

@@ -13,11 +13,15 @@ The segment lengths reach this function through the keyword `kubetune_seqlens`: 
 forwards unknown keyword arguments from the model's forward down to the attention function.
 Without it (generation, plain batches) the stock SDPA path runs.
 
-On Gaudi the per-sample loop is the wrong shape of work: every batch would be a new graph
-(lazy and graph mode compile one per shape), and each slice a small kernel launch. There
-the whole row goes through Habana's fused SDPA in one call, with a block-diagonal causal
-mask that keeps samples apart; the Batcher pads rows to a few static lengths on HPU
-(`kubetune.data.packing.shape_buckets`) so that the same graphs run every step.
+On an accelerator the per-sample loop is the wrong shape of work: each slice is a small
+kernel launch (dozens per layer), and on Gaudi every batch would also be a new graph (lazy
+and graph mode compile one per shape). There the whole row goes through one SDPA call with a
+block-diagonal causal mask that keeps samples apart: Habana's fused SDPA on Gaudi, torch's
+(its memory-efficient kernel takes the mask) on CUDA. The mask costs T^2 scores per row, a
+small share of a step at these row lengths next to the projections; flash-attention's
+varlen kernel would skip the masked blocks (`bench/train/attention_gpu.py` compares them).
+The Batcher pads rows to a few static lengths on HPU (`kubetune.data.packing.shape_buckets`)
+so that the same graphs run every step.
 """
 
 from __future__ import annotations
@@ -152,16 +156,17 @@ def fused_packed_attention(
     dropout: float,
     upcast: bool = False,
     prefixes: list[int] | None = None,
+    kernel: Any | None = None,
 ) -> torch.Tensor:
     """Causal attention of packed samples, each with itself (and its prefix segment, if any), in
-    one fused call over whole rows (Gaudi): [B, H, T, D] x3 -> [B, T, H, D], in the compute
-    dtype (fp32 with `upcast`, the recipe's model.packed_attention=fp32)."""
+    one call over whole rows (accelerators): [B, H, T, D] x3 -> [B, T, H, D], in the compute
+    dtype (fp32 with `upcast`, the recipe's model.packed_attention=fp32). `kernel` is Habana's
+    FusedSDPA (`fused_sdpa()`); without it torch's SDPA runs."""
     b, h, t, _ = query.shape
     dtype = torch.float32 if upcast else compute_dtype(query)
     key, value = expand_kv_heads(key, value, h)
     query, key, value = (x.to(dtype) for x in (query, key, value))
     mask = block_causal_mask(tuple(lengths), b, t, dtype, query.device, tuple(prefixes or ()))
-    kernel = fused_sdpa()
     with torch.autocast(query.device.type, enabled=False):  # the dtype chosen above, not autocast's list
         if kernel is None:
             out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, dropout_p=dropout, scale=scaling)
@@ -196,8 +201,9 @@ def _packed_forward(upcast: bool) -> Any:
             )
         p = dropout if module.training else 0.0
         prefixes = kwargs.get(PREFIXES_KWARG)
-        if on_hpu(query):
-            return fused_packed_attention(query, key, value, lengths, scaling, p, upcast, prefixes), None
+        if on_hpu(query) or query.device.type == "cuda":  # whole rows in one call (module docstring)
+            kernel = fused_sdpa() if on_hpu(query) else None
+            return fused_packed_attention(query, key, value, lengths, scaling, p, upcast, prefixes, kernel), None
         return per_sample_attention(query, key, value, lengths, scaling, p, upcast, prefixes), None
 
     return forward
