@@ -5,9 +5,17 @@ import pytest
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from kubetune.models.finetune import head_loss
-from kubetune.models.lm_loss import target_cross_entropy
+from kubetune.models.lm_loss import (
+    ACCELERATOR_CHUNK_LOGITS,
+    CHUNK_ROWS,
+    VOCAB_SLICE,
+    head_geometry,
+    sample_logprobs,
+    target_cross_entropy,
+)
 
 
 def reference(hidden, weight, targets):
@@ -127,3 +135,57 @@ def test_static_shapes_weigh_ignored_rows_zero_and_equal_the_selected_targets(tr
     torch.testing.assert_close(
         head_loss(biased, hidden, targets, static_shapes=True), selected.detach(), rtol=1e-5, atol=1e-4
     )
+
+
+class _Ops(TorchDispatchMode):
+    """Records the name of every aten operator that runs under it."""
+
+    def __init__(self):
+        super().__init__()
+        self.names = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        self.names.append(func._schema.name)
+        return func(*args, **(kwargs or {}))
+
+
+# operators whose result the host must wait for on an accelerator
+HOST_WAITS = {"aten::nonzero", "aten::_local_scalar_dense", "aten::masked_select", "aten::item"}
+
+
+@pytest.mark.parametrize("preference", [False, True])
+def test_the_head_never_makes_the_host_wait_for_the_device(preference):
+    """Forward and backward of the chunked head in several slices: no operator whose output size
+    or value the host needs (on a GPU each would stall the queue of launches)."""
+    hidden, weight, targets = inputs()
+    hidden.requires_grad_()
+    with _Ops() as ops:
+        if preference:
+            samples = torch.arange(len(targets)) % 5
+            out = sample_logprobs(hidden, weight, targets, samples, 5, chunk_rows=8, vocab_slice=16).sum()
+        else:
+            out = target_cross_entropy(hidden, weight, targets, chunk_rows=8, vocab_slice=16)
+        out.backward()
+    assert "aten::mm" in ops.names or "aten::addmm" in ops.names  # the recorder saw the head's work
+    assert not HOST_WAITS & set(ops.names), sorted(HOST_WAITS & set(ops.names))
+
+
+def test_the_head_is_cache_sized_on_a_cpu_and_few_launches_elsewhere():
+    assert head_geometry(torch.device("cpu"), 49152) == (CHUNK_ROWS, VOCAB_SLICE)
+    rows, width = head_geometry(torch.device("cuda", 0), 49152)
+    assert width == 49152 and rows * width <= ACCELERATOR_CHUNK_LOGITS and rows >= 4096  # a micro-batch in one chunk
+    rows, width = head_geometry(torch.device("hpu"), 128256)  # Llama 3's vocabulary
+    assert width == 128256 and rows == ACCELERATOR_CHUNK_LOGITS // 128256
+    assert head_geometry(torch.device("cuda"), 10**9)[0] == CHUNK_ROWS  # a floor, however wide the head
+
+
+def test_the_accelerator_geometry_equals_the_plain_head_on_any_device():
+    """One slice of the whole vocabulary and one chunk (what a GPU runs), checked on the CPU."""
+    hidden, weight, targets = inputs(n=300, v=257)
+    h1, h2 = hidden.clone().requires_grad_(), hidden.clone().requires_grad_()
+    ours = target_cross_entropy(h1, weight, targets, chunk_rows=4096, vocab_slice=257)
+    ref = reference(h2, weight, targets)
+    ours.backward()
+    ref.backward()
+    torch.testing.assert_close(ours, ref, rtol=1e-5, atol=1e-4)
+    torch.testing.assert_close(h1.grad, h2.grad, rtol=1e-5, atol=1e-6)

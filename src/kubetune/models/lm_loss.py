@@ -18,6 +18,14 @@ softmax is put together from the slices' maxima and sums, as flash attention put
 its rows. The gradient pass then scales each slice and multiplies it back into the hidden
 states' gradient, again a slice at a time. Against the whole chunk at once this writes the
 logits once instead of three times and never allocates a temporary of the chunk's size.
+
+Those sizes are a CPU's (`head_geometry`). On an accelerator every operation of every slice
+is a kernel launch, and a micro-batch of CPU-sized pieces is thousands of them: the host, not
+the GPU, set the pace of a step there (BENCHMARKS.md, "A ~1B Llama on an NVIDIA H200"). There
+a chunk holds up to 2^28 logits and a slice is the whole vocabulary, so that a micro-batch is
+a handful of launches; the memory is still one chunk's logits. Nothing here waits for the
+device: a slice picks its targets' logits and subtracts their one-hot by gather and scatter
+under a mask, not by looking up which rows it holds.
 """
 
 from __future__ import annotations
@@ -32,6 +40,15 @@ CHUNK_ROWS = 256  # 256 x 49,152 fp32 logits: 50 MB per chunk
 # still in cache: the head's matmul writes less at a time, and the softmax passes read and write
 # a slice instead of the whole chunk (bench/experiments/head_loss_parts.py times the choice).
 VOCAB_SLICE = 2048
+ACCELERATOR_CHUNK_LOGITS = 2**28  # fp32 logits of one chunk off the CPU: 1 GiB
+
+
+def head_geometry(device: torch.device, vocab: int) -> tuple[int, int]:
+    """(rows per chunk, vocabulary slice) of the chunked head on `device` (module docstring):
+    cache-sized on a CPU; on an accelerator few launches, the whole vocabulary per slice."""
+    if device.type == "cpu":
+        return CHUNK_ROWS, VOCAB_SLICE
+    return max(CHUNK_ROWS, ACCELERATOR_CHUNK_LOGITS // max(vocab, 1)), max(vocab, 1)
 
 
 class _SlicedSoftmax:
@@ -43,14 +60,15 @@ class _SlicedSoftmax:
         self, h: torch.Tensor, parts: tuple[torch.Tensor, ...], targets: torch.Tensor, entropy: bool = False
     ) -> None:
         width = parts[0].shape[0]
-        self.parts, self.slice_of, self.column = parts, targets // width, targets % width
-        self.picked = torch.empty(len(h), dtype=torch.float32, device=h.device)
+        self.parts, self.slice_of, column = parts, targets // width, targets % width
+        # each slice's target column per row (clamped into a shorter last slice; masked out there)
+        self.columns = [column.clamp(max=len(part) - 1)[:, None] for part in parts]
+        self.picked = torch.zeros(len(h), dtype=torch.float32, device=h.device)
         self.exps: list[torch.Tensor] = []
         maxes, sums, plogp = [], [], []
         for s, part in enumerate(parts):
             logits = (h @ part.t()).float()
-            hit = self.hits(s)
-            self.picked[hit] = logits[hit, self.column[hit]]
+            self.picked = torch.where(self.holds(s), logits.gather(1, self.columns[s]).squeeze(1), self.picked)
             top = logits.amax(dim=-1)
             exp = logits.sub_(top[:, None]).exp_()
             maxes.append(top)
@@ -68,9 +86,9 @@ class _SlicedSoftmax:
             inner = (torch.stack(plogp) + torch.stack(sums) * top_all) * self.scale
             self.entropy = self.lse - inner.sum(dim=0)
 
-    def hits(self, s: int) -> torch.Tensor:
-        """The rows whose target lies in slice s."""
-        return (self.slice_of == s).nonzero().squeeze(1)
+    def holds(self, s: int) -> torch.Tensor:
+        """[rows] bool: the rows whose target lies in slice s."""
+        return self.slice_of == s
 
     def grad_slices(
         self, compute: torch.dtype, row_scale: torch.Tensor | None = None
@@ -81,8 +99,9 @@ class _SlicedSoftmax:
         for s, part in enumerate(self.parts):
             coef = self.scale[s] if row_scale is None else self.scale[s] * row_scale
             grad = self.exps[s].mul_(coef[:, None])
-            hit = self.hits(s)
-            grad[hit, self.column[hit]] -= 1.0 if row_scale is None else row_scale[hit]
+            one_hot = self.holds(s).to(grad.dtype) if row_scale is None else self.holds(s) * row_scale
+            # adds -0.0 where the target lies in another slice: those entries stay exactly as they are
+            grad.scatter_add_(1, self.columns[s], one_hot.neg_()[:, None])
             yield start, part, grad.to(compute)
             start += len(part)
 
@@ -106,13 +125,21 @@ class _SlicedSoftmax:
         return out
 
 
+def _geometry(
+    hidden: torch.Tensor, weight: torch.Tensor, chunk_rows: int | None, vocab_slice: int | None
+) -> tuple[int, int]:
+    """The caller's chunk rows and vocabulary slice, `head_geometry`'s where it gave none."""
+    rows, width = head_geometry(hidden.device, weight.shape[0])
+    return chunk_rows or rows, vocab_slice or width
+
+
 def target_cross_entropy(
     hidden: torch.Tensor,
     weight: torch.Tensor,
     targets: torch.Tensor,
-    chunk_rows: int = CHUNK_ROWS,
+    chunk_rows: int | None = None,
     ignore_index: int | None = None,
-    vocab_slice: int = VOCAB_SLICE,
+    vocab_slice: int | None = None,
 ) -> torch.Tensor:
     """Summed cross-entropy of `hidden` [N, H] through the head `weight` [V, H] against
     `targets` [N]: every row is a target (select them before), or, with `ignore_index`, rows
@@ -121,6 +148,7 @@ def target_cross_entropy(
     device_type = hidden.device.type
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    chunk_rows, vocab_slice = _geometry(hidden, weight, chunk_rows, vocab_slice)
     loss: torch.Tensor = _ChunkedHeadLoss.apply(
         hidden, weight, targets, compute, chunk_rows, with_grad, ignore_index, vocab_slice
     )
@@ -175,9 +203,9 @@ def sample_logprobs(
     targets: torch.Tensor,
     samples: torch.Tensor,
     n_samples: int,
-    chunk_rows: int = CHUNK_ROWS,
+    chunk_rows: int | None = None,
     entropy: torch.Tensor | None = None,
-    vocab_slice: int = VOCAB_SLICE,
+    vocab_slice: int | None = None,
 ) -> torch.Tensor:
     """Summed target log-probabilities per sample [n_samples] (fp32) of `hidden` [N, H]
     through the head `weight` [V, H]: row i adds log p(targets[i]) to sample `samples[i]`;
@@ -196,6 +224,7 @@ def sample_logprobs(
     device_type = hidden.device.type
     compute = torch.get_autocast_dtype(device_type) if torch.is_autocast_enabled(device_type) else hidden.dtype
     with_grad = torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad)
+    chunk_rows, vocab_slice = _geometry(hidden, weight, chunk_rows, vocab_slice)
     logps: torch.Tensor = _ChunkedHeadLogps.apply(
         hidden, weight, targets, samples, n_samples, compute, chunk_rows, with_grad, entropy, vocab_slice
     )
