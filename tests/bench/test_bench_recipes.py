@@ -22,8 +22,10 @@ def test_train_vs_hf_kubetune_arms_load(tmp_path):
 
 def test_lora_1b_kubetune_arm_loads(tmp_path):
     bench = load_bench("train/lora_1b")
-    args = argparse.Namespace(steps=3, rows=2, device="cpu")
+    data = tmp_path / "train.jsonl"  # --data: a copy of the flashcards (an offline GPU box's)
+    args = argparse.Namespace(steps=3, rows=2, device="cpu", data=str(data))
     recipe = load_recipe(None, bench.kubetune_overrides(tmp_path / "model", args, str(tmp_path))).recipe
+    assert recipe.data.train == str(data)
     assert recipe.data.eval is None
     assert (recipe.lora.r, recipe.lora.target_modules) == (16, "all-linear")
 
