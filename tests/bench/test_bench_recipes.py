@@ -33,3 +33,21 @@ def test_lora_1b_kubetune_arm_loads(tmp_path):
 @pytest.mark.parametrize(("bf16", "expected"), [(0.3e9, "fp32"), (40e9, "bf16")])
 def test_lora_1b_runs_hf_in_fp32_only_where_bf16_has_no_units(bf16, expected):
     assert load_bench("train/lora_1b").hf_precision({"fp32": 135e9, "bf16": bf16}) == expected
+
+
+def test_attention_gpu_candidates_fill_the_rows_and_agree_on_a_cpu():
+    """bench/train/attention_gpu.py's rows are full and its CPU-runnable kernels agree with the
+    per-sample loop (varlen is CUDA's alone and is not offered here)."""
+    import torch
+
+    bench = load_bench("train/attention_gpu")
+    lengths = bench.packed_lengths(rows=3, seq=128)
+    assert sum(lengths) == 3 * 128 and all(n > 0 for n in lengths)
+    fns = bench.candidates("cpu")
+    assert "flash varlen" not in fns
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(3, bench.HEADS, 128, 8, generator=g)
+    k, v = (torch.randn(3, bench.KV_HEADS, 128, 8, generator=g) for _ in range(2))
+    reference = fns["per-sample loop"](q, k, v, lengths)
+    torch.testing.assert_close(fns["one masked call"](q, k, v, lengths), reference, atol=1e-5, rtol=1e-5)
+    assert reference.shape == fns["causal SDPA, no packing mask (floor)"](q, k, v, lengths).shape
