@@ -209,3 +209,22 @@ def test_padding_to_a_bucket_leaves_the_loss_unchanged(flashcards, tiny_model_di
         on_gaudi = loss(padded.input_ids, padded.position_ids, padded.targets, padded.cu_seqlens)
     assert len(fused_sdpa.calls) == lm.config.num_hidden_layers  # every layer went through the kernel
     torch.testing.assert_close(on_gaudi, reference, atol=1e-4, rtol=1e-5)
+
+
+def test_cuda_takes_whole_rows_until_the_mask_would_pass_a_gibibyte():
+    """The dispatch's size rule, on meta tensors of a CUDA batch's shapes: 8 rows of 512 tokens
+    in bf16 take one masked call; 4 rows of 32k tokens (an 8 GiB mask) keep the per-sample loop;
+    a CPU batch never takes whole rows."""
+
+    def batch(b, t, device="meta"):
+        return torch.empty(b, 32, t, 64, dtype=torch.bfloat16, device=device)
+
+    class OnCuda(torch.Tensor):  # the shape and dtype of a meta tensor, the device type of CUDA's
+        @property
+        def device(self):
+            return torch.device("cuda", 0)
+
+    assert attention.whole_rows_on_cuda(batch(8, 512).as_subclass(OnCuda))
+    assert attention.whole_rows_on_cuda(batch(2, 16384).as_subclass(OnCuda))  # exactly 1 GiB
+    assert not attention.whole_rows_on_cuda(batch(4, 32768).as_subclass(OnCuda))
+    assert not attention.whole_rows_on_cuda(batch(8, 512, device="cpu"))

@@ -20,6 +20,7 @@ block-diagonal causal mask that keeps samples apart: Habana's fused SDPA on Gaud
 (its memory-efficient kernel takes the mask) on CUDA. The mask costs T^2 scores per row, a
 small share of a step at these row lengths next to the projections; flash-attention's
 varlen kernel would skip the masked blocks (`bench/train/attention_gpu.py` compares them).
+Rows so long that the micro-batch's mask would pass 1 GiB keep the per-sample loop on CUDA.
 The Batcher pads rows to a few static lengths on HPU (`kubetune.data.packing.shape_buckets`)
 so that the same graphs run every step.
 """
@@ -99,6 +100,17 @@ def expand_kv_heads(key: torch.Tensor, value: torch.Tensor, heads: int) -> tuple
     if key.shape[1] == heads:
         return key, value
     return key.repeat_interleave(heads // key.shape[1], dim=1), value.repeat_interleave(heads // value.shape[1], dim=1)
+
+
+# the largest block-diagonal mask (bytes, all rows of a micro-batch) CUDA builds; longer rows
+# keep the per-sample loop, whose cost follows the samples rather than the row's T^2
+CUDA_MASK_BYTES = 2**30
+
+
+def whole_rows_on_cuda(query: torch.Tensor) -> bool:
+    """Whether a CUDA batch [B, H, T, D] takes one masked call over whole rows."""
+    b, _, t, _ = query.shape
+    return query.device.type == "cuda" and b * t * t * query.element_size() <= CUDA_MASK_BYTES
 
 
 def on_hpu(x: torch.Tensor) -> bool:
@@ -201,7 +213,7 @@ def _packed_forward(upcast: bool) -> Any:
             )
         p = dropout if module.training else 0.0
         prefixes = kwargs.get(PREFIXES_KWARG)
-        if on_hpu(query) or query.device.type == "cuda":  # whole rows in one call (module docstring)
+        if on_hpu(query) or whole_rows_on_cuda(query):  # one call over whole rows (module docstring)
             kernel = fused_sdpa() if on_hpu(query) else None
             return fused_packed_attention(query, key, value, lengths, scaling, p, upcast, prefixes, kernel), None
         return per_sample_attention(query, key, value, lengths, scaling, p, upcast, prefixes), None
