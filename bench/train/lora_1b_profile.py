@@ -1,7 +1,9 @@
 """Where a kubetune LoRA step on the ~1B Llama of lora_1b.py goes on a GPU: a steady run's
 per-step figures from its metrics.jsonl, then torch's profiler over a whole short run.
 
-The profiled run includes set-up (loading, moving the weights to the device: the pageable
+`--compile` runs the steady run with `train.compile=true` (regional compile of each layer's
+MLP and norms; its per-step figures, after the compile, are what `train.compile=auto` would
+weigh). The profiled run includes set-up (loading, moving the weights to the device: the pageable
 host-to-device copies), since `kubetune train` has no profiler hook; its per-step share is
 what remains after those. Tables: operators by self CUDA time and by self CPU time.
 
@@ -28,27 +30,35 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=90, help="steps of the steady (unprofiled) run")
     p.add_argument("--profiled-steps", type=int, default=8)
     p.add_argument("--rows", type=int, default=8)
+    p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
+    p.add_argument("--compile", action="store_true", help="the steady run with train.compile=true")
+    p.add_argument("--no-profile", action="store_true", help="the steady run only")
     args = p.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
     from kubetune.training.run import train_from_recipe
 
     model = lora_1b.make_model(Path(tempfile.mkdtemp()), args.tokenizer)
-    run = argparse.Namespace(steps=args.steps, rows=args.rows, data=args.data, device="cuda")
+    run = argparse.Namespace(steps=args.steps, rows=args.rows, data=args.data, device=args.device)
     tmp = tempfile.mkdtemp()
     overrides = [o for o in lora_1b.kubetune_overrides(model, run, tmp) if not o.startswith("train.log_every")]
-    summary = train_from_recipe(None, [*overrides, "train.log_every=5"])
+    compiled = ["train.compile=true"] if args.compile else []
+    summary = train_from_recipe(None, [*overrides, "train.log_every=5", *compiled])
     assert summary is not None
-    print(f"steady run: {summary.tokens_per_s} tokens/s over {summary.train_tokens} tokens")
+    mode = "compiled" if args.compile else "eager"
+    print(f"steady run ({mode}): {summary.tokens_per_s} tokens/s over {summary.train_tokens} tokens")
     for line in Path(tmp, "run", "metrics.jsonl").read_text().splitlines()[-4:]:
         print(line)
+    if args.no_profile:
+        return
     run.steps = args.profiled_steps
     t = time.perf_counter()
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
+    with profile(activities=activities) as prof:
         train_from_recipe(None, lora_1b.kubetune_overrides(model, run, tempfile.mkdtemp()))
     print(f"profiled run (set-up included): {time.perf_counter() - t:.1f} s")
     table = prof.key_averages()
-    for key in ("self_cuda_time_total", "self_cpu_time_total"):
+    for key in ("self_cuda_time_total", "self_cpu_time_total") if args.device == "cuda" else ("self_cpu_time_total",):
         print(table.table(sort_by=key, row_limit=25, max_name_column_width=60))
 
 
