@@ -2,9 +2,11 @@
 no traceback, and nothing written to output_dir. One case through a real CLI process, every
 case through the same `kubetune.cli.main` in this process."""
 
+import importlib.util
 import json
 
 import pytest
+import torch
 
 from tests.kit.cli import run_cli_in_process, run_cli_subprocess
 
@@ -33,6 +35,9 @@ def _cases(tiny_model_dir, qa_file, tmp_path):
         "no target module": (base + ["lora.target_modules=[]"], ["lora.target_modules", "all-linear"]),
         "prompt longer than max_seq_len": (base + ["data.max_seq_len=16"], ["data.max_seq_len=16"]),
         "missing model dir": (base + [f"model.name_or_path={tmp_path}/nomodel"], ["model.name_or_path"]),
+        # the suite runs where torch has no GPU and no Habana bridge (a CUDA box skips these)
+        "no CUDA GPU": (base + ["train.device=cuda"], ["train.device=cuda", "train.device=auto"]),
+        "no Gaudi bridge": (base + ["train.device=hpu"], ["train.device=hpu", "habana_frameworks"]),
     }
 
 
@@ -47,6 +52,8 @@ CASES = [
     "no target module",
     "prompt longer than max_seq_len",
     "missing model dir",
+    *(() if torch.cuda.is_available() else ("no CUDA GPU",)),
+    *(() if importlib.util.find_spec("habana_frameworks") else ("no Gaudi bridge",)),
 ]
 
 

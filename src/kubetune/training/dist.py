@@ -22,6 +22,8 @@ from typing import Any
 import torch
 import torch.distributed as torch_dist
 
+from kubetune.errors import RecipeError
+
 
 @dataclass
 class DistEnv:
@@ -48,14 +50,42 @@ def pick_device(name: str, local_rank: int) -> torch.device:
             name = "hpu"
         else:
             name = "cpu"
+    check_device(name, local_rank)
     if name == "cuda":
         torch.cuda.set_device(local_rank)
         return torch.device("cuda", local_rank)
     if name == "hpu":
-        import habana_frameworks.torch.core  # noqa: F401  (registers the device)
-
         return torch.device("hpu")
     return torch.device("cpu")
+
+
+def check_device(name: str, local_rank: int = 0) -> None:
+    """A recipe's train.device that this process cannot use is bad input: one line (RecipeError)
+    before anything starts, instead of torch's traceback at the first call."""
+    if name == "cuda":
+        _check_cuda(local_rank)
+    elif name == "hpu":
+        try:
+            import habana_frameworks.torch.core  # noqa: F401  (registers the device)
+        except ImportError:
+            raise RecipeError(
+                "train.device=hpu: Habana's PyTorch bridge (habana_frameworks) is not installed here; "
+                "run in Intel's Gaudi image, or set train.device=auto"
+            ) from None
+
+
+def _check_cuda(local_rank: int) -> None:
+    if not torch.cuda.is_available():
+        build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+        raise RecipeError(
+            f"train.device=cuda: torch sees no CUDA GPU here (torch {torch.__version__}, {build}); "
+            "set train.device=auto or cpu, or run where a GPU and a CUDA build of torch are"
+        )
+    if local_rank >= torch.cuda.device_count():
+        raise RecipeError(
+            f"train.device=cuda: local rank {local_rank} has no GPU (this machine has "
+            f"{torch.cuda.device_count()}); start at most that many processes per node"
+        )
 
 
 def _hpu_available() -> bool:

@@ -72,8 +72,10 @@ def plan_processes(recipe_arg: str | None, overrides: list[str], remeasure: bool
     """One process, or one per core where that measures faster and the batch splits evenly."""
     from kubetune.recipe import load_recipe
     from kubetune.recipe.layout import grad_accum_for
+    from kubetune.training.dist import check_device
 
     recipe = load_recipe(recipe_arg, overrides).recipe
+    check_device(recipe.train.device)  # a named device this machine lacks: one line, not a plan
     fixed = _fixed_reason(recipe)
     if fixed:
         return ProcessPlan(1, why=fixed)
