@@ -100,7 +100,7 @@ class _SlicedSoftmax:
             coef = self.scale[s] if row_scale is None else self.scale[s] * row_scale
             grad = self.exps[s].mul_(coef[:, None])
             one_hot = self.holds(s).to(grad.dtype) if row_scale is None else self.holds(s) * row_scale
-            # adds -0.0 where the target lies in another slice: those entries stay exactly as they are
+            # adds a zero where the target lies in another slice: those entries keep their values
             grad.scatter_add_(1, self.columns[s], one_hot.neg_()[:, None])
             yield start, part, grad.to(compute)
             start += len(part)
