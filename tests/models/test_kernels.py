@@ -254,10 +254,23 @@ def test_attention_is_probed_later_when_a_recipe_asks_for_half_precision(cache, 
     assert kernels.choose("bf16", "auto", SHAPES, torch.device("cpu")).cached
 
 
-def test_nothing_to_probe_when_the_recipe_says(cache):
+def test_nothing_to_probe_when_the_recipe_says(cache, monkeypatch):
+    monkeypatch.setattr(measure, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
     assert kernels.choose("fp32", "auto", SHAPES, torch.device("cpu")) == KernelPlan("fp32", "fp32")
     assert kernels.choose("bf16", "native", SHAPES, torch.device("cpu")) == KernelPlan("bf16", "native")
     assert not cache.exists()
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp16"])
+def test_a_half_precision_set_by_hand_without_its_units_says_so_in_the_kernels_line(cache, monkeypatch, precision):
+    monkeypatch.setattr(measure, "cpu_flags", lambda: frozenset({"avx2", "fma"}))  # an AVX2-only CPU
+    plan = kernels.choose(precision, "native", SHAPES, torch.device("cpu"))
+    assert plan.precision == precision  # the recipe's word stands
+    line = plan.describe()
+    assert f"{precision} as set" in line and "slow here" in line and "precision=auto" in line
+    monkeypatch.setattr(measure, "cpu_flags", lambda: frozenset({"avx2", "amx_bf16", "amx_fp16"}))
+    assert kernels.choose(precision, "native", SHAPES, torch.device("cpu")).evidence == ()
+    assert kernels.choose("fp32", "native", SHAPES, torch.device("cpu")).evidence == ()
 
 
 def test_both_attention_kernels_compute_the_same_attention():

@@ -38,6 +38,7 @@ log = logging.getLogger("kubetune")
 PROBE_ROWS = 256  # tokens per probe matmul: large enough to reach the kernel's steady speed
 BF16_MARGIN = 0.9  # bf16 changes the numerics: choose it only when clearly faster (<= 90% of fp32)
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU units that make bf16 matmuls fast
+FP16_FLAGS = ("amx_fp16", "avx512_fp16")  # and fp16 ones
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,7 @@ def choose(
     if device.type != "cpu":
         return _accelerator_plan(precision, attention, device)
     decisions: list[Decision] = []
+    warning = None if precision == "auto" else slow_half_warning(precision)
     if precision == "auto":
         decisions.append(_settle(precision_question(shapes), lambda: matmul_workloads(shapes), clock, remeasure))
         precision = decisions[-1].choice
@@ -91,7 +93,16 @@ def choose(
         q = attention_question(shapes, dtype)
         decisions.append(_settle(q, lambda: attention_workloads(shapes, dtype), clock, remeasure))
         attention = decisions[-1].choice
-    return _plan(precision, attention, decisions)
+    return _plan(precision, attention, decisions, warning)
+
+
+def slow_half_warning(precision: str) -> str | None:
+    """The phrase for a half precision set by hand on a CPU without its units, where its
+    matmuls take a conversion path many times slower than fp32 (None where it has them)."""
+    flags = {"bf16": BF16_FLAGS, "fp16": FP16_FLAGS}.get(precision)
+    if flags is None or any(f in measure.cpu_flags() for f in flags):
+        return None
+    return f"{precision} as set, on a CPU without {' or '.join(flags)}: slow here; precision=auto measures"
 
 
 def autocast_context(precision: str, device: torch.device) -> AutocastFactory:
@@ -113,8 +124,8 @@ def _settle(q: Question, build: Any, clock: Clock | None, remeasure: bool) -> De
     return measure.settle(q, build, remeasure=remeasure, **kw)
 
 
-def _plan(precision: str, attention: str, decisions: list[Decision]) -> KernelPlan:
-    evidence = tuple(f"{d.question}: {d.describe()}" for d in decisions)
+def _plan(precision: str, attention: str, decisions: list[Decision], warning: str | None = None) -> KernelPlan:
+    evidence = (*((warning,) if warning else ()), *(f"{d.question}: {d.describe()}" for d in decisions))
     return KernelPlan(precision, attention, evidence, cached=bool(decisions) and all(d.cached for d in decisions))
 
 
