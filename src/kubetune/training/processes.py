@@ -221,6 +221,9 @@ def measure_processes(recipe: Any, cores: int, split: tuple[int, int], remeasure
 
         def workloads() -> dict[str, Workload]:  # only when measuring: starting processes costs seconds
             here = layer_workload(spec, lengths)  # first: a bad recipe fails here, in one line
+            # a first decision can take minutes (a slow precision, a large layer): say what runs
+            print(f"kubetune: processes: timing 1 x {cores} threads against {cores} x 1 on a decoder layer "
+                  "(once; the answer is cached)", file=sys.stderr, flush=True)  # fmt: skip
             pool = stack.enter_context(WorkerPool(cores, spec, per_process))
             return {"threads": here, "processes": pool.run}
 
