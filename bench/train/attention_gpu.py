@@ -22,7 +22,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from kubetune.models.attention import fused_packed_attention, per_sample_attention
+from kubetune.models.attention import expand_kv_heads, fused_packed_attention, per_sample_attention
 
 HEADS, KV_HEADS, HEAD_DIM = 32, 4, 64
 
@@ -54,7 +54,7 @@ def varlen_call() -> Callable | None:
         b, h, t, d = q.shape
         cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device=q.device)
         if gqa is None:
-            k, v = (x.repeat_interleave(h // x.shape[1], dim=1) for x in (k, v))
+            k, v = expand_kv_heads(k, v, h)
         flat = [x.transpose(1, 2).reshape(b * t, x.shape[1], d) for x in (q, k, v)]
         out = varlen_attn(*flat, cu, cu, max(lengths), max(lengths), **causal, **(gqa or {}))
         return out.view(b, t, h, d)
@@ -67,7 +67,7 @@ def candidates(device: str) -> dict[str, Callable]:
         "per-sample loop": lambda q, k, v, n: per_sample_attention(q, k, v, n, None, 0.0, upcast=False),
         "one masked call": lambda q, k, v, n: fused_packed_attention(q, k, v, n, None, 0.0, kernel=None),
         "causal SDPA, no packing mask (floor)": lambda q, k, v, n: F.scaled_dot_product_attention(
-            q, k.repeat_interleave(HEADS // KV_HEADS, 1), v.repeat_interleave(HEADS // KV_HEADS, 1), is_causal=True
+            q, *expand_kv_heads(k, v, HEADS), is_causal=True
         ).transpose(1, 2),
     }
     varlen = varlen_call() if device == "cuda" else None  # flash kernels are CUDA's alone

@@ -100,7 +100,7 @@ def slow_half_warning(precision: str) -> str | None:
     """The phrase for a half precision set by hand on a CPU without its units, where its
     matmuls take a conversion path many times slower than fp32 (None where it has them)."""
     flags = {"bf16": BF16_FLAGS, "fp16": FP16_FLAGS}.get(precision)
-    if flags is None or any(f in measure.cpu_flags() for f in flags):
+    if flags is None or _cpu_has_any(flags):
         return None
     return f"{precision} as set, on a CPU without {' or '.join(flags)}: slow here; precision=auto measures"
 
@@ -141,7 +141,11 @@ def _accelerator_plan(precision: str, attention: str, device: torch.device) -> K
 
 def cpu_has_bf16_units() -> bool:
     """AMX or AVX-512-BF16: the flags that predict fast bf16 matmuls (timing decides)."""
-    return any(f in measure.cpu_flags() for f in BF16_FLAGS)
+    return _cpu_has_any(BF16_FLAGS)
+
+
+def _cpu_has_any(flags: tuple[str, ...]) -> bool:
+    return any(f in measure.cpu_flags() for f in flags)
 
 
 def precision_question(shapes: ModelShapes) -> Question:
