@@ -33,6 +33,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
     p.add_argument("--compile", action="store_true", help="the steady run with train.compile=true")
     p.add_argument("--no-profile", action="store_true", help="the steady run only")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override for both runs")
     args = p.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
@@ -43,19 +44,23 @@ def main() -> None:
     tmp = tempfile.mkdtemp()
     overrides = [o for o in lora_1b.kubetune_overrides(model, run, tmp) if not o.startswith("train.log_every")]
     compiled = ["train.compile=true"] if args.compile else []
-    summary = train_from_recipe(None, [*overrides, "train.log_every=5", *compiled])
+    summary = train_from_recipe(None, [*overrides, "train.log_every=5", *compiled, *args.set])
     assert summary is not None
-    mode = "compiled" if args.compile else "eager"
+    mode = " ".join(["compiled" if args.compile else "eager", f"{args.rows} rows", *args.set])
     print(f"steady run ({mode}): {summary.tokens_per_s} tokens/s over {summary.train_tokens} tokens")
     for line in Path(tmp, "run", "metrics.jsonl").read_text().splitlines()[-4:]:
         print(line)
+    if args.device == "cuda":
+        import torch
+
+        print(f"peak CUDA memory allocated: {torch.cuda.max_memory_allocated() / 2**30:.1f} GiB")
     if args.no_profile:
         return
     run.steps = args.profiled_steps
     t = time.perf_counter()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if args.device == "cuda" else [])
     with profile(activities=activities) as prof:
-        train_from_recipe(None, lora_1b.kubetune_overrides(model, run, tempfile.mkdtemp()))
+        train_from_recipe(None, [*lora_1b.kubetune_overrides(model, run, tempfile.mkdtemp()), *args.set])
     print(f"profiled run (set-up included): {time.perf_counter() - t:.1f} s")
     table = prof.key_averages()
     for key in ("self_cuda_time_total", "self_cpu_time_total") if args.device == "cuda" else ("self_cpu_time_total",):
