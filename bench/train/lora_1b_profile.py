@@ -13,6 +13,9 @@ what remains after those. Tables: operators by self CUDA time and by self CPU ti
 from __future__ import annotations
 
 import argparse
+import itertools
+import json
+import statistics
 import sys
 import tempfile
 import time
@@ -21,6 +24,24 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).parent))
 
 import lora_1b  # a sibling script, not a package
+
+
+def print_windows(logged: list[dict]) -> None:
+    """Tokens/s between consecutive logged steps over the run's second half (wall time: data,
+    compute, optimizer and logging), their median and the slowest: a steady figure without
+    set-up's first steps, and the stalls."""
+    pairs = list(itertools.pairwise(logged))[len(logged) // 2 :]
+    rates = [
+        ((a["step"], b["step"]), (b["tokens"] - a["tokens"]) / max(b["elapsed_s"] - a["elapsed_s"], 1e-3))
+        for a, b in pairs
+    ]
+    if not rates:
+        return
+    slowest = sorted(rates, key=lambda r: r[1])[:3]
+    print(
+        f"steady windows: {len(rates)}, median {statistics.median(r for _, r in rates):,.0f} tokens/s; slowest "
+        + ", ".join(f"steps {a}-{b} {r:,.0f}" for (a, b), r in slowest)
+    )
 
 
 def main() -> None:
@@ -33,12 +54,19 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cpu: a smoke run of the script itself")
     p.add_argument("--compile", action="store_true", help="the steady run with train.compile=true")
     p.add_argument("--no-profile", action="store_true", help="the steady run only")
+    p.add_argument(
+        "--no-cudnn-attention", action="store_true", help="SDPA without cuDNN's kernel (its graphs are built per shape)"
+    )
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="a recipe override for both runs")
     args = p.parse_args()
     from torch.profiler import ProfilerActivity, profile
 
     from kubetune.training.run import train_from_recipe
 
+    if args.no_cudnn_attention:
+        import torch
+
+        torch.backends.cuda.enable_cudnn_sdp(False)
     model = lora_1b.make_model(Path(tempfile.mkdtemp()), args.tokenizer)
     run = argparse.Namespace(steps=args.steps, rows=args.rows, data=args.data, device=args.device)
     tmp = tempfile.mkdtemp()
@@ -48,8 +76,10 @@ def main() -> None:
     assert summary is not None
     mode = " ".join(["compiled" if args.compile else "eager", f"{args.rows} rows", *args.set])
     print(f"steady run ({mode}): {summary.tokens_per_s} tokens/s over {summary.train_tokens} tokens")
-    for line in Path(tmp, "run", "metrics.jsonl").read_text().splitlines()[-4:]:
+    metrics = Path(tmp, "run", "metrics.jsonl").read_text().splitlines()
+    for line in metrics[-4:]:
         print(line)
+    print_windows([json.loads(line) for line in metrics if line.startswith('{"step"')])
     if args.device == "cuda":
         import torch
 

@@ -51,3 +51,16 @@ def test_attention_gpu_candidates_fill_the_rows_and_agree_on_a_cpu():
     reference = fns["per-sample loop"](q, k, v, lengths)
     torch.testing.assert_close(fns["one masked call"](q, k, v, lengths), reference, atol=1e-5, rtol=1e-5)
     assert reference.shape == fns["causal SDPA, no packing mask (floor)"](q, k, v, lengths).shape
+
+
+def test_lora_1b_profile_reports_a_stall_among_its_steady_windows(capsys):
+    """The steady figure is a median over the run's second half, and a window that stalled is
+    named among the slowest, not averaged away."""
+    logged, elapsed = [], 0.0
+    for step in range(5, 65, 5):
+        elapsed += 2.5 if step == 45 else 1.0  # steps 40-45 lost 1.5 s
+        logged.append({"step": step, "tokens": step * 1000, "elapsed_s": elapsed})
+    load_bench("train/lora_1b_profile").print_windows(logged)
+    line = capsys.readouterr().out.strip()
+    assert line.startswith("steady windows: 5, median 5,000 tokens/s")
+    assert "slowest steps 40-45 2,000" in line

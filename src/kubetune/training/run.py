@@ -97,6 +97,15 @@ def resume_or_start(parts: TrainParts) -> TrainState:
         parts.run_dir.write_record(parts.recipe_as_given, "running")
     start_tracking(parts, state)
     log.info("%s", describe_run(parts))
+    train = parts.recipe.train
+    if hint := micro_batch_hint(
+        parts.env.device.type,
+        train.micro_batch_size,
+        train.grad_accum,
+        train.global_batch_size is not None,
+        parts.layout.pp > 1 or parts.rl is not None,
+    ):
+        log.info("%s", hint)
     log.info("%s", parts.data.renderer.describe())  # data.template=auto: which one, and why
     log.info("%s", parts.kernels.describe())
     if parts.env.device.type == "cpu":
@@ -298,6 +307,21 @@ def one_step(parts: TrainParts, batches: list[Batch]) -> StepResult:
 def epoch_of(parts: TrainParts, state: TrainState) -> float:
     """Epochs done, with the fraction of the current one (what the logs and the Trainer's lines show)."""
     return state.epoch + state.row / max(1, parts.batcher.usable_rows(state.epoch))
+
+
+def micro_batch_hint(device_type: str, micro: int, accum: int, global_set: bool, scheduled: bool) -> str | None:
+    """On CUDA, a step of several micro-batches where one would compute the same gradient: each
+    micro-batch costs the host the same kernel launches whatever its rows, and small ones leave
+    the GPU waiting (BENCHMARKS.md, "12-04, evening: the H200 again"). Pipeline stages and RL
+    steps use their micro-batches for their schedules, and are left alone."""
+    if device_type != "cuda" or accum == 1 or scheduled:
+        return None
+    rows = micro * accum
+    fix = f"train.micro_batch_size={rows}" + ("" if global_set else " train.grad_accum=1")
+    return (
+        f"micro-batches: {accum} of {micro} rows per step on a GPU, which waits on the host's launches for each; "
+        f"{fix} computes the same step as one, where its activations fit in memory (docs/start-up-choices.md)"
+    )
 
 
 def rows_in_a_step(parts: TrainParts) -> int:
