@@ -253,8 +253,15 @@ def arm_kubetune_cli(args, precision: str) -> dict:
         summary = json.loads((Path(tmp) / "run" / "summary.json").read_text())
     out = _kubetune_result(summary)
     out["peak_rss_mb"] = sum(summary["peak_rss_mb_per_rank"])  # all processes together
-    out["processes"] = next((ln.split("kubetune: ", 1)[1] for ln in res.stderr.splitlines() if "processes:" in ln), "")
+    out["processes"] = processes_choice(res.stderr)
     return out
+
+
+def processes_choice(stderr: str) -> str:
+    """The processes line of a `kubetune train` log: the choice, which comes after the line
+    announcing a first (uncached) timing."""
+    lines = [ln.split("kubetune: ", 1)[1] for ln in stderr.splitlines() if "kubetune: processes:" in ln]
+    return lines[-1] if lines else ""
 
 
 def arm_kubetune(args, precision: str) -> dict:

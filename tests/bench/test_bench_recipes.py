@@ -64,3 +64,14 @@ def test_lora_1b_profile_reports_a_stall_among_its_steady_windows(capsys):
     line = capsys.readouterr().out.strip()
     assert line.startswith("steady windows: 5, median 5,000 tokens/s")
     assert "slowest steps 40-45 2,000" in line
+
+
+def test_train_vs_hf_reports_the_processes_choice_not_the_timing_announcement():
+    log = (
+        "kubetune: processes: timing 1 x 2 threads against 2 x 1 on a decoder layer (once; the answer is cached)\n"
+        "kubetune: processes: 2 x 1 thread each (processes 139.0 ms vs threads 182.4 ms per 1k tokens, 7 rounds)\n"
+        "kubetune: kernels: precision=fp32, attention=fp32\n"
+    )
+    choice = load_bench("train/train_vs_hf").processes_choice(log)
+    assert choice.startswith("processes: 2 x 1 thread each")
+    assert load_bench("train/train_vs_hf").processes_choice("kubetune: kernels: precision=fp32\n") == ""
