@@ -1,5 +1,7 @@
 """Packed rows must give each sample exactly the logits it gets alone."""
 
+import functools
+
 import torch
 
 from kubetune.data import Batcher
@@ -95,3 +97,63 @@ def alone_logp(model, ids, trainable) -> torch.Tensor:
     logps = model(input_ids=ids_t[None]).logits[0, :-1].log_softmax(-1)
     picked = logps.gather(-1, ids_t[1:, None])[:, 0]
     return picked[torch.as_tensor(trainable[1:])].sum()
+
+
+def test_a_flat_micro_batch_is_the_same_batch_without_padding(tiny_model_dir, tokenizer):
+    """A CPU's micro-batch (`flat`): its rows end to end as one row, with no padding, and the
+    same summed loss and gradients as the rows padded to the longest."""
+    torch.manual_seed(0)
+    model = load_causal_lm(str(tiny_model_dir), torch.float32, register())
+    rows = [{"instruction": "Q", "input": f"item {i} " * (1 + i), "output": "yes " * (3 + 5 * i)} for i in range(8)]
+    data = tokenize_rows(rows, PromptRenderer("chat", tokenizer), tokenizer, 96, True)
+    batcher = functools.partial(
+        Batcher, data, max_seq_len=96, micro_batch_size=3, packing=True, seed=0, pad_id=tokenizer.pad_token_id
+    )
+    padded, _ = batcher().micro_batch(0, 0)
+    flat, _ = batcher(flat=True).micro_batch(0, 0)
+    assert padded.input_ids.numel() > padded.real_tokens, "the test needs rows of different lengths"
+    assert flat.input_ids.shape == (1, flat.real_tokens) and flat.real_tokens == padded.real_tokens
+    assert flat.target_tokens == padded.target_tokens
+    loss = TargetLoss(model, model)
+    grads = []
+    for b in (padded, flat):
+        model.zero_grad()
+        value = loss(b.input_ids, b.position_ids, b.targets, b.cu_seqlens)
+        value.backward()
+        grads.append((value.detach(), [p.grad.clone() for p in model.parameters() if p.grad is not None]))
+    torch.testing.assert_close(grads[0][0], grads[1][0], atol=1e-4, rtol=1e-5)
+    for a, b in zip(grads[0][1], grads[1][1], strict=True):
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=1e-4)
+
+
+def test_flat_rows_only_on_a_cpu_without_pipeline_stages():
+    from kubetune.data.packing import flat_rows
+
+    assert flat_rows("cpu", 1)
+    assert not flat_rows("cpu", 2) and not flat_rows("cuda", 1) and not flat_rows("hpu", 1)
+
+
+def test_a_flat_pair_micro_batch_scores_every_sequence_as_the_padded_one(tokenizer, tiny_model_dir):
+    model = load_causal_lm(str(tiny_model_dir), torch.float32, register()).eval()
+    rows = [
+        {"instruction": "Q", "input": f"item {i} " * (1 + i), "chosen": "yes " * (3 + 2 * i), "rejected": "no"}
+        for i in range(6)
+    ]
+    pairs = map_pair_columns(rows, ColumnsSection(), "data.train")
+    data = tokenize_pairs(pairs, PromptRenderer("chat", tokenizer), tokenizer, 64, True)
+    batcher = functools.partial(
+        Batcher, data, max_seq_len=64, micro_batch_size=2, packing=True, seed=0, pad_id=tokenizer.pad_token_id
+    )
+    padded, _ = batcher().micro_batch(0, 0)
+    flat, _ = batcher(flat=True).micro_batch(0, 0)
+    assert padded.input_ids.shape[0] == 2 and flat.input_ids.shape == (1, flat.real_tokens)
+    assert flat.pair_ids is not None and padded.pair_ids is not None
+    assert flat.pair_ids.tolist() == padded.pair_ids.tolist()
+    loss = TargetLoss(model, model)
+    with torch.no_grad():
+        torch.testing.assert_close(
+            sample_logps(loss, flat, flat.cu_seqlens),
+            sample_logps(loss, padded, padded.cu_seqlens),
+            atol=1e-4,
+            rtol=1e-5,
+        )

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from kubetune.data import Batcher, PreparedData, prepare_data
-from kubetune.data.packing import static_shapes
+from kubetune.data.packing import flat_rows, static_shapes
 from kubetune.data.tokenize import TokenizedData
 from kubetune.errors import DataError, RunDirError
 from kubetune.models.attention import seqlens_from_cu
@@ -264,6 +264,7 @@ def train_batcher(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layou
         dp_rank=layout.data_parallel_rank,
         dp_size=layout.data_parallel_size,
         buckets=static_shapes(device_type, recipe.data.max_seq_len),
+        flat=flat_rows(device_type, layout.pp),
     )
     if batcher.micro_batches_left(0, 0) == 0:
         raise DataError(
@@ -302,6 +303,7 @@ def every_row_batcher(
         shuffle=False,
         every_row=True,
         buckets=static_shapes(device_type, recipe.data.max_seq_len),
+        flat=flat_rows(device_type, layout.pp),
     )
 
 
