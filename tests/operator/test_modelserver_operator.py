@@ -184,7 +184,10 @@ def test_three_finetunes_serve_their_own_adapters_on_every_replica_then_delete_u
 
         cluster.client.delete("kubetune.io/v1alpha1", "FineTune", "cardio", NAMESPACE)
         wait_for(lambda: cluster.finetune("cardio") is None, message="the FineTune gone")
-        assert all(_models(r) == {"derm@v1", "neuro@v1"} for r in replicas)
+        # the delete handler unloads it at once; where one of its calls failed on a busy machine,
+        # the ModelServer's timer does (handlers._deleted)
+        unloaded = {"derm@v1", "neuro@v1"}
+        wait_for(lambda: all(_models(r) == unloaded for r in replicas), timeout=30, message="cardio unloaded")
         unregister = cluster.get("batch/v1", "Job", "cardio-v1-adapter-unregister")
         assert unregister["metadata"]["ownerReferences"][0]["kind"] == "ModelServer"
         assert unregister["spec"]["template"]["spec"]["containers"][0]["command"][3:] == [
