@@ -1,5 +1,9 @@
 """Where a kubetune LoRA step on the ~1B Llama of lora_1b.py goes on a GPU: a steady run's
-per-step figures from its metrics.jsonl, then torch's profiler over a whole short run.
+per-step figures from its metrics.jsonl (and its steady windows: tokens/s between logged steps
+over the run's second half, the median and the slowest, where stalls show), then torch's
+profiler over a whole short run. `--set KEY=VALUE` overrides the recipe of both runs (e.g.
+`train.grad_accum=1` with `--rows 16`: the same global batch as one micro-batch);
+`--no-cudnn-attention` keeps cuDNN's kernel out of SDPA.
 
 `--compile` runs the steady run with `train.compile=true` (regional compile of each layer's
 MLP and norms; its per-step figures, after the compile, are what `train.compile=auto` would
