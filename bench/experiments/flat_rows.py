@@ -1,7 +1,8 @@
 """What padding a CPU micro-batch's rows to the longest costs: forward + backward of the same
 micro-batches of the shipped recipe (SmolLM2-135M, LoRA on all linear layers, fp32), as rows
 padded to the longest (CUDA's layout) and as one flat row (the CPU's since `Batcher(flat=True)`),
-interleaved micro-batch by micro-batch, medians of the per-round totals.
+interleaved micro-batch by micro-batch, medians of the per-round totals. The micro-batches are
+spread evenly over the epoch.
 
     .venv/bin/python bench/experiments/flat_rows.py [--micro 4] [--batches 4] [--rounds 5] [--threads 2]
 """
@@ -48,7 +49,11 @@ def main() -> None:
         )
         for name, flat in (("padded", False), ("flat", True))
     }
-    batches = {name: [b.micro_batch(0, i * args.micro)[0] for i in range(args.batches)] for name, b in layouts.items()}
+    # micro-batches spread over the epoch: its last rows are the least full, so the first ones
+    # alone would understate the padding
+    every = max(1, layouts["flat"].micro_batches_left(0) // args.batches)
+    starts = [i * every * args.micro for i in range(args.batches)]
+    batches = {name: [b.micro_batch(0, start)[0] for start in starts] for name, b in layouts.items()}
     real = sum(b.real_tokens for b in batches["flat"])
     for name, bs in batches.items():
         print(f"{name}: {sum(b.input_ids.numel() for b in bs)} positions for {real} real tokens")
