@@ -39,7 +39,9 @@ class FakeMachine:
     def clock(self) -> float:
         return self.now
 
-    def workloads(self) -> dict[str, measure.Workload]:
+    def workloads(self, *names: str) -> dict[str, measure.Workload]:
+        """The candidates `names` (default: all) as workloads that move this clock."""
+
         def make(name: str) -> measure.Workload:
             def run(calls: int) -> None:
                 self.order.append(name)
@@ -49,7 +51,7 @@ class FakeMachine:
 
             return run
 
-        return {name: make(name) for name in self.costs}
+        return {name: make(name) for name in names or self.costs}
 
 
 def steady(ms: float, cold: float | None = None) -> Callable[[int], float]:
@@ -172,7 +174,8 @@ def test_the_margin_keeps_fp32_unless_bf16_is_clearly_faster():
 
 
 def fake_probe(monkeypatch, m: FakeMachine, flags_have_bf16: bool = True) -> None:
-    monkeypatch.setattr(kernels, "matmul_workloads", lambda shapes: m.workloads())
+    monkeypatch.setattr(kernels, "matmul_workloads", lambda shapes: m.workloads("fp32", "bf16"))
+    monkeypatch.setattr(kernels, "grouped_workloads", lambda shapes, dtype: m.workloads("flash", "grouped"))
     monkeypatch.setattr(kernels, "cpu_has_bf16_units", lambda: flags_have_bf16)
 
 
@@ -225,8 +228,9 @@ def test_a_real_probe_decides_once_then_confirms_from_the_cache(cache):
     first = kernels.choose("auto", "auto", SHAPES, torch.device("cpu"))
     assert not first.cached and first.precision in ("bf16", "fp32") and first.evidence
     files = sorted(p.name.split("-")[0] for p in cache.glob("*.json"))
-    # attention is timed only where half precision won: an fp32 run has no attention question
-    assert files == (["attention", "precision"] if first.precision == "bf16" else ["precision"])
+    # upcasting attention is timed only where half precision won; short samples' kernel always
+    half = first.precision == "bf16"
+    assert files == (["attention", "grouped_attention", "precision"] if half else ["grouped_attention", "precision"])
     recorded = json.loads(next(cache.glob("precision-*.json")).read_text())
     assert recorded["rounds"] >= measure.ROUNDS and all(v > 0 for v in recorded["medians"].values())
     assert recorded["machine"]["cpu"] and recorded["key"]["hidden"] == 64
@@ -244,7 +248,7 @@ def test_a_real_probe_decides_once_then_confirms_from_the_cache(cache):
 
 
 def test_attention_is_probed_later_when_a_recipe_asks_for_half_precision(cache, monkeypatch):
-    m = FakeMachine(fp32=steady(6.0), bf16=steady(600.0))
+    m = FakeMachine(fp32=steady(6.0), bf16=steady(600.0), flash=steady(3.0), grouped=steady(3.5))
     fake_probe(monkeypatch, m, flags_have_bf16=False)
     assert kernels.choose("auto", "auto", SHAPES, torch.device("cpu"), clock=m.clock).precision == "fp32"
     assert not list(cache.glob("attention-*.json"))  # no attention timed
@@ -256,7 +260,7 @@ def test_attention_is_probed_later_when_a_recipe_asks_for_half_precision(cache, 
 
 def test_nothing_to_probe_when_the_recipe_says(cache, monkeypatch):
     monkeypatch.setattr(measure, "cpu_flags", lambda: frozenset({"avx2", "avx512_bf16"}))
-    assert kernels.choose("fp32", "auto", SHAPES, torch.device("cpu")) == KernelPlan("fp32", "fp32")
+    assert kernels.choose("fp32", "fp32", SHAPES, torch.device("cpu")) == KernelPlan("fp32", "fp32")
     assert kernels.choose("bf16", "native", SHAPES, torch.device("cpu")) == KernelPlan("bf16", "native")
     assert not cache.exists()
 

@@ -9,6 +9,13 @@ sum(len_i^2) instead of 512^2, and a sample never sees another one.
 Which kernel and dtype is fastest depends on the CPU; the measurements behind the choice
 are in BENCHMARKS.md ("Attention kernel for packed rows", `bench/train/attention_kernels.py`).
 
+Short samples can take a second kernel (`grouped_up_to`, chosen by measurement in
+kubetune.models.kernels): the whole score square of a sample as batched matmuls, each key/value
+head's group of query heads stacked into the rows of one product (no repeated keys and values),
+the probabilities kept for backward. It computes twice the causal half that flash computes and
+keeps H x L^2 probabilities, so it can only win where flash's blocked loops cost more than that
+(short samples); `GROUPED_MAX_TOKENS` bounds the memory it may keep.
+
 The segment lengths reach this function through the keyword `kubetune_seqlens`: transformers
 forwards unknown keyword arguments from the model's forward down to the attention function.
 Without it (generation, plain batches) the stock SDPA path runs.
@@ -47,6 +54,11 @@ def seqlens_from_cu(cu: list[int]) -> list[int]:
     return [e - s for s, e in itertools.pairwise(cu) if e > s]
 
 
+# the longest sample the grouped kernel takes: its kept probabilities (H x L^2 per layer) stay
+# a fraction of what the sample's other activations keep (tens of KiB per token per layer)
+GROUPED_MAX_TOKENS = 256
+
+
 def per_sample_attention(
     query: torch.Tensor,
     key: torch.Tensor,
@@ -56,35 +68,102 @@ def per_sample_attention(
     dropout: float,
     upcast: bool,
     prefixes: list[int] | None = None,
+    grouped_up_to: int = 0,
 ) -> torch.Tensor:
-    """Causal attention of each packed sample with itself: [B, H, T, D] x3 -> [B, T, H, D].
-    A segment with a prefix (`prefixes[i]` >= 0, Batch.prefixes) attends to all of that
-    earlier segment too, as if its tokens came right after it.
+    """Causal attention of each packed sample with itself: [B, H, T, D], key/value [B, KVH, T, D]
+    -> [B, T, H, D]. A segment with a prefix (`prefixes[i]` >= 0, Batch.prefixes) attends to
+    all of that earlier segment too, as if its tokens came right after it.
 
-    `upcast` runs the kernel in fp32 (the inputs' dtype otherwise); which is faster depends
-    on the CPU, so kubetune.models.kernels measures it.
+    `upcast` runs the kernel in fp32 (the inputs' dtype otherwise); samples of at most
+    `grouped_up_to` tokens take the grouped kernel (module docstring), the others flash. Which
+    is faster depends on the CPU, so kubetune.models.kernels measures both.
     """
     b, h, t, d = query.shape
-    key, value = expand_kv_heads(key, value, h)
     dtype = query.dtype
+    scale = scaling if scaling is not None else d**-0.5
 
     def segments(x: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        # [B, H, T, D] -> per sample [1, H, len, D]; split, so that backward is one cat
-        flat = x.transpose(1, 2).reshape(b * t, h, d)
-        return tuple(s.transpose(0, 1).unsqueeze(0) for s in (flat.float() if upcast else flat).split(lengths))
+        # [B, heads, T, D] -> per sample [len, heads, D]; split, so that backward is one cat
+        flat = x.transpose(1, 2).reshape(b * t, x.shape[1], d)
+        return (flat.float() if upcast else flat).split(lengths)
 
     qs, ks, vs = segments(query), segments(key), segments(value)
     outs = []
     for i, qi in enumerate(qs):
         p = prefixes[i] if prefixes else -1
+        if p < 0 and not dropout and lengths[i] <= grouped_up_to:
+            outs.append(grouped_causal_attention(qi, ks[i], vs[i], scale))
+            continue
+        ki, vi = flash_heads(ks[i], h), flash_heads(vs[i], h)
         if p < 0:
-            out = F.scaled_dot_product_attention(qi, ks[i], vs[i], is_causal=True, scale=scaling, dropout_p=dropout)
+            out = F.scaled_dot_product_attention(
+                flash_heads(qi, h), ki, vi, is_causal=True, scale=scaling, dropout_p=dropout
+            )
         else:
-            ki, vi = torch.cat((ks[p], ks[i]), dim=2), torch.cat((vs[p], vs[i]), dim=2)
+            ki, vi = torch.cat((flash_heads(ks[p], h), ki), dim=2), torch.cat((flash_heads(vs[p], h), vi), dim=2)
             mask = after_prefix_mask(lengths[i], lengths[p], qi.device)
-            out = F.scaled_dot_product_attention(qi, ki, vi, attn_mask=mask, scale=scaling, dropout_p=dropout)
+            out = F.scaled_dot_product_attention(
+                flash_heads(qi, h), ki, vi, attn_mask=mask, scale=scaling, dropout_p=dropout
+            )
         outs.append(out.squeeze(0).transpose(0, 1))
     return torch.cat(outs).reshape(b, t, h, d).to(dtype)
+
+
+def flash_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
+    """One sample [len, kv, D] as SDPA's [1, heads, len, D], key/value heads repeated to
+    `heads`: CPU flash backward is slow with enable_gqa."""
+    x = x.transpose(0, 1)
+    if x.shape[0] != heads:
+        x = x.repeat_interleave(heads // x.shape[0], dim=0)
+    return x.unsqueeze(0)
+
+
+def grouped_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+    """One sample's causal attention, q [L, H, D], k/v [L, KVH, D] -> [L, H, D]: the query heads
+    that share a key/value head are the rows of one product with it."""
+    n, h, d = q.shape
+    kv = k.shape[1]
+    g = h // kv
+    stacked = q.view(n, kv, g, d).permute(1, 2, 0, 3).reshape(kv, g * n, d)
+    out = _GroupedCausal.apply(stacked, k.transpose(0, 1), v.transpose(0, 1), scale)
+    return out.view(kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h, d)
+
+
+@functools.lru_cache(maxsize=8)
+def _future(n: int, device: torch.device) -> torch.Tensor:
+    """[n, n] bool, True above the diagonal: the later keys a query must not see. Slices of
+    one cached square serve every shorter sample."""
+    return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
+
+
+def future_mask(n: int, device: torch.device) -> torch.Tensor:
+    return _future(GROUPED_MAX_TOKENS, device)[:n, :n] if n <= GROUPED_MAX_TOKENS else _future(n, device)
+
+
+class _GroupedCausal(torch.autograd.Function):
+    """softmax(q kᵀ · scale, causal) v on [KVH, G·L, D] queries (G query heads per key/value
+    head, stacked) and [KVH, L, D] keys and values; the probabilities are kept for backward."""
+
+    @staticmethod
+    def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
+        kv, rows, _ = q.shape
+        n = k.shape[1]
+        scores = torch.baddbmm(q.new_empty(kv, rows, n), q, k.transpose(1, 2), beta=0, alpha=scale)
+        scores.view(kv, rows // n, n, n).masked_fill_(future_mask(n, q.device), float("-inf"))
+        probs = torch.softmax(scores, dim=-1)
+        ctx.save_for_backward(q, k, v, probs)
+        ctx.scale = scale
+        return torch.bmm(probs, v)
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        q, k, v, probs = ctx.saved_tensors
+        grad_v = torch.bmm(probs.transpose(1, 2), grad)
+        grad_probs = torch.bmm(grad, v.transpose(1, 2))
+        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
+        grad_q = torch.baddbmm(torch.empty_like(q), grad_scores, k, beta=0, alpha=ctx.scale)
+        grad_k = torch.baddbmm(torch.empty_like(k), grad_scores.transpose(1, 2), q, beta=0, alpha=ctx.scale)
+        return grad_q, grad_k, grad_v, None
 
 
 @functools.lru_cache(maxsize=256)  # a group's completions have a few lengths; every layer asks again
@@ -192,7 +271,7 @@ def fused_packed_attention(
     return out.transpose(1, 2).contiguous()
 
 
-def _packed_forward(upcast: bool) -> Any:
+def _packed_forward(upcast: bool, grouped_up_to: int = 0) -> Any:
     def forward(
         module: Any,
         query: torch.Tensor,
@@ -216,7 +295,7 @@ def _packed_forward(upcast: bool) -> Any:
         if on_hpu(query) or whole_rows_on_cuda(query):  # one call over whole rows (module docstring)
             kernel = fused_sdpa() if on_hpu(query) else None
             return fused_packed_attention(query, key, value, lengths, scaling, p, upcast, prefixes, kernel), None
-        return per_sample_attention(query, key, value, lengths, scaling, p, upcast, prefixes), None
+        return per_sample_attention(query, key, value, lengths, scaling, p, upcast, prefixes, grouped_up_to), None
 
     return forward
 
@@ -227,10 +306,11 @@ packed_attention_forward = _packed_forward(upcast=True)  # the fp32 kernel, as b
 IMPLEMENTATIONS = {"fp32": ATTN_IMPLEMENTATION, "native": ATTN_IMPLEMENTATION + "_native"}
 
 
-def register(kind: str = "fp32") -> str:
-    """Make the implementation of `kind` known to transformers (idempotent); returns its name."""
+def register(kind: str = "fp32", grouped_up_to: int = 0) -> str:
+    """Make the implementation of `kind` known to transformers (idempotent), with samples of
+    at most `grouped_up_to` tokens on the grouped kernel; returns its name."""
     from transformers import AttentionInterface
 
-    name = IMPLEMENTATIONS[kind]
-    AttentionInterface.register(name, _packed_forward(upcast=kind == "fp32"))
+    name = IMPLEMENTATIONS[kind] + (f"_grouped{grouped_up_to}" if grouped_up_to else "")
+    AttentionInterface.register(name, _packed_forward(upcast=kind == "fp32", grouped_up_to=grouped_up_to))
     return name

@@ -50,12 +50,16 @@ class ModelParts:
         return [p for p in self.model.parameters() if p.requires_grad]
 
 
-def build_model(recipe: Recipe, source: str, device: torch.device, stage: Stage | None = None) -> ModelParts:
+def build_model(
+    recipe: Recipe, source: str, device: torch.device, stage: Stage | None = None, grouped_up_to: int = 0
+) -> ModelParts:
     """The model to train, on `device`: the whole model, or only `stage` of it. The recipe's
-    `auto` kernel choices must be resolved (Recipe.with_kernels) before."""
+    `auto` kernel choices must be resolved (Recipe.with_kernels) before; samples of at most
+    `grouped_up_to` tokens take the grouped attention kernel (KernelPlan.grouped_up_to)."""
     attn: str = recipe.model.attn_implementation
     if attn == "sdpa":  # kubetune's per-sample attention for packed rows (stock SDPA otherwise)
-        attn = register_attention("native" if recipe.model.packed_attention == "native" else "fp32")
+        kind = "native" if recipe.model.packed_attention == "native" else "fp32"
+        attn = register_attention(kind, grouped_up_to)
     dtype = DTYPES[recipe.base_dtype_name()]
     revision, remote = recipe.model.revision, recipe.model.trust_remote_code
     if stage is not None and stage.count > 1:

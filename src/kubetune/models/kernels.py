@@ -11,6 +11,12 @@ round at every later start, and logged in one line:
 
     kernels: precision=fp32, attention=fp32 (fp32 10.9 ms [10.7-11.2] vs bf16 27.1 ms [...] per matmul pair, 7 rounds)
 
+Where `model.packed_attention` is `auto`, one more question is timed on the data's first
+packed row: whether its short samples' attention runs faster on flash or on the grouped kernel
+(the whole score square as matmuls, kubetune.models.attention); "grouped attention up to N
+tokens" in the kernels line means samples of at most N tokens (the longest the probe timed)
+take the grouped one.
+
 Training, `kubetune eval`, `kubetune generate` and `kubetune serve --dtype auto` all take
 their precision from `choose` here: one rule for one fact.
 
@@ -30,6 +36,7 @@ from typing import Any
 import torch
 
 from kubetune.models import measure
+from kubetune.models.attention import GROUPED_MAX_TOKENS
 from kubetune.models.decoding import AutocastFactory
 from kubetune.models.measure import Clock, Decision, Question, Workload
 
@@ -37,6 +44,7 @@ log = logging.getLogger("kubetune")
 
 PROBE_ROWS = 256  # tokens per probe matmul: large enough to reach the kernel's steady speed
 BF16_MARGIN = 0.9  # bf16 changes the numerics: choose it only when clearly faster (<= 90% of fp32)
+GROUPED_MARGIN = 0.95  # the grouped kernel keeps more memory: choose it only when it is faster by this
 BF16_FLAGS = ("amx_bf16", "avx512_bf16")  # the CPU units that make bf16 matmuls fast
 FP16_FLAGS = ("amx_fp16", "avx512_fp16")  # and fp16 ones
 
@@ -50,12 +58,18 @@ class ModelShapes:
     heads: int
     head_dim: int
     sample_lengths: tuple[int, ...] = ()
+    kv_heads: int = 0  # key/value heads (grouped-query attention); 0: as many as query heads
 
     @classmethod
     def of(cls, config: Any, sample_lengths: list[int] | tuple[int, ...] = ()) -> ModelShapes:
         heads = config.num_attention_heads
         head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-        return cls(config.hidden_size, config.intermediate_size, heads, head_dim, tuple(sample_lengths))
+        kv = getattr(config, "num_key_value_heads", None) or heads
+        return cls(config.hidden_size, config.intermediate_size, heads, head_dim, tuple(sample_lengths), kv)
+
+    def grouped_lengths(self) -> tuple[int, ...]:
+        """The probe row's samples the grouped attention kernel may take."""
+        return tuple(n for n in self.sample_lengths if n <= GROUPED_MAX_TOKENS)
 
 
 @dataclass(frozen=True)
@@ -64,10 +78,12 @@ class KernelPlan:
     attention: str  # fp32 (samples upcast to fp32 for the flash kernel) | native (the compute dtype)
     evidence: tuple[str, ...] = ()  # one phrase per measured choice
     cached: bool = False  # every measured choice came from the cache (confirmed at this start)
+    grouped_up_to: int = 0  # samples this short take the grouped attention kernel (0: none)
 
     def describe(self) -> str:
         why = f" ({'; '.join(self.evidence)})" if self.evidence else ""
-        return f"kernels: precision={self.precision}, attention={self.attention}{why}"
+        grouped = f", grouped attention up to {self.grouped_up_to} tokens" if self.grouped_up_to else ""
+        return f"kernels: precision={self.precision}, attention={self.attention}{grouped}{why}"
 
 
 def choose(
@@ -82,18 +98,32 @@ def choose(
     if device.type != "cpu":
         return _accelerator_plan(precision, attention, device)
     decisions: list[Decision] = []
+    measure_attention = attention == "auto"
     warning = None if precision == "auto" else slow_half_warning(precision)
     if precision == "auto":
         decisions.append(_settle(precision_question(shapes), lambda: matmul_workloads(shapes), clock, remeasure))
         precision = decisions[-1].choice
     if precision == "fp32":
-        return _plan(precision, "fp32", decisions)  # the attention question exists only in half precision
-    if attention == "auto":
+        attention = "fp32"  # the upcast-or-not question exists only in half precision
+    elif attention == "auto":
         dtype = torch.float16 if precision == "fp16" else torch.bfloat16
         q = attention_question(shapes, dtype)
         decisions.append(_settle(q, lambda: attention_workloads(shapes, dtype), clock, remeasure))
         attention = decisions[-1].choice
-    return _plan(precision, attention, decisions, warning)
+    grouped_up_to = 0
+    if measure_attention and shapes.grouped_lengths():
+        dtype = attention_dtype(precision, attention)
+        q = grouped_question(shapes, dtype)
+        decisions.append(_settle(q, lambda: grouped_workloads(shapes, dtype), clock, remeasure))
+        grouped_up_to = max(shapes.grouped_lengths()) if decisions[-1].choice == "grouped" else 0
+    return _plan(precision, attention, decisions, warning, grouped_up_to)
+
+
+def attention_dtype(precision: str, attention: str) -> torch.dtype:
+    """The dtype per-sample attention computes in."""
+    if attention == "fp32" or precision == "fp32":
+        return torch.float32
+    return torch.float16 if precision == "fp16" else torch.bfloat16
 
 
 def slow_half_warning(precision: str) -> str | None:
@@ -124,9 +154,12 @@ def _settle(q: Question, build: Any, clock: Clock | None, remeasure: bool) -> De
     return measure.settle(q, build, remeasure=remeasure, **kw)
 
 
-def _plan(precision: str, attention: str, decisions: list[Decision], warning: str | None = None) -> KernelPlan:
+def _plan(
+    precision: str, attention: str, decisions: list[Decision], warning: str | None = None, grouped_up_to: int = 0
+) -> KernelPlan:
     evidence = (*((warning,) if warning else ()), *(f"{d.question}: {d.describe()}" for d in decisions))
-    return KernelPlan(precision, attention, evidence, cached=bool(decisions) and all(d.cached for d in decisions))
+    cached = bool(decisions) and all(d.cached for d in decisions)
+    return KernelPlan(precision, attention, evidence, cached, grouped_up_to)
 
 
 def _accelerator_plan(precision: str, attention: str, device: torch.device) -> KernelPlan:
@@ -182,6 +215,26 @@ def attention_question(shapes: ModelShapes, dtype: torch.dtype) -> Question:
     )
 
 
+def grouped_question(shapes: ModelShapes, dtype: torch.dtype) -> Question:
+    """Short samples' attention: flash, or the whole score square as grouped matmuls, which
+    keeps H x L^2 probabilities per sample: it must win by a margin to pay for them."""
+    return Question(
+        name="grouped_attention",
+        default="flash",
+        challenger="grouped",
+        margin=GROUPED_MARGIN,
+        key={
+            "threads": torch.get_num_threads(),
+            "heads": shapes.heads,
+            "kv_heads": shapes.kv_heads or shapes.heads,
+            "head_dim": shapes.head_dim,
+            "samples": list(shapes.grouped_lengths()),
+            "dtype": str(dtype),
+        },
+        unit="per layer",
+    )
+
+
 def _random(*shape: int, dtype: torch.dtype, requires_grad: bool = False) -> torch.Tensor:
     # a generator of its own: probing must not move the training's random stream
     g = torch.Generator().manual_seed(0)
@@ -226,3 +279,23 @@ def attention_workloads(shapes: ModelShapes, dtype: torch.dtype) -> Mapping[str,
         return _repeat(run)
 
     return {"fp32": layer(True), "native": layer(False)}
+
+
+def grouped_workloads(shapes: ModelShapes, dtype: torch.dtype) -> Mapping[str, Workload]:
+    """Forward and backward of the probe row's short samples' attention in `dtype`, with
+    either kernel."""
+    from kubetune.models.attention import per_sample_attention
+
+    lengths = list(shapes.grouped_lengths())
+    t, kv = sum(lengths), shapes.kv_heads or shapes.heads
+    q = _random(1, shapes.heads, t, shapes.head_dim, dtype=dtype, requires_grad=True)
+    k, v = (_random(1, kv, t, shapes.head_dim, dtype=dtype, requires_grad=True) for _ in range(2))
+
+    def layer(grouped_up_to: int) -> Workload:
+        def run() -> None:
+            out = per_sample_attention(q, k, v, lengths, None, 0.0, upcast=False, grouped_up_to=grouped_up_to)
+            out.sum().backward()
+
+        return _repeat(run)
+
+    return {"flash": layer(0), "grouped": layer(max(lengths))}

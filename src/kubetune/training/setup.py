@@ -97,7 +97,8 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     warnings = recipe.train.loss_scale_warnings() + batch_warnings(recipe, batcher, layout)
     for line in warnings if env.is_main else []:
         logging.getLogger("kubetune").warning("warning: %s", line)
-    model = build_model(recipe, source, env.device, Stage(layout.pp_rank, layout.pp) if layout.pp > 1 else None)
+    stage = Stage(layout.pp_rank, layout.pp) if layout.pp > 1 else None
+    model = build_model(recipe, source, env.device, stage, kernels.grouped_up_to)
     autocast = autocast_context(recipe.train.precision, env.device)
     resume_from = resume_path(recipe.train.resume, run_dir)
     total_steps = plan_steps(recipe, batcher, resume_from)
