@@ -9,12 +9,13 @@ sum(len_i^2) instead of 512^2, and a sample never sees another one.
 Which kernel and dtype is fastest depends on the CPU; the measurements behind the choice
 are in BENCHMARKS.md ("Attention kernel for packed rows", `bench/train/attention_kernels.py`).
 
-Short samples can take a second kernel (`grouped_up_to`, chosen by measurement in
-kubetune.models.kernels): the whole score square of a sample as batched matmuls, each key/value
-head's group of query heads stacked into the rows of one product (no repeated keys and values),
-the probabilities kept for backward. It computes twice the causal half that flash computes and
-keeps H x L^2 probabilities, so it can only win where flash's blocked loops cost more than that
-(short samples); `GROUPED_MAX_TOKENS` bounds the memory it may keep.
+Samples of up to GROUPED_MAX_TOKENS can take a second kernel (`grouped_up_to`, chosen by
+measurement in kubetune.models.kernels): the scores as batched matmuls, the query heads that
+share a key/value head stacked into the rows of one product (no repeated keys and values), in
+blocks of query positions against the keys up to each block's end, the probabilities kept for
+backward. It computes a little more than the causal half that flash computes and keeps the
+probabilities, but its work is whole matmuls where flash's CPU kernel, above all its backward,
+runs many small ones.
 
 The segment lengths reach this function through the keyword `kubetune_seqlens`: transformers
 forwards unknown keyword arguments from the model's forward down to the attention function.
@@ -54,9 +55,14 @@ def seqlens_from_cu(cu: list[int]) -> list[int]:
     return [e - s for s, e in itertools.pairwise(cu) if e > s]
 
 
-# the longest sample the grouped kernel takes: its kept probabilities (H x L^2 per layer) stay
-# a fraction of what the sample's other activations keep (tens of KiB per token per layer)
-GROUPED_MAX_TOKENS = 256
+# the longest sample the grouped kernel takes: the probabilities it keeps grow with the square
+# of the length (about H x L^2 / 2 per layer); up to here they stay a fraction of what the
+# sample's other activations keep (tens of KiB per token per layer)
+GROUPED_MAX_TOKENS = 512
+# query positions per block of the grouped kernel: a tile, like flash's own, small enough that the
+# masked triangle it computes is a small share of a sample's scores, large enough for whole
+# matmuls rather than vector products
+GROUPED_BLOCK = 64
 
 
 def per_sample_attention(
@@ -120,50 +126,68 @@ def flash_heads(x: torch.Tensor, heads: int) -> torch.Tensor:
 
 def grouped_causal_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
     """One sample's causal attention, q [L, H, D], k/v [L, KVH, D] -> [L, H, D]: the query heads
-    that share a key/value head are the rows of one product with it."""
+    that share a key/value head are the rows of one product with it, position by position."""
     n, h, d = q.shape
     kv = k.shape[1]
-    g = h // kv
-    stacked = q.view(n, kv, g, d).permute(1, 2, 0, 3).reshape(kv, g * n, d)
+    stacked = q.view(n, kv, h // kv, d).permute(1, 0, 2, 3).reshape(kv, n * (h // kv), d)
     out = _GroupedCausal.apply(stacked, k.transpose(0, 1), v.transpose(0, 1), scale)
-    return out.view(kv, g, n, d).permute(2, 0, 1, 3).reshape(n, h, d)
+    return out.view(kv, n, h // kv, d).permute(1, 0, 2, 3).reshape(n, h, d)
 
 
-@functools.lru_cache(maxsize=8)
+@functools.lru_cache(maxsize=2)
 def _future(n: int, device: torch.device) -> torch.Tensor:
-    """[n, n] bool, True above the diagonal: the later keys a query must not see. Slices of
-    one cached square serve every shorter sample."""
+    """[n, n] bool, True above the diagonal: the later keys a query must not see."""
     return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
 
 
-def future_mask(n: int, device: torch.device) -> torch.Tensor:
-    return _future(GROUPED_MAX_TOKENS, device)[:n, :n] if n <= GROUPED_MAX_TOKENS else _future(n, device)
+def future_keys(start: int, end: int, device: torch.device) -> torch.Tensor:
+    """[end - start, 1, end]: for the queries at positions start..end-1, the keys after each;
+    slices of one cached square serve every block of every sample."""
+    return _future(max(end, GROUPED_MAX_TOKENS), device)[start:end, :end].unsqueeze(1)
 
 
 class _GroupedCausal(torch.autograd.Function):
-    """softmax(q kᵀ · scale, causal) v on [KVH, G·L, D] queries (G query heads per key/value
-    head, stacked) and [KVH, L, D] keys and values; the probabilities are kept for backward."""
+    """softmax(q kᵀ · scale, causal) v, q [KVH, L·G, D] (row l·G + j: position l, the j-th
+    query head of the key/value head), k and v [KVH, L, D].
+
+    The queries go in blocks of GROUPED_BLOCK positions, each against the keys up to its last
+    position only: a block's scores are exactly its rows' softmax inputs (a query never sees
+    a later key), and the masked part computed is a block's triangle, not half of the square.
+    Each block's probabilities are kept for backward."""
 
     @staticmethod
     def forward(ctx: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-        kv, rows, _ = q.shape
-        n = k.shape[1]
-        scores = torch.baddbmm(q.new_empty(kv, rows, n), q, k.transpose(1, 2), beta=0, alpha=scale)
-        scores.view(kv, rows // n, n, n).masked_fill_(future_mask(n, q.device), float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        ctx.save_for_backward(q, k, v, probs)
+        kv, n, g = k.shape[0], k.shape[1], q.shape[1] // k.shape[1]
+        outs, probs = [], []
+        for start, end in blocks(n):
+            rows = q[:, start * g : end * g]
+            scores = torch.baddbmm(
+                q.new_empty(kv, rows.shape[1], end), rows, k[:, :end].transpose(1, 2), beta=0, alpha=scale
+            )
+            scores.view(kv, end - start, g, end).masked_fill_(future_keys(start, end, q.device), float("-inf"))
+            probs.append(torch.softmax(scores, dim=-1))
+            outs.append(torch.bmm(probs[-1], v[:, :end]))
+        ctx.save_for_backward(q, k, v, *probs)
         ctx.scale = scale
-        return torch.bmm(probs, v)
+        return torch.cat(outs, dim=1) if len(outs) > 1 else outs[0]
 
     @staticmethod
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        q, k, v, probs = ctx.saved_tensors
-        grad_v = torch.bmm(probs.transpose(1, 2), grad)
-        grad_probs = torch.bmm(grad, v.transpose(1, 2))
-        grad_scores = torch._softmax_backward_data(grad_probs, probs, -1, probs.dtype)
-        grad_q = torch.baddbmm(torch.empty_like(q), grad_scores, k, beta=0, alpha=ctx.scale)
-        grad_k = torch.baddbmm(torch.empty_like(k), grad_scores.transpose(1, 2), q, beta=0, alpha=ctx.scale)
+        q, k, v, *probs = ctx.saved_tensors
+        n, g = k.shape[1], q.shape[1] // k.shape[1]
+        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
+        for (start, end), p in zip(blocks(n), probs, strict=True):
+            rows, grad_rows = slice(start * g, end * g), grad[:, start * g : end * g]
+            grad_v[:, :end].baddbmm_(p.transpose(1, 2), grad_rows)
+            grad_scores = torch._softmax_backward_data(torch.bmm(grad_rows, v[:, :end].transpose(1, 2)), p, -1, p.dtype)
+            grad_q[:, rows] = torch.bmm(grad_scores, k[:, :end]).mul_(ctx.scale)
+            grad_k[:, :end].baddbmm_(grad_scores.transpose(1, 2), q[:, rows], alpha=ctx.scale)
         return grad_q, grad_k, grad_v, None
+
+
+def blocks(n: int) -> list[tuple[int, int]]:
+    """Query positions 0..n-1 in blocks of GROUPED_BLOCK."""
+    return [(s, min(n, s + GROUPED_BLOCK)) for s in range(0, n, GROUPED_BLOCK)]
 
 
 @functools.lru_cache(maxsize=256)  # a group's completions have a few lengths; every layer asks again

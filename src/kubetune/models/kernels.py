@@ -12,10 +12,9 @@ round at every later start, and logged in one line:
     kernels: precision=fp32, attention=fp32 (fp32 10.9 ms [10.7-11.2] vs bf16 27.1 ms [...] per matmul pair, 7 rounds)
 
 Where `model.packed_attention` is `auto`, one more question is timed on the data's first
-packed row: whether its short samples' attention runs faster on flash or on the grouped kernel
-(the whole score square as matmuls, kubetune.models.attention); "grouped attention up to N
-tokens" in the kernels line means samples of at most N tokens (the longest the probe timed)
-take the grouped one.
+packed row: whether its samples' attention runs faster on flash or on the grouped kernel
+(the scores as matmuls, kubetune.models.attention); "grouped attention up to N tokens" in the
+kernels line means samples of at most N tokens take the grouped one.
 
 Training, `kubetune eval`, `kubetune generate` and `kubetune serve --dtype auto` all take
 their precision from `choose` here: one rule for one fact.
@@ -115,7 +114,7 @@ def choose(
         dtype = attention_dtype(precision, attention)
         q = grouped_question(shapes, dtype)
         decisions.append(_settle(q, lambda: grouped_workloads(shapes, dtype), clock, remeasure))
-        grouped_up_to = max(shapes.grouped_lengths()) if decisions[-1].choice == "grouped" else 0
+        grouped_up_to = GROUPED_MAX_TOKENS if decisions[-1].choice == "grouped" else 0
     return _plan(precision, attention, decisions, warning, grouped_up_to)
 
 
@@ -216,8 +215,8 @@ def attention_question(shapes: ModelShapes, dtype: torch.dtype) -> Question:
 
 
 def grouped_question(shapes: ModelShapes, dtype: torch.dtype) -> Question:
-    """Short samples' attention: flash, or the whole score square as grouped matmuls, which
-    keeps H x L^2 probabilities per sample: it must win by a margin to pay for them."""
+    """Per-sample attention: flash, or the scores as grouped matmuls, which keep the
+    probabilities for backward: it must win by a margin to pay for them."""
     return Question(
         name="grouped_attention",
         default="flash",
@@ -282,8 +281,7 @@ def attention_workloads(shapes: ModelShapes, dtype: torch.dtype) -> Mapping[str,
 
 
 def grouped_workloads(shapes: ModelShapes, dtype: torch.dtype) -> Mapping[str, Workload]:
-    """Forward and backward of the probe row's short samples' attention in `dtype`, with
-    either kernel."""
+    """Forward and backward of the probe row's samples' attention in `dtype`, with either kernel."""
     from kubetune.models.attention import per_sample_attention
 
     lengths = list(shapes.grouped_lengths())
@@ -298,4 +296,4 @@ def grouped_workloads(shapes: ModelShapes, dtype: torch.dtype) -> Mapping[str, W
 
         return _repeat(run)
 
-    return {"flash": layer(0), "grouped": layer(max(lengths))}
+    return {"flash": layer(0), "grouped": layer(GROUPED_MAX_TOKENS)}
