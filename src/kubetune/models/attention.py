@@ -140,10 +140,10 @@ def _future(n: int, device: torch.device) -> torch.Tensor:
     return torch.ones(n, n, dtype=torch.bool, device=device).triu_(1)
 
 
-def future_keys(start: int, end: int, device: torch.device) -> torch.Tensor:
-    """[end - start, 1, end]: for the queries at positions start..end-1, the keys after each;
-    slices of one cached square serve every block of every sample."""
-    return _future(max(end, GROUPED_MAX_TOKENS), device)[start:end, :end].unsqueeze(1)
+def future_keys(n: int, device: torch.device) -> torch.Tensor:
+    """[n, 1, n]: for each of n queries at the block's own n positions, the later keys; a
+    slice of one cached square serves every block."""
+    return _future(max(n, GROUPED_BLOCK), device)[:n, :n].unsqueeze(1)
 
 
 class _GroupedCausal(torch.autograd.Function):
@@ -164,7 +164,9 @@ class _GroupedCausal(torch.autograd.Function):
             scores = torch.baddbmm(
                 q.new_empty(kv, rows.shape[1], end), rows, k[:, :end].transpose(1, 2), beta=0, alpha=scale
             )
-            scores.view(kv, end - start, g, end).masked_fill_(future_keys(start, end, q.device), float("-inf"))
+            # only the block's own positions (the last columns) hold later keys
+            own = scores.view(kv, end - start, g, end)[..., start:]
+            own.masked_fill_(future_keys(end - start, q.device), float("-inf"))
             probs.append(torch.softmax(scores, dim=-1))
             outs.append(torch.bmm(probs[-1], v[:, :end]))
         ctx.save_for_backward(q, k, v, *probs)
@@ -175,13 +177,21 @@ class _GroupedCausal(torch.autograd.Function):
     def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, *probs = ctx.saved_tensors
         n, g = k.shape[1], q.shape[1] // k.shape[1]
-        grad_q, grad_k, grad_v = torch.empty_like(q), torch.zeros_like(k), torch.zeros_like(v)
-        for (start, end), p in zip(blocks(n), probs, strict=True):
+        grad_q = torch.empty_like(q)
+        grad_k = grad_v = None
+        # the last block (it sees every key) first: its products are the whole key/value
+        # gradients, contiguous; the earlier blocks' are added to their leading rows
+        for (start, end), p in reversed(list(zip(blocks(n), probs, strict=True))):
             rows, grad_rows = slice(start * g, end * g), grad[:, start * g : end * g]
-            grad_v[:, :end].baddbmm_(p.transpose(1, 2), grad_rows)
+            part_v = torch.bmm(p.transpose(1, 2), grad_rows)
             grad_scores = torch._softmax_backward_data(torch.bmm(grad_rows, v[:, :end].transpose(1, 2)), p, -1, p.dtype)
             grad_q[:, rows] = torch.bmm(grad_scores, k[:, :end]).mul_(ctx.scale)
-            grad_k[:, :end].baddbmm_(grad_scores.transpose(1, 2), q[:, rows], alpha=ctx.scale)
+            part_k = torch.bmm(grad_scores.transpose(1, 2), q[:, rows]).mul_(ctx.scale)
+            if grad_k is None or grad_v is None:
+                grad_k, grad_v = part_k, part_v
+            else:
+                grad_k[:, :end] += part_k
+                grad_v[:, :end] += part_v
         return grad_q, grad_k, grad_v, None
 
 

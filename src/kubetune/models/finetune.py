@@ -17,6 +17,7 @@ from kubetune.errors import ModelError
 from kubetune.models.attention import PREFIXES_KWARG, SEQLENS_KWARG, seqlens_from_cu
 from kubetune.models.attention import register as register_attention
 from kubetune.models.dropout import use_fast_dropout
+from kubetune.models.fused_norm import use_fused_norms
 from kubetune.models.lm_loss import sample_logprobs, target_cross_entropy
 from kubetune.models.load import DTYPES, load_causal_lm, load_causal_lm_stage
 from kubetune.models.stages import Stage, decoder_layers
@@ -121,8 +122,10 @@ def apply_lora(model: Any, recipe: Recipe) -> Any:
 
 
 def prepare_for_training(lm: Any, recipe: Recipe, device_type: str = "cpu") -> Any:
-    """LoRA adapters (or every weight trainable), checkpointing and compiled regions on a
-    loaded *ForCausalLM; returns the model to train (the PEFT model for LoRA)."""
+    """LoRA adapters (or every weight trainable), fused norms, checkpointing and compiled
+    regions on a loaded *ForCausalLM; returns the model to train (the PEFT model for LoRA)."""
+    if device_type in FUSED_NORM_DEVICES:
+        use_fused_norms(lm)
     if recipe.finetune.method == "lora":
         model = apply_lora(lm, recipe)
     else:
@@ -141,6 +144,10 @@ def compiles_mlp(recipe: Recipe) -> bool:
     survive (recursion in autograd): only the norms are compiled then."""
     return recipe.parallel.tp == 1
 
+
+# where kubetune.models.fused_norm's autograd function runs; Gaudi keeps the model's own norm,
+# which Habana's graph compiler fuses
+FUSED_NORM_DEVICES = ("cpu", "cuda")
 
 # Gaudi compiles through Habana's own dynamo backend; inductor does not know the device
 COMPILE_BACKENDS = {"hpu": "hpu_backend"}

@@ -35,7 +35,7 @@ from typing import Any
 import torch
 
 from kubetune.models import measure
-from kubetune.models.attention import GROUPED_MAX_TOKENS
+from kubetune.models.attention import GROUPED_BLOCK, GROUPED_MAX_TOKENS
 from kubetune.models.decoding import AutocastFactory
 from kubetune.models.measure import Clock, Decision, Question, Workload
 
@@ -229,6 +229,7 @@ def grouped_question(shapes: ModelShapes, dtype: torch.dtype) -> Question:
             "head_dim": shapes.head_dim,
             "samples": list(shapes.grouped_lengths()),
             "dtype": str(dtype),
+            "block": GROUPED_BLOCK,  # the kernel's tile: another tile is another candidate
         },
         unit="per layer",
     )
