@@ -75,7 +75,7 @@ def llama_rms_norm(module: Any, hidden_states: torch.Tensor) -> torch.Tensor:
 
 
 @functools.cache
-def _forward_source(cls: type) -> str | None:
+def _forward_source(cls: Any) -> str | None:
     try:
         return inspect.getsource(cls.forward)
     except (OSError, TypeError):
@@ -86,7 +86,7 @@ def is_llama_rms_norm(module: nn.Module) -> bool:
     """Whether `module`'s forward is LlamaRMSNorm's code (Mistral's, Qwen2's and others are copies)."""
     from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-    cls = type(module)
+    cls: Any = type(module)
     if cls is LlamaRMSNorm:
         return True
     source = _forward_source(cls)
@@ -97,11 +97,12 @@ def use_fused_norms(model: nn.Module) -> int:
     """Give every Llama-style RMSNorm of `model` the fused forward; returns how many."""
     norms = [m for m in model.modules() if is_llama_rms_norm(m) and not isinstance(m, FusedRMSNorm)]
     for norm in norms:
-        norm.__class__ = fused_class(type(norm))
+        cls: Any = type(norm)
+        norm.__class__ = fused_class(cls)
     return len(norms)
 
 
 @functools.cache
-def fused_class(cls: type) -> type:
+def fused_class(cls: Any) -> type:
     """`cls` with the fused forward: still an instance of `cls` for whoever checks."""
     return type(f"Fused{cls.__name__}", (FusedRMSNorm, cls), {})
