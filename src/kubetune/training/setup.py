@@ -94,9 +94,7 @@ def setup(given: Recipe, env: DistEnv, layout: MeshLayout, run_dir: RunDir, star
     check_model(layout, config, given)
     kernels = resolve_kernels(given, config, batcher, env)
     recipe = with_grad_accum(given.with_kernels(kernels.precision, kernels.attention), layout.data_parallel_size)
-    warnings = recipe.train.loss_scale_warnings() + batch_warnings(recipe, batcher, layout)
-    for line in warnings if env.is_main else []:
-        logging.getLogger("kubetune").warning("warning: %s", line)
+    log_warnings(recipe, batcher, layout, env)
     stage = Stage(layout.pp_rank, layout.pp) if layout.pp > 1 else None
     model = build_model(recipe, source, env.device, stage, kernels.grouped_up_to)
     autocast = autocast_context(recipe.train.precision, env.device)
@@ -156,6 +154,13 @@ def batcher_for(recipe: Recipe, data: PreparedData, pad_id: int, layout: Layout,
     if recipe.finetune.objective == "grpo":
         return prompt_batcher(recipe, data, pad_id, layout)
     return train_batcher(recipe, data, pad_id, layout, device_type)
+
+
+def log_warnings(recipe: Recipe, batcher: Batcher, layout: MeshLayout, env: DistEnv) -> None:
+    """The recipe's warnings for this run, logged once (by the main process)."""
+    warnings = recipe.train.loss_scale_warnings() + batch_warnings(recipe, batcher, layout)
+    for line in warnings if env.is_main else []:
+        logging.getLogger("kubetune").warning("warning: %s", line)
 
 
 def batch_warnings(recipe: Recipe, batcher: Batcher, layout: MeshLayout) -> list[str]:
