@@ -89,3 +89,20 @@ def give_own_code(model_dir: Path, model_type: str) -> Path:
     (model_dir / "configuration_tiny.py").write_text(OWN_CONFIG_CODE.format(model_type=model_type))
     (model_dir / "modeling_tiny.py").write_text(OWN_MODEL_CODE)
     return model_dir
+
+
+def loss_and_grads(model, **inputs):
+    """One forward and backward of `model` on `inputs` (with labels): the loss and every
+    parameter's gradient, for comparing two implementations of the same step."""
+    out = model(**inputs)
+    out.loss.backward()
+    return out.loss.detach(), [p.grad.clone() for p in model.parameters()]
+
+
+def assert_same_step(first, second, atol: float = 1e-5, rtol: float = 1e-4) -> None:
+    """Two `loss_and_grads` results agree: the loss, and every gradient to the tolerance."""
+    import torch
+
+    torch.testing.assert_close(second[0], first[0])
+    for a, b in zip(first[1], second[1], strict=True):
+        torch.testing.assert_close(b, a, atol=atol, rtol=rtol)

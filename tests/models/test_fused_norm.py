@@ -9,7 +9,7 @@ from torch import nn
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from kubetune.models.fused_norm import FusedRMSNorm, is_llama_rms_norm, use_fused_norms
-from tests.kit.models import tiny_model
+from tests.kit.models import assert_same_step, loss_and_grads, tiny_model
 
 
 def norm_pair(dtype: torch.dtype, weight_dtype: torch.dtype, trainable: bool) -> tuple[nn.Module, nn.Module]:
@@ -74,10 +74,5 @@ def test_a_tiny_llama_gives_the_same_loss_and_gradients(tokenizer):
         model = tiny_model(tokenizer, seed=5)
         if fused:
             assert use_fused_norms(model) == 2 * model.config.num_hidden_layers + 1
-        out = model(input_ids=ids, labels=ids)
-        out.loss.backward()
-        results.append((out.loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    torch.testing.assert_close(loss_b, loss_a)
-    for a, b in zip(grads_a, grads_b, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+        results.append(loss_and_grads(model, input_ids=ids, labels=ids))
+    assert_same_step(*results)

@@ -9,7 +9,7 @@ import torch
 from kubetune.models import kernels
 from kubetune.models.attention import GROUPED_MAX_TOKENS, SEQLENS_KWARG, per_sample_attention, register
 from kubetune.models.kernels import ModelShapes
-from tests.kit.models import tiny_model
+from tests.kit.models import assert_same_step, loss_and_grads, tiny_model
 from tests.models.test_kernels import FakeMachine, fake_probe, steady
 
 
@@ -81,13 +81,10 @@ def test_a_tiny_llama_trains_the_same_with_either_kernel(tokenizer):
     for grouped_up_to in (0, 64):
         model = tiny_model(tokenizer, seed=3)
         model.set_attn_implementation(register("fp32", grouped_up_to))
-        out = model(input_ids=ids, position_ids=positions, labels=ids, **{SEQLENS_KWARG: lengths})
-        out.loss.backward()
-        results.append((out.loss.detach(), [p.grad.clone() for p in model.parameters()]))
-    (loss_a, grads_a), (loss_b, grads_b) = results
-    torch.testing.assert_close(loss_b, loss_a)
-    for a, b in zip(grads_a, grads_b, strict=True):
-        torch.testing.assert_close(b, a, atol=1e-5, rtol=1e-4)
+        results.append(
+            loss_and_grads(model, input_ids=ids, position_ids=positions, labels=ids, **{SEQLENS_KWARG: lengths})
+        )
+    assert_same_step(*results)
 
 
 SHORT = ModelShapes(hidden=64, intermediate=128, heads=6, head_dim=16, sample_lengths=(20, 35, 600, 9), kv_heads=2)
