@@ -9,12 +9,15 @@ import re
 import signal
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import psutil
 import pytest
 
+from kubetune.data.packing import IGNORE
 from kubetune.errors import ModelError
 from kubetune.models import measure
+from kubetune.models.load import model_config
 from kubetune.models.measure import Decision
 from kubetune.recipe import load_recipe
 from kubetune.training import processes
@@ -109,6 +112,30 @@ def test_candidates_are_compared_per_unit_of_work():
         {"threads": costs(100.0), "processes": costs(160.0)}, 5, lambda: now[0], {"threads": 1, "processes": 2}
     )
     assert r.median("processes") == pytest.approx(80.0) and r.median("threads") == pytest.approx(100.0)
+
+
+def test_the_probe_gives_one_layer_its_share_of_the_head():
+    assert processes.probe_vocab(SimpleNamespace(vocab_size=49152, num_hidden_layers=30)) == 2048  # one slice
+    assert processes.probe_vocab(SimpleNamespace(vocab_size=128256, num_hidden_layers=16)) == 4 * 2048
+    assert processes.probe_vocab(SimpleNamespace(vocab_size=1000, num_hidden_layers=2)) == 1000
+
+
+def test_the_layer_workload_runs_the_head_on_the_targets(free_threads, monkeypatch):
+    from kubetune.models import finetune
+
+    recipe = load_recipe(None, free_threads).recipe
+    config = model_config(recipe.model)
+    spec = processes.LayerSpec(recipe.model_dump(mode="json"), config.to_dict())
+    seen = []
+
+    def head_loss(lm_head, hidden, labels):
+        seen.append((lm_head.weight.shape[0], int((labels != IGNORE).sum())))
+        return real(lm_head, hidden, labels)
+
+    real = finetune.head_loss
+    monkeypatch.setattr(finetune, "head_loss", head_loss)
+    processes.layer_workload(spec, [5, 7], targets=6)(2)
+    assert seen == [(processes.probe_vocab(config), 6)] * 2
 
 
 @pytest.mark.multiproc

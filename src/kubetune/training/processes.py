@@ -6,10 +6,13 @@ which do not: a second thread mostly waits for them. N single-thread processes w
 parallelism run all of it N-wide, at the cost of a copy of the model per process and one
 gradient all-reduce per step. Which wins depends on the CPU and the model, so
 `kubetune train` without `--nproc-per-node` times both on the model's own decoder layer
-(forward and backward over the recipe's first micro-batch, in the precision training
-will use), by the fair rules of `kubetune.models.measure`: warmed, interleaved, medians,
-cached per machine, shapes and adapters for a week (starting the probe's processes costs
-seconds, so it is not re-checked at every start).
+and the layer's share of the LM head (forward and backward over the recipe's first
+micro-batch, in the precision training will use), by the fair rules of
+`kubetune.models.measure`: warmed, interleaved, medians, cached per machine, shapes and
+adapters for a week (starting the probe's processes costs seconds, so it is not re-checked
+at every start). The head is there because it scales differently: its softmax passes over
+the vocabulary gain more from N processes than the layer's matmuls do, so a probe of the
+layer alone undervalues the processes (`probe_vocab`).
 
 N processes keep the recipe's global batch: `train.grad_accum` (or else
 `train.micro_batch_size`) is divided by N, so the rows of every optimizer step are the
@@ -202,29 +205,34 @@ def measure_processes(recipe: Any, cores: int, split: tuple[int, int], remeasure
 
     torch.set_num_threads(os.cpu_count() or 1)  # as kubetune.training.setup.configure_threads does
     config, batcher = probe_inputs(recipe)
-    lengths = seqlens_from_cu(batcher.micro_batch(0, 0)[0].cu_seqlens)
+    first = batcher.micro_batch(0, 0)[0]
+    lengths = seqlens_from_cu(first.cu_seqlens)
     precision = kernels.compute_precision(recipe.train.precision, config, torch.device("cpu"))
     per_process = lengths[: max(1, len(lengths) * split[0] // recipe.train.micro_batch_size)]
+    targets = first.target_tokens
+    per_process_targets = round(targets * sum(per_process) / max(sum(lengths), 1))
     spec = LayerSpec(recipe.with_kernels(precision, "fp32").model_dump(mode="json"), config.to_dict())
+    head = {"vocab": probe_vocab(config), "targets": targets, "per_process": per_process_targets}
     q = Question(
         name="processes",
         default="threads",
         challenger="processes",
         margin=MARGIN,
         key={"cores": cores, "jemalloc": allocator.jemalloc_loaded(), "samples": lengths, "per_process": per_process}
+        | {"head": head}
         | spec.key(),
-        unit="per 1k tokens of a decoder layer",
+        unit=UNIT,
         max_age_s=MAX_AGE_S,
     )
     units = {"threads": sum(lengths) / 1000, "processes": cores * sum(per_process) / 1000}
     with contextlib.ExitStack() as stack:
 
         def workloads() -> dict[str, Workload]:  # only when measuring: starting processes costs seconds
-            here = layer_workload(spec, lengths)  # first: a bad recipe fails here, in one line
+            here = layer_workload(spec, lengths, targets)  # first: a bad recipe fails here, in one line
             # a first decision can take minutes (a slow precision, a large layer): say what runs
             print(f"kubetune: processes: timing 1 x {cores} threads against {cores} x 1 on a decoder layer "
                   "(once; the answer is cached)", file=sys.stderr, flush=True)  # fmt: skip
-            pool = stack.enter_context(WorkerPool(cores, spec, per_process))
+            pool = stack.enter_context(WorkerPool(cores, spec, per_process, per_process_targets))
             return {"threads": here, "processes": pool.run}
 
         return measure.settle(q, workloads, remeasure=remeasure, units=units)
@@ -259,22 +267,36 @@ class LayerSpec:
 
 
 LAYER_FIELDS = ("model_type", "hidden_size", "intermediate_size", "num_attention_heads", "num_key_value_heads")
+UNIT = "per 1k tokens of a decoder layer and its share of the head"
 
 
-def layer_workload(spec: LayerSpec, lengths: list[int]) -> Workload:
-    """Forward and backward of one decoder layer over packed samples of `lengths`, built
-    the way training builds the model (kubetune.models.finetune: LoRA or full)."""
+def probe_vocab(config: Any) -> int:
+    """The vocabulary of the probe's head: the model's over its layers, so that one layer
+    carries its share of the head's work, in whole slices of the chunked head (whose
+    per-slice passes are what the probe must time)."""
+    from kubetune.models.lm_loss import VOCAB_SLICE
+
+    share = -(-config.vocab_size // max(config.num_hidden_layers, 1))
+    return int(min(config.vocab_size, -(-share // VOCAB_SLICE) * VOCAB_SLICE))
+
+
+def layer_workload(spec: LayerSpec, lengths: list[int], targets: int) -> Workload:
+    """Forward and backward of one decoder layer over packed samples of `lengths`, and of the
+    head (`probe_vocab` wide) on `targets` of their positions, built the way training builds
+    the model (kubetune.models.finetune: LoRA or full; the head's loss is training's)."""
     import torch
 
+    from kubetune.data.packing import IGNORE
     from kubetune.models.attention import SEQLENS_KWARG, register
-    from kubetune.models.finetune import prepare_for_training
+    from kubetune.models.finetune import head_loss, prepare_for_training
     from kubetune.models.kernels import autocast_context
     from kubetune.models.load import DTYPES, build_causal_lm, config_from_dict
     from kubetune.recipe import Recipe
 
     recipe = Recipe.model_validate(spec.recipe)
     cfg = config_from_dict(copy.deepcopy(spec.config), recipe.model)
-    cfg.num_hidden_layers, cfg.vocab_size = 1, 8  # one layer; the embedding and head are not timed
+    cfg.vocab_size = probe_vocab(cfg)
+    cfg.num_hidden_layers = 1
     dtype = DTYPES[recipe.base_dtype_name()]
     remote = recipe.model.trust_remote_code
     lm = build_causal_lm(cfg, remote, attn_implementation=register("fp32"), dtype=dtype)
@@ -284,6 +306,8 @@ def layer_workload(spec: LayerSpec, lengths: list[int]) -> Workload:
     g = torch.Generator().manual_seed(0)
     hidden = torch.randn(1, sum(lengths), cfg.hidden_size, generator=g).to(dtype).requires_grad_(True)
     positions = torch.cat([torch.arange(n) for n in lengths]).unsqueeze(0)
+    labels = torch.full((1, sum(lengths)), IGNORE)
+    labels[0, :targets] = torch.randint(0, cfg.vocab_size, (min(targets, labels.shape[1]),), generator=g)
     autocast = autocast_context(recipe.train.precision, torch.device("cpu"))
     kwargs = {SEQLENS_KWARG: lengths}
 
@@ -291,7 +315,8 @@ def layer_workload(spec: LayerSpec, lengths: list[int]) -> Workload:
         for _ in range(calls):
             with autocast():
                 out = layer(hidden, position_ids=positions, position_embeddings=rotary(hidden, positions), **kwargs)
-            out.float().sum().backward()
+                loss = head_loss(lm.lm_head, out, labels) if targets else out.float().sum()
+            loss.backward()
 
     return run
 
@@ -300,8 +325,9 @@ class WorkerPool:
     """`n` single-thread processes (`python -m kubetune.training.processes`) that run the
     layer workload together on command: one line per command over their stdin and stdout."""
 
-    def __init__(self, n: int, spec: LayerSpec, lengths: list[int]) -> None:
-        self.n, self.payload = n, json.dumps({"spec": dataclasses.asdict(spec), "lengths": lengths})
+    def __init__(self, n: int, spec: LayerSpec, lengths: list[int], targets: int) -> None:
+        job = {"spec": dataclasses.asdict(spec), "lengths": lengths, "targets": targets}
+        self.n, self.payload = n, json.dumps(job)
         self.procs: list[subprocess.Popen[str]] = []
 
     def __enter__(self) -> WorkerPool:
@@ -359,7 +385,7 @@ def _worker_main() -> None:
     torch.set_num_threads(1)
     job = json.loads(sys.stdin.readline())
     try:
-        run = layer_workload(LayerSpec(**job["spec"]), job["lengths"])
+        run = layer_workload(LayerSpec(**job["spec"]), job["lengths"], job["targets"])
     except Exception as e:  # the parent reports it in one line
         print(f"failed to build the layer: {first_line(e)}", flush=True)
         sys.exit(1)
