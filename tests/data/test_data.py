@@ -5,7 +5,7 @@ import pytest
 import torch
 
 from kubetune.data import Batcher, prepare_data
-from kubetune.data.packing import IGNORE, pack_rows
+from kubetune.data.packing import IGNORE, ROW_WINDOW, order_by_length, pack_rows
 from kubetune.data.sources import map_columns
 from kubetune.data.templates import PromptRenderer
 from kubetune.data.tokenize import load_or_build, tokenize_rows
@@ -86,6 +86,42 @@ def test_packing_fills_rows_without_splitting_or_losing_samples():
     assert all(sum(lengths[i] for i in row) <= 512 for row in rows)
     fill = lengths.sum() / (len(rows) * 512)
     assert fill > 0.9, fill
+
+
+def test_rows_are_ordered_by_length_within_windows_only():
+    rng = np.random.default_rng(1)
+    lengths = rng.integers(10, 200, size=400)
+    rows = pack_rows(lengths, rng.permutation(400), 512)
+    ordered = order_by_length(rows, lengths)
+    tokens = [sum(lengths[i] for i in row) for row in ordered]
+    for start in range(0, len(rows), ROW_WINDOW):
+        window = slice(start, start + ROW_WINDOW)
+        assert sorted(map(tuple, ordered[window])) == sorted(map(tuple, rows[window]))
+        assert tokens[window] == sorted(tokens[window], reverse=True)
+    assert order_by_length([[0], [1], [2]], np.array([5, 5, 5])) == [[0], [1], [2]]  # ties keep their order
+
+
+def _rank_wait(batcher_rows: list[list[int]], lengths: np.ndarray, dp: int) -> float:
+    """Over a perfectly even split, the share of the steps' time spent waiting for the rank
+    with the most tokens (one row per rank and step)."""
+    tokens = np.array([sum(lengths[i] for i in row) for row in batcher_rows])
+    steps = tokens[: len(tokens) // dp * dp].reshape(-1, dp)
+    return float(steps.max(1).sum() / steps.mean(1).sum() - 1)
+
+
+def test_ranks_of_a_step_get_rows_of_about_the_same_length(tokenizer):
+    data = _data(tokenizer, n=400)
+    kw = {"max_seq_len": 256, "micro_batch_size": 1, "packing": True, "pad_id": 0}
+    for seed in range(3):
+        rows = Batcher(data, seed=seed, **kw).epoch_rows(0)
+        packed = pack_rows(data.unit_lengths, np.random.default_rng([seed, 0]).permutation(len(data)), 256)
+        assert sorted(map(tuple, rows)) == sorted(map(tuple, packed))  # the same rows, in another order
+        for dp in (2, 4):
+            assert _rank_wait(rows, data.lengths, dp) < 0.6 * _rank_wait(packed, data.lengths, dp)
+    # evaluation keeps the packed order
+    assert Batcher(data, seed=0, shuffle=False, **kw).epoch_rows(0) == pack_rows(
+        data.unit_lengths, np.arange(len(data)), 256
+    )
 
 
 def _data(tokenizer, n=40):

@@ -3,7 +3,11 @@
 The order of epoch `e` is a pure function of (seed, e): samples are permuted, then packed
 greedily into rows of at most `max_seq_len` tokens (best fit among a few open rows). Data-
 parallel rank r takes rows r, r+dp, r+2dp, ... (all ranks get the same count), and cuts
-them into micro-batches. A position in the data is therefore just (epoch, first unread
+them into micro-batches. Packed training rows are ordered by length within windows of
+`ROW_WINDOW` consecutive rows, longest first (`order_by_length`): the rows that meet in one
+step then cost about the same, so a rank rarely waits at the step's all-reduce for another
+that drew a fuller row, and a padded micro-batch pads little. The windows do not depend on
+the world size, and neither does the order. A position in the data is therefore just (epoch, first unread
 row): that is all a checkpoint needs to resume mid-epoch exactly, with any world size
 (the position is counted in rows consumed by all ranks together).
 
@@ -39,6 +43,9 @@ from kubetune.data.tokenize import TokenizedData
 IGNORE = -100
 OPEN_ROWS = 8  # rows kept open while packing: more = fuller rows, same determinism
 BUCKET_FLOOR = 128  # the shortest bucket: shorter rows cost little more padded to it
+# Consecutive packed rows ordered by length (module docstring). Wider windows balance the
+# ranks better (bench/experiments/step_rows.py) and move rows further from their shuffled place.
+ROW_WINDOW = 16
 
 
 def shape_buckets(max_seq_len: int) -> tuple[int, ...]:
@@ -91,6 +98,19 @@ def pack_rows(
         open_rows.append((max_seq_len - n, [int(i)]))
     rows.extend(members for _, members in open_rows)
     return rows
+
+
+def order_by_length(
+    rows: list[list[int]], lengths: npt.NDArray[np.integer[Any]], window: int = ROW_WINDOW
+) -> list[list[int]]:
+    """`rows` (lists of indices into `lengths`) with each window of `window` consecutive rows
+    sorted by tokens, longest first; ties keep their order, and no row leaves its window."""
+    tokens = [sum(int(lengths[i]) for i in row) for row in rows]
+    out: list[list[int]] = []
+    for start in range(0, len(rows), window):
+        here = range(start, min(start + window, len(rows)))
+        out.extend(rows[i] for i in sorted(here, key=lambda i: -tokens[i]))
+    return out
 
 
 def pair_shapes(buckets: tuple[int, ...]) -> tuple[int, ...]:
@@ -183,6 +203,8 @@ class Batcher:
                 order = np.arange(n)
             if self.packing:
                 rows = pack_rows(self.data.unit_lengths, order, self.row_tokens)
+                if self.shuffle:  # training; evaluation's sums do not depend on the order
+                    rows = order_by_length(rows, self.data.unit_lengths)
             else:
                 rows = [[int(i)] for i in order]
             if self.data.pairs:

@@ -197,7 +197,11 @@ class DataSection(Section):
         None, description="System message for the chat template (null = the template's default)."
     )
     max_seq_len: int = Field(512, ge=16, description="Longest training row in tokens (packed rows are this long).")
-    packing: bool = Field(True, description="Pack samples into max_seq_len rows without cross-sample attention.")
+    packing: bool = Field(
+        True,
+        description="Pack samples into max_seq_len rows without cross-sample attention; training rows are "
+        "ordered by length within short windows, so that the ranks of a step get rows of about the same length.",
+    )
     truncate: bool = Field(
         True,
         description="Cut responses that overflow max_seq_len (a prompt that alone overflows is an error).",
