@@ -7,9 +7,9 @@ them into micro-batches. Packed training rows are ordered by length within windo
 `ROW_WINDOW` consecutive rows, longest first (`order_by_length`): the rows that meet in one
 step then cost about the same, so a rank rarely waits at the step's all-reduce for another
 that drew a fuller row, and a padded micro-batch pads little. The windows do not depend on
-the world size, and neither does the order. A position in the data is therefore just (epoch, first unread
-row): that is all a checkpoint needs to resume mid-epoch exactly, with any world size
-(the position is counted in rows consumed by all ranks together).
+the world size, and neither does the order. A position in the data is therefore just
+(epoch, first unread row): that is all a checkpoint needs to resume mid-epoch exactly, with
+any world size (the position is counted in rows consumed by all ranks together).
 
 On Gaudi, batches are padded to a few static shapes (`shape_buckets`): HPU graphs are
 compiled per input shape, and rows whose length follows their samples would compile a
